@@ -1,0 +1,1 @@
+"""dashboard subpackage of specdec_tune."""

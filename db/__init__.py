@@ -1,0 +1,1 @@
+"""db subpackage of specdec_tune."""

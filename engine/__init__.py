@@ -1,0 +1,1 @@
+"""engine subpackage of specdec_tune."""

@@ -1,0 +1,1 @@
+"""profiler subpackage of specdec_tune."""

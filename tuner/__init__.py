@@ -1,0 +1,1 @@
+"""tuner subpackage of specdec_tune."""
