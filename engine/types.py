@@ -1,0 +1,122 @@
+"""Data contracts of the engine (one per boundary).
+
+Words (see ARCHITECTURE.md §3): p = target probabilities, q = draft probabilities, N = the most tokens
+drafted in one cycle, a *cycle* drafts L <= N tokens and verifies them in one target forward over
+L + 1 positions, then appends one target token (bonus if all L were accepted, recovered otherwise),
+so a cycle yields tokens-per-cycle tau = accepted + 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What a drafter proposes for one cycle.
+
+    Attributes:
+        tokens: proposed token ids, ``[L]`` (int64, on the decode device). L may be 0.
+        probs: draft distribution q at each proposed position, ``[L, vocab]``, or ``None`` for drafters
+            without a distribution (n-gram lookup; treated as a point mass in sampling mode).
+        confidence: draft's probability of its own proposed token, ``[L]`` (1.0 for n-gram).
+        stopped_by_threshold: drafting ended early because the next token's confidence was below the
+            threshold (that token was computed but not proposed).
+    """
+
+    tokens: torch.Tensor  # [L]
+    probs: torch.Tensor | None  # [L, vocab]
+    confidence: torch.Tensor  # [L]
+    stopped_by_threshold: bool = False
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of verifying one draft.
+
+    Attributes:
+        num_accepted: length of the accepted prefix of the draft (0..L).
+        next_token: the token the target appends after the accepted prefix (bonus or recovered).
+    """
+
+    num_accepted: int
+    next_token: int
+
+
+@dataclass(frozen=True)
+class CycleStats:
+    """Counts for one speculative cycle (counting happens here; aggregation lives in profiler/db).
+
+    Attributes:
+        drafted: tokens proposed (L).
+        accepted: tokens of the draft accepted (0..L).
+        emitted: tokens appended to the output by this cycle (accepted + 1, fewer when EOS or the
+            max_new_tokens limit cut the cycle short).
+        confidences: draft confidence of each proposed token, ``[L]``.
+        outcomes: for each proposed token, True if accepted, ``[L]`` (accepted tokens form a prefix).
+        draft_forwards: draft model forwards run in this cycle (0 for n-gram).
+        target_positions: positions the target's verify forward processed (L + 1 normally).
+    """
+
+    drafted: int
+    accepted: int
+    emitted: int
+    confidences: tuple[float, ...]
+    outcomes: tuple[bool, ...]
+    draft_forwards: int = 0
+    target_positions: int = 0
+
+
+@dataclass
+class GenerationResult:
+    """Output of one decode call (baseline or speculative) for one prompt."""
+
+    prompt_tokens: int
+    token_ids: list[int]  # new tokens only
+    cycles: list[CycleStats] = field(default_factory=list)
+    finished_by_eos: bool = False
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class Drafter(Protocol):
+    """A proposer of draft tokens (draft model or n-gram lookup)."""
+
+    def propose(self, context: torch.Tensor, max_tokens: int) -> Draft:
+        """Propose up to ``max_tokens`` tokens continuing ``context`` (``[T]`` all tokens so far)."""
+        ...
+
+    def observe(self, num_accepted: int) -> None:
+        """Feedback after verification: how many of the last proposal were accepted."""
+        ...
+
+
+def acceptance_per_position(cycles: Sequence[CycleStats], max_positions: int | None = None) -> tuple[list[float], list[float]]:
+    """Per-position acceptance from cycle records.
+
+    Returns:
+        (alpha, beta): alpha_i = P(token i accepted | tokens 1..i-1 accepted and token i drafted)
+        (conditional), beta_i = accepted_at_i / cycles (vLLM's unconditional per-position rate).
+    """
+    if max_positions is None:
+        max_positions = max((c.drafted for c in cycles), default=0)
+    reached = [0] * max_positions
+    accepted = [0] * max_positions
+    for c in cycles:
+        for i, ok in enumerate(c.outcomes[:max_positions]):
+            reached[i] += 1
+            if not ok:
+                break
+            accepted[i] += 1
+    n = len(cycles)
+    alpha = [a / r if r else float("nan") for a, r in zip(accepted, reached)]
+    beta = [a / n if n else float("nan") for a in accepted]
+    return alpha, beta

@@ -1,0 +1,1 @@
+"""The bundled mini model family ("zoo"): registry, workloads and training recipe."""

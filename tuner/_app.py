@@ -1,0 +1,38 @@
+"""The Typer application object shared by the CLI command modules.
+
+Command modules (``cli_*.py``) import :data:`app` and register commands on it; ``cli.main`` imports
+them all and runs the app with the project's error policy: a :class:`SpecdecError` becomes one line
+on stderr and exit code 2, never a traceback.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import typer
+
+app = typer.Typer(
+    name="specdec-tune",
+    help=(
+        "Measure, model, tune and export speculative decoding for your own target/draft models, "
+        "workload and hardware. Every number printed is labelled measured or predicted."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def print_json(obj: Any) -> None:
+    """Write one JSON object per line on stdout (the ``--json`` output contract)."""
+    sys.stdout.write(json.dumps(obj, default=_json_default) + "\n")
+    sys.stdout.flush()
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
