@@ -1,0 +1,215 @@
+"""Trace replay and the heuristic-schedule Markov chain (private half of :mod:`tuner.model`).
+
+A *trace* is one speculative cycle recorded with threshold θ = 0 and N = N_max: the draft's
+confidence in each drafted token and the length of the prefix the target accepted. Because the
+acceptance of draft token i depends only on the context (not on N or θ), one set of traces predicts
+every (N, θ) by replay (ARCHITECTURE §4.3): the proposed length L is cut at the first confidence
+below θ, the accepted count is cut at L. Pure Python on purpose: a few thousand traces times a few
+dozen configurations is milliseconds, and this module must not import torch.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specdec_tune.errors import InputError
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One speculative cycle recorded with θ = 0 and N = N_max.
+
+    Attributes:
+        confidences: the draft's probability of each drafted token, ``[N_max]`` (shorter when the
+            sequence ended). Positions after the first rejection carry a confidence but no outcome.
+        num_accepted: length of the accepted prefix, 0..len(confidences).
+    """
+
+    confidences: tuple[float, ...]  # [N_max]
+    num_accepted: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "confidences", tuple(float(c) for c in self.confidences))
+        for c in self.confidences:
+            # 1e-6 slack: a softmax computed in low precision can round a hair above 1.
+            if not (0.0 <= c <= 1.0 + 1e-6):
+                raise InputError(f"trace confidence {c!r} is not a probability in [0, 1]")
+        if isinstance(self.num_accepted, bool) or not isinstance(self.num_accepted, int):
+            raise InputError(f"trace num_accepted={self.num_accepted!r} must be an int")
+        if not 0 <= self.num_accepted <= len(self.confidences):
+            raise InputError(
+                f"trace num_accepted={self.num_accepted} must lie in 0..{len(self.confidences)} "
+                "(the number of recorded confidences)"
+            )
+
+
+@dataclass(frozen=True)
+class ReplayStats:
+    """Per-cycle expectations of one (N, θ) replayed over a set of traces.
+
+    All numbers are averages over cycles (so mixtures of states are weighted sums).
+
+    Attributes:
+        mean_tau: E[τ], tokens emitted per cycle (accepted + 1).
+        mean_draft_length: E[L], tokens proposed per cycle.
+        mean_draft_forwards: E[F], draft forwards run per cycle (L, or L + 1 when θ cut the draft:
+            the forward that produced the refused token still ran).
+        draft_length_dist: P(L = l) for each l, for E[T_v(L + 1)].
+        all_accepted_rate: P(A == L), the heuristic schedule's "grow" event (L = 0 counts).
+        reached: ``[N]`` P(token i proposed and tokens before it accepted), i = 0..N-1.
+        accepted: ``[N]`` P(token i accepted), vLLM's unconditional per-position rate β_i.
+    """
+
+    mean_tau: float
+    mean_draft_length: float
+    mean_draft_forwards: float
+    draft_length_dist: dict[int, float]
+    all_accepted_rate: float
+    reached: tuple[float, ...]  # [N]
+    accepted: tuple[float, ...]  # [N]
+
+    @property
+    def acceptance_per_position(self) -> tuple[float, ...]:
+        """Conditional α_i = accepted_i / reached_i (NaN where position i is never reached)."""
+        return tuple(a / r if r > 0 else math.nan for a, r in zip(self.accepted, self.reached))
+
+
+def cut_cycle(trace: Trace, n: int, threshold: float) -> tuple[int, int, int]:
+    """Replay one trace under (N, θ) exactly as the engine runs a cycle.
+
+    Returns:
+        (L, A, F): proposed length, accepted count, draft forwards run.
+    """
+    cap = min(n, len(trace.confidences))
+    length = cap
+    for i in range(cap):
+        if trace.confidences[i] < threshold:
+            length = i
+            break
+    forwards = length + 1 if length < cap else length
+    return length, min(length, trace.num_accepted), forwards
+
+
+def replay(traces: Sequence[Trace], n: int, threshold: float = 0.0) -> ReplayStats:
+    """Replay recorded θ = 0 traces under any N and threshold θ (ARCHITECTURE §4.3).
+
+    Args:
+        traces: cycles recorded with θ = 0 and N = N_max.
+        n: most tokens drafted per cycle, 0 <= n <= N_max of the traces.
+        threshold: θ in [0, 1); drafting stops at the first token whose confidence is below θ.
+
+    Returns:
+        The per-cycle expectations (see :class:`ReplayStats`).
+
+    Raises:
+        InputError: no traces, or ``n`` larger than the longest trace (replay cannot invent
+            outcomes that were never recorded).
+    """
+    if not traces:
+        raise InputError("replay needs at least one trace; the profile has none")
+    n_max = max(len(t.confidences) for t in traces)
+    if n > n_max:
+        raise InputError(f"N={n} exceeds the traces' N_max={n_max}; record traces with a larger N")
+    if n < 0:
+        raise InputError(f"N={n} must be >= 0")
+    count = len(traces)
+    tau = length_sum = forwards_sum = all_ok = 0
+    lengths: dict[int, int] = {}
+    reached = [0] * n
+    accepted = [0] * n
+    for trace in traces:
+        length, acc, forwards = cut_cycle(trace, n, threshold)
+        tau += acc + 1
+        length_sum += length
+        forwards_sum += forwards
+        lengths[length] = lengths.get(length, 0) + 1
+        all_ok += acc == length
+        for i in range(min(length, acc + 1)):
+            reached[i] += 1
+        for i in range(acc):
+            accepted[i] += 1
+    return ReplayStats(
+        mean_tau=tau / count,
+        mean_draft_length=length_sum / count,
+        mean_draft_forwards=forwards_sum / count,
+        draft_length_dist={k: v / count for k, v in sorted(lengths.items())},
+        all_accepted_rate=all_ok / count,
+        reached=tuple(r / count for r in reached),
+        accepted=tuple(a / count for a in accepted),
+    )
+
+
+def constant_alpha_stats(alpha: float, n: int) -> ReplayStats:
+    """The same expectations for constant acceptance α and no threshold (L = N always)."""
+    tau = 1.0 + sum(alpha**k for k in range(1, n + 1))
+    return ReplayStats(
+        mean_tau=tau,
+        mean_draft_length=float(n),
+        mean_draft_forwards=float(n),
+        draft_length_dist={n: 1.0},
+        all_accepted_rate=alpha**n,
+        reached=tuple(alpha**i for i in range(n)),
+        accepted=tuple(alpha ** (i + 1) for i in range(n)),
+    )
+
+
+def mix(stats: Sequence[ReplayStats], weights: Sequence[float]) -> ReplayStats:
+    """Per-cycle expectations of a mixture of states (weights sum to 1)."""
+    width = max(len(s.reached) for s in stats)
+    dist: dict[int, float] = {}
+    reached = [0.0] * width
+    accepted = [0.0] * width
+    for s, w in zip(stats, weights):
+        for k, p in s.draft_length_dist.items():
+            dist[k] = dist.get(k, 0.0) + w * p
+        for i, (r, a) in enumerate(zip(s.reached, s.accepted)):
+            reached[i] += w * r
+            accepted[i] += w * a
+    return ReplayStats(
+        mean_tau=sum(w * s.mean_tau for s, w in zip(stats, weights)),
+        mean_draft_length=sum(w * s.mean_draft_length for s, w in zip(stats, weights)),
+        mean_draft_forwards=sum(w * s.mean_draft_forwards for s, w in zip(stats, weights)),
+        draft_length_dist=dict(sorted(dist.items())),
+        all_accepted_rate=sum(w * s.all_accepted_rate for s, w in zip(stats, weights)),
+        reached=tuple(reached),
+        accepted=tuple(accepted),
+    )
+
+
+def heuristic_stationary(grow: Sequence[float]) -> list[float]:
+    """Stationary distribution of the heuristic schedule's N_cur over states 1..N.
+
+    The schedule (HF "heuristic", capped): after a cycle whose drafted tokens were all accepted,
+    N_cur = min(N, N_cur + 2); otherwise N_cur = max(1, N_cur - 1). ``grow[n - 1]`` is P(all
+    accepted | N_cur = n). When ``grow`` is non-increasing in n (it always is when it comes from
+    replay or from α^n, since L only grows with n) the chain has one closed class, so the
+    distribution is unique; the start state N only affects a transient we ignore.
+
+    Returns:
+        π, ``[N]``, with π[n - 1] the long-run fraction of cycles run at N_cur = n.
+    """
+    size = len(grow)
+    if size == 0:
+        raise InputError("the heuristic schedule needs N >= 1")
+    # Balance equations sum_n π_n P[n][m] = π_m, one replaced by sum π = 1; solved by Gaussian
+    # elimination with partial pivoting (N is small, and numpy is not worth the import here).
+    rows = [[0.0] * (size + 1) for _ in range(size)]
+    for n in range(size):
+        up, down = min(size - 1, n + 2), max(0, n - 1)
+        rows[up][n] += grow[n]
+        rows[down][n] += 1.0 - grow[n]
+        rows[n][n] -= 1.0
+    rows[-1] = [1.0] * size + [1.0]
+    for col in range(size):
+        pivot = max(range(col, size), key=lambda r: abs(rows[r][col]))
+        if abs(rows[pivot][col]) < 1e-12:
+            raise InputError(f"heuristic schedule chain has no unique stationary state (grow={list(grow)})")
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        for r in range(size):
+            if r != col and rows[r][col] != 0.0:
+                f = rows[r][col] / rows[col][col]
+                rows[r] = [x - f * y for x, y in zip(rows[r], rows[col])]
+    pi = [max(0.0, rows[i][size] / rows[i][i]) for i in range(size)]
+    total = sum(pi)
+    return [p / total for p in pi]
