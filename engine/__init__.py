@@ -1,1 +1,15 @@
-"""engine subpackage of specdec_tune."""
+"""Engine: model loading, drafters, the pure verify step and the decode loops (no timing, no I/O)."""
+from __future__ import annotations
+
+from specdec_tune.engine.decode import DecodeConfig, autoregressive, speculative
+from specdec_tune.engine.drafters import ModelDrafter, NgramDrafter
+from specdec_tune.engine.kvcache import PreallocatedCache, make_cache
+from specdec_tune.engine.loading import LoadedModel, check_compatible, load_model
+from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult, VerifyResult, acceptance_per_position
+from specdec_tune.engine.verify import verify_greedy, verify_sampling
+
+__all__ = [
+    "CycleStats", "DecodeConfig", "Draft", "Drafter", "GenerationResult", "LoadedModel", "ModelDrafter",
+    "NgramDrafter", "PreallocatedCache", "VerifyResult", "acceptance_per_position", "autoregressive",
+    "check_compatible", "load_model", "make_cache", "speculative", "verify_greedy", "verify_sampling",
+]

@@ -1,0 +1,188 @@
+"""Decode loops: target-only autoregressive (the baseline) and speculative decoding (batch size 1).
+
+Both loops own the target's KV cache (preallocated, rolled back by moving its length) and a
+preallocated token buffer, so a step does constant Python work however long the sequence gets.
+Invariant of the speculative loop: the target cache holds every token except the last emitted one;
+a cycle feeds ``[last, d_1 .. d_L]`` to the target and reads L + 1 next-token distributions.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from specdec_tune.engine.drafters import probs_from_logits
+from specdec_tune.engine.kvcache import make_cache
+from specdec_tune.engine.types import CycleStats, Drafter, GenerationResult, VerifyResult
+from specdec_tune.engine.verify import verify_greedy, verify_sampling
+
+SCHEDULES = ("constant", "heuristic")
+MAX_SPECULATIVE_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Settings of one decode call (validated on construction)."""
+
+    max_new_tokens: int
+    num_speculative_tokens: int = 4
+    threshold: float = 0.0
+    schedule: str = "constant"
+    temperature: float = 0.0
+    eos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, got {self.num_speculative_tokens}")
+        if not 0.0 <= self.threshold < 1.0:
+            raise ValueError(f"threshold must be in [0, 1), got {self.threshold}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+
+VerifyFn = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Generator | None], VerifyResult]
+
+
+def _forward(model: torch.nn.Module, ids: torch.Tensor, cache, keep: int) -> torch.Tensor:
+    """Target/draft forward over ``ids`` ``[k]`` with the cache; logits of the last ``keep`` positions."""
+    return model(input_ids=ids[None], past_key_values=cache, use_cache=True, logits_to_keep=keep).logits[0]
+
+
+def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
+    if temperature == 0:
+        return int(logits.argmax())
+    return int(torch.multinomial(probs_from_logits(logits, temperature), 1, generator=generator))
+
+
+def _emit(out: list[int], new: list[int], limit: int, eos: int | None) -> tuple[int, bool]:
+    """Append ``new`` to ``out`` up to EOS (inclusive) and ``limit`` tokens; return (count, hit_eos)."""
+    count = 0
+    for tok in new:
+        if len(out) >= limit:
+            break
+        out.append(tok)
+        count += 1
+        if tok == eos:
+            return count, True
+    return count, False
+
+
+def autoregressive(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    config: DecodeConfig,
+    generator: torch.Generator | None = None,
+) -> GenerationResult:
+    """Target-only decoding with a KV cache: the reference for correctness and speed.
+
+    Args:
+        model: the target causal LM.
+        prompt_ids: ``[T]`` prompt token ids on the model's device.
+        config: max_new_tokens, temperature and eos are used.
+    """
+    _check_prompt(prompt_ids)
+    cache = make_cache(model, prompt_ids.shape[0] + config.max_new_tokens + 1)
+    out: list[int] = []
+    logits = _forward(model, prompt_ids, cache, 1)[-1]
+    eos_hit = False
+    buf = torch.empty(1, dtype=torch.long, device=prompt_ids.device)
+    while True:
+        tok = _pick(logits, config.temperature, generator)
+        out.append(tok)
+        if tok == config.eos_token_id:
+            eos_hit = True
+            break
+        if len(out) >= config.max_new_tokens:
+            break
+        buf.fill_(tok)
+        logits = _forward(model, buf, cache, 1)[-1]
+    return GenerationResult(prompt_tokens=prompt_ids.shape[0], token_ids=out, finished_by_eos=eos_hit)
+
+
+def speculative(
+    model: torch.nn.Module,
+    drafter: Drafter,
+    prompt_ids: torch.Tensor,
+    config: DecodeConfig,
+    generator: torch.Generator | None = None,
+    on_cycle: Callable[[CycleStats], None] | None = None,
+    verify_fn: VerifyFn | None = None,
+) -> GenerationResult:
+    """Speculative decoding: draft up to N tokens, verify them in one target forward, accept a prefix.
+
+    Args:
+        model: the target causal LM.
+        drafter: a fresh drafter for this sequence (draft model or n-gram).
+        prompt_ids: ``[T]`` prompt ids on the model's device.
+        config: N, threshold (applied by the drafter), schedule, temperature, limits.
+        generator: random source for sampling mode.
+        on_cycle: called after every cycle with its statistics (the profiler's hook for timing).
+        verify_fn: replaces ``verify_sampling`` (tests use it to show the exactness test has power).
+    """
+    _check_prompt(prompt_ids)
+    n_max = config.num_speculative_tokens
+    sampling = config.temperature > 0
+    verify_s = verify_fn or verify_sampling
+    total = prompt_ids.shape[0] + config.max_new_tokens + n_max + 2
+    cache = make_cache(model, total)
+    tokens = torch.empty(total, dtype=torch.long, device=prompt_ids.device)  # prompt + emitted
+    length = prompt_ids.shape[0]
+    tokens[:length] = prompt_ids
+    out: list[int] = []
+    cycles: list[CycleStats] = []
+
+    # Prefill; the first token comes from the prompt's last position, exactly as in the baseline.
+    first = _pick(_forward(model, prompt_ids, cache, 1)[-1], config.temperature, generator)
+    out.append(first)
+    tokens[length] = first
+    length += 1
+    eos_hit = first == config.eos_token_id
+    n_cur = n_max
+    while not eos_hit and len(out) < config.max_new_tokens:
+        budget = min(n_cur, config.max_new_tokens - len(out))  # never draft past the limit
+        draft = drafter.propose(tokens[:length], budget)
+        n_draft = draft.length
+        feed = tokens[length - 1:length + n_draft]
+        if n_draft:
+            tokens[length:length + n_draft] = draft.tokens
+        logits = _forward(model, feed, cache, n_draft + 1)  # [L + 1, vocab]
+        if sampling:
+            result = verify_s(draft.tokens, draft.probs, probs_from_logits(logits, config.temperature), generator)
+        else:
+            result = verify_greedy(draft.tokens, logits)
+        acc = result.num_accepted
+        new = (draft.tokens[:acc].tolist() if acc else []) + [result.next_token]
+        emitted, eos_hit = _emit(out, new, config.max_new_tokens, config.eos_token_id)
+        if emitted > acc:  # the accepted draft tokens are already in the buffer
+            tokens[length + acc] = result.next_token
+        # Target cache: keep the context plus the accepted tokens; the last emitted token is fed next.
+        cache.truncate(length + acc)
+        length += emitted
+        drafter.observe(acc)
+        confs = draft.confidence.tolist()
+        stats = CycleStats(
+            drafted=n_draft,
+            accepted=acc,
+            emitted=emitted,
+            confidences=tuple(confs),
+            outcomes=tuple(i < acc for i in range(n_draft)),
+            draft_forwards=getattr(drafter, "forwards", 0),
+            target_positions=n_draft + 1,
+        )
+        cycles.append(stats)
+        if on_cycle is not None:
+            on_cycle(stats)
+        if config.schedule == "heuristic":
+            # HF's "heuristic" schedule, capped at the N given: grow after a fully accepted draft.
+            n_cur = min(n_max, n_cur + 2) if n_draft and acc == n_draft else max(1, n_cur - 1)
+    return GenerationResult(prompt_tokens=prompt_ids.shape[0], token_ids=out, cycles=cycles, finished_by_eos=eos_hit)
+
+
+def _check_prompt(prompt_ids: torch.Tensor) -> None:
+    if prompt_ids.ndim != 1 or prompt_ids.shape[0] == 0:
+        raise ValueError(f"prompt must be a non-empty 1-D tensor of token ids, got shape {tuple(prompt_ids.shape)}")

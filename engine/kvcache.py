@@ -1,0 +1,88 @@
+"""A preallocated KV cache with position-based rollback, usable by any HF causal LM.
+
+Why not ``DynamicCache``: it grows by ``torch.cat`` on every forward (a copy of the whole cache per
+step) and rolls back by slicing. Here each layer owns one buffer ``[batch, heads, max_len, head_dim]``
+allocated once; a forward writes its new keys/values in place at the current length and attention
+reads the view ``[:, :, :length]``; rollback just moves ``length`` back (stale entries are overwritten
+by the next write). Attention therefore never looks at the unused tail, unlike HF's ``StaticCache``,
+which attends over ``max_len`` positions under a mask.
+"""
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+
+class _PreallocatedLayer(DynamicLayer):
+    """One attention layer's cache: fixed buffers, a write position, views handed to attention."""
+
+    def __init__(self, max_len: int) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.length = 0
+        self._k: torch.Tensor | None = None  # [B, H, max_len, D]
+        self._v: torch.Tensor | None = None  # [B, H, max_len, Dv]
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        b, h, _, d = key_states.shape
+        self._k = torch.empty((b, h, self.max_len, d), dtype=self.dtype, device=self.device)
+        self._v = torch.empty((b, h, self.max_len, value_states.shape[-1]), dtype=self.dtype, device=self.device)
+        self.keys, self.values = self._k[:, :, :0], self._v[:, :, :0]
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, end = self.length, self.length + key_states.shape[-2]
+        if end > self.max_len:
+            raise RuntimeError(f"KV cache overflow: {end} positions > preallocated {self.max_len}")
+        self._k[:, :, start:end].copy_(key_states)
+        self._v[:, :, start:end].copy_(value_states)
+        self.length = end
+        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_max_length(self) -> int:
+        return self.max_len
+
+    def crop(self, tokens_to_remove: int) -> None:
+        # transformers 5 convention: a negative value removes that many tokens.
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of tokens to remove, got {tokens_to_remove}")
+        self.truncate(self.length + tokens_to_remove)
+
+    def truncate(self, new_length: int) -> None:
+        if not 0 <= new_length <= self.length:
+            raise ValueError(f"cannot truncate a cache of length {self.length} to {new_length}")
+        self.length = new_length
+        if self.is_initialized:
+            self.keys, self.values = self._k[:, :, :new_length], self._v[:, :, :new_length]
+
+    def reset(self) -> None:
+        self.truncate(0)
+
+
+class PreallocatedCache(Cache):
+    """KV cache for every layer of one model, preallocated to ``max_len`` positions."""
+
+    def __init__(self, num_layers: int, max_len: int) -> None:
+        super().__init__(layers=[_PreallocatedLayer(max_len) for _ in range(num_layers)])
+        self.max_len = max_len
+
+    def truncate(self, new_length: int) -> None:
+        """Roll every layer back to ``new_length`` cached positions."""
+        for layer in self.layers:
+            layer.truncate(new_length)
+
+
+def make_cache(model: torch.nn.Module, max_len: int) -> PreallocatedCache:
+    """A preallocated cache sized for ``max_len`` positions of ``model``."""
+    config = model.config.get_text_config(decoder=True)
+    return PreallocatedCache(config.num_hidden_layers, max_len)

@@ -1,0 +1,127 @@
+"""Loading target and draft models (local folder, bundled zoo name or hub id) and pairing them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec_tune.errors import InputError, ModelLoadError
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for decoding, with the tokenizer and where it came from."""
+
+    name: str  # what the user typed (zoo name, path or hub id)
+    source: str  # the resolved folder path or hub id
+    model: torch.nn.Module
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.get_text_config(decoder=True).num_hidden_layers)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def eos_token_id(self) -> int | None:
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        if isinstance(eos, (list, tuple)):
+            eos = eos[0] if eos else None
+        return eos
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` picks cuda when available; ``cuda`` without a GPU is refused."""
+    if device not in DEVICES:
+        raise InputError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda was asked for but no CUDA GPU is available (use --device cpu)")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto`` is bf16 on cuda and fp32 on cpu (bf16 matmuls on a CPU are slow)."""
+    if dtype not in DTYPES:
+        raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    chosen = DTYPES[dtype]
+    if chosen is None:
+        chosen = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return chosen
+
+
+def _resolve_source(name: str) -> str:
+    """A bundled zoo name becomes its folder; an existing path stays; a path-like name that does not
+    exist is refused; anything else (``org/model``) is treated as a hub id."""
+    from specdec_tune.engine import zoo
+
+    resolved = zoo.resolve_model(name)
+    if resolved != name:
+        return resolved
+    path = Path(name).expanduser()
+    if path.exists():
+        return str(path)
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith("/"):
+        raise ModelLoadError(
+            f"model path {name!r} does not exist (give a folder with config.json, a bundled model name, or a hub id)"
+        )
+    return name
+
+
+def load_model(name: str, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto") -> LoadedModel:
+    """Load a Hugging Face causal LM and its tokenizer in eval mode.
+
+    Args:
+        name: bundled zoo name (e.g. ``mini-target``), local folder, or hub id.
+        device: ``auto`` | ``cpu`` | ``cuda`` or a torch.device.
+        dtype: ``auto`` | ``float32`` | ``bfloat16`` | ``float16`` or a torch.dtype.
+
+    Raises:
+        ModelLoadError: the folder or hub id cannot be loaded.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not name or not name.strip():
+        raise InputError("model name is empty (give a bundled name, a folder or a hub id)")
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    dt = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, dev)
+    source = _resolve_source(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dt)
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"cannot load model {name!r}: {first}") from exc
+    model.to(dev).eval()
+    model.requires_grad_(False)
+    return LoadedModel(name=name, source=source, model=model, tokenizer=tokenizer, device=dev, dtype=dt)
+
+
+def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+    """Refuse a draft whose tokenizer maps tokens to different ids than the target's.
+
+    Raises:
+        ModelLoadError: naming both models and the first token whose id differs.
+    """
+    tv, dv = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if tv == dv:
+        return
+    for token in sorted(set(tv) | set(dv), key=lambda t: (tv.get(t, dv.get(t, 0)), t)):
+        if tv.get(token) != dv.get(token):
+            raise ModelLoadError(
+                f"draft {draft.name!r} and target {target.name!r} do not share a vocabulary: token {token!r} has id "
+                f"{tv.get(token)} in the target and {dv.get(token)} in the draft"
+            )
