@@ -52,7 +52,8 @@ __all__ = [
 def _check_time(what: str, value: float, allow_zero: bool) -> None:
     ok = math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
     if not ok:
-        raise InputError(f"{what}={value!r} must be a finite {'non-negative' if allow_zero else 'positive'} number of seconds")
+        kind = "non-negative" if allow_zero else "positive"
+        raise InputError(f"{what}={value!r} must be a finite {kind} number of seconds")
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,8 @@ def verify_time(profile: ModelProfile, batch_size: int, k: int) -> float:
         below = [b for b in curves if b < batch_size]
         above = [b for b in curves if b > batch_size]
         if not (below and above):
-            raise InputError(f"verify_s batch size: {batch_size} is outside the measured range {min(curves)}..{max(curves)}")
+            span = f"{min(curves)}..{max(curves)}"
+            raise InputError(f"verify_s batch size: {batch_size} is outside the measured range {span}")
         needed = [max(below), min(above)]
     per_batch = {b: _interp(curves[b], k, f"verify_s[{b}] positions k", extrapolate=True) for b in needed}
     return _interp(per_batch, batch_size, "verify_s batch size", extrapolate=False)
@@ -279,7 +281,11 @@ def predict(profile: ModelProfile, config: SpecConfig) -> Prediction:
 
     N = 0 is plain decoding and returns the baseline (speedup 1). The heuristic schedule is a
     Markov chain over N_cur in 1..N whose "grow" probability per state comes from the same replay;
-    its throughput is Σ π_n E[τ|n]·B / Σ π_n E[T|n] with π the stationary distribution.
+    its throughput is Σ π_n E[τ|n]·B / Σ π_n E[T|n] with π the stationary distribution. "Grow"
+    means every *proposed* token was accepted (A == L, so a cycle cut to L = 0 by θ grows too);
+    HF's own heuristic compares A with N_cur instead, so the engine must use the A == L rule for
+    this prediction to hold. Traces are treated as independent draws (no correlation between
+    consecutive cycles), and the start-up transient from N_cur = N is ignored.
 
     Raises:
         InputError: the profile lacks what the config needs (traces, batch size, N beyond traces).
@@ -333,8 +339,8 @@ def best_n_per_batch_size(
     ns = sorted(set(n_range) | {0})
     out: dict[int, int] = {}
     for b in batch_sizes:
-        best = max(ns, key=lambda n: (predict(profile, SpecConfig(n, threshold, batch_size=b, mode=mode)).tokens_per_s, -n))
-        out[b] = best
+        speed = {n: predict(profile, SpecConfig(n, threshold, batch_size=b, mode=mode)).tokens_per_s for n in ns}
+        out[b] = max(ns, key=lambda n: (speed[n], -n))
     return out
 
 
