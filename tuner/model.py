@@ -147,7 +147,8 @@ class Prediction:
         expected_draft_length: E[L], tokens proposed per cycle.
         expected_draft_forwards: E[F], draft forwards per cycle.
         cycle_time_s: E[T_cycle] in seconds.
-        acceptance_per_position: conditional α_i implied for this configuration, ``[N]``.
+        acceptance_per_position: conditional α_i implied for this configuration, ``[N]`` (NaN where no
+            cycle reaches position i, e.g. a high θ cuts every draft before it).
         source: 'traces', 'sampling_traces', 'tv' (constant α = 1 - E[TV]) or 'baseline' (N = 0).
         label: always 'predicted', to tell it apart from measured numbers wherever both are shown.
     """
