@@ -1,1 +1,76 @@
-"""db subpackage of specdec_tune."""
+"""The results database: SQLAlchemy 2 models, Alembic migrations and query helpers.
+
+Open with :func:`open_database` (URL from the argument, ``$SPECDEC_DB`` or ``sqlite:///specdec.db``;
+the schema is created or migrated on first use), then call the helpers, which commit per call and
+return plain frozen dataclasses::
+
+    db = open_database("sqlite:///results.db")
+    run_id = create_run(db, target_model_id=..., hardware_id=...)
+    add_timing_samples(db, run_id, [TimingRow("verify", k=5, batch_size=1, context_len=128,
+                                              seconds=0.012)])
+    finish_run(db, run_id, "completed")
+"""
+from __future__ import annotations
+
+from specdec_tune.db.engine import (
+    DEFAULT_URL,
+    ENV_VAR,
+    Database,
+    mask_url,
+    open_database,
+    resolve_url,
+)
+from specdec_tune.db.migrate import current_revision, head_revision, known_revisions, upgrade
+from specdec_tune.db.queries import (
+    add_acceptance,
+    add_measured_run,
+    add_run_draft,
+    add_telemetry,
+    add_timing_samples,
+    add_traces,
+    create_run,
+    delete_run,
+    finish_run,
+    get_or_create_hardware,
+    get_or_create_model,
+    get_or_create_workload,
+)
+from specdec_tune.db.reads import (
+    get_run,
+    list_measured,
+    list_models,
+    list_runs,
+    load_acceptance,
+    load_telemetry,
+    load_timings,
+    load_traces,
+)
+from specdec_tune.db.records import (
+    FINISHED_STATUSES,
+    MODES,
+    RUN_STATUSES,
+    TIMING_KINDS,
+    AcceptanceRecord,
+    DraftRecord,
+    HardwareRecord,
+    MeasuredRecord,
+    ModelRecord,
+    RunRecord,
+    TelemetryRow,
+    TimingRow,
+    TraceRow,
+    WorkloadRecord,
+)
+from specdec_tune.db.session import session_scope
+
+__all__ = [
+    "DEFAULT_URL", "ENV_VAR", "FINISHED_STATUSES", "MODES", "RUN_STATUSES", "TIMING_KINDS",
+    "AcceptanceRecord", "Database", "DraftRecord", "HardwareRecord", "MeasuredRecord",
+    "ModelRecord", "RunRecord", "TelemetryRow", "TimingRow", "TraceRow", "WorkloadRecord",
+    "add_acceptance", "add_measured_run", "add_run_draft", "add_telemetry", "add_timing_samples",
+    "add_traces", "create_run", "current_revision", "delete_run", "finish_run",
+    "get_or_create_hardware", "get_or_create_model", "get_or_create_workload", "get_run",
+    "head_revision", "known_revisions", "list_measured", "list_models", "list_runs",
+    "load_acceptance", "load_telemetry", "load_timings", "load_traces", "mask_url",
+    "open_database", "resolve_url", "session_scope", "upgrade",
+]  # fmt: skip

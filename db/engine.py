@@ -1,0 +1,262 @@
+"""Opening the results database: URL resolution, input checks, SQLite pragmas, first-use migration.
+
+Every failure to open becomes a one-line :class:`~specdec_tune.errors.StorageError` that names the URL
+(password masked) and says what would be valid. Opening never rewrites a file that is not already a
+SQLite database, so a wrong ``--db`` cannot destroy anything.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.orm import sessionmaker
+from sqlalchemy.pool import StaticPool
+
+from specdec_tune.errors import StorageError
+
+DEFAULT_URL = "sqlite:///specdec.db"
+ENV_VAR = "SPECDEC_DB"
+VALID_URLS = (
+    "sqlite:///specdec.db (a file, relative to the current directory), sqlite:////abs/path.db "
+    "or postgresql+psycopg://user:password@host:5432/dbname"
+)
+BUSY_TIMEOUT_MS = 5000
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+# Execution option read by the "begin" hook: write transactions take SQLite's write lock up front
+# (BEGIN IMMEDIATE), so two writers queue on busy_timeout instead of failing on a lock upgrade.
+WRITE_OPTION = "specdec_write"
+
+
+def resolve_url(url: str | None) -> str:
+    """Return the database URL to use: the argument, else ``$SPECDEC_DB``, else ``sqlite:///specdec.db``.
+
+    Args:
+        url: A URL given on the command line, or ``None``.
+    """
+    if url is not None and url.strip():
+        return url.strip()
+    env = os.environ.get(ENV_VAR, "").strip()
+    return env or DEFAULT_URL
+
+
+def mask_url(url: str) -> str:
+    """Return ``url`` with any password replaced by ``***`` (safe to print)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+
+
+def _parse(url: str) -> URL:
+    try:
+        return make_url(url)
+    except ArgumentError:
+        raise StorageError(
+            f"cannot open database {mask_url(url)!r}: not a database URL; valid: {VALID_URLS}"
+        ) from None
+
+
+def sqlite_path(parsed: URL) -> Path | None:
+    """The file behind a SQLite URL, or ``None`` for an in-memory database."""
+    database = parsed.database or ""
+    if parsed.query.get("uri") in ("true", "1") and database.startswith("file:"):
+        database = database[len("file:"):].split("?", 1)[0]
+        if parsed.query.get("mode") == "memory":
+            return None
+    if database in ("", ":memory:") or database.startswith(":memory:"):
+        return None
+    return Path(database)
+
+
+def _check_sqlite_file(url: str, path: Path, read_only: bool) -> None:
+    """Refuse paths that SQLite would fail on late or, worse, silently mishandle."""
+    shown = mask_url(url)
+    if path.is_dir():
+        raise StorageError(f"cannot open {shown}: {path} is a directory; give a file path")
+    if path.exists():
+        with path.open("rb") as fh:
+            head = fh.read(len(_SQLITE_MAGIC))
+        # An empty file is a valid, empty SQLite database (sqlite3 creates one that way).
+        if head and head != _SQLITE_MAGIC:
+            raise StorageError(
+                f"cannot open {shown}: {path} is not a SQLite database (it was left untouched); "
+                f"give a new file name or an existing specdec-tune database"
+            )
+        if not read_only and not os.access(path, os.W_OK):
+            raise StorageError(
+                f"cannot open {shown}: {path} is read-only; specdec-tune needs write access to the "
+                f"database file (fix its permissions or copy it to a writable place)"
+            )
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise StorageError(
+            f"cannot open {shown}: directory {directory} does not exist; create it or choose "
+            f"another path"
+        )
+    if not read_only and not os.access(directory, os.W_OK):
+        raise StorageError(
+            f"cannot open {shown}: directory {directory} is read-only; SQLite needs to create "
+            f"{path.name}-wal and {path.name}-shm next to the database"
+        )
+
+
+def _json_serializer(obj: Any) -> str:
+    # NaN and infinities are not JSON (PostgreSQL rejects them); an undefined rate such as α_i at a
+    # position never reached is stored as null instead.
+    return json.dumps(_finite(obj), allow_nan=False)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if hasattr(obj, "tolist"):  # numpy arrays and scalars
+        return _finite(obj.tolist())
+    return obj
+
+
+def _install_sqlite_hooks(engine: Engine, foreign_keys: bool) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # SQLAlchemy, not the sqlite3 module, emits BEGIN (see "begin" below); otherwise DDL would
+        # run outside transactions and a failed migration could leave a half-altered schema.
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            cursor.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
+            # WAL: the dashboard can read while a profiler writes.
+            cursor.execute("PRAGMA journal_mode=WAL")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        immediate = conn.get_execution_options().get(WRITE_OPTION, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def make_engine(url: str, *, foreign_keys: bool = True, read_only: bool = False) -> Engine:
+    """Create a SQLAlchemy engine for ``url`` after checking the input; does not migrate.
+
+    Args:
+        url: A resolved database URL.
+        foreign_keys: SQLite only; migrations turn enforcement off while tables are rebuilt.
+        read_only: Skip the write-permission checks (``db current``, which never writes).
+
+    Raises:
+        StorageError: The URL cannot be parsed, names an unknown driver, or points at a path that is
+            not a usable SQLite database.
+    """
+    parsed = _parse(url)
+    kwargs: dict[str, Any] = {"json_serializer": _json_serializer}
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        path = sqlite_path(parsed)
+        if path is None:
+            # One shared connection, otherwise every pooled connection sees its own empty database.
+            kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+        else:
+            _check_sqlite_file(url, path, read_only)
+    try:
+        engine = create_engine(parsed, **kwargs)
+    except NoSuchModuleError:
+        raise StorageError(
+            f"cannot open {mask_url(url)}: unknown database dialect {parsed.drivername!r}; "
+            f"valid: {VALID_URLS}"
+        ) from None
+    except ModuleNotFoundError as exc:
+        hint = " (pip install 'specdec-tune[postgres]')" if backend == "postgresql" else ""
+        raise StorageError(
+            f"cannot open {mask_url(url)}: database driver {exc.name!r} is not installed{hint}"
+        ) from None
+    except (ArgumentError, TypeError, ValueError) as exc:
+        raise StorageError(f"cannot open {mask_url(url)}: {exc}; valid: {VALID_URLS}") from None
+    if backend == "sqlite":
+        _install_sqlite_hooks(engine, foreign_keys)
+    return engine
+
+
+def describe_error(url: str, exc: BaseException) -> str:
+    """One line naming the URL and the database's own complaint (first line only)."""
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    return f"{mask_url(url)}: {text}"
+
+
+@dataclass
+class Database:
+    """An opened results database: the engine plus a session factory.
+
+    Create with :func:`open_database`; use :func:`~specdec_tune.db.session.session_scope` or the
+    helpers in :mod:`specdec_tune.db.queries` to read and write.
+    """
+
+    url: str
+    engine: Engine
+    sessions: sessionmaker = field(repr=False)
+    write_sessions: sessionmaker = field(repr=False)
+
+    @property
+    def display_url(self) -> str:
+        """The URL with its password masked, for messages."""
+        return mask_url(self.url)
+
+    @property
+    def backend(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self.engine.dialect.name
+
+    def close(self) -> None:
+        """Release every pooled connection."""
+        self.engine.dispose()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_database(url: str | None = None, *, migrate: bool = True) -> Database:
+    """Open (and on first use create or migrate) the results database.
+
+    Args:
+        url: Database URL; ``None`` resolves through ``$SPECDEC_DB`` to ``sqlite:///specdec.db``.
+        migrate: Upgrade the schema to the newest revision if it is older (never drops data).
+
+    Raises:
+        StorageError: The database cannot be opened, is not a database, is read-only, or is at a
+            schema revision this version of specdec-tune does not know.
+    """
+    from specdec_tune.db import migrate as _migrate  # import cycle: migrate uses make_engine
+
+    resolved = resolve_url(url)
+    engine = make_engine(resolved)
+    try:
+        if migrate:
+            _migrate.upgrade_engine(engine, resolved)
+        else:
+            _migrate.check_engine(engine, resolved)
+    except BaseException:
+        engine.dispose()
+        raise
+    return Database(
+        url=resolved,
+        engine=engine,
+        sessions=sessionmaker(engine, expire_on_commit=False),
+        write_sessions=sessionmaker(
+            engine.execution_options(**{WRITE_OPTION: True}), expire_on_commit=False
+        ),
+    )

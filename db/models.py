@@ -1,0 +1,265 @@
+"""SQLAlchemy 2 typed ORM of the results database (the schema at the newest Alembic revision).
+
+The schema is owned by the Alembic scripts in ``db/migrations/versions``; this module must describe
+the same tables (``tests/test_db_migrations.py`` compares the two with Alembic's autogenerate, so a
+column added here without a migration fails a test).
+
+Words follow ARCHITECTURE.md §3: *draft* is a model path / hub id or the string ``"ngram"``; ``k`` is
+the number of new tokens in one target forward (``N + 1`` in a cycle); α_i is the conditional and
+β_i the unconditional per-position acceptance rate.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+# Named constraints: SQLite ALTERs run in Alembic "batch" mode, which can only drop or alter a
+# constraint that has a name.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """A timestamp stored as naive UTC and read back as an aware UTC ``datetime``.
+
+    SQLite has no time zones and returns naive values while PostgreSQL ``timestamptz`` returns aware
+    ones; normalising here gives callers the same value from both backends.
+    """
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"timestamp {value!r} has no time zone; pass an aware datetime")
+        return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
+
+
+def utcnow() -> dt.datetime:
+    """The current time as an aware UTC datetime (the only clock the database layer uses)."""
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class Base(DeclarativeBase):
+    """Declarative base with the project's constraint naming convention."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {dt.datetime: UTCDateTime(), dict[str, Any]: JSON(), list[Any]: JSON()}
+
+
+class Hardware(Base):
+    """One machine configuration: device, driver and library versions (deduplicated by fingerprint)."""
+
+    __tablename__ = "hardware"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
+    device: Mapped[str] = mapped_column(String(16))  # "cuda" | "cpu" | "mps" ...
+    device_name: Mapped[str] = mapped_column(String(256))  # GPU or CPU model
+    device_count: Mapped[int] = mapped_column(Integer, default=1)
+    memory_mb: Mapped[float | None] = mapped_column(Float)
+    driver_version: Mapped[str | None] = mapped_column(String(64))
+    cuda_version: Mapped[str | None] = mapped_column(String(64))
+    torch_version: Mapped[str | None] = mapped_column(String(64))
+    transformers_version: Mapped[str | None] = mapped_column(String(64))
+    hostname: Mapped[str | None] = mapped_column(String(256))
+    extra: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Model(Base):
+    """A target or draft model: local path or hub id plus what identifies its weights."""
+
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(512))  # local path or hub id
+    revision: Mapped[str | None] = mapped_column(String(128))
+    num_parameters: Mapped[int | None] = mapped_column(BigInteger)
+    num_layers: Mapped[int | None] = mapped_column(Integer)
+    dtype: Mapped[str | None] = mapped_column(String(32))
+    vocab_size: Mapped[int | None] = mapped_column(Integer)
+    tokenizer_hash: Mapped[str | None] = mapped_column(String(64))
+    extra: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Workload(Base):
+    """A prompt set, identified by name and the hash of its content."""
+
+    __tablename__ = "workloads"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(256))
+    content_hash: Mapped[str] = mapped_column(String(64))
+    prompt_count: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class ProfileRun(Base):
+    """One invocation of the profiler (or of a measurement) for a target on one machine."""
+
+    __tablename__ = "profile_runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    label: Mapped[str | None] = mapped_column(String(256))
+    target_model_id: Mapped[int] = mapped_column(ForeignKey("models.id"), index=True)
+    workload_id: Mapped[int | None] = mapped_column(ForeignKey("workloads.id"))
+    hardware_id: Mapped[int] = mapped_column(ForeignKey("hardware.id"))
+    settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    status: Mapped[str] = mapped_column(String(16))  # running|completed|interrupted|failed
+    started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column()
+    notes: Mapped[str | None] = mapped_column(Text)
+    # Added by revision 0002.
+    specdec_version: Mapped[str | None] = mapped_column(String(64))
+    git_revision: Mapped[str | None] = mapped_column(String(64))
+
+    target: Mapped[Model] = relationship(foreign_keys=[target_model_id])
+    workload: Mapped[Workload | None] = relationship()
+    hardware: Mapped[Hardware] = relationship()
+    drafts: Mapped[list[RunDraft]] = relationship(
+        back_populates="run", order_by="RunDraft.id", passive_deletes=True
+    )
+
+
+class RunDraft(Base):
+    """A draft profiled in a run: a model (``model_id`` set) or a model-free drafter like ``ngram``."""
+
+    __tablename__ = "run_drafts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("profile_runs.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(512))
+    model_id: Mapped[int | None] = mapped_column(ForeignKey("models.id"))
+    role: Mapped[str] = mapped_column(String(32), default="draft")
+
+    run: Mapped[ProfileRun] = relationship(back_populates="drafts")
+    model: Mapped[Model | None] = relationship()
+
+
+class TimingSample(Base):
+    """One raw timing sample (seconds) of a draft step, a verify forward or a plain decode step."""
+
+    __tablename__ = "timing_samples"
+    __table_args__ = (Index("ix_timing_samples_run_id_kind", "run_id", "kind"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("profile_runs.id", ondelete="CASCADE"))
+    draft: Mapped[str | None] = mapped_column(String(512))  # None for target-only timings
+    kind: Mapped[str] = mapped_column(String(32))  # see queries.TIMING_KINDS
+    k: Mapped[int] = mapped_column(Integer)  # new tokens per forward
+    batch_size: Mapped[int] = mapped_column(Integer)
+    context_len: Mapped[int] = mapped_column(Integer)
+    seconds: Mapped[float] = mapped_column(Float)
+    warmup: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Acceptance(Base):
+    """Aggregated acceptance statistics of one draft in one mode (greedy or sampling)."""
+
+    __tablename__ = "acceptance"
+    __table_args__ = (Index("ix_acceptance_run_id_draft", "run_id", "draft"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("profile_runs.id", ondelete="CASCADE"))
+    draft: Mapped[str] = mapped_column(String(512))
+    mode: Mapped[str] = mapped_column(String(16))  # greedy | sampling
+    temperature: Mapped[float] = mapped_column(Float)
+    num_speculative: Mapped[int] = mapped_column(Integer)  # N used while recording
+    cycles: Mapped[int] = mapped_column(Integer)
+    position_attempts: Mapped[list[Any]] = mapped_column()  # [N] cycles that reached position i
+    position_accepts: Mapped[list[Any]] = mapped_column()  # [N] cycles that accepted position i
+    alpha: Mapped[list[Any]] = mapped_column()  # [N] accepts_i / attempts_i (conditional)
+    beta: Mapped[list[Any]] = mapped_column()  # [N] accepts_i / cycles (unconditional, vLLM)
+    confidence_bins: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    teacher_forced_tokens: Mapped[int | None] = mapped_column(Integer)
+    greedy_agreement: Mapped[float | None] = mapped_column(Float)  # argmax p == argmax q
+    one_minus_tv: Mapped[float | None] = mapped_column(Float)  # mean Σ min(p, q)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class AcceptanceTrace(Base):
+    """One recorded cycle (θ = 0, N = N_max): draft confidences and how many were accepted."""
+
+    __tablename__ = "acceptance_traces"
+    __table_args__ = (Index("ix_acceptance_traces_run_id_draft_mode", "run_id", "draft", "mode"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("profile_runs.id", ondelete="CASCADE"))
+    draft: Mapped[str] = mapped_column(String(512))
+    mode: Mapped[str] = mapped_column(String(16))
+    temperature: Mapped[float] = mapped_column(Float)
+    prompt_index: Mapped[int | None] = mapped_column(Integer)
+    cycle_index: Mapped[int] = mapped_column(Integer)
+    confidences: Mapped[list[Any]] = mapped_column()  # [L] draft probability of each drafted token
+    num_accepted: Mapped[int] = mapped_column(Integer)
+
+
+class MeasuredRun(Base):
+    """An end-to-end measurement of one configuration, stored next to its prediction."""
+
+    __tablename__ = "measured_runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(
+        ForeignKey("profile_runs.id", ondelete="CASCADE"), index=True
+    )
+    draft: Mapped[str | None] = mapped_column(String(512))  # None: autoregressive baseline
+    config: Mapped[dict[str, Any]] = mapped_column()  # N, threshold, schedule, batch_size, ...
+    measured_tokens_per_s: Mapped[float] = mapped_column(Float)
+    predicted_tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    measured_tau: Mapped[float | None] = mapped_column(Float)
+    predicted_tau: Mapped[float | None] = mapped_column(Float)
+    seconds: Mapped[float] = mapped_column(Float)
+    new_tokens: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class Telemetry(Base):
+    """One device telemetry sample (NVML); added by revision 0002."""
+
+    __tablename__ = "telemetry"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(
+        ForeignKey("profile_runs.id", ondelete="CASCADE"), index=True
+    )
+    t: Mapped[float] = mapped_column(Float)  # seconds since the run started
+    power_w: Mapped[float | None] = mapped_column(Float)
+    energy_j: Mapped[float | None] = mapped_column(Float)
+    memory_used_mb: Mapped[float | None] = mapped_column(Float)
+    sm_clock_mhz: Mapped[float | None] = mapped_column(Float)
+    utilization_pct: Mapped[float | None] = mapped_column(Float)

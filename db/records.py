@@ -1,0 +1,193 @@
+"""Plain frozen dataclasses that the query helpers return (never ORM objects).
+
+They outlive the session that read them, can be pickled, compared and printed, and the tuner and
+dashboard need no SQLAlchemy to use them. Row types used for bulk inserts (:class:`TimingRow`,
+:class:`TraceRow`, :class:`TelemetryRow`) are the same ones the loaders return, so a round trip is
+an identity.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+# Kinds of timing samples. draft_step: one draft forward producing one token (T_s); verify: one
+# target forward over k new tokens with a KV cache (T_v(k)); autoregressive: a plain decode step
+# (T_ar = T_v(1) measured inside the baseline loop); prefill: a prompt forward; overhead: per-cycle
+# bookkeeping outside the forwards.
+TIMING_KINDS = ("draft_step", "verify", "autoregressive", "prefill", "overhead")
+RUN_STATUSES = ("running", "completed", "interrupted", "failed")
+FINISHED_STATUSES = RUN_STATUSES[1:]
+MODES = ("greedy", "sampling")
+
+
+@dataclass(frozen=True)
+class HardwareRecord:
+    """A machine: device kind and model, memory, driver and library versions."""
+
+    id: int
+    device: str
+    device_name: str
+    device_count: int = 1
+    memory_mb: float | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    torch_version: str | None = None
+    transformers_version: str | None = None
+    hostname: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """A target or draft model (path or hub id) and what identifies its weights."""
+
+    id: int
+    name: str
+    revision: str | None = None
+    num_parameters: int | None = None
+    num_layers: int | None = None
+    dtype: str | None = None
+    vocab_size: int | None = None
+    tokenizer_hash: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WorkloadRecord:
+    """A prompt set: name, hash of its content, number of prompts."""
+
+    id: int
+    name: str
+    content_hash: str
+    prompt_count: int
+
+
+@dataclass(frozen=True)
+class DraftRecord:
+    """A draft profiled in a run: ``name`` is a model path / hub id or a drafter name (``ngram``)."""
+
+    name: str
+    model_id: int | None = None
+    role: str = "draft"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A profile run with its target, workload, hardware and drafts."""
+
+    id: int
+    status: str
+    started_at: dt.datetime
+    finished_at: dt.datetime | None
+    target: ModelRecord
+    hardware: HardwareRecord
+    workload: WorkloadRecord | None
+    drafts: tuple[DraftRecord, ...]
+    settings: dict[str, Any]
+    label: str | None = None
+    notes: str | None = None
+    specdec_version: str | None = None
+    git_revision: str | None = None
+
+    @property
+    def duration_s(self) -> float | None:
+        """Wall time of the run in seconds (``None`` while it is running)."""
+        if self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
+
+
+@dataclass(frozen=True)
+class TimingRow:
+    """One raw timing sample in seconds.
+
+    Attributes:
+        kind: One of :data:`TIMING_KINDS`.
+        k: New tokens in the forward (1 for a draft step or plain decode step, N+1 for a verify).
+        batch_size: Sequences in the forward.
+        context_len: Tokens already in the KV cache.
+        seconds: The measured time of this one forward.
+        draft: The draft timed (``draft_step``), ``None`` for target forwards.
+        warmup: Taken during warm-up (kept apart from the real samples).
+    """
+
+    kind: str
+    k: int
+    batch_size: int
+    context_len: int
+    seconds: float
+    draft: str | None = None
+    warmup: bool = False
+
+
+@dataclass(frozen=True)
+class AcceptanceRecord:
+    """Aggregated acceptance of one draft in one mode (ARCHITECTURE.md §3 for α and β).
+
+    ``position_attempts[i]`` counts cycles that drafted position i+1 with all earlier positions
+    accepted, ``position_accepts[i]`` those that accepted it; ``alpha[i]`` = accepts/attempts
+    (conditional) and ``beta[i]`` = accepts/cycles (unconditional). Undefined rates are ``None``.
+    """
+
+    id: int
+    run_id: int
+    draft: str
+    mode: str
+    temperature: float
+    num_speculative: int
+    cycles: int
+    position_attempts: tuple[int, ...]
+    position_accepts: tuple[int, ...]
+    alpha: tuple[float | None, ...]
+    beta: tuple[float | None, ...]
+    confidence_bins: dict[str, Any]
+    teacher_forced_tokens: int | None = None
+    greedy_agreement: float | None = None
+    one_minus_tv: float | None = None
+
+
+@dataclass(frozen=True)
+class TraceRow:
+    """One recorded cycle: the draft's confidence in each drafted token and how many were accepted."""
+
+    cycle_index: int
+    confidences: tuple[float, ...]
+    num_accepted: int
+    prompt_index: int | None = None
+
+
+@dataclass(frozen=True)
+class MeasuredRecord:
+    """An end-to-end measurement of one configuration next to its prediction."""
+
+    id: int
+    run_id: int
+    draft: str | None
+    config: dict[str, Any]
+    measured_tokens_per_s: float
+    predicted_tokens_per_s: float | None
+    measured_tau: float | None
+    predicted_tau: float | None
+    seconds: float
+    new_tokens: int
+    created_at: dt.datetime
+
+    @property
+    def relative_error(self) -> float | None:
+        """(predicted - measured) / measured throughput, or ``None`` without a prediction."""
+        if self.predicted_tokens_per_s is None or self.measured_tokens_per_s == 0:
+            return None
+        return (self.predicted_tokens_per_s - self.measured_tokens_per_s) / self.measured_tokens_per_s
+
+
+@dataclass(frozen=True)
+class TelemetryRow:
+    """One device telemetry sample; ``t`` is seconds since the run started."""
+
+    t: float
+    power_w: float | None = None
+    energy_j: float | None = None
+    memory_used_mb: float | None = None
+    sm_clock_mhz: float | None = None
+    utilization_pct: float | None = None
