@@ -1,0 +1,99 @@
+"""``specdec-tune zoo``: list the bundled mini models, rerun their training recipe."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from specdec_tune.errors import InputError, NotFoundError
+from specdec_tune.tuner._app import app, print_json
+
+zoo_app = typer.Typer(help="The bundled mini model family (target + drafts) and its training recipe.",
+                      no_args_is_help=True)
+app.add_typer(zoo_app, name="zoo")
+
+_CONTEXT_TOKENS = 128
+
+
+def _measure_ms(path: Path, new_tokens: tuple[int, ...], repeats: int) -> dict[str, float]:
+    """Median ms per forward of ``new_tokens`` tokens after a 128-token KV cache, measured live."""
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from specdec_tune.profiler.timers import time_callable
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    out: dict[str, float] = {}
+    with torch.no_grad():
+        cache = DynamicCache()
+        model(input_ids=torch.randint(0, vocab, (1, _CONTEXT_TOKENS), generator=gen), past_key_values=cache,
+              use_cache=True)
+        for k in new_tokens:
+            new = torch.randint(0, vocab, (1, k), generator=gen)
+
+            def step(new: torch.Tensor = new, k: int = k) -> None:
+                model(input_ids=new, past_key_values=cache, use_cache=True)
+                cache.crop(-k)  # keep the context length fixed across repeats
+
+            samples = time_callable(step, warmup=3, repeats=repeats, device=torch.device("cpu"))
+            out[str(k)] = samples.median * 1e3
+    return out
+
+
+@zoo_app.command("list")
+def zoo_list(
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of objects instead of a table."),
+    measure: bool = typer.Option(True, "--measure/--no-measure",
+                                 help="Time each model live (a few seconds); otherwise show the build-time numbers."),
+    repeats: int = typer.Option(10, min=1, help="Timed forwards per model and token count."),
+) -> None:
+    """Show each bundled model: name, role, path, parameters, layers, ms per forward."""
+    from specdec_tune.engine.zoo import list_models, read_manifest
+
+    models = list_models()
+    if not models:
+        raise NotFoundError("no bundled models found (the zoo is not built; run `specdec-tune zoo train`)")
+    built = {m["name"]: m for m in read_manifest()["models"]}
+    rows = []
+    for m in models:
+        stored = built[m.name].get("ms_per_forward_at_training_time", {})
+        row = {"name": m.name, "role": m.role, "path": str(m.path), "parameters": m.parameters,
+               "layers": m.layers, "hidden_size": m.hidden_size,
+               "ms_per_forward_at_build": {k: v["median"] for k, v in stored.items()}}
+        if measure:
+            row["ms_per_forward_measured"] = _measure_ms(m.path, (1, 8), repeats)
+        rows.append(row)
+    if as_json:
+        print_json(rows)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    label = "measured now" if measure else "measured at build time"
+    table = Table(title=f"bundled models (ms per forward with a {_CONTEXT_TOKENS}-token KV cache, {label})")
+    for col in ("name", "role", "params", "layers", "ms 1 tok", "ms 8 tok", "path"):
+        table.add_column(col)
+    for r in rows:
+        ms = r["ms_per_forward_measured"] if measure else r["ms_per_forward_at_build"]
+        table.add_row(r["name"], r["role"], f"{r['parameters'] / 1e6:.2f}M", str(r["layers"]),
+                      f"{ms.get('1', float('nan')):.2f}", f"{ms.get('8', float('nan')):.2f}", r["path"])
+    Console().print(table)
+
+
+@zoo_app.command("train")
+def zoo_train(
+    out: Path = typer.Option(Path("specdec_zoo"), "--out", help="Folder to write models, workloads, card, log."),
+    quick: bool = typer.Option(False, "--quick", help="Tiny smoke version (a minute or two), not a usable zoo."),
+    seed: int = typer.Option(0, "--seed", help="Seed of data order, initialisation and prompt choice."),
+    force: bool = typer.Option(False, "--force", help="Write into a folder that already holds a zoo."),
+) -> None:
+    """Rerun the zoo recipe (about 50 minutes on 2 CPU cores; --quick for a smoke run)."""
+    if (out / "zoo.json").exists() and not force:
+        raise InputError(f"--out {str(out)!r} already holds a zoo (zoo.json); pass --force to overwrite it")
+    from specdec_tune.engine.zoo.recipe import run_recipe
+
+    manifest = run_recipe(out, quick=quick, seed=seed)
+    typer.echo(f"wrote {len(manifest['models'])} models and {len(manifest['workloads'])} workloads to {out}")
