@@ -50,9 +50,12 @@ def resolve_url(url: str | None) -> str:
 def mask_url(url: str) -> str:
     """Return ``url`` with any password replaced by ``***`` (safe to print)."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
     except ArgumentError:
         return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+    # Re-rendering escapes characters (``file:`` becomes ``file%3A``); keep the user's spelling
+    # unless there is a password to hide.
+    return url if parsed.password is None else parsed.render_as_string(hide_password=True)
 
 
 def _parse(url: str) -> URL:

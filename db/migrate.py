@@ -16,7 +16,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 import specdec_tune.db.migrations as _migrations_pkg
 from specdec_tune.db.engine import WRITE_OPTION, describe_error, make_engine, mask_url, resolve_url
@@ -67,7 +67,10 @@ def _check_known(url: str, revision: str | None) -> None:
 
 
 def _wrap(url: str, exc: SQLAlchemyError | CommandError) -> StorageError:
-    return StorageError(f"cannot open {describe_error(url, exc)}")
+    hint = ""
+    if isinstance(exc, OperationalError) and url.startswith("postgres"):
+        hint = "; check that the server runs and that host, port, user, password and database are right"
+    return StorageError(f"cannot open {describe_error(url, exc)}{hint}")
 
 
 def current_revision_engine(engine: Engine, url: str) -> str | None:

@@ -1,0 +1,397 @@
+"""Contract tests of the results database, run against every backend (Optuna-style).
+
+SQLite always runs. PostgreSQL runs when ``$SPECDEC_TEST_POSTGRES_URL`` names a server we may
+create databases on, or when ``initdb``/``pg_ctl`` and psycopg are installed, in which case a
+throwaway server is started on 127.0.0.1 for the session; otherwise it is skipped with the reason.
+"""
+from __future__ import annotations
+
+import glob
+import itertools
+import math
+import os
+import pwd
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+from specdec_tune.db import (
+    DraftRecord,
+    TelemetryRow,
+    TimingRow,
+    TraceRow,
+    add_acceptance,
+    add_measured_run,
+    add_run_draft,
+    add_telemetry,
+    add_timing_samples,
+    add_traces,
+    create_run,
+    current_revision,
+    delete_run,
+    finish_run,
+    get_or_create_hardware,
+    get_or_create_model,
+    get_or_create_workload,
+    get_run,
+    head_revision,
+    known_revisions,
+    list_measured,
+    list_runs,
+    load_acceptance,
+    load_telemetry,
+    load_timings,
+    load_traces,
+    open_database,
+    session_scope,
+    upgrade,
+)
+from specdec_tune.db.models import Base
+from specdec_tune.errors import InputError, NotFoundError, StorageError
+
+# ---------------------------------------------------------------------------------------------
+# Backends
+
+
+def _pg_bin(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return candidates[-1] if candidates else None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """URL of a PostgreSQL server (maintenance database) on which tests may create databases."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("psycopg is not installed (pip install 'specdec-tune[postgres]')")
+    if os.environ.get("SPECDEC_TEST_POSTGRES_URL"):
+        yield os.environ["SPECDEC_TEST_POSTGRES_URL"]
+        return
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if initdb is None or pg_ctl is None:
+        pytest.skip("no PostgreSQL server: initdb/pg_ctl not found and SPECDEC_TEST_POSTGRES_URL unset")
+    prefix: list[str] = []
+    workdir = tempfile.mkdtemp(prefix="specdec-pg-")
+    if os.geteuid() == 0:  # initdb refuses to run as root
+        try:
+            user = pwd.getpwnam("postgres")
+        except KeyError:
+            shutil.rmtree(workdir)
+            pytest.skip("running as root and there is no 'postgres' user to run initdb as")
+        os.chown(workdir, user.pw_uid, user.pw_gid)
+        prefix = ["runuser", "-u", "postgres", "--"]
+    data, port = os.path.join(workdir, "data"), _free_port()
+    try:
+        subprocess.run(
+            [*prefix, initdb, "-D", data, "-A", "trust", "-U", "specdec", "--no-sync"],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        options = f"-h 127.0.0.1 -p {port} -k {workdir} -F -c full_page_writes=off"
+        subprocess.run(
+            [*prefix, pg_ctl, "-D", data, "-o", options, "-l", os.path.join(workdir, "log"), "-w",
+             "start"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+    except (subprocess.SubprocessError, OSError) as exc:
+        shutil.rmtree(workdir, ignore_errors=True)
+        pytest.skip(f"could not start a PostgreSQL test server: {exc}")
+    try:
+        yield f"postgresql+psycopg://specdec@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*prefix, pg_ctl, "-D", data, "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+_counter = itertools.count()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def new_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[Callable[[], str]]:
+    """A factory of URLs of new, empty databases on the backend under test."""
+    created: list[str] = []
+    if request.param == "sqlite":
+        yield lambda: f"sqlite:///{tmp_path}/db{next(_counter)}.sqlite"
+        return
+    server = request.getfixturevalue("postgres_server")
+    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
+
+    def make() -> str:
+        name = f"specdec_test_{os.getpid()}_{next(_counter)}"
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"CREATE DATABASE {name}")
+        created.append(name)
+        return sa.make_url(server).set(database=name).render_as_string(hide_password=False)
+
+    yield make
+    with admin.connect() as conn:
+        for name in created:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    admin.dispose()
+
+
+@pytest.fixture
+def db(new_url):
+    with open_database(new_url()) as database:
+        yield database
+
+
+def _basics(db) -> tuple[int, int, int]:
+    hw = get_or_create_hardware(db, {"device": "cpu", "device_name": "Test CPU", "memory_mb": 2048})
+    target = get_or_create_model(db, {"name": "zoo/target", "num_parameters": 10_000_000_000,
+                                      "num_layers": 4, "dtype": "float32", "tokenizer_hash": "ab"})
+    wl = get_or_create_workload(db, {"name": "chat", "content_hash": "c0ffee", "prompt_count": 3})
+    return hw, target, wl
+
+
+# ---------------------------------------------------------------------------------------------
+# The contract
+
+
+class TestStorageContract:
+    def test_get_or_create_deduplicates_and_distinguishes(self, db):
+        hw, target, wl = _basics(db)
+        assert _basics(db) == (hw, target, wl)
+        # 2048 and 2048.0 are the same machine; a different driver is a different one.
+        same = get_or_create_hardware(db, {"device": "cpu", "device_name": "Test CPU",
+                                           "memory_mb": 2048.0})
+        other = get_or_create_hardware(db, {"device": "cpu", "device_name": "Test CPU",
+                                            "memory_mb": 2048, "driver_version": "550"})
+        assert same == hw and other != hw
+        retrained = get_or_create_model(db, {"name": "zoo/target", "num_parameters": 10_000_000_000,
+                                             "num_layers": 4, "dtype": "float32",
+                                             "tokenizer_hash": "cd"})
+        assert retrained != target
+
+    def test_run_round_trip(self, db):
+        hw, target, wl = _basics(db)
+        draft_id = get_or_create_model(db, {"name": "zoo/draft", "num_parameters": 1000})
+        run_id = create_run(
+            db, target_model_id=target, hardware_id=hw, workload_id=wl,
+            drafts=[DraftRecord("zoo/draft", draft_id), "ngram"],
+            settings={"n_max": 8, "temperatures": [0.0, 1.0]}, label="nightly",
+            specdec_version="9.9.9", git_revision="abc123",
+        )  # fmt: skip
+        add_run_draft(db, run_id, "ngram")  # already there: no duplicate
+        add_run_draft(db, run_id, "zoo/draft2")
+        run = get_run(db, run_id)
+        assert run.status == "running" and run.finished_at is None and run.duration_s is None
+        assert run.target.num_parameters == 10_000_000_000  # needs BIGINT
+        assert run.hardware.memory_mb == 2048.0 and run.workload.prompt_count == 3
+        assert [d.name for d in run.drafts] == ["zoo/draft", "ngram", "zoo/draft2"]
+        assert run.drafts[0].model_id == draft_id and run.drafts[1].model_id is None
+        assert run.settings == {"n_max": 8, "temperatures": [0.0, 1.0]}
+        assert (run.label, run.specdec_version, run.git_revision) == ("nightly", "9.9.9", "abc123")
+        assert run.started_at.tzinfo is not None
+
+        finish_run(db, run_id, "completed", notes="ok")
+        run = get_run(db, run_id)
+        assert run.status == "completed" and run.notes == "ok" and run.duration_s >= 0
+        assert [r.id for r in list_runs(db, status="completed")] == [run_id]
+        assert list_runs(db, status="running") == []
+        assert [r.id for r in list_runs(db, target="zoo/target")] == [run_id]
+
+    def test_samples_round_trip(self, db):
+        hw, target, _ = _basics(db)
+        run_id = create_run(db, target_model_id=target, hardware_id=hw, drafts=["d"])
+        timings = [TimingRow("verify", k=k, batch_size=1, context_len=64, seconds=0.001 * k)
+                   for k in range(1, 9)] + [TimingRow("draft_step", 1, 1, 64, 2.5e-4, draft="d")]
+        assert add_timing_samples(db, run_id, timings) == 9
+        add_timing_samples(db, run_id, [{"kind": "verify", "k": 1, "batch_size": 1,
+                                         "context_len": 0, "seconds": 9.0, "warmup": True}])
+        assert load_timings(db, run_id) == timings
+        assert len(load_timings(db, run_id, include_warmup=True)) == 10
+        assert load_timings(db, run_id, kind="draft_step") == timings[-1:]
+
+        traces = [TraceRow(i, (0.9, 0.5, 0.1), num_accepted=i % 4, prompt_index=0) for i in range(7)]
+        assert add_traces(db, run_id, "d", "greedy", 0.0, traces) == 7
+        add_traces(db, run_id, "d", "sampling", 1.0, traces[:2])
+        assert load_traces(db, run_id, "d", "greedy") == traces
+        assert len(load_traces(db, run_id, "d", "sampling", temperature=1.0)) == 2
+
+        acc_id = add_acceptance(
+            db, run_id, draft="d", mode="greedy", temperature=0.0, num_speculative=3, cycles=7,
+            position_attempts=[7, 5, 3], position_accepts=[5, 3, 0], alpha=[5 / 7, 0.6, math.nan],
+            beta=[5 / 7, 3 / 7, 0.0], confidence_bins={"edges": [0, 0.5, 1], "accepted": [1, 4]},
+            teacher_forced_tokens=100, greedy_agreement=0.71, one_minus_tv=0.64,
+        )  # fmt: skip
+        (acc,) = load_acceptance(db, run_id, mode="greedy")
+        assert acc.id == acc_id and acc.position_attempts == (7, 5, 3)
+        assert acc.alpha[:2] == pytest.approx((5 / 7, 0.6)) and acc.alpha[2] is None  # NaN -> null
+        assert acc.confidence_bins["accepted"] == [1, 4] and acc.one_minus_tv == 0.64
+        assert load_acceptance(db, run_id, draft="other") == []
+
+        mid = add_measured_run(db, run_id, draft="d", config={"N": 3, "threshold": 0.3},
+                               measured_tokens_per_s=100.0, predicted_tokens_per_s=110.0,
+                               measured_tau=2.0, seconds=1.5, new_tokens=150)
+        add_measured_run(db, run_id, draft=None, config={"N": 0}, measured_tokens_per_s=50.0,
+                         seconds=3.0, new_tokens=150)
+        measured = list_measured(db, run_id)
+        assert [x.id for x in measured][0] == mid and measured[1].draft is None
+        assert measured[0].relative_error == pytest.approx(0.1) and measured[1].relative_error is None
+        assert measured[0].config == {"N": 3, "threshold": 0.3}
+
+        tele = [TelemetryRow(t=0.5 * i, power_w=100.0 + i, energy_j=10.0 * i) for i in range(4)]
+        assert add_telemetry(db, run_id, reversed(tele)) == 4
+        assert load_telemetry(db, run_id) == tele
+
+    def test_bulk_insert_many_rows(self, db):
+        hw, target, _ = _basics(db)
+        run_id = create_run(db, target_model_id=target, hardware_id=hw)
+        rows = [TimingRow("verify", 1 + i % 8, 1, i, 1e-3) for i in range(12_000)]  # > one chunk
+        assert add_timing_samples(db, run_id, rows) == 12_000
+        assert len(load_timings(db, run_id)) == 12_000
+
+    def test_interrupted_run_keeps_committed_batches(self, db):
+        hw, target, _ = _basics(db)
+        run_id = create_run(db, target_model_id=target, hardware_id=hw)
+        add_timing_samples(db, run_id, [TimingRow("verify", 2, 1, 10, 0.01)])
+        with pytest.raises(InputError, match="timing kind 'bogus'"):
+            # A bad row anywhere in a batch stores none of that batch.
+            add_timing_samples(db, run_id, [TimingRow("verify", 2, 1, 11, 0.01),
+                                            TimingRow("bogus", 2, 1, 12, 0.01)])
+        finish_run(db, run_id, "interrupted")
+        assert get_run(db, run_id).status == "interrupted"
+        assert [r.context_len for r in load_timings(db, run_id)] == [10]
+
+    def test_session_scope_rolls_back_and_raises_storage_error(self, db):
+        hw, target, _ = _basics(db)
+        with pytest.raises(StorageError, match="database error in"):
+            with session_scope(db) as s:
+                s.execute(sa.text("UPDATE hardware SET device = 'gpu'"))
+                s.execute(sa.text("SELECT * FROM no_such_table"))
+        with pytest.raises(KeyError):
+            with session_scope(db) as s:
+                s.execute(sa.text("UPDATE hardware SET device = 'gpu'"))
+                raise KeyError("boom")
+        with session_scope(db) as s:
+            assert s.execute(sa.text("SELECT device FROM hardware")).scalar_one() == "cpu"
+
+    def test_missing_run_and_bad_values(self, db):
+        hw, target, _ = _basics(db)
+        with pytest.raises(NotFoundError, match=re.escape(f"no profile run with id 4242 in {db.display_url}")):
+            get_run(db, 4242)
+        for call in (lambda: load_timings(db, 4242), lambda: finish_run(db, 4242),
+                     lambda: add_timing_samples(db, 4242, [TimingRow("verify", 1, 1, 1, 0.1)])):
+            with pytest.raises(NotFoundError, match="4242"):
+                call()
+        run_id = create_run(db, target_model_id=target, hardware_id=hw)
+        with pytest.raises(InputError, match="'done'"):
+            finish_run(db, run_id, "done")
+        with pytest.raises(InputError, match="devcie"):
+            get_or_create_hardware(db, {"devcie": "cpu", "device_name": "x"})
+        with pytest.raises(InputError, match="num_accepted=4"):
+            add_traces(db, run_id, "d", "greedy", 0.0, [TraceRow(0, (0.5, 0.5), 4)])
+        with pytest.raises(InputError, match="seconds"):
+            add_timing_samples(db, run_id, [TimingRow("verify", 1, 1, 1, math.inf)])
+        with pytest.raises(InputError, match="one length"):
+            add_acceptance(db, run_id, draft="d", mode="greedy", temperature=0, num_speculative=2,
+                           cycles=1, position_attempts=[1], position_accepts=[1, 0], alpha=[1],
+                           beta=[1])
+
+    def test_delete_run_removes_its_rows_only(self, db):
+        hw, target, _ = _basics(db)
+        keep, drop = (create_run(db, target_model_id=target, hardware_id=hw, drafts=["d"])
+                      for _ in range(2))
+        for run_id in (keep, drop):
+            add_timing_samples(db, run_id, [TimingRow("verify", 1, 1, 1, 0.1)])
+            add_traces(db, run_id, "d", "greedy", 0.0, [TraceRow(0, (0.9,), 1)])
+            add_telemetry(db, run_id, [TelemetryRow(0.0, 50.0)])
+        delete_run(db, drop)
+        with pytest.raises(NotFoundError):
+            get_run(db, drop)
+        assert len(load_timings(db, keep)) == 1 and len(load_traces(db, keep, "d", "greedy")) == 1
+        with session_scope(db) as s:
+            assert s.execute(sa.text("SELECT COUNT(*) FROM timing_samples")).scalar_one() == 1
+            assert s.execute(sa.text("SELECT COUNT(*) FROM run_drafts")).scalar_one() == 1
+
+    # -- migrations ------------------------------------------------------------------------
+
+    def test_migrate_empty_to_head_and_schema_matches_models(self, new_url):
+        url = new_url()
+        assert current_revision(url) is None
+        assert upgrade(url) == (None, head_revision())
+        assert upgrade(url) == (head_revision(), head_revision())  # idempotent
+        engine = sa.create_engine(url)
+        try:
+            with engine.connect() as conn:
+                diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        finally:
+            engine.dispose()
+        assert diff == [], f"ORM models and migrations disagree: {diff}"
+
+    def test_migrate_previous_revision_keeps_data(self, new_url):
+        url = new_url()
+        revisions = known_revisions()
+        assert len(revisions) >= 2 and revisions[-1] == head_revision()
+        previous = revisions[-2]
+        assert upgrade(url, previous) == (None, previous)
+        engine = sa.create_engine(url)
+        now = "2026-01-02 03:04:05"
+        statements = [
+            "INSERT INTO hardware (id, fingerprint, device, device_name, device_count, extra, "
+            f"created_at) VALUES (1, 'f1', 'cpu', 'Old CPU', 1, '{{}}', '{now}')",
+            "INSERT INTO models (id, fingerprint, name, extra, created_at) "
+            f"VALUES (1, 'm1', 'old/target', '{{}}', '{now}')",
+            "INSERT INTO profile_runs (id, target_model_id, hardware_id, settings, status, "
+            f"started_at) VALUES (1, 1, 1, '{{\"n_max\": 4}}', 'completed', '{now}')",
+            "INSERT INTO run_drafts (id, run_id, name, role) VALUES (1, 1, 'ngram', 'draft')",
+            "INSERT INTO timing_samples (run_id, draft, kind, k, batch_size, context_len, seconds, "
+            "warmup) VALUES (1, NULL, 'verify', 5, 1, 32, 0.0125, false)",
+            "INSERT INTO acceptance_traces (run_id, draft, mode, temperature, cycle_index, "
+            "confidences, num_accepted) VALUES (1, 'ngram', 'greedy', 0.0, 0, '[1.0, 1.0]', 1)",
+        ]
+        try:
+            with engine.begin() as conn:
+                for statement in statements:
+                    conn.exec_driver_sql(statement)
+            if engine.dialect.name == "postgresql":  # explicit ids leave the sequences behind
+                with engine.begin() as conn:
+                    for table in ("hardware", "models", "profile_runs", "run_drafts"):
+                        conn.exec_driver_sql(
+                            f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), 1)"
+                        )
+        finally:
+            engine.dispose()
+
+        with open_database(url) as db:  # migrates on first use
+            assert current_revision(url) == head_revision()
+            run = get_run(db, 1)
+            assert run.status == "completed" and run.settings == {"n_max": 4}
+            assert run.specdec_version is None and run.git_revision is None  # columns new in 0002
+            assert [d.name for d in run.drafts] == ["ngram"]
+            assert load_timings(db, 1) == [TimingRow("verify", 5, 1, 32, 0.0125)]
+            assert load_traces(db, 1, "ngram", "greedy") == [TraceRow(0, (1.0, 1.0), 1)]
+            add_telemetry(db, 1, [TelemetryRow(0.0, power_w=70.0)])  # table new in 0002
+            assert load_telemetry(db, 1)[0].power_w == 70.0
+            new_run = create_run(db, target_model_id=1, hardware_id=1)
+            assert new_run == 2 and get_run(db, new_run).specdec_version is not None
+
+    def test_database_from_newer_version_is_refused(self, new_url):
+        url = new_url()
+        upgrade(url)
+        engine = sa.create_engine(url)
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql("UPDATE alembic_version SET version_num = '9999'")
+        finally:
+            engine.dispose()
+        with pytest.raises(StorageError, match="revision '9999'.*newer specdec-tune"):
+            open_database(url)

@@ -1,0 +1,20 @@
+"""Typer options shared by several commands (kept free of heavy imports such as SQLAlchemy)."""
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+DbOption = Annotated[
+    Optional[str],  # noqa: UP045 - typer reads the annotation at run time on Python 3.10 too
+    typer.Option(
+        "--db",
+        envvar="SPECDEC_DB",
+        show_envvar=True,
+        metavar="URL",
+        help=(
+            "Results database URL: sqlite:///specdec.db (default, in the current directory), "
+            "sqlite:////abs/path.db or postgresql+psycopg://user:password@host/dbname."
+        ),
+    ),
+]
