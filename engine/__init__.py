@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from specdec_tune.engine.decode import DecodeConfig, autoregressive, speculative
-from specdec_tune.engine.drafters import ModelDrafter, NgramDrafter
+from specdec_tune.engine.drafters import ModelDrafter, NgramDrafter, build_drafter
 from specdec_tune.engine.kvcache import PreallocatedCache, make_cache
 from specdec_tune.engine.loading import LoadedModel, check_compatible, load_model
 from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult, VerifyResult, acceptance_per_position
@@ -10,6 +10,6 @@ from specdec_tune.engine.verify import verify_greedy, verify_sampling
 
 __all__ = [
     "CycleStats", "DecodeConfig", "Draft", "Drafter", "GenerationResult", "LoadedModel", "ModelDrafter",
-    "NgramDrafter", "PreallocatedCache", "VerifyResult", "acceptance_per_position", "autoregressive",
+    "NgramDrafter", "PreallocatedCache", "build_drafter", "VerifyResult", "acceptance_per_position", "autoregressive",
     "check_compatible", "load_model", "make_cache", "speculative", "verify_greedy", "verify_sampling",
 ]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec_tune.engine.drafters import probs_from_logits
-from specdec_tune.engine.kvcache import make_cache
+from specdec_tune.engine.kvcache import PreallocatedCache, make_cache
 from specdec_tune.engine.types import CycleStats, Drafter, GenerationResult, VerifyResult
 from specdec_tune.engine.verify import verify_greedy, verify_sampling
 
@@ -112,6 +112,7 @@ def speculative(
     generator: torch.Generator | None = None,
     on_cycle: Callable[[CycleStats], None] | None = None,
     verify_fn: VerifyFn | None = None,
+    cache: PreallocatedCache | None = None,
 ) -> GenerationResult:
     """Speculative decoding: draft up to N tokens, verify them in one target forward, accept a prefix.
 
@@ -123,25 +124,26 @@ def speculative(
         generator: random source for sampling mode.
         on_cycle: called after every cycle with its statistics (the profiler's hook for timing).
         verify_fn: replaces ``verify_sampling`` (tests use it to show the exactness test has power).
+        cache: a target cache to reuse (reset here); one is allocated when absent or too small.
     """
     _check_prompt(prompt_ids)
     n_max = config.num_speculative_tokens
     sampling = config.temperature > 0
     verify_s = verify_fn or verify_sampling
     total = prompt_ids.shape[0] + config.max_new_tokens + n_max + 2
-    cache = make_cache(model, total)
+    if cache is None or cache.max_len < total:
+        cache = make_cache(model, total)
+    cache.truncate(0)
     tokens = torch.empty(total, dtype=torch.long, device=prompt_ids.device)  # prompt + emitted
     length = prompt_ids.shape[0]
     tokens[:length] = prompt_ids
     out: list[int] = []
     cycles: list[CycleStats] = []
-
-    # Prefill; the first token comes from the prompt's last position, exactly as in the baseline.
-    first = _pick(_forward(model, prompt_ids, cache, 1)[-1], config.temperature, generator)
-    out.append(first)
-    tokens[length] = first
-    length += 1
-    eos_hit = first == config.eos_token_id
+    # Prefill all but the last prompt token; that token is fed by the first cycle, so every generated
+    # token (the first included) goes through draft -> verify.
+    if length > 1:
+        _forward(model, prompt_ids[:-1], cache, 1)
+    eos_hit = False
     n_cur = n_max
     while not eos_hit and len(out) < config.max_new_tokens:
         budget = min(n_cur, config.max_new_tokens - len(out))  # never draft past the limit

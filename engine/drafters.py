@@ -125,3 +125,19 @@ class NgramDrafter:
 
     def observe(self, num_accepted: int) -> None:
         """Prompt lookup keeps no per-cycle state (the index follows the context)."""
+
+
+def build_drafter(
+    draft_model: torch.nn.Module | None,
+    *,
+    max_len: int,
+    temperature: float = 0.0,
+    threshold: float = 0.0,
+    generator: torch.Generator | None = None,
+    ngram_max: int = 3,
+    ngram_min: int = 1,
+) -> ModelDrafter | NgramDrafter:
+    """A fresh drafter for one sequence: a draft model's, or n-gram lookup when ``draft_model`` is None."""
+    if draft_model is None:
+        return NgramDrafter(ngram_max=ngram_max, ngram_min=ngram_min)
+    return ModelDrafter(draft_model, max_len, temperature=temperature, threshold=threshold, generator=generator)

@@ -17,3 +17,32 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+CORPUS = (
+    "def add(a, b):\n    return a + b\n\n"
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
+    "for i in range(10):\n    print(i, i * i)\n"
+) * 4
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory):
+    """Saved tiny target/draft folders sharing a tokenizer, and one draft with a different vocabulary."""
+    from tests.tiny import save_tiny_model, tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    tok = tiny_tokenizer(CORPUS, vocab=300)
+    other = tiny_tokenizer(CORPUS.upper() + "xyz qrs", vocab=290)
+    return {
+        "target": str(save_tiny_model(root / "target", tok, layers=2, seed=0)),
+        "draft": str(save_tiny_model(root / "draft", tok, layers=1, seed=1)),
+        "other": str(save_tiny_model(root / "other", other, layers=1, seed=2)),
+    }
+
+
+def pytest_configure(config):
+    # Tiny test models run faster on one thread, and the suite must share 2 cores with CI itself.
+    import torch
+
+    torch.set_num_threads(1)

@@ -1,0 +1,84 @@
+"""``specdec-tune generate``: decode prompts with the baseline or speculative engine, measured."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from specdec_tune.engine import DecodeConfig, check_compatible, load_model
+from specdec_tune.engine.workloads import Prompt, load_prompts
+from specdec_tune.errors import InputError
+from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
+from specdec_tune.tuner import _options as opt
+from specdec_tune.tuner._app import app, print_json
+
+
+@app.command()
+def generate(
+    target: str = typer.Option(..., "--target", help="Target model: bundled name (see `zoo list`), local folder or hub id."),
+    draft: str = typer.Option("none", "--draft", help="Draft model (same tokenizer), 'ngram' for prompt lookup, or 'none' for target-only decoding."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", help="One prompt text."),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSONL file of prompts: {\"id\", \"prompt\", optional \"category\"} per line."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Most new tokens per prompt."),
+    num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", "-N", help="N: most tokens drafted per cycle (1..64)."),
+    threshold: float = typer.Option(0.0, "--threshold", help="θ: stop drafting when the draft's probability of its token is below θ (0 disables)."),
+    schedule: str = typer.Option("constant", "--schedule", help="constant | heuristic (N += 2 after a fully accepted draft, else N -= 1; capped at N)."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 samples (exact speculative sampling)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed for sampling."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16 | float16"),
+    json_out: bool = typer.Option(False, "--json", help="One JSON object per prompt on stdout."),
+) -> None:
+    """Generate text and print measured tokens/s, tokens per cycle τ and per-position acceptance α_i."""
+    opt.check_max_new_tokens(max_new_tokens)
+    opt.check_num_speculative_tokens(num_speculative_tokens)
+    opt.check_threshold(threshold)
+    opt.check_schedule(schedule)
+    opt.check_temperature(temperature)
+    items = _collect_prompts(prompt, prompts)
+    tgt = load_model(target, device, dtype)
+    spec = _draft_spec(draft, tgt, device, dtype)
+    config = DecodeConfig(
+        max_new_tokens=max_new_tokens,
+        num_speculative_tokens=num_speculative_tokens,
+        threshold=threshold,
+        schedule=schedule,
+        temperature=temperature,
+        eos_token_id=tgt.eos_token_id,
+    )
+    encoded = [(p, encode_prompt(tgt, p.prompt, p.id)) for p in items]
+    warm_up(tgt, spec, encoded[0][1], config)
+    console = Console(stderr=json_out)
+    for i, (p, ids) in enumerate(encoded):
+        run = measure_prompt(tgt, spec, ids, config, prompt_id=p.id, seed=seed + i)
+        if json_out:
+            print_json({**run.to_json(), "target": target, "draft": spec.name, "category": p.category})
+            continue
+        console.print(f"[bold]{p.id}[/bold]", highlight=False)
+        console.print(run.text, markup=False, highlight=False)
+        line = f"measured: {run.tokens_per_s:.1f} tokens/s ({run.new_tokens} new tokens in {run.seconds:.3f} s)"
+        if run.cycles:
+            line += f", τ = {run.mean_tokens_per_cycle:.2f} tokens/cycle over {run.cycles} cycles, α = {opt.format_alphas(run.acceptance_per_position)}"
+        console.print(line, highlight=False)
+
+
+def _collect_prompts(prompt: str | None, prompts: Path | None) -> list[Prompt]:
+    if (prompt is None) == (prompts is None):
+        raise InputError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
+    if prompt is not None:
+        if not prompt.strip():
+            raise InputError("--prompt is empty")
+        return [Prompt(id="prompt", prompt=prompt, category=None)]
+    return load_prompts(prompts)
+
+
+def _draft_spec(draft: str, target, device: str, dtype: str) -> DraftSpec:
+    if draft == "none":
+        return DraftSpec("none")
+    if draft == NGRAM:
+        return DraftSpec("ngram")
+    loaded = load_model(draft, device, dtype)
+    check_compatible(target, loaded)
+    return DraftSpec("model", loaded)
