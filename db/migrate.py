@@ -15,7 +15,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 import specdec_tune.db.migrations as _migrations_pkg
@@ -110,6 +110,23 @@ def upgrade_engine(engine: Engine, url: str, revision: str = "head") -> tuple[st
         raise _wrap(url, exc) from None
 
 
+def _check_foreign_tables(conn: Connection, url: str) -> None:
+    """Refuse to add our schema to a database that holds another application's tables."""
+    from specdec_tune.db.models import Base
+
+    existing = set(inspect(conn).get_table_names())
+    ours = set(Base.metadata.tables)
+    # A SQLite file is one database per file, so any table means it belongs to someone else; a
+    # PostgreSQL database may be shared, so only a clash of names is refused.
+    clash = existing if conn.dialect.name == "sqlite" else existing & ours
+    if clash:
+        raise StorageError(
+            f"database {mask_url(url)} already holds tables that specdec-tune did not create "
+            f"({', '.join(sorted(clash)[:5])}); it was left untouched - give a new database or an "
+            f"existing specdec-tune database"
+        )
+
+
 def _upgrade_on(conn: Connection, url: str, target: str) -> tuple[str | None, str | None]:
     sqlite = conn.dialect.name == "sqlite"
     raw: Any = conn.connection.driver_connection
@@ -124,6 +141,8 @@ def _upgrade_on(conn: Connection, url: str, target: str) -> tuple[str | None, st
             # Read again under the lock: another process may have migrated in the meantime.
             before = _current(conn)
             _check_known(url, before)
+            if before is None:
+                _check_foreign_tables(conn, url)
             if before != target:
                 command.upgrade(alembic_config(conn), target)
             if sqlite:
