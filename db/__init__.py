@@ -10,6 +10,7 @@ return plain frozen dataclasses::
                                               seconds=0.012)])
     finish_run(db, run_id, "completed")
 """
+
 from __future__ import annotations
 
 from specdec_tune.db.engine import (

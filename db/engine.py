@@ -1,9 +1,10 @@
 """Opening the results database: URL resolution, input checks, SQLite pragmas, first-use migration.
 
-Every failure to open becomes a one-line :class:`~specdec_tune.errors.StorageError` that names the URL
-(password masked) and says what would be valid. Opening never rewrites a file that is not already a
-SQLite database, so a wrong ``--db`` cannot destroy anything.
+Every failure to open becomes a one-line :class:`~specdec_tune.errors.StorageError` that names
+the URL (password masked) and says what would be valid. Opening never rewrites a file that is not
+already a SQLite database, so a wrong ``--db`` cannot destroy anything.
 """
+
 from __future__ import annotations
 
 import json
@@ -71,7 +72,7 @@ def sqlite_path(parsed: URL) -> Path | None:
     """The file behind a SQLite URL, or ``None`` for an in-memory database."""
     database = parsed.database or ""
     if parsed.query.get("uri") in ("true", "1") and database.startswith("file:"):
-        database = database[len("file:"):].split("?", 1)[0]
+        database = database[len("file:") :].split("?", 1)[0]
         if parsed.query.get("mode") == "memory":
             return None
     if database in ("", ":memory:") or database.startswith(":memory:"):

@@ -5,6 +5,7 @@ paused, as SQLite's documented table-rebuild procedure asks; PostgreSQL: transac
 advisory lock), so two processes opening a new database at once do not both create tables, and a
 failed migration leaves the database exactly as it was.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -69,7 +70,7 @@ def _check_known(url: str, revision: str | None) -> None:
 def _wrap(url: str, exc: SQLAlchemyError | CommandError) -> StorageError:
     hint = ""
     if isinstance(exc, OperationalError) and url.startswith("postgres"):
-        hint = "; check that the server runs and that host, port, user, password and database are right"
+        hint = "; check that the server runs and that host, port, user, password and database fit"
     return StorageError(f"cannot open {describe_error(url, exc)}{hint}")
 
 
@@ -93,7 +94,9 @@ def check_engine(engine: Engine, url: str) -> None:
         )
 
 
-def upgrade_engine(engine: Engine, url: str, revision: str = "head") -> tuple[str | None, str | None]:
+def upgrade_engine(
+    engine: Engine, url: str, revision: str = "head"
+) -> tuple[str | None, str | None]:
     """Upgrade the database behind ``engine`` to ``revision``; return (before, after).
 
     Does nothing (one query) when the database is already there.

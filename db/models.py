@@ -4,10 +4,11 @@ The schema is owned by the Alembic scripts in ``db/migrations/versions``; this m
 the same tables (``tests/test_db_migrations.py`` compares the two with Alembic's autogenerate, so a
 column added here without a migration fails a test).
 
-Words follow ARCHITECTURE.md §3: *draft* is a model path / hub id or the string ``"ngram"``; ``k`` is
-the number of new tokens in one target forward (``N + 1`` in a cycle); α_i is the conditional and
-β_i the unconditional per-position acceptance rate.
+Words follow ARCHITECTURE.md §3: *draft* is a model path / hub id or the string ``"ngram"``;
+``k`` is the number of new tokens in one target forward (``N + 1`` in a cycle); α_i is the
+conditional and β_i the unconditional per-position acceptance rate.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -78,7 +79,7 @@ class Base(DeclarativeBase):
 
 
 class Hardware(Base):
-    """One machine configuration: device, driver and library versions (deduplicated by fingerprint)."""
+    """One machine configuration: device, driver and library versions (unique by fingerprint)."""
 
     __tablename__ = "hardware"
 
@@ -156,12 +157,14 @@ class ProfileRun(Base):
 
 
 class RunDraft(Base):
-    """A draft profiled in a run: a model (``model_id`` set) or a model-free drafter like ``ngram``."""
+    """A draft profiled in a run: a model (``model_id`` set) or a model-free drafter (``ngram``)."""
 
     __tablename__ = "run_drafts"
 
     id: Mapped[int] = mapped_column(primary_key=True)
-    run_id: Mapped[int] = mapped_column(ForeignKey("profile_runs.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int] = mapped_column(
+        ForeignKey("profile_runs.id", ondelete="CASCADE"), index=True
+    )
     name: Mapped[str] = mapped_column(String(512))
     model_id: Mapped[int | None] = mapped_column(ForeignKey("models.id"))
     role: Mapped[str] = mapped_column(String(32), default="draft")

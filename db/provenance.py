@@ -1,4 +1,5 @@
-"""Where a result came from: the specdec-tune version and the git revision of its source checkout."""
+"""Where a result came from: the specdec-tune version and the git revision of its checkout."""
+
 from __future__ import annotations
 
 import functools

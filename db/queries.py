@@ -4,6 +4,7 @@ Each helper runs in its own transaction and commits before it returns, so a prof
 samples batch by batch keeps every finished batch when it is interrupted (it then calls
 ``finish_run(db, run_id, "interrupted")``). Readers live in :mod:`specdec_tune.db.reads`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -52,7 +53,9 @@ def _fingerprint(values: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _checked(info: Mapping[str, Any], keys: Sequence[str], required: Sequence[str], what: str) -> dict:
+def _checked(
+    info: Mapping[str, Any], keys: Sequence[str], required: Sequence[str], what: str
+) -> dict:
     unknown = sorted(set(info) - set(keys))
     if unknown:
         raise InputError(f"unknown {what} field(s) {unknown}; valid: {', '.join(keys)}")
@@ -102,7 +105,7 @@ def get_or_create_hardware(db: Database, info: Mapping[str, Any]) -> int:
 
 
 def get_or_create_model(db: Database, info: Mapping[str, Any]) -> int:
-    """Return the id of the model row equal to ``info`` (``name`` = path or hub id), inserting it if new.
+    """Return the id of the model equal to ``info`` (``name``: path or hub id), inserting it if new.
 
     Optional keys: revision, num_parameters, num_layers, dtype, vocab_size, tokenizer_hash, extra.
     A retrained model at the same path differs in parameters or tokenizer hash and gets a new row.
@@ -190,7 +193,9 @@ def add_run_draft(
             s.add(m.RunDraft(run_id=run_id, name=name, model_id=model_id, role=role))
 
 
-def finish_run(db: Database, run_id: int, status: str = "completed", notes: str | None = None) -> None:
+def finish_run(
+    db: Database, run_id: int, status: str = "completed", notes: str | None = None
+) -> None:
     """Mark a run ``completed``, ``interrupted`` or ``failed`` and stamp its end time.
 
     Raises:
@@ -198,7 +203,9 @@ def finish_run(db: Database, run_id: int, status: str = "completed", notes: str 
         NotFoundError: No such run.
     """
     if status not in FINISHED_STATUSES:
-        raise InputError(f"run status {status!r} is not valid; valid: {', '.join(FINISHED_STATUSES)}")
+        raise InputError(
+            f"run status {status!r} is not valid; valid: {', '.join(FINISHED_STATUSES)}"
+        )
     with session_scope(db, write=True) as s:
         run = _require_run(s, db, run_id)
         run.status = status
@@ -246,7 +253,9 @@ def _bulk(db: Database, run_id: int, table: type[m.Base], rows: list[dict[str, A
     return len(rows)
 
 
-def add_timing_samples(db: Database, run_id: int, rows: Iterable[TimingRow | Mapping[str, Any]]) -> int:
+def add_timing_samples(
+    db: Database, run_id: int, rows: Iterable[TimingRow | Mapping[str, Any]]
+) -> int:
     """Store raw timing samples in one transaction; return how many.
 
     Raises:
@@ -255,11 +264,17 @@ def add_timing_samples(db: Database, run_id: int, rows: Iterable[TimingRow | Map
     out = []
     for row in (_as_row(TimingRow, r) for r in rows):
         if row.kind not in TIMING_KINDS:
-            raise InputError(f"timing kind {row.kind!r} is not valid; valid: {', '.join(TIMING_KINDS)}")
+            raise InputError(
+                f"timing kind {row.kind!r} is not valid; valid: {', '.join(TIMING_KINDS)}"
+            )
         if row.k < 1 or row.batch_size < 1 or row.context_len < 0:
-            raise InputError(f"timing sample needs k >= 1, batch_size >= 1, context_len >= 0: {row}")
+            raise InputError(
+                f"timing sample needs k >= 1, batch_size >= 1, context_len >= 0: {row}"
+            )
         values = asdict(row)
-        values.update(run_id=run_id, seconds=_finite("seconds", row.seconds), warmup=bool(row.warmup))
+        values.update(
+            run_id=run_id, seconds=_finite("seconds", row.seconds), warmup=bool(row.warmup)
+        )
         out.append(values)
     return _bulk(db, run_id, m.TimingSample, out)
 
@@ -293,8 +308,8 @@ def add_acceptance(
     if len(lengths) != 1 or max(lengths) > num_speculative:
         raise InputError(
             f"per-position lists must have one length <= num_speculative={num_speculative}; got "
-            f"attempts {len(position_attempts)}, accepts {len(position_accepts)}, alpha {len(alpha)}, "
-            f"beta {len(beta)}"
+            f"attempts {len(position_attempts)}, accepts {len(position_accepts)}, "
+            f"alpha {len(alpha)}, beta {len(beta)}"
         )
     row = m.Acceptance(
         run_id=run_id, draft=draft, mode=mode, temperature=_finite("temperature", temperature),
@@ -354,7 +369,7 @@ def add_measured_run(
     measured_tau: float | None = None,
     predicted_tau: float | None = None,
 ) -> int:
-    """Store one end-to-end measurement (``draft=None``: the autoregressive baseline); return its id.
+    """Store one end-to-end measurement (``draft=None``: autoregressive baseline); return its id.
 
     ``config`` holds the configuration measured: N, threshold, schedule, batch_size, temperature.
     """
@@ -362,7 +377,8 @@ def add_measured_run(
         run_id=run_id, draft=draft, config=dict(config),
         measured_tokens_per_s=_finite("measured_tokens_per_s", measured_tokens_per_s),
         predicted_tokens_per_s=predicted_tokens_per_s, measured_tau=measured_tau,
-        predicted_tau=predicted_tau, seconds=_finite("seconds", seconds), new_tokens=int(new_tokens),
+        predicted_tau=predicted_tau, seconds=_finite("seconds", seconds),
+        new_tokens=int(new_tokens),
     )  # fmt: skip
     with session_scope(db, write=True) as s:
         _require_run(s, db, run_id)
@@ -371,7 +387,9 @@ def add_measured_run(
         return row.id
 
 
-def add_telemetry(db: Database, run_id: int, rows: Iterable[TelemetryRow | Mapping[str, Any]]) -> int:
+def add_telemetry(
+    db: Database, run_id: int, rows: Iterable[TelemetryRow | Mapping[str, Any]]
+) -> int:
     """Store device telemetry samples; return how many."""
     out = []
     for row in (_as_row(TelemetryRow, r) for r in rows):

@@ -1,4 +1,5 @@
-"""Read helpers: every function returns plain frozen dataclasses from :mod:`~specdec_tune.db.records`."""
+"""Read helpers: each returns plain frozen dataclasses from :mod:`~specdec_tune.db.records`."""
+
 from __future__ import annotations
 
 from sqlalchemy import select
@@ -142,13 +143,21 @@ def load_acceptance(
         _require_run(s, db, run_id)
         return [
             AcceptanceRecord(
-                id=r.id, run_id=r.run_id, draft=r.draft, mode=r.mode, temperature=r.temperature,
-                num_speculative=r.num_speculative, cycles=r.cycles,
+                id=r.id,
+                run_id=r.run_id,
+                draft=r.draft,
+                mode=r.mode,
+                temperature=r.temperature,
+                num_speculative=r.num_speculative,
+                cycles=r.cycles,
                 position_attempts=tuple(r.position_attempts),
-                position_accepts=tuple(r.position_accepts), alpha=tuple(r.alpha),
-                beta=tuple(r.beta), confidence_bins=dict(r.confidence_bins or {}),
+                position_accepts=tuple(r.position_accepts),
+                alpha=tuple(r.alpha),
+                beta=tuple(r.beta),
+                confidence_bins=dict(r.confidence_bins or {}),
                 teacher_forced_tokens=r.teacher_forced_tokens,
-                greedy_agreement=r.greedy_agreement, one_minus_tv=r.one_minus_tv,
+                greedy_agreement=r.greedy_agreement,
+                one_minus_tv=r.one_minus_tv,
             )  # fmt: skip
             for r in s.scalars(query)
         ]
@@ -157,7 +166,7 @@ def load_acceptance(
 def load_traces(
     db: Database, run_id: int, draft: str, mode: str, *, temperature: float | None = None
 ) -> list[TraceRow]:
-    """Per-cycle traces of one draft and mode, in recording order (what the threshold model replays)."""
+    """Per-cycle traces of one draft and mode, in recording order (the threshold model input)."""
     t = m.AcceptanceTrace
     query = select(t.cycle_index, t.confidences, t.num_accepted, t.prompt_index)
     query = query.where(t.run_id == run_id, t.draft == draft, t.mode == mode).order_by(t.id)
@@ -181,10 +190,16 @@ def list_measured(db: Database, run_id: int | None = None) -> list[MeasuredRecor
             query = query.where(r.run_id == run_id)
         return [
             MeasuredRecord(
-                id=x.id, run_id=x.run_id, draft=x.draft, config=dict(x.config),
+                id=x.id,
+                run_id=x.run_id,
+                draft=x.draft,
+                config=dict(x.config),
                 measured_tokens_per_s=x.measured_tokens_per_s,
-                predicted_tokens_per_s=x.predicted_tokens_per_s, measured_tau=x.measured_tau,
-                predicted_tau=x.predicted_tau, seconds=x.seconds, new_tokens=x.new_tokens,
+                predicted_tokens_per_s=x.predicted_tokens_per_s,
+                measured_tau=x.measured_tau,
+                predicted_tau=x.predicted_tau,
+                seconds=x.seconds,
+                new_tokens=x.new_tokens,
                 created_at=x.created_at,
             )  # fmt: skip
             for x in s.scalars(query)

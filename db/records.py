@@ -5,6 +5,7 @@ dashboard need no SQLAlchemy to use them. Row types used for bulk inserts (:clas
 :class:`TraceRow`, :class:`TelemetryRow`) are the same ones the loaders return, so a round trip is
 an identity.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -65,7 +66,7 @@ class WorkloadRecord:
 
 @dataclass(frozen=True)
 class DraftRecord:
-    """A draft profiled in a run: ``name`` is a model path / hub id or a drafter name (``ngram``)."""
+    """A draft profiled in a run: ``name`` is a model path / hub id or a drafter (``ngram``)."""
 
     name: str
     model_id: int | None = None
@@ -149,7 +150,10 @@ class AcceptanceRecord:
 
 @dataclass(frozen=True)
 class TraceRow:
-    """One recorded cycle: the draft's confidence in each drafted token and how many were accepted."""
+    """One recorded cycle: the draft's confidence in each drafted token and how many were accepted.
+
+    Recorded with θ = 0 and N = N_max; ``confidences`` has one entry per drafted token ``[L]``.
+    """
 
     cycle_index: int
     confidences: tuple[float, ...]
@@ -178,7 +182,9 @@ class MeasuredRecord:
         """(predicted - measured) / measured throughput, or ``None`` without a prediction."""
         if self.predicted_tokens_per_s is None or self.measured_tokens_per_s == 0:
             return None
-        return (self.predicted_tokens_per_s - self.measured_tokens_per_s) / self.measured_tokens_per_s
+        return (
+            self.predicted_tokens_per_s - self.measured_tokens_per_s
+        ) / self.measured_tokens_per_s
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ Modelled on Optuna's ``_create_scoped_session``: every database error leaves as 
 :class:`~specdec_tune.errors.StorageError` with the URL and the database's one-line complaint, so
 the CLI prints one line and exits 2 instead of a SQLAlchemy traceback.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -4,6 +4,7 @@ SQLite always runs. PostgreSQL runs when ``$SPECDEC_TEST_POSTGRES_URL`` names a 
 create databases on, or when ``initdb``/``pg_ctl`` and psycopg are installed, in which case a
 throwaway server is started on 127.0.0.1 for the session; otherwise it is skipped with the reason.
 """
+
 from __future__ import annotations
 
 import glob
@@ -87,7 +88,9 @@ def postgres_server() -> Iterator[str]:
         return
     initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
     if initdb is None or pg_ctl is None:
-        pytest.skip("no PostgreSQL server: initdb/pg_ctl not found and SPECDEC_TEST_POSTGRES_URL unset")
+        pytest.skip(
+            "no PostgreSQL server: initdb/pg_ctl not found and SPECDEC_TEST_POSTGRES_URL unset"
+        )
     prefix: list[str] = []
     workdir = tempfile.mkdtemp(prefix="specdec-pg-")
     if os.geteuid() == 0:  # initdb refuses to run as root
@@ -116,7 +119,9 @@ def postgres_server() -> Iterator[str]:
     try:
         yield f"postgresql+psycopg://specdec@127.0.0.1:{port}/postgres"
     finally:
-        subprocess.run([*prefix, pg_ctl, "-D", data, "-m", "immediate", "stop"], capture_output=True)
+        subprocess.run(
+            [*prefix, pg_ctl, "-D", data, "-m", "immediate", "stop"], capture_output=True
+        )
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -155,8 +160,16 @@ def db(new_url):
 
 def _basics(db) -> tuple[int, int, int]:
     hw = get_or_create_hardware(db, {"device": "cpu", "device_name": "Test CPU", "memory_mb": 2048})
-    target = get_or_create_model(db, {"name": "zoo/target", "num_parameters": 10_000_000_000,
-                                      "num_layers": 4, "dtype": "float32", "tokenizer_hash": "ab"})
+    target = get_or_create_model(
+        db,
+        {
+            "name": "zoo/target",
+            "num_parameters": 10_000_000_000,
+            "num_layers": 4,
+            "dtype": "float32",
+            "tokenizer_hash": "ab",
+        },
+    )
     wl = get_or_create_workload(db, {"name": "chat", "content_hash": "c0ffee", "prompt_count": 3})
     return hw, target, wl
 
@@ -170,14 +183,29 @@ class TestStorageContract:
         hw, target, wl = _basics(db)
         assert _basics(db) == (hw, target, wl)
         # 2048 and 2048.0 are the same machine; a different driver is a different one.
-        same = get_or_create_hardware(db, {"device": "cpu", "device_name": "Test CPU",
-                                           "memory_mb": 2048.0})
-        other = get_or_create_hardware(db, {"device": "cpu", "device_name": "Test CPU",
-                                            "memory_mb": 2048, "driver_version": "550"})
+        same = get_or_create_hardware(
+            db, {"device": "cpu", "device_name": "Test CPU", "memory_mb": 2048.0}
+        )
+        other = get_or_create_hardware(
+            db,
+            {
+                "device": "cpu",
+                "device_name": "Test CPU",
+                "memory_mb": 2048,
+                "driver_version": "550",
+            },
+        )
         assert same == hw and other != hw
-        retrained = get_or_create_model(db, {"name": "zoo/target", "num_parameters": 10_000_000_000,
-                                             "num_layers": 4, "dtype": "float32",
-                                             "tokenizer_hash": "cd"})
+        retrained = get_or_create_model(
+            db,
+            {
+                "name": "zoo/target",
+                "num_parameters": 10_000_000_000,
+                "num_layers": 4,
+                "dtype": "float32",
+                "tokenizer_hash": "cd",
+            },
+        )
         assert retrained != target
 
     def test_run_round_trip(self, db):
@@ -211,16 +239,32 @@ class TestStorageContract:
     def test_samples_round_trip(self, db):
         hw, target, _ = _basics(db)
         run_id = create_run(db, target_model_id=target, hardware_id=hw, drafts=["d"])
-        timings = [TimingRow("verify", k=k, batch_size=1, context_len=64, seconds=0.001 * k)
-                   for k in range(1, 9)] + [TimingRow("draft_step", 1, 1, 64, 2.5e-4, draft="d")]
+        timings = [
+            TimingRow("verify", k=k, batch_size=1, context_len=64, seconds=0.001 * k)
+            for k in range(1, 9)
+        ] + [TimingRow("draft_step", 1, 1, 64, 2.5e-4, draft="d")]
         assert add_timing_samples(db, run_id, timings) == 9
-        add_timing_samples(db, run_id, [{"kind": "verify", "k": 1, "batch_size": 1,
-                                         "context_len": 0, "seconds": 9.0, "warmup": True}])
+        add_timing_samples(
+            db,
+            run_id,
+            [
+                {
+                    "kind": "verify",
+                    "k": 1,
+                    "batch_size": 1,
+                    "context_len": 0,
+                    "seconds": 9.0,
+                    "warmup": True,
+                }
+            ],
+        )
         assert load_timings(db, run_id) == timings
         assert len(load_timings(db, run_id, include_warmup=True)) == 10
         assert load_timings(db, run_id, kind="draft_step") == timings[-1:]
 
-        traces = [TraceRow(i, (0.9, 0.5, 0.1), num_accepted=i % 4, prompt_index=0) for i in range(7)]
+        traces = [
+            TraceRow(i, (0.9, 0.5, 0.1), num_accepted=i % 4, prompt_index=0) for i in range(7)
+        ]
         assert add_traces(db, run_id, "d", "greedy", 0.0, traces) == 7
         add_traces(db, run_id, "d", "sampling", 1.0, traces[:2])
         assert load_traces(db, run_id, "d", "greedy") == traces
@@ -238,14 +282,31 @@ class TestStorageContract:
         assert acc.confidence_bins["accepted"] == [1, 4] and acc.one_minus_tv == 0.64
         assert load_acceptance(db, run_id, draft="other") == []
 
-        mid = add_measured_run(db, run_id, draft="d", config={"N": 3, "threshold": 0.3},
-                               measured_tokens_per_s=100.0, predicted_tokens_per_s=110.0,
-                               measured_tau=2.0, seconds=1.5, new_tokens=150)
-        add_measured_run(db, run_id, draft=None, config={"N": 0}, measured_tokens_per_s=50.0,
-                         seconds=3.0, new_tokens=150)
+        mid = add_measured_run(
+            db,
+            run_id,
+            draft="d",
+            config={"N": 3, "threshold": 0.3},
+            measured_tokens_per_s=100.0,
+            predicted_tokens_per_s=110.0,
+            measured_tau=2.0,
+            seconds=1.5,
+            new_tokens=150,
+        )
+        add_measured_run(
+            db,
+            run_id,
+            draft=None,
+            config={"N": 0},
+            measured_tokens_per_s=50.0,
+            seconds=3.0,
+            new_tokens=150,
+        )
         measured = list_measured(db, run_id)
         assert [x.id for x in measured][0] == mid and measured[1].draft is None
-        assert measured[0].relative_error == pytest.approx(0.1) and measured[1].relative_error is None
+        assert (
+            measured[0].relative_error == pytest.approx(0.1) and measured[1].relative_error is None
+        )
         assert measured[0].config == {"N": 3, "threshold": 0.3}
 
         tele = [TelemetryRow(t=0.5 * i, power_w=100.0 + i, energy_j=10.0 * i) for i in range(4)]
@@ -265,8 +326,11 @@ class TestStorageContract:
         add_timing_samples(db, run_id, [TimingRow("verify", 2, 1, 10, 0.01)])
         with pytest.raises(InputError, match="timing kind 'bogus'"):
             # A bad row anywhere in a batch stores none of that batch.
-            add_timing_samples(db, run_id, [TimingRow("verify", 2, 1, 11, 0.01),
-                                            TimingRow("bogus", 2, 1, 12, 0.01)])
+            add_timing_samples(
+                db,
+                run_id,
+                [TimingRow("verify", 2, 1, 11, 0.01), TimingRow("bogus", 2, 1, 12, 0.01)],
+            )
         finish_run(db, run_id, "interrupted")
         assert get_run(db, run_id).status == "interrupted"
         assert [r.context_len for r in load_timings(db, run_id)] == [10]
@@ -286,10 +350,15 @@ class TestStorageContract:
 
     def test_missing_run_and_bad_values(self, db):
         hw, target, _ = _basics(db)
-        with pytest.raises(NotFoundError, match=re.escape(f"no profile run with id 4242 in {db.display_url}")):
+        with pytest.raises(
+            NotFoundError, match=re.escape(f"no profile run with id 4242 in {db.display_url}")
+        ):
             get_run(db, 4242)
-        for call in (lambda: load_timings(db, 4242), lambda: finish_run(db, 4242),
-                     lambda: add_timing_samples(db, 4242, [TimingRow("verify", 1, 1, 1, 0.1)])):
+        for call in (
+            lambda: load_timings(db, 4242),
+            lambda: finish_run(db, 4242),
+            lambda: add_timing_samples(db, 4242, [TimingRow("verify", 1, 1, 1, 0.1)]),
+        ):
             with pytest.raises(NotFoundError, match="4242"):
                 call()
         run_id = create_run(db, target_model_id=target, hardware_id=hw)
@@ -302,14 +371,25 @@ class TestStorageContract:
         with pytest.raises(InputError, match="seconds"):
             add_timing_samples(db, run_id, [TimingRow("verify", 1, 1, 1, math.inf)])
         with pytest.raises(InputError, match="one length"):
-            add_acceptance(db, run_id, draft="d", mode="greedy", temperature=0, num_speculative=2,
-                           cycles=1, position_attempts=[1], position_accepts=[1, 0], alpha=[1],
-                           beta=[1])
+            add_acceptance(
+                db,
+                run_id,
+                draft="d",
+                mode="greedy",
+                temperature=0,
+                num_speculative=2,
+                cycles=1,
+                position_attempts=[1],
+                position_accepts=[1, 0],
+                alpha=[1],
+                beta=[1],
+            )
 
     def test_delete_run_removes_its_rows_only(self, db):
         hw, target, _ = _basics(db)
-        keep, drop = (create_run(db, target_model_id=target, hardware_id=hw, drafts=["d"])
-                      for _ in range(2))
+        keep, drop = (
+            create_run(db, target_model_id=target, hardware_id=hw, drafts=["d"]) for _ in range(2)
+        )
         for run_id in (keep, drop):
             add_timing_samples(db, run_id, [TimingRow("verify", 1, 1, 1, 0.1)])
             add_traces(db, run_id, "d", "greedy", 0.0, [TraceRow(0, (0.9,), 1)])

@@ -2,6 +2,7 @@
 
 SQLite only: these are about files and processes on this machine.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -68,9 +69,14 @@ def test_resolve_url_precedence(monkeypatch):
 
 
 def test_mask_url_hides_passwords_only():
-    assert mask_url("postgresql+psycopg://me:s3cret@db:5432/x") == "postgresql+psycopg://me:***@db:5432/x"
+    assert (
+        mask_url("postgresql+psycopg://me:s3cret@db:5432/x")
+        == "postgresql+psycopg://me:***@db:5432/x"
+    )
     assert "s3cret" not in mask_url("not a url://me:s3cret@host")
-    assert mask_url("sqlite:///file:a.db?mode=ro&uri=true") == "sqlite:///file:a.db?mode=ro&uri=true"
+    assert (
+        mask_url("sqlite:///file:a.db?mode=ro&uri=true") == "sqlite:///file:a.db?mode=ro&uri=true"
+    )
 
 
 def test_default_database_is_created_in_current_directory(tmp_path, monkeypatch, capsys):
@@ -110,7 +116,10 @@ def test_file_that_is_not_a_database_is_refused_and_untouched(tmp_path, capsys):
         ("foo://bar", "unknown database dialect 'foo'"),
         ("definitely not a url", "not a database URL"),
         ("sqlite:////no/such/dir/x.db", "directory /no/such/dir does not exist"),
-        ("postgresql+psycopg://me:s3cret@127.0.0.1:1/x", "postgresql+psycopg://me:***@127.0.0.1:1/x"),
+        (
+            "postgresql+psycopg://me:s3cret@127.0.0.1:1/x",
+            "postgresql+psycopg://me:***@127.0.0.1:1/x",
+        ),
     ],
 )
 def test_unopenable_urls(url, expected, capsys):
@@ -173,7 +182,9 @@ def test_read_only_checks_use_os_access(tmp_path, monkeypatch):
     path = tmp_path / "ro.db"
     _seed(f"sqlite:///{path}")
     monkeypatch.setattr(engine_mod.os, "access", lambda p, mode: Path(p) != path)
-    with pytest.raises(StorageError, match=rf"{path} is read-only; specdec-tune needs write access"):
+    with pytest.raises(
+        StorageError, match=rf"{path} is read-only; specdec-tune needs write access"
+    ):
         open_database(f"sqlite:///{path}")
     monkeypatch.setattr(engine_mod.os, "access", lambda p, mode: Path(p) != tmp_path)
     with pytest.raises(StorageError, match=rf"directory {tmp_path} is read-only"):
@@ -208,7 +219,10 @@ def test_cli_upgrade_and_current(tmp_path, capsys, monkeypatch):
     assert f'"current": "{head_revision()}"' in capsys.readouterr().out
     assert main(["db", "upgrade", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {
-        "url": url, "before": head_revision(), "after": head_revision(), "head": head_revision()
+        "url": url,
+        "before": head_revision(),
+        "after": head_revision(),
+        "head": head_revision(),
     }
 
 

@@ -1,4 +1,5 @@
 """Typer options shared by several commands (kept free of heavy imports such as SQLAlchemy)."""
+
 from __future__ import annotations
 
 from typing import Annotated, Optional

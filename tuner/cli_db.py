@@ -1,4 +1,5 @@
-"""``specdec-tune db upgrade`` and ``specdec-tune db current``: manage the results database schema."""
+"""``specdec-tune db upgrade`` and ``specdec-tune db current``: the results database schema."""
+
 from __future__ import annotations
 
 import typer
@@ -30,7 +31,9 @@ def upgrade_cmd(db: DbOption = None, as_json: bool = JsonOption) -> None:
     url = resolve_url(db)
     before, after = upgrade(url)
     if as_json:
-        print_json({"url": mask_url(url), "before": before, "after": after, "head": head_revision()})
+        print_json(
+            {"url": mask_url(url), "before": before, "after": after, "head": head_revision()}
+        )
         return
     typer.echo(f"database: {mask_url(url)}")
     typer.echo(f"revision before: {_show(before)}")
@@ -51,5 +54,7 @@ def current_cmd(db: DbOption = None, as_json: bool = JsonOption) -> None:
         return
     typer.echo(f"database: {mask_url(url)}")
     typer.echo(f"revision: {_show(current)}")
-    note = "up to date" if current == head else "run `specdec-tune db upgrade` (done on first use too)"
+    note = (
+        "up to date" if current == head else "run `specdec-tune db upgrade` (done on first use too)"
+    )
     typer.echo(f"head:     {head} ({note})")

@@ -5,6 +5,7 @@ specdec-tune runs migrations in code (:mod:`specdec_tune.db.migrate`), passing a
 transaction. Running ``alembic`` by hand against ``sqlalchemy.url`` also works (for developers
 writing a new revision with ``alembic revision --autogenerate``).
 """
+
 from __future__ import annotations
 
 from alembic import context

@@ -4,6 +4,7 @@ Revision ID: 0001
 Revises:
 Create Date: 2026-05-20
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -4,6 +4,7 @@ Revision ID: 0002
 Revises: 0001
 Create Date: 2026-05-20
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    """Add the provenance columns (nullable: older runs do not know them) and the telemetry table."""
+    """Add the provenance columns (nullable: older runs lack them) and the telemetry table."""
     with op.batch_alter_table("profile_runs") as batch:
         batch.add_column(sa.Column("specdec_version", sa.String(64), nullable=True))
         batch.add_column(sa.Column("git_revision", sa.String(64), nullable=True))
