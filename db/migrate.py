@@ -8,6 +8,7 @@ failed migration leaves the database exactly as it was.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +42,22 @@ def alembic_config(connection: Connection | None = None) -> Config:
     return cfg
 
 
+@functools.cache
+def _script() -> ScriptDirectory:
+    # Parsing the revision files takes milliseconds; every open_database asks for the head.
+    return ScriptDirectory.from_config(alembic_config())
+
+
 def head_revision() -> str:
     """The newest schema revision this version of specdec-tune knows."""
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    head = _script().get_current_head()
     assert head is not None, "no Alembic revisions are installed"
     return head
 
 
 def known_revisions() -> list[str]:
     """Every revision id, oldest first."""
-    script = ScriptDirectory.from_config(alembic_config())
-    return [rev.revision for rev in reversed(list(script.walk_revisions()))]
+    return [rev.revision for rev in reversed(list(_script().walk_revisions()))]
 
 
 def _current(conn: Connection) -> str | None:

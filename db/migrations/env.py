@@ -9,8 +9,8 @@ writing a new revision with ``alembic revision --autogenerate``).
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine
 
+from specdec_tune.db.engine import make_engine
 from specdec_tune.db.models import Base
 
 config = context.config
@@ -35,17 +35,25 @@ def run_migrations_online() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = create_engine(config.get_main_option("sqlalchemy.url"))
-    with engine.connect() as conn:
-        _configure(conn)
-        with context.begin_transaction():
-            context.run_migrations()
+    # Run by hand (`alembic -c db/alembic.ini ...`): same URL checks and SQLite pragmas as the tool.
+    url = context.get_x_argument(as_dictionary=True).get("db") or config.get_main_option(
+        "sqlalchemy.url"
+    )
+    engine = make_engine(url, foreign_keys=False)
+    try:
+        with engine.connect() as conn:
+            _configure(conn)
+            with context.begin_transaction():
+                context.run_migrations()
+    finally:
+        engine.dispose()
 
 
 def run_migrations_offline() -> None:
     """Emit SQL to stdout instead of running it (``alembic upgrade head --sql``)."""
     context.configure(
-        url=config.get_main_option("sqlalchemy.url"),
+        url=context.get_x_argument(as_dictionary=True).get("db")
+        or config.get_main_option("sqlalchemy.url"),
         target_metadata=target_metadata,
         literal_binds=True,
         render_as_batch=True,
