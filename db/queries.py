@@ -272,13 +272,12 @@ def add_timing_samples(
             raise InputError(
                 f"timing sample needs k >= 1, batch_size >= 1, context_len >= 0: {row}"
             )
-        out.append(
-            {
-                "run_id": run_id, "draft": row.draft, "kind": row.kind, "k": int(row.k),
-                "batch_size": int(row.batch_size), "context_len": int(row.context_len),
-                "seconds": _finite("seconds", row.seconds), "warmup": bool(row.warmup),
-            }  # fmt: skip
-        )
+        values = {
+            "run_id": run_id, "draft": row.draft, "kind": row.kind, "k": int(row.k),
+            "batch_size": int(row.batch_size), "context_len": int(row.context_len),
+            "seconds": _finite("seconds", row.seconds), "warmup": bool(row.warmup),
+        }  # fmt: skip
+        out.append(values)
     return _bulk(db, run_id, m.TimingSample, out)
 
 
