@@ -63,8 +63,10 @@ def _parse(url: str) -> URL:
     try:
         return make_url(url)
     except ArgumentError:
+        # A bare file name is the likeliest mistake; say the URL that was probably meant.
+        hint = f" (for a file: sqlite:///{url})" if "://" not in url and url.strip() else ""
         raise StorageError(
-            f"cannot open database {mask_url(url)!r}: not a database URL; valid: {VALID_URLS}"
+            f"cannot open database {mask_url(url)!r}: not a database URL{hint}; valid: {VALID_URLS}"
         ) from None
 
 

@@ -18,7 +18,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine, inspect
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DatabaseError, OperationalError, SQLAlchemyError
 
 import specdec_tune.db.migrations as _migrations_pkg
 from specdec_tune.db.engine import WRITE_OPTION, describe_error, make_engine, mask_url, resolve_url
@@ -77,6 +77,8 @@ def _wrap(url: str, exc: SQLAlchemyError | CommandError) -> StorageError:
     hint = ""
     if isinstance(exc, OperationalError) and url.startswith("postgres"):
         hint = "; check that the server runs and that host, port, user, password and database fit"
+    elif isinstance(exc, DatabaseError) and url.startswith("sqlite"):
+        hint = "; the file is damaged or not a database: restore a backup or give another path"
     return StorageError(f"cannot open {describe_error(url, exc)}{hint}")
 
 

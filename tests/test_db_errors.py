@@ -115,6 +115,7 @@ def test_file_that_is_not_a_database_is_refused_and_untouched(tmp_path, capsys):
     [
         ("foo://bar", "unknown database dialect 'foo'"),
         ("definitely not a url", "not a database URL"),
+        ("results.db", "not a database URL (for a file: sqlite:///results.db)"),
         ("sqlite:////no/such/dir/x.db", "directory /no/such/dir does not exist"),
         (
             "postgresql+psycopg://me:s3cret@127.0.0.1:1/x",
@@ -198,7 +199,8 @@ def test_corrupt_database_reports_storage_error(tmp_path, capsys):
     data[100:4096] = b"\xff" * (4096 - 100)  # keep the header, destroy the first page
     path.write_bytes(bytes(data))
     assert main(["db", "current", "--db", f"sqlite:///{path}"]) == 2
-    assert str(path) in _error_line(capsys)
+    line = _error_line(capsys)
+    assert str(path) in line and "restore a backup or give another path" in line
 
 
 # -- the CLI ----------------------------------------------------------------------------------
