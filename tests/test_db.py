@@ -464,6 +464,23 @@ class TestStorageContract:
             new_run = create_run(db, target_model_id=1, hardware_id=1)
             assert new_run == 2 and get_run(db, new_run).specdec_version is not None
 
+    def test_failed_migration_changes_nothing(self, new_url):
+        url = new_url()
+        previous = known_revisions()[-2]
+        upgrade(url, previous)
+        engine = sa.create_engine(url)
+        try:
+            with engine.begin() as conn:
+                # A table in the way of the next revision's CREATE TABLE, after its ALTERs.
+                conn.exec_driver_sql("CREATE TABLE telemetry (x INTEGER)")
+            with pytest.raises(StorageError, match="telemetry"):
+                open_database(url)
+            assert current_revision(url) == previous
+            columns = {c["name"] for c in sa.inspect(engine).get_columns("profile_runs")}
+            assert "git_revision" not in columns  # the revision's ALTER was rolled back too
+        finally:
+            engine.dispose()
+
     def test_database_from_newer_version_is_refused(self, new_url):
         url = new_url()
         upgrade(url)

@@ -40,14 +40,18 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _seed_db(db) -> int:
+    hw = get_or_create_hardware(db, {"device": "cpu", "device_name": "x"})
+    model = get_or_create_model(db, {"name": "m"})
+    run_id = create_run(db, target_model_id=model, hardware_id=hw)
+    add_timing_samples(db, run_id, [TimingRow("verify", 3, 1, 7, 0.25)])
+    return run_id
+
+
 def _seed(url: str) -> int:
     """A database with one run and one timing sample; returns the run id."""
     with open_database(url) as db:
-        hw = get_or_create_hardware(db, {"device": "cpu", "device_name": "x"})
-        model = get_or_create_model(db, {"name": "m"})
-        run_id = create_run(db, target_model_id=model, hardware_id=hw)
-        add_timing_samples(db, run_id, [TimingRow("verify", 3, 1, 7, 0.25)])
-        return run_id
+        return _seed_db(db)
 
 
 def _error_line(capsys) -> str:
@@ -93,6 +97,13 @@ def test_sqlite_connections_set_pragmas(tmp_path):
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 5000
+
+
+def test_in_memory_database_works(tmp_path):
+    with open_database("sqlite://") as db:
+        run_id = _seed_db(db)
+        assert load_timings(db, run_id) == [TimingRow("verify", 3, 1, 7, 0.25)]
+    assert list(tmp_path.iterdir()) == []
 
 
 # -- bad input: one line, exit 2, nothing lost ------------------------------------------------
