@@ -11,7 +11,7 @@ from specdec_tune.engine import DecodeConfig, check_compatible, load_model
 from specdec_tune.engine.workloads import Prompt, load_prompts
 from specdec_tune.errors import InputError
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
-from specdec_tune.tuner import _options as opt
+from specdec_tune.tuner import _checks as opt
 from specdec_tune.tuner._app import app, print_json
 
 

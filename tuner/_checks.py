@@ -1,0 +1,41 @@
+"""Validation shared by CLI commands: one clear line naming the flag and what would be valid."""
+from __future__ import annotations
+
+from specdec_tune.engine.decode import MAX_SPECULATIVE_TOKENS, SCHEDULES
+from specdec_tune.errors import InputError
+
+
+def check_num_speculative_tokens(n: int) -> int:
+    if not 1 <= n <= MAX_SPECULATIVE_TOKENS:
+        raise InputError(f"--num-speculative-tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, got {n}")
+    return n
+
+
+def check_threshold(theta: float) -> float:
+    if not 0.0 <= theta < 1.0:
+        raise InputError(f"--threshold must be in [0, 1) (0 disables), got {theta}")
+    return theta
+
+
+def check_temperature(t: float) -> float:
+    if t < 0:
+        raise InputError(f"--temperature must be >= 0 (0 = greedy), got {t}")
+    return t
+
+
+def check_schedule(schedule: str) -> str:
+    if schedule not in SCHEDULES:
+        raise InputError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    return schedule
+
+
+def check_max_new_tokens(m: int) -> int:
+    if m < 1:
+        raise InputError(f"--max-new-tokens must be >= 1, got {m}")
+    return m
+
+
+def format_alphas(alphas: list[float], limit: int = 8) -> str:
+    """``[0.81, 0.66, ...]`` for a summary line."""
+    shown = ", ".join(f"{a:.2f}" for a in alphas[:limit])
+    return f"[{shown}{', ...' if len(alphas) > limit else ''}]"
