@@ -34,11 +34,21 @@ SAVE_DTYPE = torch.float16  # more mantissa than bf16; the weights' range fits e
 
 @dataclass(frozen=True)
 class ModelPlan:
-    """How to make one zoo model."""
+    """One zoo model: its name, role and shape."""
 
     name: str
     role: str  # "target" or "draft"
     shape: Shape
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One training loop: the models it trains together and how.
+
+    Drafts are trained in one stage so that they share each forward of the teacher (the target).
+    """
+
+    names: tuple[str, ...]
     max_steps: int
     budget_s: float
     peak_lr: float
@@ -57,23 +67,26 @@ class RecipeConfig:
     max_files: int | None
     workload_size: int
     timing_repeats: int
-    models: tuple[ModelPlan, ...] = field(default_factory=tuple)
+    models: tuple[ModelPlan, ...]
+    stages: tuple[Stage, ...]
 
 
-_TARGET = Shape(layers=12, hidden=192, intermediate=512, heads=4)
 FULL = RecipeConfig(
     seq=512,
-    batch=8,
+    batch=4,
     eval_windows=48,
     max_files=None,
     workload_size=40,
     timing_repeats=30,
     models=(
-        ModelPlan("mini-target", "target", _TARGET, max_steps=900, budget_s=31 * 60, peak_lr=2e-3, warmup=40),
-        ModelPlan("mini-draft-1l", "draft", Shape(1, 192, 512, 4), max_steps=500, budget_s=7.5 * 60,
-                  peak_lr=2e-3, warmup=20, distill=True, ce_weight=0.1),
-        ModelPlan("mini-draft-2l", "draft", Shape(2, 192, 512, 4), max_steps=500, budget_s=7.5 * 60,
-                  peak_lr=2e-3, warmup=20, distill=True, ce_weight=0.1),
+        ModelPlan("mini-target", "target", Shape(layers=12, hidden=192, intermediate=512, heads=4)),
+        ModelPlan("mini-draft-1l", "draft", Shape(1, 192, 512, 4)),
+        ModelPlan("mini-draft-2l", "draft", Shape(2, 192, 512, 4)),
+    ),
+    stages=(
+        Stage(("mini-target",), max_steps=1600, budget_s=40 * 60, peak_lr=2e-3, warmup=50),
+        Stage(("mini-draft-1l", "mini-draft-2l"), max_steps=1000, budget_s=16 * 60, peak_lr=2e-3, warmup=20,
+              distill=True, ce_weight=0.1),
     ),
 )
 QUICK = RecipeConfig(
@@ -84,11 +97,14 @@ QUICK = RecipeConfig(
     workload_size=8,
     timing_repeats=5,
     models=(
-        ModelPlan("mini-target", "target", Shape(3, 64, 128, 2), max_steps=30, budget_s=30, peak_lr=3e-3, warmup=5),
-        ModelPlan("mini-draft-1l", "draft", Shape(1, 64, 128, 2), max_steps=15, budget_s=15, peak_lr=3e-3,
-                  warmup=3, distill=True, ce_weight=0.1),
-        ModelPlan("mini-draft-2l", "draft", Shape(2, 64, 128, 2), max_steps=15, budget_s=15, peak_lr=3e-3,
-                  warmup=3, distill=True, ce_weight=0.1),
+        ModelPlan("mini-target", "target", Shape(3, 64, 128, 2)),
+        ModelPlan("mini-draft-1l", "draft", Shape(1, 64, 128, 2)),
+        ModelPlan("mini-draft-2l", "draft", Shape(2, 64, 128, 2)),
+    ),
+    stages=(
+        Stage(("mini-target",), max_steps=30, budget_s=30, peak_lr=3e-3, warmup=5),
+        Stage(("mini-draft-1l", "mini-draft-2l"), max_steps=15, budget_s=15, peak_lr=3e-3, warmup=3,
+              distill=True, ce_weight=0.1),
     ),
 )
 
@@ -199,26 +215,30 @@ def run_recipe(out_dir: Path, *, quick: bool = False, seed: int = 0,
         log(f"workload {kind}: {info}")
 
     windows = eval_windows(held_stream, cfg.seq, cfg.eval_windows)
+    plans = {p.name: p for p in cfg.models}
+    target_name = next(p.name for p in cfg.models if p.role == "target")
     trained: dict[str, LlamaForCausalLM] = {}
     reports: dict[str, dict] = {}
-    target_name = next(p.name for p in cfg.models if p.role == "target")
-    for i, plan in enumerate(cfg.models):
-        model = build_model(plan.shape, tokenizer, seed=seed + i)
-        teacher = None
-        extra: dict = {}
-        if plan.distill:
-            teacher = trained[target_name]
-            extra["initialised_from_target_layers"] = init_draft_from_target(model, teacher)
+    for i, stage in enumerate(cfg.stages):
+        models, extra = {}, {}
+        teacher = trained[target_name] if stage.distill else None
+        for name in stage.names:
+            models[name] = build_model(plans[name].shape, tokenizer, seed=seed + cfg.models.index(plans[name]))
+            if teacher is not None:
+                extra[name] = {"initialised_from_target_layers": init_draft_from_target(models[name], teacher)}
         data = batches(train_stream, cfg.batch, cfg.seq, seed=seed * 1000 + i)
-        rep = train_loop(model, data, max_steps=plan.max_steps, budget_s=plan.budget_s, peak_lr=plan.peak_lr,
-                         warmup=plan.warmup, teacher=teacher, ce_weight=plan.ce_weight, log=log, name=plan.name)
-        trained[plan.name] = model
-        reports[plan.name] = {**asdict(rep), **extra, "max_steps": plan.max_steps, "budget_s": plan.budget_s,
-                              "peak_lr": plan.peak_lr, "batch": cfg.batch, "seq": cfg.seq,
-                              "objective": ("KL(p_target || q) + %.2f * CE" % plan.ce_weight) if plan.distill
-                              else "CE on data"}
-        _save_model(model, tokenizer, out_dir / "models" / plan.name)
-        log(f"saved {plan.name} to {out_dir / 'models' / plan.name}")
+        stage_reports = train_loop(models, data, max_steps=stage.max_steps, budget_s=stage.budget_s,
+                                   peak_lr=stage.peak_lr, warmup=stage.warmup, teacher=teacher,
+                                   ce_weight=stage.ce_weight, log=log)
+        for name, model in models.items():
+            trained[name] = model
+            reports[name] = {**asdict(stage_reports[name]), **extra.get(name, {}), "max_steps": stage.max_steps,
+                             "budget_s": stage.budget_s, "peak_lr": stage.peak_lr, "batch": cfg.batch,
+                             "seq": cfg.seq, "trained_with": list(stage.names),
+                             "objective": ("KL(p_target || q) + %.2f * CE" % stage.ce_weight) if stage.distill
+                             else "CE on data"}
+            _save_model(model, tokenizer, out_dir / "models" / name)
+            log(f"saved {name} to {out_dir / 'models' / name}")
 
     # Evaluate the shipped (fp16-rounded) weights, reloaded as the engine loads them.
     del trained

@@ -122,8 +122,18 @@ class TrainReport:
     stopped_by: str  # "max_steps" or "time_budget"
 
 
+def _adamw(model: LlamaForCausalLM, lr: float) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.95),
+    )
+
+
 def train_loop(
-    model: LlamaForCausalLM,
+    models: dict[str, LlamaForCausalLM],
     data: Iterable[torch.Tensor],
     *,
     max_steps: int,
@@ -133,64 +143,66 @@ def train_loop(
     teacher: LlamaForCausalLM | None = None,
     ce_weight: float = 1.0,
     log: Callable[[str], None] = print,
-    name: str = "model",
-) -> TrainReport:
-    """Train with AdamW; data cross-entropy, or distillation when ``teacher`` is given.
+) -> dict[str, TrainReport]:
+    """Train one or more models on the same batches with AdamW; data CE, or distillation from ``teacher``.
 
     Distillation loss = KL(p_teacher || q_student) per token + ``ce_weight`` * data CE. The forward
     KL matches what speculative decoding rewards: acceptance is sum_x min(p, q), driven by covering
-    the target's mass.
+    the target's mass. Several students share each teacher forward, the dominant cost on a CPU.
 
-    Which limit ended the run is recorded in the report (``stopped_by``); when the step count ends
+    Which limit ended the run is recorded in the reports (``stopped_by``); when the step count ends
     it, the run is reproducible from the seed.
     """
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=peak_lr,
-        betas=(0.9, 0.95),
-    )
-    model.train()
+    opts = {name: _adamw(model, peak_lr) for name, model in models.items()}
+    for model in models.values():
+        model.train()
     if teacher is not None:
         teacher.eval()
     start = time.perf_counter()
-    step, tokens, ema = 0, 0, float("nan")
+    step, tokens = 0, 0
+    ema = {name: float("nan") for name in models}
     stopped_by = "max_steps"
+    tag = "+".join(models)
     for batch in data:
         if step >= max_steps:
             break
         if time.perf_counter() - start > budget_s:
             stopped_by = "time_budget"
             break
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, max_steps, peak_lr, warmup, (time.perf_counter() - start) / budget_s)
+        lr = lr_at(step, max_steps, peak_lr, warmup, (time.perf_counter() - start) / budget_s)
         inputs, labels = batch[:, :-1], batch[:, 1:]
-        logits = model(input_ids=inputs).logits  # [B, T, V]
-        ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
-        if teacher is None:
-            loss = ce
-        else:
+        t_logp = None
+        if teacher is not None:
             with torch.no_grad():
-                t_logp = F.log_softmax(teacher(input_ids=inputs).logits.float(), dim=-1)
-            s_logp = F.log_softmax(logits.float(), dim=-1)
-            kl = F.kl_div(s_logp.flatten(0, 1), t_logp.flatten(0, 1), log_target=True, reduction="batchmean")
-            loss = kl + ce_weight * ce
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+                t_logp = F.log_softmax(teacher(input_ids=inputs).logits.float(), dim=-1).flatten(0, 1)
+        parts = []
+        for name, model in models.items():
+            opt = opts[name]
+            for group in opt.param_groups:
+                group["lr"] = lr
+            logits = model(input_ids=inputs).logits.float().flatten(0, 1)  # [B*T, V]
+            ce = F.cross_entropy(logits, labels.flatten())
+            loss = ce
+            if t_logp is not None:
+                s_logp = F.log_softmax(logits, dim=-1)
+                loss = F.kl_div(s_logp, t_logp, log_target=True, reduction="batchmean") + ce_weight * ce
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            value = float(loss.detach())
+            ema[name] = value if math.isnan(ema[name]) else 0.95 * ema[name] + 0.05 * value
+            parts.append(f"{name} loss {value:.4f} ema {ema[name]:.4f} ce {float(ce.detach()):.4f}")
         step += 1
         tokens += inputs.numel()
-        value = float(loss.detach())
-        ema = value if math.isnan(ema) else 0.95 * ema + 0.05 * value
         if step % 25 == 0 or step == 1:
-            log(f"[{name}] step {step} loss {value:.4f} ema {ema:.4f} ce {float(ce.detach()):.4f} "
-                f"lr {opt.param_groups[0]['lr']:.2e} t={time.perf_counter() - start:.0f}s")
-    model.eval()
+            log(f"[{tag}] step {step} {'; '.join(parts)} lr {lr:.2e} t={time.perf_counter() - start:.0f}s")
+    for model in models.values():
+        model.eval()
     seconds = time.perf_counter() - start
-    log(f"[{name}] done: {step} steps, {tokens} tokens, {seconds:.0f}s, stopped by {stopped_by}")
-    return TrainReport(steps=step, seconds=seconds, tokens=tokens, final_loss=ema, stopped_by=stopped_by)
+    log(f"[{tag}] done: {step} steps, {tokens} tokens, {seconds:.0f}s, stopped by {stopped_by}")
+    return {name: TrainReport(steps=step, seconds=seconds, tokens=tokens, final_loss=ema[name], stopped_by=stopped_by)
+            for name in models}
 
 
 def init_draft_from_target(draft: LlamaForCausalLM, target: LlamaForCausalLM) -> list[int]:
