@@ -1,14 +1,13 @@
 """``specdec-tune generate``: decode prompts with the baseline or speculative engine, measured."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
 
 from specdec_tune.engine import DecodeConfig, check_compatible, load_model
-from specdec_tune.engine.workloads import Prompt, load_prompts
+from specdec_tune.engine.workloads import Prompt, load_workload
 from specdec_tune.errors import InputError
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
 from specdec_tune.tuner import _checks as opt
@@ -20,7 +19,7 @@ def generate(
     target: str = typer.Option(..., "--target", help="Target model: bundled name (see `zoo list`), local folder or hub id."),
     draft: str = typer.Option("none", "--draft", help="Draft model (same tokenizer), 'ngram' for prompt lookup, or 'none' for target-only decoding."),
     prompt: Optional[str] = typer.Option(None, "--prompt", help="One prompt text."),
-    prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSONL file of prompts: {\"id\", \"prompt\", optional \"category\"} per line."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", "--workload", help="Bundled workload name (functions, docstrings, tables) or a JSONL file: {\"id\", \"prompt\", optional \"category\"} per line."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Most new tokens per prompt."),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", "-N", help="N: most tokens drafted per cycle (1..64)."),
     threshold: float = typer.Option(0.0, "--threshold", help="θ: stop drafting when the draft's probability of its token is below θ (0 disables)."),
@@ -64,14 +63,14 @@ def generate(
         console.print(line, highlight=False)
 
 
-def _collect_prompts(prompt: str | None, prompts: Path | None) -> list[Prompt]:
+def _collect_prompts(prompt: str | None, prompts: str | None) -> list[Prompt]:
     if (prompt is None) == (prompts is None):
         raise InputError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
     if prompt is not None:
         if not prompt.strip():
             raise InputError("--prompt is empty")
         return [Prompt(id="prompt", prompt=prompt, category=None)]
-    return load_prompts(prompts)
+    return load_workload(prompts)
 
 
 def _draft_spec(draft: str, target, device: str, dtype: str) -> DraftSpec:
