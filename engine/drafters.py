@@ -48,36 +48,43 @@ class ModelDrafter:
         logits = self._forward(context[self.cache.get_seq_length():])
         self.forwards = 1
         tokens: list[torch.Tensor] = []
-        probs: list[torch.Tensor] = []
+        rows: list[torch.Tensor] = []  # greedy: logits rows; sampling: q rows
         confs: list[torch.Tensor] = []
         sampling = self.temperature > 0
+        check = self.threshold > 0
         stopped = False
         for i in range(max_tokens):
             if sampling:
                 q = probs_from_logits(logits, self.temperature)
                 tok = torch.multinomial(q, 1, generator=self.generator)[0]
+                rows.append(q)
                 conf = q[tok]
-                probs.append(q)
             else:
-                # Confidence is only needed for the threshold and the per-position traces; the max
-                # of the softmax is exp(max_logit - logsumexp), one reduction cheaper than softmax.
                 tok = logits.argmax()
-                conf = torch.exp(logits[tok] - torch.logsumexp(logits, dim=-1))
-            if self.threshold > 0 and float(conf) < self.threshold:
-                stopped = True
-                break
+                rows.append(logits)
+                # Without a threshold the confidences are computed once, batched, after the loop.
+                conf = torch.exp(logits[tok] - torch.logsumexp(logits, dim=-1)) if check else None
+            if check:
+                if float(conf) < self.threshold:  # a host sync per token is inherent to a threshold
+                    rows.pop()
+                    stopped = True
+                    break
+                confs.append(conf)
             tokens.append(tok)
-            confs.append(conf)
             if i + 1 < max_tokens:
                 logits = self._forward(tok[None])
                 self.forwards += 1
         device = context.device
-        return Draft(
-            tokens=torch.stack(tokens) if tokens else torch.empty(0, dtype=torch.long, device=device),
-            probs=torch.stack(probs) if sampling and tokens else None,
-            confidence=torch.stack(confs).float() if confs else torch.empty(0, device=device),
-            stopped_by_threshold=stopped,
-        )
+        if not tokens:
+            empty = torch.empty(0, dtype=torch.long, device=device)
+            return Draft(tokens=empty, probs=None, confidence=torch.empty(0, device=device), stopped_by_threshold=stopped)
+        ids = torch.stack(tokens)  # [L]
+        table = torch.stack(rows)  # [L, vocab]
+        if check or sampling:
+            confidence = torch.stack(confs) if check else table.gather(1, ids[:, None])[:, 0]
+        else:
+            confidence = torch.exp(table.max(dim=-1).values - torch.logsumexp(table, dim=-1))
+        return Draft(tokens=ids, probs=table if sampling else None, confidence=confidence.float(), stopped_by_threshold=stopped)
 
     def observe(self, num_accepted: int) -> None:
         """Roll the cache back to the context plus the accepted draft tokens."""
