@@ -19,10 +19,12 @@ _CONTEXT_TOKENS = 128
 def _measure_ms(path: Path, new_tokens: tuple[int, ...], repeats: int) -> dict[str, float]:
     """Median ms per forward of ``new_tokens`` tokens after a 128-token KV cache, measured live."""
     import torch
+    import transformers
     from transformers import AutoModelForCausalLM, DynamicCache
 
     from specdec_tune.profiler.timers import time_callable
 
+    transformers.utils.logging.disable_progress_bar()  # keep stderr for real messages
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
@@ -34,11 +36,14 @@ def _measure_ms(path: Path, new_tokens: tuple[int, ...], repeats: int) -> dict[s
         for k in new_tokens:
             new = torch.randint(0, vocab, (1, k), generator=gen)
 
-            def step(new: torch.Tensor = new, k: int = k) -> None:
-                model(input_ids=new, past_key_values=cache, use_cache=True)
-                cache.crop(-k)  # keep the context length fixed across repeats
+            def rollback() -> None:
+                # Outside the timed interval: keep the context at 128 tokens for every repeat.
+                extra = cache.get_seq_length() - _CONTEXT_TOKENS
+                if extra > 0:
+                    cache.crop(-extra)
 
-            samples = time_callable(step, warmup=3, repeats=repeats, device=torch.device("cpu"))
+            samples = time_callable(lambda new=new: model(input_ids=new, past_key_values=cache, use_cache=True),
+                                    warmup=3, repeats=repeats, device=torch.device("cpu"), setup=rollback)
             out[str(k)] = samples.median * 1e3
     return out
 
