@@ -75,7 +75,7 @@ def _table_cuts(tree: ast.AST, lines: list[str]) -> Iterator[Cut]:
             anchors = [e if e is not None else v for e, v in zip(elts, getattr(node, "values", elts))]
             if len(anchors) >= 8 and node.end_lineno - node.lineno >= 8:
                 kind = f"{type(node).__name__.lower()}_literal"
-                fractions = (1 / 3, 2 / 3) if len(anchors) >= 24 else (1 / 2,)
+                fractions = (1 / 4, 1 / 2, 3 / 4) if len(anchors) >= 24 else (1 / 2,)
                 for frac in fractions:
                     mid = anchors[int(len(anchors) * frac)]
                     if mid.lineno > anchors[0].lineno:
@@ -167,29 +167,33 @@ def build_workload(kind: str, files: list[SourceFile], count_tokens: Callable[[s
         cuts = [c for c in FINDERS[kind](tree, lines) if 1 <= c.line <= len(lines)]
         if cuts:
             rng.shuffle(cuts)
-            # Prefer true tables (literals) over look-alike statement runs; sort is stable.
-            cuts.sort(key=lambda c: c.category == "statement_run")
             per_file.append((f, cuts))
     records: list[dict] = []
     seen: set[str] = set()
-    depth = 0
-    # Round-robin over files: first cut of every file, then the second, ...
-    while len(records) < size and any(depth < len(c) for _, c in per_file):
-        for f, cuts in per_file:
-            if depth >= len(cuts) or len(records) >= size:
-                continue
-            lines = f.text.splitlines(keepends=True)
-            text = _prompt_for(lines, cuts[depth], count_tokens, min_tokens, max_tokens, rng)
-            if text is None or text in seen:
-                continue
-            seen.add(text)
-            records.append({
-                "id": f"{kind}-{len(records):03d}",
-                "category": cuts[depth].category,
-                "prompt": text,
-                "source": f"{f.relpath}:{cuts[depth].line}",
-            })
-        depth += 1
+    taken: dict[str, int] = {}
+    per_file_cap = max(2, -(-size // 10))  # no file gives more than a tenth of the set
+    # True tables (literals) first, look-alike statement runs only to fill the set; within a tier,
+    # round-robin over files (first cut of every file, then the second, ...) so no file dominates.
+    for tier in (False, True):
+        queues = [(f, [c for c in cuts if (c.category == "statement_run") == tier]) for f, cuts in per_file]
+        depth = 0
+        while len(records) < size and any(depth < len(c) for _, c in queues):
+            for f, cuts in queues:
+                if depth >= len(cuts) or len(records) >= size or taken.get(f.relpath, 0) >= per_file_cap:
+                    continue
+                lines = f.text.splitlines(keepends=True)
+                text = _prompt_for(lines, cuts[depth], count_tokens, min_tokens, max_tokens, rng)
+                if text is None or text in seen:
+                    continue
+                seen.add(text)
+                taken[f.relpath] = taken.get(f.relpath, 0) + 1
+                records.append({
+                    "id": f"{kind}-{len(records):03d}",
+                    "category": cuts[depth].category,
+                    "prompt": text,
+                    "source": f"{f.relpath}:{cuts[depth].line}",
+                })
+            depth += 1
     return records
 
 
