@@ -102,3 +102,17 @@ def zoo_train(
 
     manifest = run_recipe(out, quick=quick, seed=seed)
     typer.echo(f"wrote {len(manifest['models'])} models and {len(manifest['workloads'])} workloads to {out}")
+
+
+@zoo_app.command("evaluate")
+def zoo_evaluate(
+    out: Path = typer.Option(..., "--out", help="A folder written by `zoo train` (holds zoo.json)."),
+    repeats: int = typer.Option(30, min=2, help="Timed forwards per model, token count and thread setting."),
+) -> None:
+    """Rerun only the recipe's final step (held-out quality, latency, card) on a built zoo."""
+    if not (out / "zoo.json").is_file():
+        raise InputError(f"--out {str(out)!r} holds no zoo.json; build one with `specdec-tune zoo train`")
+    from specdec_tune.engine.zoo.recipe import reassess
+
+    reassess(out, repeats=repeats)
+    typer.echo(f"rewrote {out / 'zoo.json'} and {out / 'MODEL_CARD.md'}")

@@ -10,25 +10,22 @@ not part of the decode engine.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, GenerationConfig, LlamaForCausalLM
+from transformers import GenerationConfig, LlamaForCausalLM
 
-from . import card
 from .build_workloads import WORKLOAD_KINDS, build_workload, write_jsonl
 from .corpus import load_corpus
-from .evaluate import agreement, eval_windows, held_out_loss, token_byte_lengths
+from .assess import MANIFEST_NAME, assess_zoo
 from .train import Shape, batches, build_model, encode_stream, init_draft_from_target, train_loop, train_tokenizer
 
-MANIFEST_NAME = "zoo.json"
 SAVE_DTYPE = torch.float16  # more mantissa than bf16; the weights' range fits easily
 
 
@@ -112,45 +109,17 @@ QUICK = RecipeConfig(
 class _Log:
     """Writes each line to stdout and to the run log file (the log is committed with the weights)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, append: bool = False) -> None:
         self.path = path
         self.start = time.perf_counter()
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = path.open("w", encoding="utf-8")
+        self.fh = path.open("a" if append else "w", encoding="utf-8")
 
     def __call__(self, msg: str) -> None:
         line = f"[{time.perf_counter() - self.start:7.1f}s] {msg}"
         print(line, flush=True)
         self.fh.write(line + "\n")
         self.fh.flush()
-
-
-@torch.no_grad()
-def forward_ms(model: LlamaForCausalLM, new_tokens: int, *, context: int = 128, repeats: int = 30,
-               warmup: int = 5, seed: int = 0) -> dict[str, float]:
-    """Time one forward of ``new_tokens`` tokens after ``context`` cached tokens (KV cache).
-
-    The cache is cropped back after every forward, so each repeat sees the same context length.
-    Returns median, p10 and p90 in milliseconds.
-    """
-    from transformers import DynamicCache
-
-    gen = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
-    cache = DynamicCache()
-    model(input_ids=torch.randint(0, vocab, (1, context), generator=gen), past_key_values=cache, use_cache=True)
-    new = torch.randint(0, vocab, (1, new_tokens), generator=gen)
-    samples: list[float] = []
-    for i in range(warmup + repeats):
-        t0 = time.perf_counter()
-        model(input_ids=new, past_key_values=cache, use_cache=True)
-        elapsed = time.perf_counter() - t0
-        cache.crop(-new_tokens)
-        if i >= warmup:
-            samples.append(elapsed * 1e3)
-    samples.sort()
-    q = statistics.quantiles(samples, n=10) if len(samples) >= 2 else samples * 9
-    return {"median": statistics.median(samples), "p10": q[0], "p90": q[-1]}
 
 
 def _save_model(model: LlamaForCausalLM, tokenizer, folder: Path) -> None:
@@ -165,8 +134,7 @@ def _save_model(model: LlamaForCausalLM, tokenizer, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def run_recipe(out_dir: Path, *, quick: bool = False, seed: int = 0,
-               log_fn: Callable[[str], None] | None = None) -> dict:
+def run_recipe(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
     """Run the whole recipe and write models, workloads, manifest, model card and run log.
 
     Args:
@@ -214,7 +182,6 @@ def run_recipe(out_dir: Path, *, quick: bool = False, seed: int = 0,
         workloads.append(info)
         log(f"workload {kind}: {info}")
 
-    windows = eval_windows(held_stream, cfg.seq, cfg.eval_windows)
     plans = {p.name: p for p in cfg.models}
     target_name = next(p.name for p in cfg.models if p.role == "target")
     trained: dict[str, LlamaForCausalLM] = {}
@@ -240,37 +207,10 @@ def run_recipe(out_dir: Path, *, quick: bool = False, seed: int = 0,
             _save_model(model, tokenizer, out_dir / "models" / name)
             log(f"saved {name} to {out_dir / 'models' / name}")
 
-    # Evaluate the shipped (fp16-rounded) weights, reloaded as the engine loads them.
     del trained
-    loaded = {p.name: AutoModelForCausalLM.from_pretrained(out_dir / "models" / p.name, dtype=torch.float32).eval()
-              for p in cfg.models}
-    byte_len = token_byte_lengths(tokenizer)
-    entries = []
-    for plan in cfg.models:
-        model = loaded[plan.name]
-        loss = held_out_loss(model, windows, byte_len)
-        quality: dict = {"held_out_nats_per_token": loss.nats_per_token, "held_out_nats_per_byte": loss.nats_per_byte,
-                         "held_out_bits_per_byte": loss.bits_per_byte, "eval_tokens": loss.tokens}
-        if plan.role == "draft":
-            agr = agreement(loaded[target_name], model, windows)
-            quality.update(greedy_agreement=agr.greedy_agreement, sampling_acceptance=agr.sampling_acceptance)
-        timing = {str(k): forward_ms(model, k, repeats=cfg.timing_repeats) for k in (1, 8)}
-        folder = out_dir / "models" / plan.name
-        files = sorted(p.name for p in folder.iterdir())
-        weight_bytes = sum((folder / f).stat().st_size for f in files if f.endswith(".safetensors"))
-        entry = {
-            "name": plan.name, "role": plan.role, "path": f"models/{plan.name}",
-            "layers": plan.shape.layers, "hidden_size": plan.shape.hidden,
-            "intermediate_size": plan.shape.intermediate, "heads": plan.shape.heads,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "dtype": str(SAVE_DTYPE).replace("torch.", ""), "weight_bytes": weight_bytes, "files": files,
-            "training": reports[plan.name], "quality": quality,
-            "ms_per_forward_at_training_time": timing,
-        }
-        entries.append(entry)
-        log(f"eval {plan.name}: {json.dumps(quality)} ms/forward "
-            f"1={timing['1']['median']:.2f} 8={timing['8']['median']:.2f}")
-
+    entries = [{"name": p.name, "role": p.role, "path": f"models/{p.name}", "layers": p.shape.layers,
+                "hidden_size": p.shape.hidden, "intermediate_size": p.shape.intermediate, "heads": p.shape.heads,
+                "dtype": str(SAVE_DTYPE).replace("torch.", ""), "training": reports[p.name]} for p in cfg.models]
     manifest = {
         "version": 1,
         "quick": quick,
@@ -279,21 +219,27 @@ def run_recipe(out_dir: Path, *, quick: bool = False, seed: int = 0,
                       "eos_token": tokenizer.eos_token, "eos_token_id": tokenizer.eos_token_id},
         "corpus": {**summary, "root": "<python stdlib>", "licence": "PSF License Agreement (PSF-2.0)",
                    "python": platform.python_version(), "held_out_list": [f.relpath for f in corpus.held_out]},
-        "eval": {"windows": int(windows.shape[0]), "seq": cfg.seq},
-        "timing": {"context_tokens": 128, "threads": torch.get_num_threads(), "machine": platform.processor()
-                   or platform.machine(), "cpu_count": _cpu_count()},
+        "eval": {"max_windows": cfg.eval_windows, "seq": cfg.seq},
         "models": entries,
         "workloads": workloads,
     }
-    (out_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    (out_dir / "MODEL_CARD.md").write_text(card.render(manifest), encoding="utf-8")
-    for line in card.check_bars(manifest):
-        log(line)
+    manifest = assess_zoo(out_dir, manifest, repeats=cfg.timing_repeats, log=log)
     log("recipe done")
     return manifest
 
 
-def _cpu_count() -> int:
-    import os
-
-    return os.cpu_count() or 0
+def reassess(out_dir: Path, *, repeats: int = 30) -> dict:
+    """Rerun only the final measurement step on a built zoo (appends to its ``train_log.txt``)."""
+    out_dir = Path(out_dir)
+    path = out_dir / MANIFEST_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"no {MANIFEST_NAME} in {out_dir}")
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    manifest["eval"].setdefault("max_windows", manifest["eval"].get("windows", 48))
+    log = _Log(out_dir / "train_log.txt", append=True)
+    torch.set_num_threads(2)
+    transformers.utils.logging.disable_progress_bar()
+    log(f"reassess: measuring the built zoo again (torch {torch.__version__}, load {os.getloadavg()})")
+    manifest = assess_zoo(out_dir, manifest, repeats=repeats, log=log)
+    log("reassess done")
+    return manifest
