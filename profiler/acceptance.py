@@ -1,0 +1,179 @@
+"""Acceptance profiling: per-cycle traces from real speculative decoding, and teacher-forced agreement.
+
+Traces (ARCHITECTURE §4.3): speculative decoding runs on the workload with θ = 0 and N = N_max; each
+cycle records the draft's confidence in every drafted token and the accepted prefix length. The
+threshold model replays these under any (N, θ). Aggregates per drafted position: attempts (cycles
+that drafted position i with 1..i-1 accepted), accepts, α_i = accepts/attempts (conditional) and
+β_i = accepts/cycles (vLLM's unconditional rate), and accept counts per confidence bin (what a
+threshold cuts).
+
+Teacher-forced pass (ARCHITECTURE §4.6): both models read the same text (prompt + generated tokens)
+in one forward each; greedy agreement = P(argmax p == argmax q), and 1 - E[TV(p, q)] = E[Σ min(p, q)]
+is the expected sampling acceptance per token (Leviathan et al. 2023).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec_tune.db.records import TraceRow
+from specdec_tune.engine import CycleStats, DecodeConfig, GenerationResult, LoadedModel
+from specdec_tune.engine.drafters import probs_from_logits
+from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline
+from specdec_tune.profiler.runs import DraftSpec, decode_once
+
+CONFIDENCE_EDGES = tuple(i / 10 for i in range(11))  # bins [0, .1), ..., [.9, 1.0]
+
+
+@dataclass
+class PromptTrace:
+    """The cycles of one prompt decoded with θ = 0, N = N_max (and its hooked timeline, if any)."""
+
+    prompt_index: int
+    result: GenerationResult
+    timeline: SequenceTimeline | None = None
+
+    @property
+    def cycles(self) -> list[CycleStats]:
+        return self.result.cycles
+
+
+@dataclass
+class AcceptanceSummary:
+    """Per-position acceptance aggregated over cycles (lists are ``[N_max]``)."""
+
+    cycles: int
+    attempts: list[int]
+    accepts: list[int]
+    alpha: list[float | None]
+    beta: list[float | None]
+    confidence_bins: dict = field(default_factory=dict)
+
+    def mean_tokens_per_cycle(self) -> float | None:
+        """E[τ] = 1 + Σ β_i over the recorded cycles (accepted + 1 per cycle)."""
+        if not self.cycles:
+            return None
+        return 1.0 + sum(self.accepts) / self.cycles
+
+
+def summarize(cycles: Sequence[CycleStats], n_max: int) -> AcceptanceSummary:
+    """Aggregate cycles into per-position attempts/accepts, α, β and confidence-bin counts.
+
+    A position counts as attempted when it was drafted and every earlier position was accepted
+    (accepted tokens form a prefix), so α_i is the conditional rate the throughput model uses.
+    """
+    attempts, accepts = [0] * n_max, [0] * n_max
+    nbins = len(CONFIDENCE_EDGES) - 1
+    bin_drafted, bin_accepted = [0] * nbins, [0] * nbins
+    for c in cycles:
+        for i, (conf, ok) in enumerate(zip(c.confidences[:n_max], c.outcomes[:n_max])):
+            attempts[i] += 1
+            b = min(int(conf * nbins), nbins - 1)
+            bin_drafted[b] += 1
+            if not ok:
+                break
+            accepts[i] += 1
+            bin_accepted[b] += 1
+    n = len(cycles)
+    alpha = [a / t if t else None for a, t in zip(accepts, attempts)]
+    beta = [a / n if n else None for a in accepts]
+    bins = {"edges": list(CONFIDENCE_EDGES), "drafted": bin_drafted, "accepted": bin_accepted}
+    return AcceptanceSummary(n, attempts, accepts, alpha, beta, bins)
+
+
+def trace_rows(traces: Sequence[PromptTrace]) -> list[TraceRow]:
+    """Database rows, one per cycle, in decode order (cycle_index counts within a prompt)."""
+    return [
+        TraceRow(cycle_index=i, confidences=tuple(c.confidences), num_accepted=c.accepted, prompt_index=t.prompt_index)
+        for t in traces
+        for i, c in enumerate(t.cycles)
+    ]
+
+
+def record_traces(
+    target: LoadedModel,
+    draft: DraftSpec,
+    prompts: Sequence[torch.Tensor],
+    config: DecodeConfig,
+    *,
+    seed: int = 0,
+    recorder: ForwardRecorder | None = None,
+    on_prompt: Callable[[PromptTrace], None] | None = None,
+) -> list[PromptTrace]:
+    """Decode every prompt speculatively and keep its cycles (the engine records them).
+
+    Args:
+        target: the target model.
+        draft: the drafter to profile.
+        prompts: ``[T]`` token ids per prompt.
+        config: normally θ = 0 and N = N_max; temperature 0 (greedy) or > 0 (sampling).
+        seed: sampling seed of prompt 0 (prompt i uses seed + i).
+        recorder: hooks already attached to both models; gives each prompt its timeline.
+        on_prompt: called after each prompt (progress, storing as we go).
+    """
+    out: list[PromptTrace] = []
+    for i, ids in enumerate(prompts):
+        on_cycle = None
+        if recorder is not None:
+            recorder.begin()
+            on_cycle = recorder.on_cycle
+        result = decode_once(target, draft, ids, config, seed=seed + i, on_cycle=on_cycle)
+        timeline = recorder.finish() if recorder is not None else None
+        trace = PromptTrace(i, result, timeline)
+        out.append(trace)
+        if on_prompt is not None:
+            on_prompt(trace)
+    return out
+
+
+@dataclass(frozen=True)
+class TeacherForced:
+    """Agreement of target p and draft q on the same text (one forward of each model).
+
+    Attributes:
+        tokens: positions compared.
+        greedy_agreement: fraction of positions where argmax p == argmax q.
+        one_minus_tv: mean Σ_x min(p(x), q(x)) at ``temperature``, the expected sampling acceptance.
+        temperature: softmax temperature of the TV comparison.
+    """
+
+    tokens: int
+    greedy_agreement: float
+    one_minus_tv: float
+    temperature: float
+
+
+def teacher_forced(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    sequences: Sequence[torch.Tensor],
+    temperature: float = 1.0,
+) -> TeacherForced:
+    """Compare p and q position by position over ``sequences`` (``[T]`` each: prompt + generated).
+
+    Each model reads each sequence once (no cache); positions 0..T-2 predict tokens 1..T-1.
+    """
+    if temperature <= 0:
+        raise ValueError(f"teacher-forced TV needs a temperature > 0, got {temperature}")
+    agree = 0
+    overlap = 0.0
+    count = 0
+    with torch.inference_mode():
+        for ids in sequences:
+            if ids.numel() < 2:
+                continue
+            x = ids[None, :-1]
+            p_logits = target(input_ids=x, use_cache=False).logits[0]  # [T-1, vocab]
+            q_logits = draft(input_ids=x, use_cache=False).logits[0]  # [T-1, vocab]
+            vocab = min(p_logits.shape[-1], q_logits.shape[-1])  # padded embedding rows never win
+            p_logits, q_logits = p_logits[:, :vocab], q_logits[:, :vocab]
+            agree += int((p_logits.argmax(-1) == q_logits.argmax(-1)).sum())
+            p = probs_from_logits(p_logits, temperature)
+            q = probs_from_logits(q_logits, temperature)
+            overlap += float(torch.minimum(p, q).sum())
+            count += p.shape[0]
+    if count == 0:
+        return TeacherForced(0, float("nan"), float("nan"), temperature)
+    return TeacherForced(count, agree / count, overlap / count, temperature)

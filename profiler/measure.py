@@ -1,0 +1,174 @@
+"""Measure one configuration end to end on a profiled run's prompts and store it next to its prediction.
+
+Throughput is what a user sees: new tokens / wall seconds of whole decode calls (prefill included),
+summed over the run's profiled prompts, after one untimed warm-up decode. The prediction for the same
+prompts comes from :mod:`specdec_tune.tuner.profile_data`, so the two numbers are directly comparable.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+from dataclasses import dataclass, field
+
+from specdec_tune.db import Database, add_measured_run, get_run
+from specdec_tune.engine import DecodeConfig, LoadedModel, acceptance_per_position, check_compatible, load_model
+from specdec_tune.engine.workloads import load_workload
+from specdec_tune.errors import InputError
+from specdec_tune.profiler.describe import tokenizer_hash
+from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
+from specdec_tune.profiler.session import Progress
+from specdec_tune.tuner.model import SpecConfig
+from specdec_tune.tuner.profile_data import RunPrediction, load_run_profile, predict_config, resolve_draft
+
+
+@dataclass
+class Measurement:
+    """A measured configuration with its prediction (both on the same prompts)."""
+
+    run_id: int
+    draft: str
+    config: SpecConfig
+    temperature: float
+    tokens_per_s: float
+    seconds: float
+    new_tokens: int
+    mean_tokens_per_cycle: float | None
+    acceptance_per_position: list[float]
+    prediction: RunPrediction | None
+    prompts: int
+    repeats: int
+    per_repeat_tokens_per_s: list[float] = field(default_factory=list)
+    measured_id: int | None = None
+
+    @property
+    def relative_error(self) -> float | None:
+        """(predicted - measured) / measured tokens/s."""
+        if self.prediction is None or self.tokens_per_s <= 0:
+            return None
+        return (self.prediction.tokens_per_s - self.tokens_per_s) / self.tokens_per_s
+
+
+def _load(name: str, source: str | None, device: str, dtype: str) -> LoadedModel:
+    """Load a model of the run by the name given then; its resolved folder if the name no longer resolves
+    (a relative path from another directory)."""
+    from pathlib import Path
+
+    if source and not Path(name).expanduser().exists() and Path(source).is_dir():
+        loaded = load_model(source, device, dtype)
+        loaded.name = name
+        return loaded
+    return load_model(name, device, dtype)
+
+
+def _warn_if_changed(loaded: LoadedModel, stored_hash: str | None, stored_params: int | None) -> None:
+    if stored_hash and tokenizer_hash(loaded.tokenizer) != stored_hash:
+        print(f"warning: the tokenizer of {loaded.name!r} changed since the profile run", file=sys.stderr)
+    if stored_params and loaded.num_parameters != stored_params:
+        print(f"warning: {loaded.name!r} has {loaded.num_parameters} parameters, the profile run had {stored_params}; "
+              "the prediction describes the old model", file=sys.stderr)
+
+
+def measure_config(
+    db: Database,
+    run_id: int,
+    draft: str | None,
+    config: SpecConfig,
+    *,
+    temperature: float = 0.0,
+    max_prompts: int | None = None,
+    repeats: int = 1,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> Measurement:
+    """Decode the run's profiled prompts with ``config``, time it, and store measured vs predicted.
+
+    Args:
+        db: the results database holding the run.
+        run_id: the profile run (its prompts, max_new_tokens, device and dtype are reused).
+        draft: one of the run's drafts (default: the first).
+        config: N, θ and schedule (batch size 1: the engine decodes one sequence).
+        temperature: 0 = greedy; otherwise the run must have a sampling profile at this temperature.
+        max_prompts: measure only the first prompts of the run.
+        repeats: decode the prompt set this many times; the median repeat's tokens/s is reported.
+        seed: sampling seed.
+        progress: progress sink.
+
+    Raises:
+        NotFoundError: unknown run or draft.
+        InputError: a configuration the run cannot predict or the engine cannot run.
+    """
+    if config.batch_size != 1:
+        raise InputError(f"measure decodes one sequence at a time; --batch-size must be 1, got {config.batch_size}")
+    if repeats < 1:
+        raise InputError(f"--repeats must be >= 1, got {repeats}")
+    run = get_run(db, run_id)
+    name = resolve_draft(run, draft)
+    settings = run.settings
+    sampling = temperature > 0
+    if sampling and abs(float(settings.get("temperature", 0.0)) - temperature) > 1e-9:
+        raise InputError(f"run {run_id} was profiled at --temperature {settings.get('temperature', 0.0)}; "
+                         f"measure at that temperature or 0 (greedy), not {temperature}")
+    config = SpecConfig(config.num_speculative_tokens, config.threshold, config.schedule, 1,
+                        "sampling" if sampling else "greedy")
+    profile = load_run_profile(db, run_id, name)
+    prediction = predict_config(profile, config, max_prompts)
+
+    device, dtype = settings.get("device", "auto"), settings.get("dtype", "auto")
+    target = _load(run.target.name, run.target.extra.get("source"), device, dtype)
+    _warn_if_changed(target, run.target.tokenizer_hash, run.target.num_parameters)
+    if name == NGRAM:
+        spec = DraftSpec("ngram")
+    else:
+        loaded = load_model(name, target.device, target.dtype)
+        check_compatible(target, loaded)
+        spec = DraftSpec("model", loaded)
+
+    wanted = list(settings.get("prompt_ids", []))
+    if max_prompts is not None:
+        wanted = wanted[:max_prompts]
+    by_id = {p.id: p for p in load_workload(settings.get("workload", run.workload.name if run.workload else ""))}
+    missing = [i for i in wanted if i not in by_id]
+    if missing:
+        raise InputError(f"workload {settings.get('workload')!r} no longer has prompt(s) {missing[:3]} of run {run_id}")
+    ids = [encode_prompt(target, by_id[i].prompt, i) for i in wanted]
+    decode = DecodeConfig(
+        max_new_tokens=int(settings.get("max_new_tokens", 64)), num_speculative_tokens=config.num_speculative_tokens,
+        threshold=config.threshold, schedule=config.schedule, temperature=temperature, eos_token_id=target.eos_token_id,
+    )
+    progress = progress or Progress()
+    progress.stage(f"measure {name} N={config.num_speculative_tokens} θ={config.threshold}", len(ids) * repeats + 1)
+    warm_up(target, spec, ids[0], decode)
+    progress.advance()
+    per_repeat: list[tuple[float, float, int]] = []
+    cycles = []
+    for r in range(repeats):
+        seconds, tokens = 0.0, 0
+        for i, (pid, x) in enumerate(zip(wanted, ids)):
+            m = measure_prompt(target, spec, x, decode, prompt_id=pid, seed=seed + i)
+            seconds += m.seconds
+            tokens += m.new_tokens
+            if r == 0 and m.result is not None:
+                cycles += m.result.cycles
+            progress.advance()
+        per_repeat.append((tokens / seconds if seconds > 0 else 0.0, seconds, tokens))
+    tps = statistics.median(t for t, _, _ in per_repeat)
+    chosen = min(per_repeat, key=lambda x: abs(x[0] - tps))
+    tau = sum(c.accepted + 1 for c in cycles) / len(cycles) if cycles else None
+    alpha, _ = acceptance_per_position(cycles) if cycles else ([], [])
+    result = Measurement(
+        run_id=run_id, draft=name, config=config, temperature=temperature, tokens_per_s=tps, seconds=chosen[1],
+        new_tokens=chosen[2], mean_tokens_per_cycle=tau, acceptance_per_position=alpha, prediction=prediction,
+        prompts=len(ids), repeats=repeats, per_repeat_tokens_per_s=[t for t, _, _ in per_repeat],
+    )
+    result.measured_id = add_measured_run(
+        db, run_id, draft=name,
+        config={"num_speculative_tokens": config.num_speculative_tokens, "threshold": config.threshold,
+                "schedule": config.schedule, "batch_size": 1, "temperature": temperature,
+                "max_new_tokens": decode.max_new_tokens, "prompts": len(ids), "repeats": repeats,
+                "measured_acceptance_per_position": alpha, "prediction_source": prediction.source,
+                "throughput": "end to end, prefill included"},
+        measured_tokens_per_s=tps, seconds=chosen[1], new_tokens=chosen[2],
+        predicted_tokens_per_s=prediction.tokens_per_s, measured_tau=tau,
+        predicted_tau=prediction.expected_tokens_per_cycle,
+    )
+    return result

@@ -1,0 +1,192 @@
+"""Engine overhead: the part of a decode loop's wall time that is not a model forward.
+
+A forward pre-hook and post-hook on the target and on the draft model record ``perf_counter`` (after
+a synchronisation on a GPU, so queued kernels are charged to their forward); the speculative loop's
+``on_cycle`` callback marks the end of each cycle. The overhead of cycle c is its wall time (from
+the end of cycle c - 1 to the end of cycle c) minus the time of the forwards that ran inside it:
+drafting bookkeeping, verification, cache rollback, Python. The first cycle of a sequence also holds
+the prompt's prefill forwards and the loop's set-up, so it is reported apart (``first_cycle_s``).
+
+The plain (autoregressive) loop's overhead per token is measured the same way: wall time minus
+target forwards, over the tokens after the first.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec_tune.engine import CycleStats
+from specdec_tune.profiler.timers import synchronize
+
+
+@dataclass(frozen=True)
+class ForwardRecord:
+    """One hooked forward: which model, how many new tokens, its context, start and end times."""
+
+    role: str  # "target" | "draft"
+    tokens: int  # new tokens in the forward (k)
+    context_len: int  # tokens in the KV cache before the forward
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class CycleOverhead:
+    """Time split of one speculative cycle (seconds).
+
+    Attributes:
+        drafted: tokens proposed (L).
+        accepted: tokens accepted.
+        draft_forwards: draft forwards run (F).
+        wall_s: cycle wall time.
+        forward_s: time inside model forwards.
+        context_len: tokens in the target's context when the cycle started.
+    """
+
+    drafted: int
+    accepted: int
+    draft_forwards: int
+    wall_s: float
+    forward_s: float
+    context_len: int
+
+    @property
+    def overhead_s(self) -> float:
+        return self.wall_s - self.forward_s
+
+    @property
+    def share(self) -> float:
+        """Fraction of the cycle's wall time spent outside model forwards."""
+        return self.overhead_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass
+class SequenceTimeline:
+    """Everything hooked during one decode call."""
+
+    start: float = 0.0
+    end: float = 0.0
+    forwards: list[ForwardRecord] = field(default_factory=list)
+    cycle_ends: list[float] = field(default_factory=list)
+    cycles: list[CycleStats] = field(default_factory=list)
+
+    @property
+    def wall_s(self) -> float:
+        return self.end - self.start
+
+    def forward_seconds(self, t0: float, t1: float, role: str | None = None) -> float:
+        """Time of the forwards that started in ``[t0, t1)`` (of one role, or all)."""
+        return sum(f.seconds for f in self.forwards if t0 <= f.start < t1 and (role is None or f.role == role))
+
+    def cycle_overheads(self) -> list[CycleOverhead]:
+        """Per-cycle split for every cycle but the first (which holds prefill and set-up)."""
+        out = []
+        context = self.forwards[0].context_len if self.forwards else 0
+        target = [f for f in self.forwards if f.role == "target"]
+        for c in range(1, len(self.cycle_ends)):
+            t0, t1 = self.cycle_ends[c - 1], self.cycle_ends[c]
+            stats = self.cycles[c]
+            verify = [f for f in target if t0 <= f.start < t1]
+            context = verify[0].context_len if verify else context
+            out.append(CycleOverhead(
+                drafted=stats.drafted, accepted=stats.accepted, draft_forwards=stats.draft_forwards,
+                wall_s=t1 - t0, forward_s=self.forward_seconds(t0, t1), context_len=context,
+            ))
+        return out
+
+    def first_cycle_s(self) -> float:
+        """Wall time from the call's start to the end of the first cycle, minus its forwards."""
+        if not self.cycle_ends:
+            return 0.0
+        return (self.cycle_ends[0] - self.start) - self.forward_seconds(self.start, self.cycle_ends[0])
+
+    def tail_s(self) -> float:
+        """Wall time after the last cycle (returning the result), minus forwards (none expected)."""
+        if not self.cycle_ends:
+            return 0.0
+        return (self.end - self.cycle_ends[-1]) - self.forward_seconds(self.cycle_ends[-1], self.end)
+
+    def autoregressive_overhead(self) -> tuple[float, int]:
+        """(overhead seconds, steps) of a plain decode after its prefill forward."""
+        target = [f for f in self.forwards if f.role == "target"]
+        if len(target) < 1:
+            return 0.0, 0
+        t0 = target[0].end  # after prefill: pick, feed, repeat
+        wall = self.end - t0
+        forwards = sum(f.seconds for f in target[1:])
+        return wall - forwards, len(target)  # len(target) tokens were picked after t0 (one per forward)
+
+
+def _cache_len(kwargs: dict) -> int:
+    cache = kwargs.get("past_key_values")
+    return int(cache.get_seq_length()) if cache is not None else 0
+
+
+class ForwardRecorder:
+    """Hooks that time every forward of the registered models into the current timeline.
+
+    Use as ``with recorder.attach(target=..., draft=...)``; then ``recorder.begin()`` before a decode
+    call, pass ``recorder.on_cycle`` as the loop's callback, and ``recorder.finish()`` after it.
+    """
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.device = device
+        self.timeline = SequenceTimeline()
+        self._pending: dict[int, tuple[float, int, int]] = {}
+
+    def _now(self) -> float:
+        synchronize(self.device)
+        return time.perf_counter()
+
+    def _pre(self, role: str):
+        def hook(module, args, kwargs):
+            ids = kwargs.get("input_ids")
+            if ids is None and args:
+                ids = args[0]
+            tokens = int(ids.shape[-1]) if ids is not None else 0
+            self._pending[id(module)] = (self._now(), tokens, _cache_len(kwargs))
+        return hook
+
+    def _post(self, role: str):
+        def hook(module, args, kwargs, output):
+            start, tokens, context = self._pending.pop(id(module))
+            self.timeline.forwards.append(ForwardRecord(role, tokens, context, start, self._now()))
+        return hook
+
+    @contextmanager
+    def attach(self, target: torch.nn.Module, draft: torch.nn.Module | None = None) -> Iterator[ForwardRecorder]:
+        """Register the hooks for the duration of the block (removed even on error)."""
+        handles = []
+        for role, model in (("target", target), ("draft", draft)):
+            if model is None:
+                continue
+            handles.append(model.register_forward_pre_hook(self._pre(role), with_kwargs=True))
+            handles.append(model.register_forward_hook(self._post(role), with_kwargs=True))
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+    def begin(self) -> None:
+        """Start a new timeline (one decode call)."""
+        self._pending.clear()
+        self.timeline = SequenceTimeline(start=self._now())
+
+    def on_cycle(self, stats: CycleStats) -> None:
+        """The speculative loop's callback: marks the end of a cycle."""
+        self.timeline.cycle_ends.append(self._now())
+        self.timeline.cycles.append(stats)
+
+    def finish(self) -> SequenceTimeline:
+        """Close the current timeline and return it."""
+        self.timeline.end = self._now()
+        return self.timeline

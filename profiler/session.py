@@ -1,0 +1,404 @@
+"""A whole profile run: records, micro-benchmarks, baseline, acceptance and overhead, stored as it goes.
+
+Stages (each stores its samples and commits before the next starts, so an interrupted run keeps what
+it measured): warm-up; T_v(B, k) of the target; T_s of each draft at several context lengths;
+prefill of each prompt; the plain decoding baseline (per-token overhead, in-loop T_ar, greedy output
+lengths); per draft the greedy acceptance pass (θ = 0, N = N_max, traces and per-cycle overhead), two
+short overhead passes at small N (to separate per-cycle from per-forward overhead), the
+teacher-forced agreement, and with ``temperature > 0`` a sampling acceptance pass. A
+``KeyboardInterrupt`` marks the run ``interrupted``, any other error ``failed``; both re-raise.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from specdec_tune.db import (
+    Database,
+    DraftRecord,
+    TimingRow,
+    add_acceptance,
+    add_measured_run,
+    add_telemetry,
+    add_timing_samples,
+    add_traces,
+    create_run,
+    finish_run,
+    get_or_create_hardware,
+    get_or_create_model,
+    get_or_create_workload,
+)
+from specdec_tune.engine import DecodeConfig, LoadedModel, check_compatible, load_model
+from specdec_tune.engine.workloads import load_workload
+from specdec_tune.errors import InputError
+from specdec_tune.profiler import acceptance as acc
+from specdec_tune.profiler import microbench as mb
+from specdec_tune.profiler.describe import hardware_info, model_info, workload_info
+from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline
+from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
+from specdec_tune.profiler.telemetry import NullMonitor, open_monitor
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    """How much to measure (defaults keep the bundled models under ~4 minutes on 2 CPU cores)."""
+
+    device: str = "auto"
+    dtype: str = "auto"
+    temperature: float = 0.0
+    batch_sizes: tuple[int, ...] = (1,)
+    k_max: int = 17
+    n_max: int = 16
+    repeats: int = 20
+    warmup: int = 3
+    prefill_repeats: int = 3
+    context_lens: tuple[int, ...] = (128, 256, 512)
+    max_prompts: int = 16
+    max_new_tokens: int = 64
+    overhead_ns: tuple[int, ...] = (1, 4)
+    overhead_prompts: int = 4
+    seed: int = 0
+    label: str | None = None
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.k_max >= 2, f"--k-max must be >= 2, got {self.k_max}"),
+            (1 <= self.n_max <= 64, f"--n-max must be in 1..64, got {self.n_max}"),
+            (self.repeats >= 1, f"--repeats must be >= 1, got {self.repeats}"),
+            (self.warmup >= 0, f"--warmup must be >= 0, got {self.warmup}"),
+            (self.max_prompts >= 1, f"--max-prompts must be >= 1, got {self.max_prompts}"),
+            (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
+            (self.temperature >= 0, f"--temperature must be >= 0 (0 = greedy), got {self.temperature}"),
+            (bool(self.batch_sizes) and all(b >= 1 for b in self.batch_sizes),
+             f"--batch-sizes must be integers >= 1, got {list(self.batch_sizes)}"),
+            (all(c >= 1 for c in self.context_lens), f"context lengths must be >= 1, got {list(self.context_lens)}"),
+            (all(1 <= n <= self.n_max for n in self.overhead_ns), f"overhead N values must be in 1..n_max, got {list(self.overhead_ns)}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InputError(message)
+
+
+class Progress:
+    """Progress sink: the CLI shows a bar, library callers may ignore it."""
+
+    def stage(self, name: str, total: int) -> None:
+        """A new stage of ``total`` steps begins."""
+
+    def advance(self, steps: int = 1) -> None:
+        """Steps of the current stage finished."""
+
+
+@dataclass
+class ProfileResult:
+    """What a finished profile run produced (the rest is in the database)."""
+
+    run_id: int
+    target: str
+    drafts: list[str]
+    settings: dict
+    telemetry: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _model_draft(spec: DraftSpec) -> torch.nn.Module | None:
+    return spec.model.model if spec.model is not None else None
+
+
+def _overhead_rows(name: str | None, timeline: SequenceTimeline) -> list[TimingRow]:
+    """Per-cycle overhead rows (k = L + 1) plus one per-sequence row (context_len = 0)."""
+    rows = [
+        TimingRow("overhead", k=c.drafted + 1, batch_size=1, context_len=max(c.context_len, 1),
+                  seconds=max(c.overhead_s, 0.0), draft=name)
+        for c in timeline.cycle_overheads()
+    ]
+    setup = max(timeline.first_cycle_s() + timeline.tail_s(), 0.0)
+    rows.append(TimingRow("overhead", k=1, batch_size=1, context_len=0, seconds=setup, draft=name))
+    return rows
+
+
+def _finish(db: Database, run_id: int, status: str) -> None:
+    """Mark the run finished without hiding the error that ended it."""
+    try:
+        finish_run(db, run_id, status)
+    except Exception:  # the database itself may be what failed; the original error matters more
+        pass
+
+
+# --------------------------------------------------------------------------- the run
+
+
+class ProfileSession:
+    """One profile run of a target against drafts on a workload (see the module docstring)."""
+
+    def __init__(
+        self,
+        db: Database,
+        target: str,
+        drafts: Sequence[str],
+        workload: str,
+        settings: ProfileSettings = ProfileSettings(),
+        progress: Progress | None = None,
+    ) -> None:
+        if not drafts:
+            raise InputError("--draft needs at least one draft (a model, or 'ngram')")
+        if len(set(drafts)) != len(drafts):
+            raise InputError(f"--draft lists a draft twice: {', '.join(drafts)}")
+        self.db = db
+        self.target_name = target
+        self.draft_names = list(drafts)
+        self.workload_name = workload
+        self.settings = settings
+        self.progress = progress or Progress()
+        self.run_id: int | None = None
+
+    # -- set-up
+    def _load(self) -> None:
+        s = self.settings
+        self.target = load_model(self.target_name, s.device, s.dtype)
+        self.device = self.target.device
+        self.drafts: list[DraftSpec] = []
+        for name in self.draft_names:
+            if name == NGRAM:
+                self.drafts.append(DraftSpec("ngram"))
+                continue
+            loaded = load_model(name, self.device, s.dtype)
+            check_compatible(self.target, loaded)
+            self.drafts.append(DraftSpec("model", loaded))
+        all_prompts = load_workload(self.workload_name)
+        self.prompts = all_prompts[: s.max_prompts]
+        self.all_prompt_count = len(all_prompts)
+        self.ids = [encode_prompt(self.target, p.prompt, p.id) for p in self.prompts]
+        limit = int(getattr(self.target.model.config, "max_position_embeddings", 0) or 0)
+        need = max(len(i) for i in self.ids) + s.max_new_tokens + s.n_max + 2
+        if limit and need > limit:
+            raise InputError(
+                f"the longest prompt ({max(len(i) for i in self.ids)} tokens) + --max-new-tokens {s.max_new_tokens} "
+                f"+ --n-max {s.n_max} exceeds the target's {limit} positions; lower them"
+            )
+        mean_prompt = sum(len(i) for i in self.ids) / len(self.ids)
+        self.typical_context = int(round(mean_prompt + s.max_new_tokens / 2))
+        cap = (limit or 10**9) - s.k_max - 1
+        self.context_lens = sorted({min(c, cap) for c in s.context_lens} | {min(self.typical_context, cap)})
+        self.source_ids = torch.cat(self.ids)
+
+    def _create(self, monitor) -> int:
+        db = self.db
+        hw = get_or_create_hardware(db, hardware_info(self.device, monitor))
+        target_id = get_or_create_model(db, model_info(self.target))
+        drafts = [
+            DraftRecord(d.name if d.model is None else d.model.name,
+                        get_or_create_model(db, model_info(d.model)) if d.model is not None else None)
+            for d in self.drafts
+        ]
+        wl = get_or_create_workload(db, workload_info(self.workload_name, self.all_prompt_count))
+        s = self.settings
+        settings = {
+            **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(s).items() if k != "label"},
+            "device": self.device.type, "dtype": str(self.target.dtype).replace("torch.", ""),
+            "target": self.target_name, "drafts": self.draft_names, "workload": self.workload_name,
+            "prompt_ids": [p.id for p in self.prompts], "prompt_tokens": [int(len(i)) for i in self.ids],
+            "typical_context": self.typical_context, "context_lens": self.context_lens,
+            "ks": list(range(1, s.k_max + 1)), "threads": torch.get_num_threads(),
+            "throughput": "end to end: new tokens / wall seconds of whole decode calls, prefill included",
+        }
+        return create_run(db, target_model_id=target_id, hardware_id=hw, workload_id=wl, drafts=drafts,
+                          settings=settings, label=s.label)
+
+    def run(self) -> ProfileResult:
+        """Measure everything and store it; return the run id and a summary."""
+        self._load()
+        monitor = open_monitor(self.device)
+        self.run_id = self._create(monitor)
+        summary: dict = {}
+        monitor.start()
+        try:
+            self._stages()
+            summary = self._store_telemetry(monitor)
+            finish_run(self.db, self.run_id, "completed")
+        except KeyboardInterrupt:
+            self._store_telemetry(monitor, quiet=True)
+            _finish(self.db, self.run_id, "interrupted")
+            raise
+        except BaseException:
+            self._store_telemetry(monitor, quiet=True)
+            _finish(self.db, self.run_id, "failed")
+            raise
+        return ProfileResult(self.run_id, self.target_name, self.draft_names, asdict(self.settings), summary)
+
+    def _store_telemetry(self, monitor, quiet: bool = False) -> dict:
+        try:
+            result = monitor.stop()
+            if result.samples:
+                add_telemetry(self.db, self.run_id, result.samples)
+            out = result.to_json()
+            out["monitor"] = "nvml" if not isinstance(monitor, NullMonitor) else f"none ({monitor.reason})"
+            return out
+        except Exception:
+            if not quiet:
+                raise
+            return {}
+
+    # -- stages
+    def _stages(self) -> None:
+        self.warm_up()
+        self.bench_verify()
+        self.bench_draft_steps()
+        self.bench_prefill()
+        outputs = self.baseline()
+        for spec in self.drafts:
+            self.acceptance(spec, outputs)
+
+    def _store(self, timings: Sequence[mb.ForwardTiming]) -> None:
+        add_timing_samples(self.db, self.run_id, [r for t in timings for r in t.rows()])
+
+    def warm_up(self) -> None:
+        """Short decodes with each drafter: allocation and kernel selection happen here, untimed."""
+        self.progress.stage("warm-up", len(self.drafts))
+        config = DecodeConfig(max_new_tokens=8, num_speculative_tokens=min(4, self.settings.n_max))
+        for spec in self.drafts:
+            decode_once(self.target, spec, self.ids[0], config, seed=0)
+            self.progress.advance()
+
+    def bench_verify(self) -> None:
+        s = self.settings
+        ks = range(1, s.k_max + 1)
+        self.progress.stage("target forwards T_v(k)", len(ks) * len(s.batch_sizes))
+        timings = mb.bench_verify(self.target.model, self.source_ids, ks, s.batch_sizes, context_len=self.typical_context,
+                                  warmup=s.warmup, repeats=s.repeats, device=self.device, advance=self.progress.advance)
+        self._store(timings)
+
+    def bench_draft_steps(self) -> None:
+        s = self.settings
+        models = [d for d in self.drafts if d.model is not None]
+        self.progress.stage("draft steps T_s", len(models) * (len(self.context_lens) + len(s.batch_sizes)))
+        for spec in models:
+            timings = mb.bench_draft_steps(spec.model.model, spec.model.name, self.source_ids, self.context_lens,
+                                           s.batch_sizes, typical_context=self.typical_context, warmup=s.warmup,
+                                           repeats=s.repeats, device=self.device, advance=self.progress.advance)
+            self._store(timings)
+
+    def bench_prefill(self) -> None:
+        s = self.settings
+        models = [d for d in self.drafts if d.model is not None]
+        self.progress.stage("prefill", len(self.ids) * (1 + len(models)))
+        timings = mb.bench_prefill(self.target.model, None, self.ids, drop_last=True, warmup=1,
+                                   repeats=s.prefill_repeats, device=self.device, advance=self.progress.advance)
+        for spec in models:
+            timings += mb.bench_prefill(spec.model.model, spec.model.name, self.ids, drop_last=False, warmup=1,
+                                        repeats=s.prefill_repeats, device=self.device, advance=self.progress.advance)
+        self._store(timings)
+
+    def baseline(self) -> list[torch.Tensor]:
+        """Plain greedy decoding with hooks: in-loop T_ar, per-token overhead, output lengths."""
+        s = self.settings
+        self.progress.stage("baseline (target only)", len(self.ids))
+        config = DecodeConfig(max_new_tokens=s.max_new_tokens, eos_token_id=self.target.eos_token_id)
+        recorder = ForwardRecorder(self.device)
+        rows: list[TimingRow] = []
+        outputs, infos = [], []
+        seconds = 0.0
+        tokens = 0
+        with recorder.attach(self.target.model):
+            for p, ids in zip(self.prompts, self.ids):
+                recorder.begin()
+                result = decode_once(self.target, DraftSpec("none"), ids, config)
+                timeline = recorder.finish()
+                seconds += timeline.wall_s
+                tokens += result.new_tokens
+                target = [f for f in timeline.forwards if f.role == "target"]
+                rows += [TimingRow("autoregressive", 1, 1, f.context_len, f.seconds) for f in target[1:]]
+                overhead, steps = timeline.autoregressive_overhead()
+                if steps:
+                    rows.append(TimingRow("overhead", 1, 1, len(ids), max(overhead / steps, 0.0)))
+                outputs.append(torch.cat([ids, torch.tensor(result.token_ids, dtype=ids.dtype, device=ids.device)]))
+                infos.append({"id": p.id, "prompt_tokens": int(len(ids)), "new_tokens": result.new_tokens,
+                              "eos": result.finished_by_eos})
+                self.progress.advance()
+        add_timing_samples(self.db, self.run_id, rows)
+        predicted = self._predict_baseline(infos)
+        add_measured_run(
+            self.db, self.run_id, draft=None,
+            config={"num_speculative_tokens": 0, "threshold": 0.0, "schedule": "constant", "batch_size": 1,
+                    "temperature": 0.0, "max_new_tokens": s.max_new_tokens, "hooked": True, "prompts": infos},
+            measured_tokens_per_s=tokens / seconds if seconds > 0 else 0.0, seconds=seconds, new_tokens=tokens,
+            predicted_tokens_per_s=predicted, measured_tau=1.0, predicted_tau=1.0,
+        )
+        return outputs
+
+    def _predict_baseline(self, infos: list[dict]) -> float | None:
+        from specdec_tune.db import get_run, load_timings
+        from specdec_tune.tuner.profile_data import PromptInfo, build_run_profile, predict_baseline
+
+        run = get_run(self.db, self.run_id)
+        prompts = [PromptInfo(i["prompt_tokens"], i["new_tokens"]) for i in infos]
+        rp = build_run_profile(run, None, load_timings(self.db, self.run_id), [], prompts=prompts)
+        return predict_baseline(rp).tokens_per_s
+
+    def acceptance(self, spec: DraftSpec, outputs: list[torch.Tensor]) -> None:
+        """Greedy traces and overhead (θ = 0, N = N_max), overhead passes, teacher-forced, sampling."""
+        s = self.settings
+        name = spec.name
+        few = self.ids[: max(1, min(s.overhead_prompts, len(self.ids)))]
+        sampling = s.temperature > 0
+        total = len(self.ids) * (2 if sampling else 1) + len(few) * len(s.overhead_ns) + (spec.model is not None)
+        self.progress.stage(f"acceptance {name}", total)
+        recorder = ForwardRecorder(self.device)
+        eos = self.target.eos_token_id
+        with recorder.attach(self.target.model, _model_draft(spec)):
+            greedy = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=s.n_max, eos_token_id=eos)
+            traces = acc.record_traces(self.target, spec, self.ids, greedy, seed=s.seed, recorder=recorder,
+                                       on_prompt=lambda _: self.progress.advance())
+            rows = [r for t in traces for r in _overhead_rows(name, t.timeline)]
+            add_traces(self.db, self.run_id, name, "greedy", 0.0, acc.trace_rows(traces))
+            add_timing_samples(self.db, self.run_id, rows)
+            for n in s.overhead_ns:
+                config = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=n, eos_token_id=eos)
+                extra = acc.record_traces(self.target, spec, few, config, seed=s.seed, recorder=recorder,
+                                          on_prompt=lambda _: self.progress.advance())
+                add_timing_samples(self.db, self.run_id, [r for t in extra for r in _overhead_rows(name, t.timeline)])
+        tf = None
+        if spec.model is not None:
+            tf = acc.teacher_forced(self.target.model, spec.model.model, outputs, s.temperature or 1.0)
+            self.progress.advance()
+        summary = acc.summarize([c for t in traces for c in t.cycles], s.n_max)
+        bins = {**summary.confidence_bins, "tv_temperature": tf.temperature if tf else None}
+        add_acceptance(
+            self.db, self.run_id, draft=name, mode="greedy", temperature=0.0, num_speculative=s.n_max,
+            cycles=summary.cycles, position_attempts=summary.attempts, position_accepts=summary.accepts,
+            alpha=summary.alpha, beta=summary.beta, confidence_bins=bins,
+            teacher_forced_tokens=tf.tokens if tf else None, greedy_agreement=tf.greedy_agreement if tf else None,
+            one_minus_tv=tf.one_minus_tv if tf else None,
+        )
+        if not sampling:
+            return
+        config = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=s.n_max,
+                              temperature=s.temperature, eos_token_id=eos)
+        straces = acc.record_traces(self.target, spec, self.ids, config, seed=s.seed,
+                                    on_prompt=lambda _: self.progress.advance())
+        add_traces(self.db, self.run_id, name, "sampling", s.temperature, acc.trace_rows(straces))
+        ssum = acc.summarize([c for t in straces for c in t.cycles], s.n_max)
+        add_acceptance(
+            self.db, self.run_id, draft=name, mode="sampling", temperature=s.temperature, num_speculative=s.n_max,
+            cycles=ssum.cycles, position_attempts=ssum.attempts, position_accepts=ssum.accepts, alpha=ssum.alpha,
+            beta=ssum.beta, confidence_bins={**ssum.confidence_bins, "tv_temperature": s.temperature},
+            teacher_forced_tokens=tf.tokens if tf else None, greedy_agreement=tf.greedy_agreement if tf else None,
+            one_minus_tv=tf.one_minus_tv if tf else None,
+        )
+
+
+def run_profile(
+    db: Database,
+    target: str,
+    drafts: Sequence[str],
+    workload: str,
+    settings: ProfileSettings = ProfileSettings(),
+    progress: Progress | None = None,
+) -> ProfileResult:
+    """Profile ``target`` against ``drafts`` on ``workload`` into ``db`` (see :class:`ProfileSession`)."""
+    return ProfileSession(db, target, drafts, workload, settings, progress).run()
+

@@ -1,0 +1,551 @@
+"""From a stored profile run to predictions of end-to-end throughput, as ``measure`` observes it.
+
+``specdec-tune measure`` reports new tokens / wall seconds of whole decode calls, prefill included.
+The predictions here count the same things, so predicted and measured numbers compare directly:
+
+    seconds = Σ_prompts [prefill_target(T_p - 1) + prefill_draft(T_p) - T_s + set-up]
+              + Σ_cycles [F·(T_s + o_f) + T_v(L + 1) + o_c]
+
+where L is the cycle's proposed length, F its draft forwards (L, or L + 1 when θ cut the draft), o_c
+and o_f the measured per-cycle and per-draft-forward engine overheads (``profiler.overhead``), T_s and
+T_v(k) the micro-benchmark medians (``profiler.microbench``) at the workload's typical context, and
+the first draft forward of a sequence is its prefill. The baseline is the same sum for plain decoding:
+prefill + M·(T_ar + per-token overhead). ``decode_tokens_per_s`` leaves prefill and set-up out.
+
+Which cycles: in greedy mode with a model draft the cycles are *simulated* exactly per prompt. Greedy
+decoding is deterministic, so the draft's roll-out from any position of the output is a suffix of
+a recorded θ = 0, N = N_max cycle (the one whose accepted prefix covers that position); replaying the
+engine's loop over those position traces gives every cycle's (L, A, F) for any N ≤ N_max, θ and
+schedule on the profiled prompts, end of sequence included. Only what a N_max cycle never saw is
+estimated: confidences past its last drafted token (continued with the measured rate of confidences
+≥ θ after a rejection). Otherwise (sampling, n-gram lookup) the cycles come from
+:func:`specdec_tune.tuner.model.predict` (i.i.d. trace replay) with M_p / E[τ] cycles per prompt.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from specdec_tune.db import Database, RunRecord, TimingRow, TraceRow
+from specdec_tune.errors import InputError, NotFoundError
+from specdec_tune.tuner._replay import ReplayStats
+from specdec_tune.tuner.model import ModelProfile, SpecConfig, Trace, draft_step_time, verify_time
+from specdec_tune.tuner.model import predict as model_predict
+
+NGRAM = "ngram"
+
+
+@dataclass(frozen=True)
+class PromptInfo:
+    """One profiled prompt: its length and how many tokens greedy decoding produced for it."""
+
+    prompt_tokens: int
+    new_tokens: int
+
+
+@dataclass(frozen=True)
+class PositionTrace:
+    """The draft's roll-out from one output position (greedy): confidences, accepted prefix length,
+    and whether the first rejection lies inside the recorded confidences (else unknown beyond)."""
+
+    confidences: tuple[float, ...]
+    accepted: int
+    rejection_known: bool
+
+
+@dataclass(frozen=True)
+class RunProfile:
+    """What the predictions need about one (run, draft), built from stored samples.
+
+    Attributes:
+        run: the stored run.
+        draft: the draft's name (``None``: target only, for the baseline).
+        model: the decode-only :class:`ModelProfile` (draft step includes the per-forward overhead;
+            an n-gram drafter's "step" is its per-token lookup overhead).
+        draft_step_raw_s: B -> median one-token draft forward at the typical context (no overhead).
+        cycle_overhead_s: o_c, engine overhead per cycle.
+        forward_overhead_s: o_f, engine overhead per draft forward (per proposed token for n-gram).
+        sequence_overhead_s: set-up and first-cycle bookkeeping per decode call.
+        prompts: the profiled prompts (lengths, greedy output lengths).
+        prefill_target_s: per prompt, the target's prefill of T_p - 1 tokens.
+        prefill_draft_s: per prompt, the draft's prefill of T_p tokens (0 for n-gram).
+        positions: per prompt, the greedy position traces (model drafts only).
+        tail_rates: θ -> P(confidence ≥ θ) past a rejection (continues unknown roll-outs).
+        max_new_tokens: the decode limit of the profiled prompts.
+    """
+
+    run: RunRecord
+    draft: str | None
+    model: ModelProfile
+    draft_step_raw_s: dict[int, float]
+    cycle_overhead_s: float
+    forward_overhead_s: float
+    sequence_overhead_s: float
+    prompts: tuple[PromptInfo, ...]
+    prefill_target_s: tuple[float, ...]
+    prefill_draft_s: tuple[float, ...]
+    positions: tuple[tuple[PositionTrace, ...], ...] | None
+    after_rejection: tuple[float, ...] = ()
+    max_new_tokens: int = 64
+
+    @property
+    def is_ngram(self) -> bool:
+        return self.draft == NGRAM
+
+    def tail_rate(self, theta: float) -> float:
+        """P(confidence ≥ θ) for drafted tokens past a rejection (1 when none were recorded)."""
+        if theta <= 0 or not self.after_rejection:
+            return 1.0
+        return sum(c >= theta for c in self.after_rejection) / len(self.after_rejection)
+
+
+@dataclass(frozen=True)
+class RunPrediction:
+    """Predicted end-to-end throughput of one configuration on the profiled prompts.
+
+    Attributes:
+        tokens_per_s: new tokens / seconds of whole decode calls (prefill included), as ``measure``.
+        decode_tokens_per_s: the same without prefill and per-call set-up.
+        speedup: tokens_per_s ÷ baseline_tokens_per_s (plain decoding, prefill included).
+        baseline_tokens_per_s: predicted plain decoding, end to end.
+        expected_tokens_per_cycle: E[τ] (accepted + 1).
+        expected_draft_length: E[L].
+        expected_draft_forwards: E[F].
+        cycle_time_s: E[T_cycle] (decode only).
+        seconds: predicted wall seconds over the prompts.
+        new_tokens: tokens those prompts produce (× batch size).
+        acceptance_per_position: conditional α_i implied for the configuration.
+        source: ``simulation`` (greedy, exact cycle replay), or the model's ``traces`` /
+            ``sampling_traces`` / ``tv``, or ``baseline``.
+    """
+
+    tokens_per_s: float
+    decode_tokens_per_s: float
+    speedup: float
+    baseline_tokens_per_s: float
+    expected_tokens_per_cycle: float
+    expected_draft_length: float
+    expected_draft_forwards: float
+    cycle_time_s: float
+    seconds: float
+    new_tokens: int
+    acceptance_per_position: tuple[float, ...] = field(default=())
+    source: str = "simulation"
+    label: str = "predicted"
+
+
+# --------------------------------------------------------------------------- building from the db
+
+
+@dataclass(frozen=True)
+class OverheadFit:
+    """Per-cycle overhead model ``overhead = intercept_s + per_forward_s · F`` (least squares).
+
+    Attributes:
+        intercept_s: fixed overhead per cycle (verification, rollback, loop bookkeeping).
+        per_forward_s: overhead per draft forward (argmax, confidence, stacking), outside the forward.
+        cycles: cycles the fit used.
+    """
+
+    intercept_s: float
+    per_forward_s: float
+    cycles: int
+
+
+def fit_overhead(samples: Sequence[tuple[int, float]]) -> OverheadFit:
+    """Fit ``overhead = intercept + slope · F`` to per-cycle (draft forwards F, overhead seconds).
+
+    Robust to the odd pre-empted cycle on a shared machine: the line is a count-weighted least-squares
+    fit through the *median* overhead of each distinct F (the forward times are medians too). With a
+    single distinct F the slope is not identifiable and the median goes to the intercept. A negative
+    coefficient (noise) is clipped to 0 and the other refitted.
+    """
+    if not samples:
+        return OverheadFit(0.0, 0.0, 0)
+    groups: dict[int, list[float]] = defaultdict(list)
+    for f, y in samples:
+        groups[f].append(y)
+    pts = [(f, statistics.median(ys), len(ys)) for f, ys in groups.items()]
+    total = sum(w for _, _, w in pts)
+    mx = sum(f * w for f, _, w in pts) / total
+    my = sum(y * w for _, y, w in pts) / total
+    sxx = sum(w * (f - mx) ** 2 for f, _, w in pts)
+    if sxx == 0:
+        return OverheadFit(max(my, 0.0), 0.0, len(samples))
+    slope = sum(w * (f - mx) * (y - my) for f, y, w in pts) / sxx
+    intercept = my - slope * mx
+    if slope < 0:
+        slope, intercept = 0.0, my
+    if intercept < 0:
+        sff = sum(w * f * f for f, _, w in pts)
+        slope, intercept = (sum(w * f * y for f, y, w in pts) / sff if sff else 0.0), 0.0
+    return OverheadFit(max(intercept, 0.0), max(slope, 0.0), len(samples))
+
+
+
+def _median(values: Iterable[float]) -> float:
+    values = list(values)
+    return statistics.median(values) if values else math.nan
+
+
+def _group(rows: Iterable[TimingRow]) -> dict[tuple, list[float]]:
+    out: dict[tuple, list[float]] = defaultdict(list)
+    for r in rows:
+        out[(r.kind, r.draft, r.k, r.batch_size, r.context_len)].append(r.seconds)
+    return out
+
+
+def _interp_context(points: dict[int, float], context: int) -> float:
+    """Value at ``context`` from measurements at several context lengths (linear, clamped ends)."""
+    xs = sorted(points)
+    if not xs:
+        return math.nan
+    if context <= xs[0]:
+        return points[xs[0]]
+    if context >= xs[-1]:
+        return points[xs[-1]]
+    hi = next(x for x in xs if x >= context)
+    lo = max(x for x in xs if x <= context)
+    if hi == lo:
+        return points[lo]
+    return points[lo] + (points[hi] - points[lo]) * (context - lo) / (hi - lo)
+
+
+def position_traces(cycles: Sequence[TraceRow]) -> tuple[PositionTrace, ...]:
+    """Greedy roll-outs from every output position of one prompt, from its recorded cycles.
+
+    A cycle starting at output position j drafted d_1..d_L with confidences c_1..c_L and had A
+    accepted. For 0 ≤ i ≤ A the context at position j + i is the cycle's context plus d_1..d_i
+    (the target's own tokens), so the greedy draft's roll-out from there is d_{i+1}..d_L: the
+    confidences c_{i+1}.. and A - i accepted. The next cycle starts at j + A + 1.
+    """
+    out: list[PositionTrace] = []
+    for row in cycles:
+        confs, acc = tuple(row.confidences), row.num_accepted
+        known = acc < len(confs)
+        for i in range(acc + 1):
+            out.append(PositionTrace(confs[i:], acc - i, known))
+    return out
+
+
+def _after_rejection(traces: Iterable[TraceRow]) -> tuple[float, ...]:
+    return tuple(c for t in traces for c in t.confidences[t.num_accepted + 1:])
+
+
+def build_run_profile(
+    run: RunRecord,
+    draft: str | None,
+    timings: Sequence[TimingRow],
+    traces: Sequence[TraceRow],
+    *,
+    prompts: Sequence[PromptInfo] | None = None,
+    sampling_traces: Sequence[TraceRow] | None = None,
+    sampling_acceptance: float | None = None,
+) -> RunProfile:
+    """Assemble a :class:`RunProfile` from a run's stored rows (pure; no database access).
+
+    Args:
+        run: the run record (settings give N_max, max_new_tokens, typical context, prompt lengths).
+        draft: the draft's name, or ``None`` for target-only (baseline) predictions.
+        timings: the run's timing samples (warm-up excluded).
+        traces: greedy traces of ``draft`` in recording order.
+        prompts: the prompts' greedy output lengths (else ``max_new_tokens`` each).
+        sampling_traces: traces recorded in sampling mode, if any.
+        sampling_acceptance: 1 - E[TV] from the teacher-forced pass.
+
+    Raises:
+        InputError: the run lacks the target's verify timings (profile it again).
+    """
+    settings = run.settings
+    groups = _group(timings)
+    batch_sizes = sorted({b for (kind, _, _, b, _) in groups if kind == "verify"})
+    if not batch_sizes:
+        raise InputError(f"run {run.id} has no verify timings (status {run.status}); profile it again")
+    verify_s: dict[int, dict[int, float]] = defaultdict(dict)
+    for (kind, _, k, b, _), xs in groups.items():
+        if kind == "verify":
+            verify_s[b][k] = _median(xs)
+    typical = int(settings.get("typical_context", 0))
+    max_new = int(settings.get("max_new_tokens", 64))
+    prompt_tokens = [int(t) for t in settings.get("prompt_tokens", [])]
+    infos = tuple(prompts) if prompts is not None else tuple(PromptInfo(t, max_new) for t in prompt_tokens)
+
+    def prefill(name: str | None, drop_last: bool) -> tuple[float, ...]:
+        by_len = {k: _median(xs) for (kind, d, k, _, _), xs in groups.items() if kind == "prefill" and d == name}
+        if not by_len:
+            return tuple(0.0 for _ in infos)
+        return tuple(_interp_context(by_len, p.prompt_tokens - (1 if drop_last else 0)) for p in infos)
+
+    overhead = [(k - 1, s) for (kind, d, k, _, c), xs in groups.items() if kind == "overhead" and d == draft and c > 0
+                for s in xs]
+    sequence = [s for (kind, d, _, _, c), xs in groups.items() if kind == "overhead" and d == draft and c == 0
+                for s in xs]
+    ar = [s for (kind, d, _, _, _), xs in groups.items() if kind == "overhead" and d is None for s in xs]
+    fit = fit_overhead(overhead)
+    raw: dict[int, float] = {}
+    if draft is not None and draft != NGRAM:
+        for b in batch_sizes:
+            pts = {c: _median(xs) for (kind, d, _, bb, c), xs in groups.items() if kind == "draft_step" and d == draft and bb == b}
+            if pts:
+                raw[b] = _interp_context(pts, typical)
+    if draft == NGRAM:
+        step = {b: fit.per_forward_s for b in batch_sizes}
+    else:
+        step = {b: t + fit.per_forward_s for b, t in raw.items()}
+    model = ModelProfile(
+        draft_step_s=step,
+        verify_s={b: dict(sorted(c.items())) for b, c in verify_s.items()},
+        traces=tuple(Trace(t.confidences, t.num_accepted) for t in traces),
+        cycle_overhead_s=fit.intercept_s,
+        ar_overhead_s=max(_median(ar), 0.0) if ar else 0.0,
+        sampling_acceptance=sampling_acceptance,
+        sampling_traces=tuple(Trace(t.confidences, t.num_accepted) for t in sampling_traces) if sampling_traces else None,
+        name=draft or "",
+    )
+    positions = None
+    if draft is not None and draft != NGRAM and traces:
+        per_prompt: dict[int, list[TraceRow]] = defaultdict(list)
+        for t in traces:
+            per_prompt[t.prompt_index if t.prompt_index is not None else 0].append(t)
+        positions = tuple(position_traces(per_prompt.get(i, [])) for i in range(len(infos)))
+    return RunProfile(
+        run=run, draft=draft, model=model, draft_step_raw_s=raw, cycle_overhead_s=fit.intercept_s,
+        forward_overhead_s=fit.per_forward_s, sequence_overhead_s=max(_median(sequence), 0.0) if sequence else 0.0,
+        prompts=infos, prefill_target_s=prefill(None, True),
+        prefill_draft_s=prefill(draft, False) if draft not in (None, NGRAM) else tuple(0.0 for _ in infos),
+        positions=positions, after_rejection=_after_rejection(traces), max_new_tokens=max_new,
+    )
+
+
+def run_drafts(run: RunRecord) -> list[str]:
+    """Names of the drafts profiled in ``run``, in profiling order."""
+    return [d.name for d in run.drafts]
+
+
+def resolve_draft(run: RunRecord, draft: str | None) -> str:
+    """The run's draft called ``draft`` (default: its first), or a one-line error listing them."""
+    names = run_drafts(run)
+    if not names:
+        raise NotFoundError(f"run {run.id} has no drafts")
+    if draft is None:
+        return names[0]
+    if draft not in names:
+        raise NotFoundError(f"draft {draft!r} is not in run {run.id}; its drafts: {', '.join(names)}")
+    return draft
+
+
+def greedy_prompts(db: Database, run_id: int) -> list[PromptInfo] | None:
+    """Per-prompt greedy output lengths stored with the run's measured baseline, if any."""
+    from specdec_tune.db import list_measured
+
+    for m in list_measured(db, run_id):
+        if m.draft is None and "prompts" in m.config:
+            return [PromptInfo(int(p["prompt_tokens"]), int(p["new_tokens"])) for p in m.config["prompts"]]
+    return None
+
+
+def load_run_profile(db: Database, run_id: int, draft: str | None = None, *, baseline_only: bool = False) -> RunProfile:
+    """Read everything about ``draft`` in run ``run_id`` and build its :class:`RunProfile`.
+
+    Args:
+        db: the results database.
+        run_id: a profile run.
+        draft: one of the run's drafts (default: the first); ignored with ``baseline_only``.
+        baseline_only: target-only profile (plain decoding predictions).
+
+    Raises:
+        NotFoundError: no such run, or the draft is not in it.
+    """
+    from specdec_tune.db import get_run, load_acceptance, load_timings, load_traces
+
+    run = get_run(db, run_id)
+    name = None if baseline_only else resolve_draft(run, draft)
+    timings = load_timings(db, run_id)
+    traces = load_traces(db, run_id, name, "greedy") if name else []
+    sampling, tv = None, None
+    if name:
+        for rec in load_acceptance(db, run_id, draft=name, mode="sampling"):
+            sampling = load_traces(db, run_id, name, "sampling", temperature=rec.temperature) or None
+            tv = rec.one_minus_tv
+    return build_run_profile(run, name, timings, traces, prompts=greedy_prompts(db, run_id),
+                             sampling_traces=sampling, sampling_acceptance=tv)
+
+
+# --------------------------------------------------------------------------- predictions
+
+
+def simulate_prompt(
+    positions: Sequence[PositionTrace],
+    new_tokens: int,
+    max_new_tokens: int,
+    n: int,
+    theta: float,
+    schedule: str = "constant",
+    tail_rate: float = 1.0,
+) -> list[tuple[int, int, int]]:
+    """Replay the engine's loop over one prompt's greedy position traces.
+
+    Returns:
+        (L, A, F) per cycle: proposed length, accepted, draft forwards, in decode order.
+    """
+    out: list[tuple[int, int, int]] = []
+    j, n_cur = 0, n
+    while j < new_tokens and j < len(positions):
+        pt = positions[j]
+        budget = min(n_cur, max_new_tokens - j)
+        confs = pt.confidences
+        length, cut = budget, False
+        for i in range(min(budget, len(confs))):
+            if confs[i] < theta:
+                length, cut = i, True
+                break
+        else:
+            if budget > len(confs):  # roll-out past what the N_max cycle drafted: continue at tail_rate
+                extra = budget - len(confs)
+                expected = sum(tail_rate**m for m in range(1, extra + 1))
+                length = len(confs) + int(round(expected))
+                cut = length < budget
+        accepted = min(length, pt.accepted)
+        out.append((length, accepted, length + 1 if cut else length))
+        j += accepted + 1
+        if schedule == "heuristic":  # the engine's rule (engine/decode.py)
+            n_cur = min(n, n_cur + 2) if length and accepted == length else max(1, n_cur - 1)
+    return out
+
+
+def _stats_from_cycles(cycles: Sequence[tuple[int, int, int]], n: int) -> ReplayStats:
+    count = len(cycles)
+    lengths: dict[int, int] = defaultdict(int)
+    reached, accepted = [0] * n, [0] * n
+    for length, acc, _ in cycles:
+        lengths[length] += 1
+        for i in range(min(length, acc + 1)):
+            reached[i] += 1
+        for i in range(acc):
+            accepted[i] += 1
+    return ReplayStats(
+        mean_tau=sum(a + 1 for _, a, _ in cycles) / count,
+        mean_draft_length=sum(length for length, _, _ in cycles) / count,
+        mean_draft_forwards=sum(f for _, _, f in cycles) / count,
+        draft_length_dist={k: v / count for k, v in sorted(lengths.items())},
+        all_accepted_rate=sum(a == length for length, a, _ in cycles) / count,
+        reached=tuple(r / count for r in reached),
+        accepted=tuple(a / count for a in accepted),
+    )
+
+
+def _cycle_time(rp: RunProfile, stats: ReplayStats, batch_size: int) -> float:
+    verify = sum(p * verify_time(rp.model, batch_size, length + 1) for length, p in stats.draft_length_dist.items())
+    return stats.mean_draft_forwards * draft_step_time(rp.model, batch_size) + verify + rp.cycle_overhead_s
+
+
+def _prompt_subset(rp: RunProfile, max_prompts: int | None) -> range:
+    count = len(rp.prompts)
+    if max_prompts is not None:
+        if max_prompts < 1:
+            raise InputError(f"max_prompts must be >= 1, got {max_prompts}")
+        count = min(count, max_prompts)
+    return range(count)
+
+
+def predict_baseline(rp: RunProfile, batch_size: int = 1, max_prompts: int | None = None) -> RunPrediction:
+    """Plain decoding end to end: Σ_p prefill(T_p - 1) + M_p·(T_ar + per-token overhead)."""
+    idx = _prompt_subset(rp, max_prompts)
+    step = verify_time(rp.model, batch_size, 1) + rp.model.ar_overhead_s
+    tokens = sum(rp.prompts[i].new_tokens for i in idx)
+    prefill = sum(rp.prefill_target_s[i] for i in idx) * batch_size  # B prompts prefill ~B times the work
+    seconds = prefill + tokens * step
+    tps = batch_size * tokens / seconds
+    return RunPrediction(
+        tokens_per_s=tps, decode_tokens_per_s=batch_size / step, speedup=1.0, baseline_tokens_per_s=tps,
+        expected_tokens_per_cycle=1.0, expected_draft_length=0.0, expected_draft_forwards=0.0,
+        cycle_time_s=step, seconds=seconds, new_tokens=batch_size * tokens, source="baseline",
+    )
+
+
+def predict_config(rp: RunProfile, config: SpecConfig, max_prompts: int | None = None) -> RunPrediction:
+    """Predict one configuration end to end on the profiled prompts (first ``max_prompts``).
+
+    Raises:
+        InputError: the run lacks what the configuration needs (batch size, N beyond N_max, traces).
+    """
+    if rp.draft is None:
+        raise InputError("a draft is needed to predict speculative decoding")
+    base = predict_baseline(rp, config.batch_size, max_prompts)
+    if config.num_speculative_tokens == 0:
+        return base
+    n_max = int(rp.run.settings.get("n_max", 0)) or max((len(t.confidences) for t in rp.model.traces), default=0)
+    if config.num_speculative_tokens > n_max:
+        raise InputError(f"N={config.num_speculative_tokens} exceeds the run's N_max={n_max}; profile with a larger --n-max")
+    b = config.batch_size
+    idx = _prompt_subset(rp, max_prompts)
+    tokens = sum(rp.prompts[i].new_tokens for i in idx)
+    if config.mode == "greedy" and rp.positions is not None:
+        cycles_per_prompt = [
+            simulate_prompt(rp.positions[i], rp.prompts[i].new_tokens, rp.max_new_tokens, config.num_speculative_tokens,
+                            config.threshold, config.schedule, rp.tail_rate(config.threshold))
+            for i in idx
+        ]
+        flat = [c for cs in cycles_per_prompt for c in cs]
+        if not flat:
+            raise InputError(f"run {rp.run.id} has no greedy traces for draft {rp.draft!r}")
+        stats = _stats_from_cycles(flat, config.num_speculative_tokens)
+        cycle_s = _cycle_time(rp, stats, b)
+        counts = [len(cs) for cs in cycles_per_prompt]
+        source = "simulation"
+    else:
+        p = model_predict(rp.model, config)
+        stats = None
+        cycle_s = p.cycle_time_s
+        counts = [rp.prompts[i].new_tokens / p.expected_tokens_per_cycle for i in idx]
+        source = p.source
+    decode_s = sum(counts) * cycle_s
+    raw_step = rp.draft_step_raw_s.get(b, 0.0) if rp.draft_step_raw_s else 0.0
+    # The first draft forward of a sequence is the draft's prefill, which replaces one draft step.
+    prefill = sum(rp.prefill_target_s[i] + rp.prefill_draft_s[i] - raw_step for i in idx) * b
+    setup = len(idx) * (rp.sequence_overhead_s - rp.cycle_overhead_s)
+    seconds = decode_s + prefill + setup
+    tps = b * tokens / seconds
+    if stats is not None:
+        tau, length, forwards, alphas = (stats.mean_tau, stats.mean_draft_length, stats.mean_draft_forwards,
+                                         stats.acceptance_per_position)
+    else:
+        tau, length, forwards, alphas = (p.expected_tokens_per_cycle, p.expected_draft_length,
+                                         p.expected_draft_forwards, p.acceptance_per_position)
+    return RunPrediction(
+        tokens_per_s=tps, decode_tokens_per_s=b * tokens / decode_s if decode_s > 0 else math.inf,
+        speedup=tps / base.tokens_per_s, baseline_tokens_per_s=base.tokens_per_s,
+        expected_tokens_per_cycle=tau, expected_draft_length=length, expected_draft_forwards=forwards,
+        cycle_time_s=cycle_s, seconds=seconds, new_tokens=b * tokens, acceptance_per_position=tuple(alphas),
+        source=source,
+    )
+
+
+THRESHOLD_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+
+
+def best_configs(
+    rp: RunProfile,
+    n_values: Iterable[int] | None = None,
+    thresholds: Iterable[float] = THRESHOLD_GRID,
+    batch_size: int = 1,
+    mode: str = "greedy",
+    top: int = 3,
+) -> list[tuple[SpecConfig, RunPrediction]]:
+    """The ``top`` configurations by predicted end-to-end tokens/s over N × θ (best first)."""
+    n_max = int(rp.run.settings.get("n_max", 16))
+    ns = list(n_values) if n_values is not None else list(range(1, n_max + 1))
+    thetas = list(thresholds) if not rp.is_ngram else [0.0]  # n-gram confidences are all 1
+    scored = []
+    for n in ns:
+        for theta in thetas:
+            config = SpecConfig(n, theta, batch_size=batch_size, mode=mode)  # type: ignore[arg-type]
+            try:
+                scored.append((config, predict_config(rp, config)))
+            except InputError:
+                continue
+    scored.sort(key=lambda cp: -cp[1].tokens_per_s)
+    return scored[:top]
