@@ -128,6 +128,43 @@ def record_traces(
     return out
 
 
+def bonus_continuations(
+    draft: torch.nn.Module, traces: Sequence[PromptTrace], prompts: Sequence[torch.Tensor]
+) -> list[tuple[int, int, float, bool]]:
+    """The draft's greedy guess at the bonus position of every fully accepted cycle.
+
+    A cycle that accepted all L drafted tokens ends with the target's bonus token, which the draft
+    never predicted. One teacher-forced draft forward over the decoded text gives that prediction
+    (its confidence and whether it equals the bonus token), so a greedy roll-out can be followed
+    past the cycle's end (``tuner.profile_data.position_traces``). The sequence's last cycle is
+    skipped (nothing follows it).
+
+    Returns:
+        (prompt_index, cycle_index, confidence, accepted) per fully accepted, non-final cycle.
+    """
+    out: list[tuple[int, int, float, bool]] = []
+    with torch.inference_mode():
+        for trace, ids in zip(traces, prompts):
+            cycles = trace.cycles
+            wanted = [c for c, s in enumerate(cycles[:-1]) if s.drafted and s.accepted == s.drafted]
+            if not wanted:
+                continue
+            tokens = torch.tensor(trace.result.token_ids, dtype=ids.dtype, device=ids.device)
+            seq = torch.cat([ids, tokens])
+            logits = draft(input_ids=seq[None, :-1], use_cache=False).logits[0]  # [T-1, vocab]
+            starts, j = [], 0
+            for s in cycles:
+                starts.append(j)
+                j += s.emitted
+            for c in wanted:
+                pos = ids.shape[0] + starts[c] + cycles[c].drafted  # index of the bonus token in seq
+                row = logits[pos - 1].float()
+                guess = int(row.argmax())
+                conf = float(torch.exp(row[guess] - torch.logsumexp(row, dim=-1)))
+                out.append((trace.prompt_index, c, conf, guess == int(seq[pos])))
+    return out
+
+
 @dataclass(frozen=True)
 class TeacherForced:
     """Agreement of target p and draft q on the same text (one forward of each model).

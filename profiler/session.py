@@ -74,7 +74,7 @@ class ProfileSettings:
             (bool(self.batch_sizes) and all(b >= 1 for b in self.batch_sizes),
              f"--batch-sizes must be integers >= 1, got {list(self.batch_sizes)}"),
             (all(c >= 1 for c in self.context_lens), f"context lengths must be >= 1, got {list(self.context_lens)}"),
-            (all(1 <= n <= self.n_max for n in self.overhead_ns), f"overhead N values must be in 1..n_max, got {list(self.overhead_ns)}"),
+            (all(n >= 1 for n in self.overhead_ns), f"overhead N values must be >= 1, got {list(self.overhead_ns)}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -345,7 +345,8 @@ class ProfileSession:
         name = spec.name
         few = self.ids[: max(1, min(s.overhead_prompts, len(self.ids)))]
         sampling = s.temperature > 0
-        total = len(self.ids) * (2 if sampling else 1) + len(few) * len(s.overhead_ns) + (spec.model is not None)
+        small_ns = sorted({min(n, s.n_max) for n in s.overhead_ns} - {s.n_max}) or [1]
+        total = len(self.ids) * (2 if sampling else 1) + len(few) * len(small_ns) + (spec.model is not None)
         self.progress.stage(f"acceptance {name}", total)
         recorder = ForwardRecorder(self.device)
         eos = self.target.eos_token_id
@@ -356,7 +357,7 @@ class ProfileSession:
             rows = [r for t in traces for r in _overhead_rows(name, t.timeline)]
             add_traces(self.db, self.run_id, name, "greedy", 0.0, acc.trace_rows(traces))
             add_timing_samples(self.db, self.run_id, rows)
-            for n in s.overhead_ns:
+            for n in small_ns:
                 config = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=n, eos_token_id=eos)
                 extra = acc.record_traces(self.target, spec, few, config, seed=s.seed, recorder=recorder,
                                           on_prompt=lambda _: self.progress.advance())
@@ -367,6 +368,9 @@ class ProfileSession:
             self.progress.advance()
         summary = acc.summarize([c for t in traces for c in t.cycles], s.n_max)
         bins = {**summary.confidence_bins, "tv_temperature": tf.temperature if tf else None}
+        if spec.model is not None:
+            # Lets the greedy simulation follow a roll-out past a fully accepted cycle (profile_data).
+            bins["continuations"] = [list(x) for x in acc.bonus_continuations(spec.model.model, traces, self.ids)]
         add_acceptance(
             self.db, self.run_id, draft=name, mode="greedy", temperature=0.0, num_speculative=s.n_max,
             cycles=summary.cycles, position_attempts=summary.attempts, position_accepts=summary.accepts,

@@ -52,9 +52,27 @@ class _Bar:
             self.bar.advance(self.task, steps)
 
 
+def _quiet_loading() -> None:
+    """Our progress bar replaces transformers' per-model "Loading weights" bars (and keeps errors one line)."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+
+
 def _bar(console: Console) -> RichBar:
     return RichBar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=console, transient=False)
+
+
+def _finite(obj):
+    """JSON has no NaN: an undefined rate (a position never reached) is printed as null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _ms(x: float | None) -> str:
@@ -180,13 +198,14 @@ def profile(
         context_lens=_int_list(context_lens, "--context-lens"), seed=seed, label=label,
     )
     database = open_database(db)  # a bad --db fails here, before any model is loaded
+    _quiet_loading()
     console = Console(stderr=True)
     with _bar(console) as bar:
         result = run_profile(database, target, drafts, workload, settings, _Bar(bar))
     summary = profile_summary(database, result.run_id)
     summary["telemetry"] = result.telemetry
     if json_out:
-        print_json(summary)
+        print_json(_finite(summary))
         return
     _print_summary(Console(), summary)
 
@@ -237,7 +256,7 @@ def predict(
         "source": p.source, "throughput": THROUGHPUT_NOTE, "label": "predicted",
     }
     if json_out:
-        print_json(obj)
+        print_json(_finite(obj))
         return
     typer.echo(
         f"predicted: {p.tokens_per_s:.1f} tokens/s ({p.speedup:.2f}× over {p.baseline_tokens_per_s:.1f} tokens/s plain "
@@ -269,6 +288,7 @@ def measure(
         opt.check_num_speculative_tokens(num_speculative_tokens)
     config = _spec_config(num_speculative_tokens, threshold, schedule, 1, temperature)
     database = open_database(db)
+    _quiet_loading()
     console = Console(stderr=True)
     with _bar(console) as bar:
         m = measure_config(database, run, draft, config, temperature=temperature, max_prompts=max_prompts,
@@ -285,7 +305,7 @@ def measure(
         "label": "measured",
     }
     if json_out:
-        print_json(obj)
+        print_json(_finite(obj))
         return
     err = m.relative_error
     typer.echo(

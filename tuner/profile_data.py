@@ -214,21 +214,49 @@ def _interp_context(points: dict[int, float], context: int) -> float:
     return points[lo] + (points[hi] - points[lo]) * (context - lo) / (hi - lo)
 
 
-def position_traces(cycles: Sequence[TraceRow]) -> tuple[PositionTrace, ...]:
+def position_traces(
+    cycles: Sequence[TraceRow],
+    continuations: dict[int, tuple[float, bool]] | None = None,
+    cap: int = 64,
+) -> tuple[PositionTrace, ...]:
     """Greedy roll-outs from every output position of one prompt, from its recorded cycles.
 
     A cycle starting at output position j drafted d_1..d_L with confidences c_1..c_L and had A
     accepted. For 0 ≤ i ≤ A the context at position j + i is the cycle's context plus d_1..d_i
     (the target's own tokens), so the greedy draft's roll-out from there is d_{i+1}..d_L: the
     confidences c_{i+1}.. and A - i accepted. The next cycle starts at j + A + 1.
+
+    When all L were accepted, the roll-out goes on at the bonus position: ``continuations[c]`` holds
+    the draft's (confidence, matched) there (teacher-forced, ``profiler.acceptance``); on a match it
+    continues as the next cycle's roll-out. Without that entry the roll-out is unknown past d_L.
+
+    Args:
+        cycles: one prompt's traces in decode order.
+        continuations: cycle index -> (confidence, accepted) at its bonus position.
+        cap: longest roll-out kept per position (the largest N predicted).
     """
+    continuations = continuations or {}
+    full: list[tuple[tuple[float, ...], int, bool]] = [((), 0, False)] * len(cycles)
+    for c in range(len(cycles) - 1, -1, -1):
+        confs, acc = tuple(cycles[c].confidences), cycles[c].num_accepted
+        cont = continuations.get(c)
+        if acc < len(confs):
+            full[c] = (confs, acc, True)
+        elif cont is None or c + 1 >= len(cycles):
+            full[c] = (confs, acc, False)
+        elif cont[1]:
+            nxt_confs, nxt_acc, nxt_known = full[c + 1]
+            full[c] = ((confs + (cont[0],) + nxt_confs)[: 2 * cap], acc + 1 + nxt_acc, nxt_known)
+        else:
+            full[c] = (confs + (cont[0],), acc, True)
     out: list[PositionTrace] = []
-    for row in cycles:
-        confs, acc = tuple(row.confidences), row.num_accepted
-        known = acc < len(confs)
-        for i in range(acc + 1):
-            out.append(PositionTrace(confs[i:], acc - i, known))
-    return out
+    for c, row in enumerate(cycles):
+        confs, acc, known = full[c]
+        for i in range(row.num_accepted + 1):
+            tail = confs[i:i + cap]
+            accepted = min(acc - i, len(tail))
+            out.append(PositionTrace(tail, accepted, known and accepted < len(tail)))
+    return tuple(out)
 
 
 def _after_rejection(traces: Iterable[TraceRow]) -> tuple[float, ...]:
@@ -244,6 +272,7 @@ def build_run_profile(
     prompts: Sequence[PromptInfo] | None = None,
     sampling_traces: Sequence[TraceRow] | None = None,
     sampling_acceptance: float | None = None,
+    continuations: Sequence[Sequence] | None = None,
 ) -> RunProfile:
     """Assemble a :class:`RunProfile` from a run's stored rows (pure; no database access).
 
@@ -255,6 +284,8 @@ def build_run_profile(
         prompts: the prompts' greedy output lengths (else ``max_new_tokens`` each).
         sampling_traces: traces recorded in sampling mode, if any.
         sampling_acceptance: 1 - E[TV] from the teacher-forced pass.
+        continuations: (prompt_index, cycle_index, confidence, accepted) at the bonus position of
+            fully accepted greedy cycles (see :func:`position_traces`).
 
     Raises:
         InputError: the run lacks the target's verify timings (profile it again).
@@ -310,7 +341,11 @@ def build_run_profile(
         per_prompt: dict[int, list[TraceRow]] = defaultdict(list)
         for t in traces:
             per_prompt[t.prompt_index if t.prompt_index is not None else 0].append(t)
-        positions = tuple(position_traces(per_prompt.get(i, [])) for i in range(len(infos)))
+        conts: dict[int, dict[int, tuple[float, bool]]] = defaultdict(dict)
+        for p_idx, c_idx, conf, ok in continuations or ():
+            conts[int(p_idx)][int(c_idx)] = (float(conf), bool(ok))
+        cap = int(settings.get("n_max", 16))
+        positions = tuple(position_traces(per_prompt.get(i, []), conts.get(i), cap) for i in range(len(infos)))
     return RunProfile(
         run=run, draft=draft, model=model, draft_step_raw_s=raw, cycle_overhead_s=fit.intercept_s,
         forward_overhead_s=fit.per_forward_s, sequence_overhead_s=max(_median(sequence), 0.0) if sequence else 0.0,
@@ -365,13 +400,15 @@ def load_run_profile(db: Database, run_id: int, draft: str | None = None, *, bas
     name = None if baseline_only else resolve_draft(run, draft)
     timings = load_timings(db, run_id)
     traces = load_traces(db, run_id, name, "greedy") if name else []
-    sampling, tv = None, None
+    sampling, tv, continuations = None, None, None
     if name:
+        for rec in load_acceptance(db, run_id, draft=name, mode="greedy"):
+            continuations = rec.confidence_bins.get("continuations")
         for rec in load_acceptance(db, run_id, draft=name, mode="sampling"):
             sampling = load_traces(db, run_id, name, "sampling", temperature=rec.temperature) or None
             tv = rec.one_minus_tv
     return build_run_profile(run, name, timings, traces, prompts=greedy_prompts(db, run_id),
-                             sampling_traces=sampling, sampling_acceptance=tv)
+                             sampling_traces=sampling, sampling_acceptance=tv, continuations=continuations)
 
 
 # --------------------------------------------------------------------------- predictions

@@ -1,0 +1,161 @@
+"""`specdec-tune profile`, `predict` and `measure` end to end on tiny saved models, and their bad input."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from specdec_tune.db import get_run, list_measured, list_runs, open_database
+from specdec_tune.tuner.cli import main
+
+TINY_FLAGS = ["--device", "cpu", "--repeats", "2", "--k-max", "3", "--n-max", "4", "--max-prompts", "2",
+              "--max-new-tokens", "8", "--context-lens", "8,16"]
+
+
+def run(args, capsys):
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def profiled(tiny_model_dirs, tmp_path_factory):
+    """One profile run (model draft + n-gram) in a fresh database, made once for the module."""
+    root = tmp_path_factory.mktemp("cli_profile")
+    workload = root / "w.jsonl"
+    workload.write_text('{"id": "a", "prompt": "def add(a, b):"}\n{"id": "b", "prompt": "class Point:"}\n'
+                        '{"id": "c", "prompt": "for i in range(10):"}\n')
+    url = f"sqlite:///{root / 'results.db'}"
+    code = main(["profile", "--target", tiny_model_dirs["target"], "--draft", f"{tiny_model_dirs['draft']},ngram",
+                 "--workload", str(workload), "--db", url, "--json", *TINY_FLAGS])
+    assert code == 0
+    return url, str(workload)
+
+
+def _profile_json(url, capsys, run_id):
+    from specdec_tune.tuner.cli_profile import profile_summary
+
+    return profile_summary(open_database(url), run_id)
+
+
+def test_profile_json_contract(profiled, tiny_model_dirs, capsys):
+    url, _ = profiled
+    db = open_database(url)
+    (run_rec,) = list_runs(db)
+    assert run_rec.status == "completed"
+    summary = _profile_json(url, capsys, run_rec.id)
+    assert summary["run_id"] == run_rec.id and summary["status"] == "completed"
+    assert set(summary["verify_ms"]["1"]) == {"1", "2", "3"}
+    names = [d["name"] for d in summary["drafts"]]
+    assert names == [tiny_model_dirs["draft"], "ngram"]
+    model_draft = summary["drafts"][0]
+    assert model_draft["draft_step_ms"]["1"] > 0 and len(model_draft["alpha"]) == 4
+    assert model_draft["best"] and all(b["label"] == "predicted" for b in model_draft["best"])
+    speeds = [b["tokens_per_s"] for b in model_draft["best"]]
+    assert speeds == sorted(speeds, reverse=True)
+    assert summary["baseline"]["measured_tokens_per_s"] > 0 and summary["baseline"]["predicted_tokens_per_s"] > 0
+
+
+def test_profile_human_output(tiny_model_dirs, tmp_path, capsys):
+    workload = tmp_path / "w.jsonl"
+    workload.write_text('{"id": "a", "prompt": "def add(a, b):"}\n')
+    code, out, err = run(["profile", "--target", tiny_model_dirs["target"], "--draft", "ngram", "--workload",
+                          str(workload), "--db", f"sqlite:///{tmp_path / 'h.db'}", *TINY_FLAGS], capsys)
+    assert code == 0, err
+    assert "run 1" in out and "measured" in out and "predicted" in out and "T_v(1)" in out
+    assert "best: N =" in out and "prefill included" in out
+
+
+def test_predict_json_contract(profiled, tiny_model_dirs, capsys):
+    url, _ = profiled
+    code, out, _ = run(["predict", "--run", "1", "-N", "3", "--threshold", "0.2", "--db", url, "--json"], capsys)
+    assert code == 0
+    obj = json.loads(out)
+    for key in ("run_id", "draft", "num_speculative_tokens", "threshold", "schedule", "batch_size", "tokens_per_s",
+                "speedup", "expected_tokens_per_cycle", "expected_draft_length"):
+        assert key in obj
+    assert obj["run_id"] == 1 and obj["draft"] == tiny_model_dirs["draft"] and obj["label"] == "predicted"
+    assert obj["tokens_per_s"] > 0 and 1 <= obj["expected_tokens_per_cycle"] <= 4
+    assert obj["speedup"] == pytest.approx(obj["tokens_per_s"] / obj["baseline_tokens_per_s"])
+    code, out, _ = run(["predict", "--run", "1", "-N", "2", "--draft", "ngram", "--db", url], capsys)
+    assert code == 0 and out.startswith("predicted:") and "ngram" in out
+
+
+def test_measure_stores_measured_next_to_predicted(profiled, capsys):
+    url, _ = profiled
+    code, out, _ = run(["measure", "--run", "1", "-N", "2", "--threshold", "0.3", "--db", url, "--json"], capsys)
+    assert code == 0
+    obj = json.loads(out)
+    assert obj["label"] == "measured" and obj["run_id"] == 1
+    assert obj["tokens_per_s"] == pytest.approx(obj["new_tokens"] / obj["seconds"])
+    assert obj["relative_error"] == pytest.approx((obj["predicted_tokens_per_s"] - obj["tokens_per_s"]) / obj["tokens_per_s"])
+    # greedy: the simulation replays the same prompts, so tokens per cycle are predicted exactly
+    assert obj["predicted_tokens_per_cycle"] == pytest.approx(obj["mean_tokens_per_cycle"])
+    stored = [m for m in list_measured(open_database(url), 1) if m.id == obj["measured_id"]]
+    assert stored and stored[0].predicted_tokens_per_s == pytest.approx(obj["predicted_tokens_per_s"])
+    assert stored[0].config["num_speculative_tokens"] == 2 and stored[0].config["threshold"] == 0.3
+    code, out, _ = run(["measure", "--run", "1", "-N", "1", "--draft", "ngram", "--db", url], capsys)
+    assert code == 0 and "measured:" in out and "predicted:" in out
+
+
+def _one_line_error(code, err, needle):
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], err
+
+
+@pytest.mark.parametrize("command", ["predict", "measure"])
+def test_unknown_run_and_draft(profiled, command, capsys):
+    url, _ = profiled
+    before = len(list_measured(open_database(url)))
+    code, _, err = run([command, "--run", "99", "-N", "2", "--db", url], capsys)
+    _one_line_error(code, err, "no profile run with id 99")
+    code, _, err = run([command, "--run", "1", "-N", "2", "--draft", "nope", "--db", url], capsys)
+    _one_line_error(code, err, "'nope' is not in run 1")
+    assert "ngram" in err
+    code, _, err = run([command, "--run", "1", "-N", "9", "--db", url], capsys)
+    _one_line_error(code, err, "N_max=4")
+    assert len(list_measured(open_database(url))) == before
+
+
+@pytest.mark.parametrize("command", [["predict", "--run", "1", "-N", "2"], ["measure", "--run", "1", "-N", "2"]])
+def test_bad_databases(command, tmp_path, capsys):
+    code, _, err = run([*command, "--db", "nosuchdialect://x/y"], capsys)
+    _one_line_error(code, err, "nosuchdialect")
+    code, _, err = run([*command, "--db", f"sqlite:///{tmp_path / 'missing_dir' / 'x.db'}"], capsys)
+    _one_line_error(code, err, "does not exist")
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database\n")
+    code, _, err = run([*command, "--db", f"sqlite:///{text}"], capsys)
+    _one_line_error(code, err, "not a SQLite database")
+    assert text.read_text() == "not a database\n"
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores file permissions")
+def test_read_only_database(profiled, tmp_path, capsys):
+    url, _ = profiled
+    path = url.removeprefix("sqlite:///")
+    os.chmod(path, 0o444)
+    try:
+        code, _, err = run(["measure", "--run", "1", "-N", "2", "--db", url], capsys)
+        _one_line_error(code, err, "read-only")
+    finally:
+        os.chmod(path, 0o644)
+
+
+def test_profile_bad_input_stores_nothing(profiled, tiny_model_dirs, tmp_path, capsys):
+    url, workload = profiled
+    before = [r.id for r in list_runs(open_database(url))]
+    base = ["profile", "--target", tiny_model_dirs["target"], "--workload", workload, "--db", url, *TINY_FLAGS]
+    code, _, err = run([*base, "--draft", "ngram", "--batch-sizes", "1,x"], capsys)
+    _one_line_error(code, err, "--batch-sizes")
+    code, _, err = run([*base, "--draft", tiny_model_dirs["other"]], capsys)
+    _one_line_error(code, err, "do not share a vocabulary")
+    code, _, err = run([*base, "--draft", "ngram,ngram"], capsys)
+    _one_line_error(code, err, "twice")
+    code, _, err = run(["profile", "--target", tiny_model_dirs["target"], "--draft", "ngram", "--workload",
+                        "no-such-workload", "--db", url, *TINY_FLAGS], capsys)
+    _one_line_error(code, err, "unknown workload")
+    assert [r.id for r in list_runs(open_database(url))] == before
+    assert get_run(open_database(url), before[0]).status == "completed"

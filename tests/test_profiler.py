@@ -1,0 +1,260 @@
+"""The profiler on tiny random models: micro-benchmarks, hooked overhead, acceptance traces, the greedy
+cycle simulation against the real engine, telemetry without NVML, and interrupted / failed runs."""
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+import torch
+
+from specdec_tune.db import get_run, list_runs, load_timings, load_traces, open_database
+from specdec_tune.engine import CycleStats, DecodeConfig, LoadedModel, speculative
+from specdec_tune.profiler import acceptance as acc
+from specdec_tune.profiler import microbench as mb
+from specdec_tune.profiler.overhead import ForwardRecorder
+from specdec_tune.profiler.runs import DraftSpec, decode_once
+from specdec_tune.profiler.session import ProfileSession, ProfileSettings
+from specdec_tune.profiler.telemetry import NullMonitor, NvmlMonitor, open_monitor
+from specdec_tune.tuner.model import SpecConfig
+from specdec_tune.tuner.profile_data import (
+    PromptInfo,
+    build_run_profile,
+    fit_overhead,
+    load_run_profile,
+    position_traces,
+    predict_config,
+    simulate_prompt,
+)
+from tests.tiny import tiny_llama
+
+VOCAB = 48
+
+
+def _loaded(model: torch.nn.Module, name: str) -> LoadedModel:
+    return LoadedModel(name=name, source=name, model=model, tokenizer=None, device=torch.device("cpu"), dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """A sharp target and a draft that is the target with a perturbed head: partial agreement."""
+    target = tiny_llama(vocab=VOCAB, layers=2, seed=0, sharpness=4.0)
+    draft = tiny_llama(vocab=VOCAB, layers=2, seed=0, sharpness=4.0)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(3)
+        draft.lm_head.weight.add_(0.5 * torch.randn(draft.lm_head.weight.shape, generator=gen, dtype=torch.float64))
+    prompts = [torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (9, 14, 6)]
+    return _loaded(target, "target"), _loaded(draft, "draft"), prompts
+
+
+def test_cached_forward_timing_rows():
+    model = tiny_llama(vocab=VOCAB, layers=1)
+    ctx = mb.context_tokens(None, 12, VOCAB, torch.device("cpu"))
+    samples = mb.time_cached_forward(model, ctx, 3, batch_size=2, warmup=2, repeats=4)
+    assert len(samples.samples) == 4 and len(samples.warmup) == 2
+    assert all(s > 0 for s in samples.samples) and samples.p10 <= samples.median <= samples.p90
+    rows = mb.ForwardTiming("verify", 3, 2, 12, samples).rows()
+    assert [r.warmup for r in rows] == [True, True, False, False, False, False]
+    assert {(r.kind, r.k, r.batch_size, r.context_len) for r in rows} == {("verify", 3, 2, 12)}
+    # real prompt tokens are repeated to the asked length
+    src = torch.tensor([5, 6, 7])
+    assert mb.context_tokens(src, 7, VOCAB, torch.device("cpu")).tolist() == [5, 6, 7, 5, 6, 7, 5]
+
+
+def test_recorder_splits_cycles_into_forwards_and_overhead(pair):
+    target, draft, prompts = pair
+    recorder = ForwardRecorder("cpu")
+    config = DecodeConfig(max_new_tokens=12, num_speculative_tokens=3)
+    with recorder.attach(target.model, draft.model):
+        recorder.begin()
+        result = decode_once(target, DraftSpec("model", draft), prompts[0], config, on_cycle=recorder.on_cycle)
+        timeline = recorder.finish()
+    target_fw = [f for f in timeline.forwards if f.role == "target"]
+    draft_fw = [f for f in timeline.forwards if f.role == "draft"]
+    assert len(target_fw) == len(result.cycles) + 1  # prefill + one verify per cycle
+    assert [f.tokens for f in target_fw[1:]] == [c.drafted + 1 for c in result.cycles]
+    assert len(draft_fw) == sum(c.draft_forwards for c in result.cycles)
+    assert target_fw[0].tokens == prompts[0].numel() - 1 and target_fw[0].context_len == 0
+    cycles = timeline.cycle_overheads()
+    assert len(cycles) == len(result.cycles) - 1
+    for c in cycles:
+        assert 0 < c.forward_s < c.wall_s and 0 < c.share < 1
+    total = sum(c.wall_s for c in cycles) + timeline.first_cycle_s() + timeline.tail_s()
+    total += sum(f.seconds for f in timeline.forwards if f.start < timeline.cycle_ends[0])
+    assert total == pytest.approx(timeline.wall_s, rel=1e-6)
+    # hooks are gone after the block
+    assert not target.model._forward_hooks and not draft.model._forward_pre_hooks
+
+
+def test_summarize_counts_conditional_and_unconditional():
+    cycles = [
+        CycleStats(3, 3, 4, (0.95, 0.85, 0.15), (True, True, True)),
+        CycleStats(3, 1, 2, (0.9, 0.5, 0.05), (True, False, False)),
+        CycleStats(3, 0, 1, (0.35, 0.2, 0.1), (False, False, False)),
+        CycleStats(2, 2, 3, (0.99, 0.6), (True, True)),
+    ]
+    s = acc.summarize(cycles, 3)
+    assert s.attempts == [4, 3, 1] and s.accepts == [3, 2, 1]
+    assert s.alpha == [0.75, pytest.approx(2 / 3), 1.0] and s.beta == [0.75, 0.5, 0.25]
+    assert s.mean_tokens_per_cycle() == pytest.approx(1 + 6 / 4)
+    bins = s.confidence_bins
+    assert sum(bins["drafted"]) == 8 and sum(bins["accepted"]) == 6
+    assert bins["drafted"][9] == 3 and bins["accepted"][9] == 3  # 0.95, 0.9, 0.99
+    assert bins["drafted"][3] == 1 and bins["accepted"][3] == 0  # 0.35, rejected
+
+
+def test_teacher_forced_agreement(pair):
+    target, draft, prompts = pair
+    same = acc.teacher_forced(target.model, target.model, prompts, temperature=1.0)
+    assert same.tokens == sum(p.numel() - 1 for p in prompts)
+    assert same.greedy_agreement == 1.0 and same.one_minus_tv == pytest.approx(1.0)
+    other = acc.teacher_forced(target.model, draft.model, prompts, temperature=1.0)
+    assert 0 < other.one_minus_tv < 1 and 0 <= other.greedy_agreement < 1
+    with pytest.raises(ValueError):
+        acc.teacher_forced(target.model, draft.model, prompts, temperature=0.0)
+
+
+@pytest.mark.parametrize("draft_kind", ["perturbed", "identical"])
+def test_greedy_simulation_reproduces_the_engine(pair, draft_kind):
+    """Cycles replayed from θ = 0, N_max traces equal the engine's cycles for other N, θ, schedules."""
+    target, draft, prompts = pair
+    if draft_kind == "identical":  # every cycle fully accepted: exercises the bonus continuations
+        draft = _loaded(target.model, "same")
+    n_max, max_new = 6, 20
+    record = DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=n_max)
+    traces = acc.record_traces(target, DraftSpec("model", draft), prompts, record)
+    rows = acc.trace_rows(traces)
+    conts = acc.bonus_continuations(draft.model, traces, prompts)
+    if draft_kind == "identical":
+        assert conts and all(ok for *_, ok in conts)
+    for n, theta, schedule in [(1, 0.0, "constant"), (3, 0.0, "constant"), (4, 0.5, "constant"),
+                               (6, 0.9, "constant"), (5, 0.0, "heuristic"), (4, 0.6, "heuristic")]:
+        config = DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=n, threshold=theta, schedule=schedule)
+        for i, ids in enumerate(prompts):
+            real = decode_once(target, DraftSpec("model", draft), ids, config)
+            mine = [r for r in rows if r.prompt_index == i]
+            pos = position_traces(mine, {c: (conf, ok) for p, c, conf, ok in conts if p == i}, cap=n_max)
+            sim = simulate_prompt(pos, real.new_tokens, max_new, n, theta, schedule)
+            assert sim == [(c.drafted, c.accepted, c.draft_forwards) for c in real.cycles], (n, theta, schedule, i)
+
+
+def test_fit_overhead_separates_cycle_and_forward_costs():
+    samples = [(f, 0.002 + 0.0001 * f + noise) for f in (1, 4, 16) for noise in (-1e-5, 0.0, 1e-5, 0.05)]
+    fit = fit_overhead(samples)  # medians shrug off the 50 ms outliers
+    assert fit.intercept_s == pytest.approx(0.002, abs=2e-5)
+    assert fit.per_forward_s == pytest.approx(0.0001, abs=2e-6)
+    assert fit_overhead([(16, 0.003), (16, 0.004), (16, 0.005)]).per_forward_s == 0.0
+    assert fit_overhead([]).cycles == 0
+
+
+def test_null_monitor_without_gpu_or_nvml(monkeypatch):
+    assert isinstance(open_monitor("cpu"), NullMonitor)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+    mon = open_monitor(torch.device("cuda"))
+    assert isinstance(mon, NullMonitor) and "nvidia-ml-py" in mon.reason
+    mon.start()
+    summary = mon.stop()
+    assert summary.samples == [] and summary.energy_j is None
+
+
+def test_nvml_monitor_with_a_fake_library():
+    energy = iter(range(1000, 100000, 500))
+    fake = types.SimpleNamespace(
+        NVML_CLOCK_SM=1,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: "h",
+        nvmlDeviceGetName=lambda h: b"Fake GPU",
+        nvmlSystemGetDriverVersion=lambda: "550.1",
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=8 * 2**30, used=2**30),
+        nvmlDeviceGetPowerUsage=lambda h: 150000,
+        nvmlDeviceGetTotalEnergyConsumption=lambda h: next(energy),
+        nvmlDeviceGetClockInfo=lambda h, kind: 1500,
+        nvmlDeviceGetUtilizationRates=lambda h: (_ for _ in ()).throw(RuntimeError("not supported")),
+    )
+    mon = NvmlMonitor(fake, interval_s=0.01)
+    assert mon.info.name == "Fake GPU" and mon.info.driver_version == "550.1"
+    mon.start()
+    summary = mon.stop()
+    assert len(summary.samples) >= 2 and summary.energy_j is not None and summary.energy_j > 0
+    first = summary.samples[0]
+    assert first.power_w == 150.0 and first.memory_used_mb == 1024.0 and first.sm_clock_mhz == 1500.0
+    assert first.utilization_pct is None  # unsupported reading: missing, not a crash
+
+
+@pytest.fixture()
+def workload(tmp_path):
+    path = tmp_path / "w.jsonl"
+    lines = [{"id": f"p{i}", "prompt": text} for i, text in enumerate(["def add(a, b):", "class Point:", "for i in range(10):"])]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return str(path)
+
+
+TINY = ProfileSettings(device="cpu", repeats=2, warmup=1, k_max=3, n_max=4, max_prompts=2, max_new_tokens=8,
+                       context_lens=(8, 16), prefill_repeats=1, overhead_prompts=1, overhead_ns=(1,))
+
+
+def test_profile_session_stores_everything_and_predicts(tiny_model_dirs, workload, tmp_path):
+    db = open_database(f"sqlite:///{tmp_path / 'r.db'}")
+    session = ProfileSession(db, tiny_model_dirs["target"], [tiny_model_dirs["draft"], "ngram"], workload, TINY)
+    result = session.run()
+    run = get_run(db, result.run_id)
+    assert run.status == "completed" and [d.name for d in run.drafts] == [tiny_model_dirs["draft"], "ngram"]
+    assert run.target.tokenizer_hash and run.hardware.device == "cpu" and run.workload.prompt_count == 3
+    kinds = {r.kind for r in load_timings(db, result.run_id)}
+    assert kinds == {"verify", "draft_step", "prefill", "autoregressive", "overhead"}
+    verify = {r.k for r in load_timings(db, result.run_id, kind="verify")}
+    assert verify == {1, 2, 3}
+    traces = load_traces(db, result.run_id, tiny_model_dirs["draft"], "greedy")
+    assert traces and all(len(t.confidences) <= 4 for t in traces)
+    rp = load_run_profile(db, result.run_id)
+    assert [p.new_tokens for p in rp.prompts] == [8, 8] or all(1 <= p.new_tokens <= 8 for p in rp.prompts)
+    p = predict_config(rp, SpecConfig(3))
+    assert p.source == "simulation" and p.tokens_per_s > 0 and 1 <= p.expected_tokens_per_cycle <= 4
+    ngram = predict_config(load_run_profile(db, result.run_id, "ngram"), SpecConfig(2))
+    assert ngram.source == "traces" and ngram.tokens_per_s > 0
+
+
+def test_interrupted_profile_keeps_its_samples_and_earlier_runs(tiny_model_dirs, workload, tmp_path, monkeypatch):
+    db = open_database(f"sqlite:///{tmp_path / 'r.db'}")
+    settings = ProfileSettings(**{**TINY.__dict__, "max_prompts": 1})
+    first = ProfileSession(db, tiny_model_dirs["target"], ["ngram"], workload, settings).run()
+
+    def stop(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ProfileSession, "baseline", stop)  # after the micro-benchmarks were stored
+    session = ProfileSession(db, tiny_model_dirs["target"], [tiny_model_dirs["draft"]], workload, settings)
+    with pytest.raises(KeyboardInterrupt):
+        session.run()
+    run = get_run(db, session.run_id)
+    assert run.status == "interrupted" and run.finished_at is not None
+    assert load_timings(db, session.run_id, kind="verify") and load_timings(db, session.run_id, kind="draft_step")
+    assert get_run(db, first.run_id).status == "completed"
+    assert len(load_timings(db, first.run_id)) > 0
+
+    def boom(self):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(ProfileSession, "baseline", boom)
+    failed = ProfileSession(db, tiny_model_dirs["target"], ["ngram"], workload, settings)
+    with pytest.raises(RuntimeError):
+        failed.run()
+    statuses = {r.id: r.status for r in list_runs(db)}
+    assert statuses == {first.run_id: "completed", session.run_id: "interrupted", failed.run_id: "failed"}
+
+
+def test_build_profile_without_timings_is_refused(tiny_model_dirs, workload, tmp_path, monkeypatch):
+    db = open_database(f"sqlite:///{tmp_path / 'r.db'}")
+
+    def stop(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ProfileSession, "bench_verify", stop)
+    session = ProfileSession(db, tiny_model_dirs["target"], ["ngram"], workload, TINY)
+    with pytest.raises(KeyboardInterrupt):
+        session.run()
+    run = get_run(db, session.run_id)
+    with pytest.raises(Exception, match="no verify timings"):
+        build_run_profile(run, "ngram", [], [], prompts=[PromptInfo(5, 8)])
