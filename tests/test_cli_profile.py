@@ -28,7 +28,7 @@ def profiled(tiny_model_dirs, tmp_path_factory):
                         '{"id": "c", "prompt": "for i in range(10):"}\n')
     url = f"sqlite:///{root / 'results.db'}"
     code = main(["profile", "--target", tiny_model_dirs["target"], "--draft", f"{tiny_model_dirs['draft']},ngram",
-                 "--workload", str(workload), "--db", url, "--json", *TINY_FLAGS])
+                 "--workload", str(workload), "--db", url, "--json", "--batch-sizes", "1,2", *TINY_FLAGS])
     assert code == 0
     return url, str(workload)
 
@@ -46,7 +46,7 @@ def test_profile_json_contract(profiled, tiny_model_dirs, capsys):
     assert run_rec.status == "completed"
     summary = _profile_json(url, capsys, run_rec.id)
     assert summary["run_id"] == run_rec.id and summary["status"] == "completed"
-    assert set(summary["verify_ms"]["1"]) == {"1", "2", "3"}
+    assert set(summary["verify_ms"]) == {"1", "2"} and set(summary["verify_ms"]["1"]) == {"1", "2", "3"}
     names = [d["name"] for d in summary["drafts"]]
     assert names == [tiny_model_dirs["draft"], "ngram"]
     model_draft = summary["drafts"][0]
@@ -54,6 +54,7 @@ def test_profile_json_contract(profiled, tiny_model_dirs, capsys):
     assert model_draft["best"] and all(b["label"] == "predicted" for b in model_draft["best"])
     speeds = [b["tokens_per_s"] for b in model_draft["best"]]
     assert speeds == sorted(speeds, reverse=True)
+    assert set(model_draft["best_n_per_batch_size"]) == {"1", "2"}
     assert summary["baseline"]["measured_tokens_per_s"] > 0 and summary["baseline"]["predicted_tokens_per_s"] > 0
 
 
@@ -80,6 +81,11 @@ def test_predict_json_contract(profiled, tiny_model_dirs, capsys):
     assert obj["speedup"] == pytest.approx(obj["tokens_per_s"] / obj["baseline_tokens_per_s"])
     code, out, _ = run(["predict", "--run", "1", "-N", "2", "--draft", "ngram", "--db", url], capsys)
     assert code == 0 and out.startswith("predicted:") and "ngram" in out
+    code, out, _ = run(["predict", "--run", "1", "-N", "2", "--batch-size", "2", "--db", url, "--json"], capsys)
+    two = json.loads(out)
+    assert code == 0 and two["batch_size"] == 2 and two["tokens_per_s"] > 0
+    code, _, err = run(["predict", "--run", "1", "-N", "2", "--batch-size", "3", "--db", url], capsys)
+    _one_line_error(code, err, "outside the measured range")
 
 
 def test_measure_stores_measured_next_to_predicted(profiled, capsys):

@@ -112,6 +112,12 @@ def profile_summary(db, run_id: int) -> dict:
         rp = load_run_profile(db, run_id, d.name)
         greedy = next(iter(load_acceptance(db, run_id, draft=d.name, mode="greedy")), None)
         best = best_configs(rp, top=3) if rp.model.traces else []
+        per_batch = {}
+        if rp.model.traces and len(rp.model.verify_s) > 1:
+            for b in sorted(rp.model.verify_s):
+                top = best_configs(rp, thresholds=(0.0,), batch_size=b, top=1)
+                base = predict_baseline(rp, b).tokens_per_s
+                per_batch[str(b)] = top[0][0].num_speculative_tokens if top and top[0][1].tokens_per_s > base else 0
         out["drafts"].append({
             "name": d.name,
             "draft_step_ms": {str(b): s * 1e3 for b, s in rp.draft_step_raw_s.items()},
@@ -122,6 +128,7 @@ def profile_summary(db, run_id: int) -> dict:
             "cycles": greedy.cycles if greedy else 0,
             "greedy_agreement": greedy.greedy_agreement if greedy else None,
             "one_minus_tv": greedy.one_minus_tv if greedy else None,
+            "best_n_per_batch_size": per_batch,
             "best": [
                 {"num_speculative_tokens": c.num_speculative_tokens, "threshold": c.threshold,
                  "tokens_per_s": p.tokens_per_s, "speedup": p.speedup,
@@ -162,6 +169,9 @@ def _print_summary(console: Console, s: dict) -> None:
                 f"{'best' if i == 0 else f'#{i + 1}'}: N = {b['num_speculative_tokens']}, θ = {b['threshold']:.1f}",
                 f"{b['tokens_per_s']:.1f} tokens/s, {b['speedup']:.2f}×, τ {b['expected_tokens_per_cycle']:.2f}",
                 "predicted")
+        if d["best_n_per_batch_size"]:
+            table.add_row("best N per batch size (θ = 0; 0 = do not speculate)",
+                          ", ".join(f"B={b}: {n}" for b, n in d["best_n_per_batch_size"].items()), "predicted")
         console.print(table)
     console.print(f"throughput is {THROUGHPUT_NOTE}", highlight=False)
 

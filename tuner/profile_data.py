@@ -322,6 +322,8 @@ def build_run_profile(
             pts = {c: _median(xs) for (kind, d, _, bb, c), xs in groups.items() if kind == "draft_step" and d == draft and bb == b}
             if pts:
                 raw[b] = _interp_context(pts, typical)
+        if not raw:
+            raise InputError(f"run {run.id} has no draft-step timings for {draft!r} (status {run.status}); profile it again")
     if draft == NGRAM:
         step = {b: fit.per_forward_s for b in batch_sizes}
     else:
