@@ -190,3 +190,34 @@ class ForwardRecorder:
         """Close the current timeline and return it."""
         self.timeline.end = self._now()
         return self.timeline
+
+
+def in_loop_medians(timelines: list[SequenceTimeline]) -> dict:
+    """Median in-loop forward times (seconds), to compare with the micro-benchmarks.
+
+    Returns:
+        ``{"verify_s": {k: median}, "draft_step_s": median of one-token draft forwards,
+        "target_prefill_s": [...], "draft_prefill_s": [...]}`` (prefills per timeline, in order).
+    """
+    import statistics
+
+    verify: dict[int, list[float]] = {}
+    steps: list[float] = []
+    target_prefill: list[float] = []
+    draft_prefill: list[float] = []
+    for tl in timelines:
+        target = [f for f in tl.forwards if f.role == "target"]
+        draft = [f for f in tl.forwards if f.role == "draft"]
+        if target:
+            target_prefill.append(target[0].seconds)
+        if draft:
+            draft_prefill.append(draft[0].seconds)
+        for f in target[1:]:
+            verify.setdefault(f.tokens, []).append(f.seconds)
+        steps += [f.seconds for f in draft[1:] if f.tokens == 1]
+    return {
+        "verify_s": {k: statistics.median(v) for k, v in sorted(verify.items())},
+        "draft_step_s": statistics.median(steps) if steps else None,
+        "target_prefill_s": target_prefill,
+        "draft_prefill_s": draft_prefill,
+    }

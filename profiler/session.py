@@ -30,13 +30,13 @@ from specdec_tune.db import (
     get_or_create_model,
     get_or_create_workload,
 )
-from specdec_tune.engine import DecodeConfig, LoadedModel, check_compatible, load_model
+from specdec_tune.engine import DecodeConfig, check_compatible, load_model
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.errors import InputError
 from specdec_tune.profiler import acceptance as acc
 from specdec_tune.profiler import microbench as mb
 from specdec_tune.profiler.describe import hardware_info, model_info, workload_info
-from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline
+from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline, in_loop_medians
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
 from specdec_tune.profiler.telemetry import NullMonitor, open_monitor
 
@@ -357,17 +357,21 @@ class ProfileSession:
             rows = [r for t in traces for r in _overhead_rows(name, t.timeline)]
             add_traces(self.db, self.run_id, name, "greedy", 0.0, acc.trace_rows(traces))
             add_timing_samples(self.db, self.run_id, rows)
+            timelines = [t.timeline for t in traces]
             for n in small_ns:
                 config = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=n, eos_token_id=eos)
                 extra = acc.record_traces(self.target, spec, few, config, seed=s.seed, recorder=recorder,
                                           on_prompt=lambda _: self.progress.advance())
                 add_timing_samples(self.db, self.run_id, [r for t in extra for r in _overhead_rows(name, t.timeline)])
+                timelines += [t.timeline for t in extra]
         tf = None
         if spec.model is not None:
             tf = acc.teacher_forced(self.target.model, spec.model.model, outputs, s.temperature or 1.0)
             self.progress.advance()
         summary = acc.summarize([c for t in traces for c in t.cycles], s.n_max)
-        bins = {**summary.confidence_bins, "tv_temperature": tf.temperature if tf else None}
+        # In-loop forward medians sit next to the micro-benchmarks as a check of how the loop runs them.
+        bins = {**summary.confidence_bins, "tv_temperature": tf.temperature if tf else None,
+                "in_loop": in_loop_medians(timelines)}
         if spec.model is not None:
             # Lets the greedy simulation follow a roll-out past a fully accepted cycle (profile_data).
             bins["continuations"] = [list(x) for x in acc.bonus_continuations(spec.model.model, traces, self.ids)]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specdec_tune.db import get_run, list_runs, load_timings, load_traces, open_database
-from specdec_tune.engine import CycleStats, DecodeConfig, LoadedModel, speculative
+from specdec_tune.engine import CycleStats, DecodeConfig, LoadedModel
 from specdec_tune.profiler import acceptance as acc
 from specdec_tune.profiler import microbench as mb
 from specdec_tune.profiler.overhead import ForwardRecorder
