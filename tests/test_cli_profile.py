@@ -165,3 +165,25 @@ def test_profile_bad_input_stores_nothing(profiled, tiny_model_dirs, tmp_path, c
     _one_line_error(code, err, "unknown workload")
     assert [r.id for r in list_runs(open_database(url))] == before
     assert get_run(open_database(url), before[0]).status == "completed"
+
+
+def test_sampling_profile_predict_measure(tiny_model_dirs, tmp_path, capsys):
+    workload = tmp_path / "w.jsonl"
+    workload.write_text('{"id": "a", "prompt": "def add(a, b):"}\n{"id": "b", "prompt": "class Point:"}\n')
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    code, out, err = run(["profile", "--target", tiny_model_dirs["target"], "--draft", tiny_model_dirs["draft"],
+                          "--workload", str(workload), "--temperature", "0.7", "--db", url, "--json", *TINY_FLAGS], capsys)
+    assert code == 0, err
+    from specdec_tune.db import load_acceptance, load_traces
+
+    db = open_database(url)
+    (rec,) = load_acceptance(db, 1, mode="sampling")
+    assert rec.temperature == 0.7 and rec.cycles > 0 and 0 < rec.one_minus_tv <= 1
+    assert load_traces(db, 1, tiny_model_dirs["draft"], "sampling")
+    code, out, _ = run(["predict", "--run", "1", "-N", "3", "--temperature", "0.7", "--db", url, "--json"], capsys)
+    assert code == 0 and json.loads(out)["mode"] == "sampling" and json.loads(out)["source"] == "sampling_traces"
+    code, out, _ = run(["measure", "--run", "1", "-N", "3", "--temperature", "0.7", "--db", url, "--json"], capsys)
+    obj = json.loads(out)
+    assert code == 0 and obj["temperature"] == 0.7 and obj["tokens_per_s"] > 0 and obj["predicted_tokens_per_s"] > 0
+    code, _, err = run(["measure", "--run", "1", "-N", "3", "--temperature", "0.5", "--db", url], capsys)
+    _one_line_error(code, err, "--temperature 0.7")
