@@ -273,6 +273,8 @@ def build_run_profile(
     sampling_traces: Sequence[TraceRow] | None = None,
     sampling_acceptance: float | None = None,
     continuations: Sequence[Sequence] | None = None,
+    in_loop: dict | None = None,
+    calibrate: bool = False,
 ) -> RunProfile:
     """Assemble a :class:`RunProfile` from a run's stored rows (pure; no database access).
 
@@ -286,6 +288,9 @@ def build_run_profile(
         sampling_acceptance: 1 - E[TV] from the teacher-forced pass.
         continuations: (prompt_index, cycle_index, confidence, accepted) at the bonus position of
             fully accepted greedy cycles (see :func:`position_traces`).
+        in_loop: medians of the forwards hooked inside the draft's acceptance pass
+            (``profiler.overhead.in_loop_medians``).
+        calibrate: scale the micro-benchmarks (B = 1) by in-loop / isolated forward time ratios.
 
     Raises:
         InputError: the run lacks the target's verify timings (profile it again).
@@ -328,6 +333,25 @@ def build_run_profile(
         step = {b: fit.per_forward_s for b in batch_sizes}
     else:
         step = {b: t + fit.per_forward_s for b, t in raw.items()}
+    prefill_t = prefill(None, True)
+    prefill_d = prefill(draft, False) if draft not in (None, NGRAM) else tuple(0.0 for _ in infos)
+    if calibrate and in_loop and 1 in verify_s:
+        ratios = {int(k): float(v) / verify_s[1][int(k)] for k, v in in_loop.get("verify_s", {}).items()
+                  if int(k) in verify_s[1] and verify_s[1][int(k)] > 0}
+        if ratios:
+            verify_s[1] = {k: t * _interp_context(ratios, k) for k, t in verify_s[1].items()}
+        if in_loop.get("draft_step_s") and 1 in raw and raw[1] > 0:
+            scale = float(in_loop["draft_step_s"]) / raw[1]
+            raw[1] *= scale
+            step[1] = raw[1] + fit.per_forward_s
+        loop_t = in_loop.get("target_prefill_s", [])[: len(infos)]
+        pairs = [a / b for a, b in zip(loop_t, prefill_t) if b > 0]
+        if pairs:
+            prefill_t = tuple(t * statistics.median(pairs) for t in prefill_t)
+        loop_d = in_loop.get("draft_prefill_s", [])[: len(infos)]
+        pairs = [a / b for a, b in zip(loop_d, prefill_d) if b > 0]
+        if pairs:
+            prefill_d = tuple(t * statistics.median(pairs) for t in prefill_d)
     model = ModelProfile(
         draft_step_s=step,
         verify_s={b: dict(sorted(c.items())) for b, c in verify_s.items()},
@@ -351,8 +375,7 @@ def build_run_profile(
     return RunProfile(
         run=run, draft=draft, model=model, draft_step_raw_s=raw, cycle_overhead_s=fit.intercept_s,
         forward_overhead_s=fit.per_forward_s, sequence_overhead_s=max(_median(sequence), 0.0) if sequence else 0.0,
-        prompts=infos, prefill_target_s=prefill(None, True),
-        prefill_draft_s=prefill(draft, False) if draft not in (None, NGRAM) else tuple(0.0 for _ in infos),
+        prompts=infos, prefill_target_s=prefill_t, prefill_draft_s=prefill_d,
         positions=positions, after_rejection=_after_rejection(traces), max_new_tokens=max_new,
     )
 
@@ -384,7 +407,9 @@ def greedy_prompts(db: Database, run_id: int) -> list[PromptInfo] | None:
     return None
 
 
-def load_run_profile(db: Database, run_id: int, draft: str | None = None, *, baseline_only: bool = False) -> RunProfile:
+def load_run_profile(
+    db: Database, run_id: int, draft: str | None = None, *, baseline_only: bool = False, calibrate: bool = False
+) -> RunProfile:
     """Read everything about ``draft`` in run ``run_id`` and build its :class:`RunProfile`.
 
     Args:
@@ -402,15 +427,17 @@ def load_run_profile(db: Database, run_id: int, draft: str | None = None, *, bas
     name = None if baseline_only else resolve_draft(run, draft)
     timings = load_timings(db, run_id)
     traces = load_traces(db, run_id, name, "greedy") if name else []
-    sampling, tv, continuations = None, None, None
+    sampling, tv, continuations, in_loop = None, None, None, None
     if name:
         for rec in load_acceptance(db, run_id, draft=name, mode="greedy"):
             continuations = rec.confidence_bins.get("continuations")
+            in_loop = rec.confidence_bins.get("in_loop")
         for rec in load_acceptance(db, run_id, draft=name, mode="sampling"):
             sampling = load_traces(db, run_id, name, "sampling", temperature=rec.temperature) or None
             tv = rec.one_minus_tv
     return build_run_profile(run, name, timings, traces, prompts=greedy_prompts(db, run_id),
-                             sampling_traces=sampling, sampling_acceptance=tv, continuations=continuations)
+                             sampling_traces=sampling, sampling_acceptance=tv, continuations=continuations,
+                             in_loop=in_loop, calibrate=calibrate)
 
 
 # --------------------------------------------------------------------------- predictions
