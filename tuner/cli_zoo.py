@@ -79,8 +79,9 @@ def zoo_list(
 
     label = "measured now" if measure else "measured at build time"
     table = Table(title=f"bundled models (ms per forward with a {_CONTEXT_TOKENS}-token KV cache, {label})")
-    for col in ("name", "role", "params", "layers", "ms 1 tok", "ms 8 tok", "path"):
-        table.add_column(col)
+    for col in ("name", "role", "params", "layers", "ms 1 tok", "ms 8 tok"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("path", overflow="fold")
     for r in rows:
         ms = r["ms_per_forward_measured"] if measure else r["ms_per_forward_at_build"]
         table.add_row(r["name"], r["role"], f"{r['parameters'] / 1e6:.2f}M", str(r["layers"]),
