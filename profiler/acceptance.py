@@ -115,17 +115,30 @@ def record_traces(
     """
     out: list[PromptTrace] = []
     for i, ids in enumerate(prompts):
-        on_cycle = None
-        if recorder is not None:
-            recorder.begin()
-            on_cycle = recorder.on_cycle
-        result = decode_once(target, draft, ids, config, seed=seed + i, on_cycle=on_cycle)
-        timeline = recorder.finish() if recorder is not None else None
-        trace = PromptTrace(i, result, timeline)
+        trace = record_trace(target, draft, ids, config, i, seed=seed + i, recorder=recorder)
         out.append(trace)
         if on_prompt is not None:
             on_prompt(trace)
     return out
+
+
+def record_trace(
+    target: LoadedModel,
+    draft: DraftSpec,
+    ids: torch.Tensor,
+    config: DecodeConfig,
+    prompt_index: int,
+    *,
+    seed: int = 0,
+    recorder: ForwardRecorder | None = None,
+) -> PromptTrace:
+    """Decode one prompt (``[T]``) speculatively; keep its cycles and, with a recorder, its timeline."""
+    on_cycle = None
+    if recorder is not None:
+        recorder.begin()
+        on_cycle = recorder.on_cycle
+    result = decode_once(target, draft, ids, config, seed=seed, on_cycle=on_cycle)
+    return PromptTrace(prompt_index, result, recorder.finish() if recorder is not None else None)
 
 
 def bonus_continuations(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import statistics
 import sys
+
+import torch
 from dataclasses import dataclass, field
 
 from specdec_tune.db import Database, add_measured_run, get_run
@@ -89,7 +91,7 @@ def measure_config(
         config: N, θ and schedule (batch size 1: the engine decodes one sequence).
         temperature: 0 = greedy; otherwise the run must have a sampling profile at this temperature.
         max_prompts: measure only the first prompts of the run.
-        repeats: decode the prompt set this many times; the median repeat's tokens/s is reported.
+        repeats: decode the prompt set this many times; each prompt counts with its median time.
         seed: sampling seed.
         progress: progress sink.
 
@@ -114,6 +116,9 @@ def measure_config(
     prediction = predict_config(profile, config, max_prompts)
 
     device, dtype = settings.get("device", "auto"), settings.get("dtype", "auto")
+    if settings.get("threads"):
+        # The profile's timings hold for its thread count; measure with the same one.
+        torch.set_num_threads(int(settings["threads"]))
     target = _load(run.target.name, run.target.extra.get("source"), device, dtype)
     _warn_if_changed(target, run.target.tokenizer_hash, run.target.num_parameters)
     if name == NGRAM:
@@ -139,26 +144,30 @@ def measure_config(
     progress.stage(f"measure {name} N={config.num_speculative_tokens} θ={config.threshold}", len(ids) * repeats + 1)
     warm_up(target, spec, ids[0], decode)
     progress.advance()
-    per_repeat: list[tuple[float, float, int]] = []
+    # Repeats go round the whole prompt set (a burst of load elsewhere hits one pass of a few prompts);
+    # each prompt's time is the median of its repeats, then summed: robust, and still one wall-clock
+    # decode per prompt, prefill included.
+    times: list[list[float]] = [[] for _ in ids]
+    tokens: list[int] = [0] * len(ids)
     cycles = []
     for r in range(repeats):
-        seconds, tokens = 0.0, 0
         for i, (pid, x) in enumerate(zip(wanted, ids)):
             m = measure_prompt(target, spec, x, decode, prompt_id=pid, seed=seed + i)
-            seconds += m.seconds
-            tokens += m.new_tokens
+            times[i].append(m.seconds)
+            tokens[i] = m.new_tokens
             if r == 0 and m.result is not None:
                 cycles += m.result.cycles
             progress.advance()
-        per_repeat.append((tokens / seconds if seconds > 0 else 0.0, seconds, tokens))
-    tps = statistics.median(t for t, _, _ in per_repeat)
-    chosen = min(per_repeat, key=lambda x: abs(x[0] - tps))
+    seconds = sum(statistics.median(t) for t in times)
+    new_tokens = sum(tokens)
+    tps = new_tokens / seconds if seconds > 0 else 0.0
+    per_repeat = [new_tokens / sum(t[r] for t in times) for r in range(repeats)]
     tau = sum(c.accepted + 1 for c in cycles) / len(cycles) if cycles else None
     alpha, _ = acceptance_per_position(cycles) if cycles else ([], [])
     result = Measurement(
-        run_id=run_id, draft=name, config=config, temperature=temperature, tokens_per_s=tps, seconds=chosen[1],
-        new_tokens=chosen[2], mean_tokens_per_cycle=tau, acceptance_per_position=alpha, prediction=prediction,
-        prompts=len(ids), repeats=repeats, per_repeat_tokens_per_s=[t for t, _, _ in per_repeat],
+        run_id=run_id, draft=name, config=config, temperature=temperature, tokens_per_s=tps, seconds=seconds,
+        new_tokens=new_tokens, mean_tokens_per_cycle=tau, acceptance_per_position=alpha, prediction=prediction,
+        prompts=len(ids), repeats=repeats, per_repeat_tokens_per_s=per_repeat,
     )
     result.measured_id = add_measured_run(
         db, run_id, draft=name,
@@ -167,7 +176,7 @@ def measure_config(
                 "max_new_tokens": decode.max_new_tokens, "prompts": len(ids), "repeats": repeats,
                 "measured_acceptance_per_position": alpha, "prediction_source": prediction.source,
                 "throughput": "end to end, prefill included"},
-        measured_tokens_per_s=tps, seconds=chosen[1], new_tokens=chosen[2],
+        measured_tokens_per_s=tps, seconds=seconds, new_tokens=new_tokens,
         predicted_tokens_per_s=prediction.tokens_per_s, measured_tau=tau,
         predicted_tau=prediction.expected_tokens_per_cycle,
     )

@@ -4,12 +4,18 @@ Each forward is timed the way the engine calls the model (ARCHITECTURE §5): the
 one-token forward with ``logits_to_keep=1`` on a KV cache holding ``context_len`` tokens (what
 ``ModelDrafter`` runs per drafted token); the verify forward feeds k tokens with ``logits_to_keep=k``
 (what ``speculative`` runs over ``[last, d_1 .. d_L]``, k = L + 1); prefill is one forward over a
-whole prompt with ``logits_to_keep=1``. The cache is the engine's preallocated cache, rolled back in
-the timer's ``setup`` (outside the timed interval) so every repeat starts at the same context length.
-Batch size B > 1 uses B copies of the context (lock-step decoding of B sequences).
+whole prompt with ``logits_to_keep=1``. The cache is the engine's preallocated cache, prefilled once
+with the longest context a model needs and rolled back in ``setup`` (outside the timed interval), so
+every repeat starts at its context length. Batch size B > 1 uses B copies of the context.
+
+Interleaved rounds: every round times each shape once, in a shuffled order, target and draft shapes
+mixed. A burst of load from another process then costs every shape a few samples instead of wiping
+out the shapes that happened to run during it (the median shrugs it off), slow drift hits all
+shapes alike, and the models' weights compete for the CPU caches as they do inside the decode loop.
 """
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -17,7 +23,7 @@ import torch
 
 from specdec_tune.db.records import TimingRow
 from specdec_tune.engine import make_cache
-from specdec_tune.profiler.timers import TimingSamples, time_callable
+from specdec_tune.profiler.timers import Stopwatch, TimingSamples, synchronize
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,19 @@ class ForwardTiming:
         return warm + [TimingRow(seconds=s, **common) for s in self.samples.samples]
 
 
+@dataclass(frozen=True)
+class Case:
+    """One forward shape to time: ``setup`` (untimed) then ``fn`` (timed)."""
+
+    kind: str
+    k: int
+    batch_size: int
+    context_len: int
+    draft: str | None
+    fn: Callable[[], object]
+    setup: Callable[[], object]
+
+
 def context_tokens(source: torch.Tensor | None, length: int, vocab_size: int, device: torch.device) -> torch.Tensor:
     """``[length]`` token ids: ``source`` (real prompt tokens) repeated to fill, else seeded random ids.
 
@@ -65,6 +84,118 @@ def _forward(model: torch.nn.Module, ids: torch.Tensor, cache, keep: int) -> tor
     return model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=keep).logits
 
 
+def _vocab(model: torch.nn.Module) -> int:
+    return int(model.config.get_text_config(decoder=True).vocab_size)
+
+
+def cached_cases(
+    model: torch.nn.Module,
+    kind: str,
+    shapes: Sequence[tuple[int, int]],
+    *,
+    batch_size: int = 1,
+    source: torch.Tensor | None = None,
+    draft: str | None = None,
+    device: torch.device | None = None,
+) -> list[Case]:
+    """Cases for forwards of k new tokens on a cache holding ``context_len`` tokens, B copies.
+
+    Args:
+        model: a causal LM.
+        kind: ``verify`` or ``draft_step`` (the stored kind).
+        shapes: (context_len, k) pairs; one cache per distinct context length, prefilled once and
+            rolled back to it before every timed forward.
+        batch_size: B copies of the sequence.
+        source: real tokens for the context (else random ids).
+        draft: the draft's name for draft forwards.
+        device: where the model runs.
+    """
+    if not shapes or any(c < 1 or k < 1 for c, k in shapes) or batch_size < 1:
+        raise ValueError(f"need context_len >= 1, k >= 1 and batch_size >= 1, got {list(shapes)}, B={batch_size}")
+    device = device or (source.device if source is not None else torch.device("cpu"))
+    longest = max(c for c, _ in shapes)
+    ctx = context_tokens(source, longest, _vocab(model), device)
+    caches = {}
+    for c in sorted({c for c, _ in shapes}):
+        caches[c] = make_cache(model, c + max(k for cc, k in shapes if cc == c))
+        with torch.inference_mode():
+            _forward(model, ctx[None, :c].expand(batch_size, c).contiguous(), caches[c], 1)
+    cases = []
+    for c, k in shapes:
+        new = ctx[torch.arange(k, device=device) % longest][None].expand(batch_size, k).contiguous()  # [B, k]
+        cases.append(Case(kind, k, batch_size, c, draft,
+                          fn=lambda new=new, k=k, cache=caches[c]: _forward(model, new, cache, k),
+                          setup=lambda c=c, cache=caches[c]: cache.truncate(c)))
+    return cases
+
+
+def prefill_cases(
+    model: torch.nn.Module, prompts: Sequence[torch.Tensor], *, drop_last: bool, draft: str | None = None
+) -> list[Case]:
+    """Prefill of each prompt into an empty cache, as the speculative loop runs it.
+
+    The target prefills all but the last prompt token (``drop_last``; the first cycle feeds the last
+    one); the draft's first ``propose`` feeds the whole prompt.
+    """
+    cases = []
+    for ids in prompts:
+        ids = ids[:-1] if drop_last else ids
+        if ids.numel() == 0:
+            continue
+        cache = make_cache(model, ids.shape[0])
+        cases.append(Case("prefill", int(ids.numel()), 1, 0, draft,
+                          fn=lambda ids=ids[None], cache=cache: _forward(model, ids, cache, 1),
+                          setup=lambda cache=cache: cache.truncate(0)))
+    return cases
+
+
+def run_interleaved(
+    cases: Sequence[Case],
+    *,
+    warmup: int,
+    repeats: int,
+    device: torch.device | str | None = None,
+    seed: int = 0,
+    advance: Callable[[], None] | None = None,
+) -> list[ForwardTiming]:
+    """Time every case once per round, ``warmup`` + ``repeats`` rounds, shuffled order per round.
+
+    Args:
+        cases: the shapes to time.
+        warmup: rounds whose samples are kept apart (allocation, kernel selection).
+        repeats: timed rounds.
+        device: selects CUDA events or perf_counter; synchronised before each timed call.
+        seed: shuffling seed (reproducible order).
+        advance: called after every round (progress).
+
+    Returns:
+        One :class:`ForwardTiming` per case, in the order given.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    watch = Stopwatch(device)
+    rng = random.Random(seed)
+    warm: list[list[float]] = [[] for _ in cases]
+    timed: list[list[float]] = [[] for _ in cases]
+    order = list(range(len(cases)))
+    with torch.inference_mode():
+        for r in range(warmup + repeats):
+            rng.shuffle(order)
+            for i in order:
+                case = cases[i]
+                case.setup()
+                synchronize(device)
+                watch.start()
+                case.fn()
+                (warm if r < warmup else timed)[i].append(watch.stop())
+            if advance is not None:
+                advance()
+    return [
+        ForwardTiming(c.kind, c.k, c.batch_size, c.context_len, TimingSamples(tuple(t), tuple(w)), c.draft)
+        for c, t, w in zip(cases, timed, warm)
+    ]
+
+
 def time_cached_forward(
     model: torch.nn.Module,
     context: torch.Tensor,
@@ -75,133 +206,7 @@ def time_cached_forward(
     repeats: int = 20,
     device: torch.device | None = None,
 ) -> TimingSamples:
-    """Time one forward of ``k`` new tokens on a KV cache holding ``context`` (``[T]``), B copies.
-
-    Args:
-        model: a causal LM.
-        context: ``[T]`` token ids already in the cache (prefilled once, untimed).
-        k: new tokens per timed forward; all k positions' logits are kept, as in a verify.
-        batch_size: B copies of the sequence.
-        warmup: untimed-but-recorded repeats.
-        repeats: timed repeats.
-        device: where the model runs.
-    """
-    if k < 1 or batch_size < 1:
-        raise ValueError(f"need k >= 1 and batch_size >= 1, got k={k}, batch_size={batch_size}")
-    device = device or context.device
-    length = context.shape[0]
-    ctx = context[None].expand(batch_size, length).contiguous()  # [B, T]
-    new = context[torch.arange(k, device=context.device) % length][None].expand(batch_size, k).contiguous()  # [B, k]
-    cache = make_cache(model, length + k)
-    with torch.inference_mode():
-        _forward(model, ctx, cache, 1)
-    return time_callable(
-        lambda: _forward(model, new, cache, k),
-        warmup=warmup,
-        repeats=repeats,
-        device=device,
-        setup=lambda: cache.truncate(length),
-    )
-
-
-def time_prefill(
-    model: torch.nn.Module,
-    prompt: torch.Tensor,
-    *,
-    warmup: int = 1,
-    repeats: int = 3,
-    device: torch.device | None = None,
-) -> TimingSamples:
-    """Time the forward over a whole prompt ``[T]`` into an empty cache (``logits_to_keep=1``)."""
-    device = device or prompt.device
-    ids = prompt[None]
-    cache = make_cache(model, prompt.shape[0])
-    return time_callable(
-        lambda: _forward(model, ids, cache, 1),
-        warmup=warmup,
-        repeats=repeats,
-        device=device,
-        setup=lambda: cache.truncate(0),
-    )
-
-
-Progress = Callable[[], None]
-
-
-def bench_draft_steps(
-    model: torch.nn.Module,
-    draft: str,
-    source: torch.Tensor | None,
-    context_lens: Sequence[int],
-    batch_sizes: Sequence[int],
-    *,
-    typical_context: int,
-    warmup: int,
-    repeats: int,
-    device: torch.device,
-    advance: Progress | None = None,
-) -> list[ForwardTiming]:
-    """T_s: one-token draft forwards at each context length (B = 1) and at ``typical_context`` for every B."""
-    vocab = int(model.config.get_text_config(decoder=True).vocab_size)
-    shapes = [(c, 1) for c in context_lens] + [(typical_context, b) for b in batch_sizes]
-    out: list[ForwardTiming] = []
-    for c, b in dict.fromkeys(shapes):  # keep order, drop duplicates
-        ctx = context_tokens(source, c, vocab, device)
-        samples = time_cached_forward(model, ctx, 1, batch_size=b, warmup=warmup, repeats=repeats, device=device)
-        out.append(ForwardTiming("draft_step", 1, b, c, samples, draft))
-        if advance is not None:
-            advance()
-    return out
-
-
-def bench_verify(
-    model: torch.nn.Module,
-    source: torch.Tensor | None,
-    ks: Sequence[int],
-    batch_sizes: Sequence[int],
-    *,
-    context_len: int,
-    warmup: int,
-    repeats: int,
-    device: torch.device,
-    advance: Progress | None = None,
-) -> list[ForwardTiming]:
-    """T_v(B, k): target forwards over k new tokens on a cache of ``context_len`` tokens."""
-    vocab = int(model.config.get_text_config(decoder=True).vocab_size)
-    ctx = context_tokens(source, context_len, vocab, device)
-    out: list[ForwardTiming] = []
-    for b in batch_sizes:
-        for k in ks:
-            samples = time_cached_forward(model, ctx, k, batch_size=b, warmup=warmup, repeats=repeats, device=device)
-            out.append(ForwardTiming("verify", k, b, context_len, samples))
-            if advance is not None:
-                advance()
-    return out
-
-
-def bench_prefill(
-    model: torch.nn.Module,
-    draft: str | None,
-    prompts: Sequence[torch.Tensor],
-    *,
-    drop_last: bool,
-    warmup: int,
-    repeats: int,
-    device: torch.device,
-    advance: Progress | None = None,
-) -> list[ForwardTiming]:
-    """Prefill time of each prompt, as the speculative loop runs it.
-
-    The target prefills all but the last prompt token (``drop_last``; the first cycle feeds the last
-    one); the draft's first ``propose`` feeds the whole prompt.
-    """
-    out: list[ForwardTiming] = []
-    for ids in prompts:
-        ids = ids[:-1] if drop_last else ids
-        if ids.numel() == 0:
-            continue
-        samples = time_prefill(model, ids, warmup=warmup, repeats=repeats, device=device)
-        out.append(ForwardTiming("prefill", int(ids.numel()), 1, 0, samples, draft))
-        if advance is not None:
-            advance()
-    return out
+    """Time one forward of ``k`` new tokens on a KV cache holding ``context`` (``[T]``), B copies."""
+    cases = cached_cases(model, "verify", [(context.shape[0], k)], batch_size=batch_size, source=context,
+                         device=device or context.device)
+    return run_interleaved(cases, warmup=warmup, repeats=repeats, device=device)[0].samples

@@ -166,10 +166,10 @@ class ForwardRecorder:
         return hook
 
     @contextmanager
-    def attach(self, target: torch.nn.Module, draft: torch.nn.Module | None = None) -> Iterator[ForwardRecorder]:
-        """Register the hooks for the duration of the block (removed even on error)."""
+    def attach(self, target: torch.nn.Module, *drafts: torch.nn.Module | None) -> Iterator[ForwardRecorder]:
+        """Register the hooks on the target and the draft models for the block (removed even on error)."""
         handles = []
-        for role, model in (("target", target), ("draft", draft)):
+        for role, model in (("target", target), *(("draft", d) for d in drafts)):
             if model is None:
                 continue
             handles.append(model.register_forward_pre_hook(self._pre(role), with_kwargs=True))
@@ -200,31 +200,52 @@ class ForwardRecorder:
 
 
 def in_loop_medians(timelines: list[SequenceTimeline]) -> dict:
-    """Median in-loop forward times (seconds), to compare with the micro-benchmarks.
+    """Median in-loop forward times (seconds), next to which the micro-benchmarks are calibrated.
+
+    Inside the loop the draft's first forward of a cycle runs right after a target forward (its
+    weights are cold in the CPU caches) and the following ones back to back (warm), so the two are
+    kept apart.
 
     Returns:
-        ``{"verify_s": {k: median}, "draft_step_s": median of one-token draft forwards,
-        "target_prefill_s": [...], "draft_prefill_s": [...]}`` (prefills per timeline, in order).
+        ``{"verify_s": {k: median}, "verify_n": {k: count}, "draft_first_s": median of each cycle's
+        first draft forward, "draft_rest_s": median of the other one-token draft forwards,
+        "draft_first_n", "draft_rest_n", "target_prefill_s": [...], "draft_prefill_s": [...]}``
+        (prefills per timeline, in order).
     """
     import statistics
 
     verify: dict[int, list[float]] = {}
-    steps: list[float] = []
+    first: list[float] = []
+    rest: list[float] = []
     target_prefill: list[float] = []
     draft_prefill: list[float] = []
     for tl in timelines:
-        target = [f for f in tl.forwards if f.role == "target"]
-        draft = [f for f in tl.forwards if f.role == "draft"]
-        if target:
-            target_prefill.append(target[0].seconds)
-        if draft:
-            draft_prefill.append(draft[0].seconds)
-        for f in target[1:]:
-            verify.setdefault(f.tokens, []).append(f.seconds)
-        steps += [f.seconds for f in draft[1:] if f.tokens == 1]
+        forwards = sorted(tl.forwards, key=lambda f: f.start)
+        seen_target = seen_draft = False
+        previous = None
+        for f in forwards:
+            if f.role == "target":
+                if seen_target:
+                    verify.setdefault(f.tokens, []).append(f.seconds)
+                else:
+                    target_prefill.append(f.seconds)
+                seen_target = True
+            elif not seen_draft:
+                draft_prefill.append(f.seconds)
+                seen_draft = True
+            elif previous == "target":
+                first.append(f.seconds)
+            elif f.tokens == 1:
+                rest.append(f.seconds)
+            previous = f.role
+    med = statistics.median
     return {
-        "verify_s": {k: statistics.median(v) for k, v in sorted(verify.items())},
-        "draft_step_s": statistics.median(steps) if steps else None,
+        "verify_s": {k: med(v) for k, v in sorted(verify.items())},
+        "verify_n": {k: len(v) for k, v in sorted(verify.items())},
+        "draft_first_s": med(first) if first else None,
+        "draft_rest_s": med(rest) if rest else None,
+        "draft_first_n": len(first),
+        "draft_rest_n": len(rest),
         "target_prefill_s": target_prefill,
         "draft_prefill_s": draft_prefill,
     }

@@ -1,11 +1,12 @@
 """A whole profile run: records, micro-benchmarks, baseline, acceptance and overhead, stored as it goes.
 
-Stages (each stores its samples and commits before the next starts, so an interrupted run keeps what
-it measured): warm-up; T_v(B, k) of the target; T_s of each draft at several context lengths;
-prefill of each prompt; the plain decoding baseline (per-token overhead, in-loop T_ar, greedy output
-lengths); per draft the greedy acceptance pass (θ = 0, N = N_max, traces and per-cycle overhead), two
-short overhead passes at small N (to separate per-cycle from per-forward overhead), the
-teacher-forced agreement, and with ``temperature > 0`` a sampling acceptance pass. A
+Stages (each stores its samples and commits as it goes, so an interrupted run keeps what it
+measured): warm-up; T_v(B, k) of the target and T_s of each draft (interleaved rounds); prefill of
+each prompt; then the decoding passes, interleaved prompt by prompt: the plain baseline (per-token
+overhead, in-loop T_ar, greedy output lengths), per draft the greedy acceptance pass (θ = 0,
+N = N_max: traces, per-cycle overhead, in-loop forward times), short overhead passes at small N on
+the first prompts (to separate per-cycle from per-forward overhead) and with ``temperature > 0`` a
+sampling pass; last the teacher-forced agreement and the per-draft summaries. A
 ``KeyboardInterrupt`` marks the run ``interrupted``, any other error ``failed``; both re-raise.
 """
 from __future__ import annotations
@@ -246,12 +247,9 @@ class ProfileSession:
     # -- stages
     def _stages(self) -> None:
         self.warm_up()
-        self.bench_verify()
-        self.bench_draft_steps()
+        self.bench_forwards()
         self.bench_prefill()
-        outputs = self.baseline()
-        for spec in self.drafts:
-            self.acceptance(spec, outputs)
+        self.decode_passes()
 
     def _store(self, timings: Sequence[mb.ForwardTiming]) -> None:
         add_timing_samples(self.db, self.run_id, [r for t in timings for r in t.rows()])
@@ -264,139 +262,149 @@ class ProfileSession:
             decode_once(self.target, spec, self.ids[0], config, seed=0)
             self.progress.advance()
 
-    def bench_verify(self) -> None:
+    def bench_forwards(self) -> None:
+        """T_v(B, k) of the target and T_s of every draft, timed in interleaved rounds."""
         s = self.settings
-        ks = range(1, s.k_max + 1)
-        self.progress.stage("target forwards T_v(k)", len(ks) * len(s.batch_sizes))
-        timings = mb.bench_verify(self.target.model, self.source_ids, ks, s.batch_sizes, context_len=self.typical_context,
-                                  warmup=s.warmup, repeats=s.repeats, device=self.device, advance=self.progress.advance)
-        self._store(timings)
-
-    def bench_draft_steps(self) -> None:
-        s = self.settings
-        models = [d for d in self.drafts if d.model is not None]
-        self.progress.stage("draft steps T_s", len(models) * (len(self.context_lens) + len(s.batch_sizes)))
-        for spec in models:
-            timings = mb.bench_draft_steps(spec.model.model, spec.model.name, self.source_ids, self.context_lens,
-                                           s.batch_sizes, typical_context=self.typical_context, warmup=s.warmup,
-                                           repeats=s.repeats, device=self.device, advance=self.progress.advance)
-            self._store(timings)
+        cases = []
+        for b in s.batch_sizes:
+            shapes = [(self.typical_context, k) for k in range(1, s.k_max + 1)]
+            cases += mb.cached_cases(self.target.model, "verify", shapes, batch_size=b, source=self.source_ids,
+                                     device=self.device)
+        for spec in (d for d in self.drafts if d.model is not None):
+            for b in s.batch_sizes:
+                contexts = self.context_lens if b == 1 else [self.typical_context]
+                cases += mb.cached_cases(spec.model.model, "draft_step", [(c, 1) for c in contexts], batch_size=b,
+                                         source=self.source_ids, draft=spec.model.name, device=self.device)
+        self.progress.stage("forwards T_v(k), T_s", s.warmup + s.repeats)
+        self._store(mb.run_interleaved(cases, warmup=s.warmup, repeats=s.repeats, device=self.device, seed=s.seed,
+                                       advance=self.progress.advance))
 
     def bench_prefill(self) -> None:
+        """Prefill of every prompt by the target and each model draft, interleaved rounds."""
         s = self.settings
-        models = [d for d in self.drafts if d.model is not None]
-        self.progress.stage("prefill", len(self.ids) * (1 + len(models)))
-        timings = mb.bench_prefill(self.target.model, None, self.ids, drop_last=True, warmup=1,
-                                   repeats=s.prefill_repeats, device=self.device, advance=self.progress.advance)
-        for spec in models:
-            timings += mb.bench_prefill(spec.model.model, spec.model.name, self.ids, drop_last=False, warmup=1,
-                                        repeats=s.prefill_repeats, device=self.device, advance=self.progress.advance)
-        self._store(timings)
+        cases = mb.prefill_cases(self.target.model, self.ids, drop_last=True)
+        for spec in (d for d in self.drafts if d.model is not None):
+            cases += mb.prefill_cases(spec.model.model, self.ids, drop_last=False, draft=spec.model.name)
+        self.progress.stage("prefill", 1 + s.prefill_repeats)
+        self._store(mb.run_interleaved(cases, warmup=1, repeats=s.prefill_repeats, device=self.device, seed=s.seed,
+                                       advance=self.progress.advance))
 
-    def baseline(self) -> list[torch.Tensor]:
-        """Plain greedy decoding with hooks: in-loop T_ar, per-token overhead, output lengths."""
+    def decode_passes(self) -> None:
+        """The plain baseline and every draft's passes, interleaved prompt by prompt.
+
+        Per prompt: plain greedy decoding, then per draft the greedy θ = 0, N = N_max pass, on the
+        first ``overhead_prompts`` prompts the small-N overhead passes, and with a temperature the
+        sampling pass. Interleaving puts every in-loop statistic (T_ar, in-loop forwards, overhead)
+        in the same stretch of time, so a slow minute of a shared machine does not skew one draft.
+        Samples and traces are stored after every prompt.
+        """
         s = self.settings
-        self.progress.stage("baseline (target only)", len(self.ids))
-        config = DecodeConfig(max_new_tokens=s.max_new_tokens, eos_token_id=self.target.eos_token_id)
+        small_ns = sorted({min(n, s.n_max) for n in s.overhead_ns} - {s.n_max}) or [1]
+        few = max(1, min(s.overhead_prompts, len(self.ids)))
+        sampling = s.temperature > 0
+        self.progress.stage("decoding: baseline, acceptance, overhead",
+                            len(self.ids) * (1 + len(self.drafts) * (1 + sampling)) + few * len(small_ns) * len(self.drafts))
+        eos = self.target.eos_token_id
+        plain = DecodeConfig(max_new_tokens=s.max_new_tokens, eos_token_id=eos)
+        greedy = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=s.n_max, eos_token_id=eos)
+        small = [DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=n, eos_token_id=eos) for n in small_ns]
+        sample = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=s.n_max,
+                              temperature=s.temperature or 1.0, eos_token_id=eos)
+        self._outputs: list[torch.Tensor] = []
+        self._infos: list[dict] = []
+        self._base_seconds = 0.0
+        self._greedy = {d.name: [] for d in self.drafts}
+        self._sampled = {d.name: [] for d in self.drafts}
+        self._timelines = {d.name: [] for d in self.drafts}
         recorder = ForwardRecorder(self.device)
-        rows: list[TimingRow] = []
-        outputs, infos = [], []
-        seconds = 0.0
-        tokens = 0
-        with recorder.attach(self.target.model):
-            for p, ids in zip(self.prompts, self.ids):
-                recorder.begin()
-                result = decode_once(self.target, DraftSpec("none"), ids, config)
-                timeline = recorder.finish()
-                seconds += timeline.wall_s
-                tokens += result.new_tokens
-                target = [f for f in timeline.forwards if f.role == "target"]
-                rows += [TimingRow("autoregressive", 1, 1, f.context_len, f.seconds) for f in target[1:]]
-                overhead, steps = timeline.autoregressive_overhead()
-                if steps:
-                    rows.append(TimingRow("overhead", 1, 1, len(ids), max(overhead / steps, 0.0)))
-                outputs.append(torch.cat([ids, torch.tensor(result.token_ids, dtype=ids.dtype, device=ids.device)]))
-                infos.append({"id": p.id, "prompt_tokens": int(len(ids)), "new_tokens": result.new_tokens,
-                              "eos": result.finished_by_eos})
-                self.progress.advance()
-        add_timing_samples(self.db, self.run_id, rows)
-        predicted = self._predict_baseline(infos)
-        add_measured_run(
-            self.db, self.run_id, draft=None,
-            config={"num_speculative_tokens": 0, "threshold": 0.0, "schedule": "constant", "batch_size": 1,
-                    "temperature": 0.0, "max_new_tokens": s.max_new_tokens, "hooked": True, "prompts": infos},
-            measured_tokens_per_s=tokens / seconds if seconds > 0 else 0.0, seconds=seconds, new_tokens=tokens,
-            predicted_tokens_per_s=predicted, measured_tau=1.0, predicted_tau=1.0,
-        )
-        return outputs
+        with recorder.attach(self.target.model, *(_model_draft(d) for d in self.drafts)):
+            for i, (p, ids) in enumerate(zip(self.prompts, self.ids)):
+                rows = self._baseline_prompt(recorder, p.id, ids, plain)
+                for spec in self.drafts:
+                    name = spec.name
+                    trace = acc.record_trace(self.target, spec, ids, greedy, i, seed=s.seed + i, recorder=recorder)
+                    self._greedy[name].append(trace)
+                    self._timelines[name].append(trace.timeline)
+                    rows += _overhead_rows(name, trace.timeline)
+                    add_traces(self.db, self.run_id, name, "greedy", 0.0, acc.trace_rows([trace]))
+                    self.progress.advance()
+                    for config in small if i < few else []:
+                        extra = acc.record_trace(self.target, spec, ids, config, i, seed=s.seed + i, recorder=recorder)
+                        self._timelines[name].append(extra.timeline)
+                        rows += _overhead_rows(name, extra.timeline)
+                        self.progress.advance()
+                    if sampling:
+                        st = acc.record_trace(self.target, spec, ids, sample, i, seed=s.seed + i)
+                        self._sampled[name].append(st)
+                        add_traces(self.db, self.run_id, name, "sampling", s.temperature, acc.trace_rows([st]))
+                        self.progress.advance()
+                add_timing_samples(self.db, self.run_id, rows)
+        self._store_baseline()
+        for spec in self.drafts:
+            self._store_acceptance(spec)
 
-    def _predict_baseline(self, infos: list[dict]) -> float | None:
+    def _baseline_prompt(self, recorder: ForwardRecorder, prompt_id: str, ids: torch.Tensor, config: DecodeConfig) -> list[TimingRow]:
+        """Plain greedy decoding of one prompt with hooks: in-loop T_ar, per-token overhead, output."""
+        recorder.begin()
+        result = decode_once(self.target, DraftSpec("none"), ids, config)
+        timeline = recorder.finish()
+        self._base_seconds += timeline.wall_s
+        target = [f for f in timeline.forwards if f.role == "target"]
+        rows = [TimingRow("autoregressive", 1, 1, f.context_len, f.seconds) for f in target[1:]]
+        overhead, steps = timeline.autoregressive_overhead()
+        if steps:
+            rows.append(TimingRow("overhead", 1, 1, len(ids), max(overhead / steps, 0.0)))
+        self._outputs.append(torch.cat([ids, torch.tensor(result.token_ids, dtype=ids.dtype, device=ids.device)]))
+        self._infos.append({"id": prompt_id, "prompt_tokens": int(len(ids)), "new_tokens": result.new_tokens,
+                            "eos": result.finished_by_eos})
+        self.progress.advance()
+        return rows
+
+    def _store_baseline(self) -> None:
+        """The hooked baseline as a measured run (draft NULL) next to its prediction; its config keeps
+        the greedy output length of every prompt (the simulation's end of sequence)."""
         from specdec_tune.db import get_run, load_timings
         from specdec_tune.tuner.profile_data import PromptInfo, build_run_profile, predict_baseline
 
-        run = get_run(self.db, self.run_id)
-        prompts = [PromptInfo(i["prompt_tokens"], i["new_tokens"]) for i in infos]
-        rp = build_run_profile(run, None, load_timings(self.db, self.run_id), [], prompts=prompts)
-        return predict_baseline(rp).tokens_per_s
+        s = self.settings
+        tokens = sum(i["new_tokens"] for i in self._infos)
+        prompts = [PromptInfo(i["prompt_tokens"], i["new_tokens"]) for i in self._infos]
+        rp = build_run_profile(get_run(self.db, self.run_id), None, load_timings(self.db, self.run_id), [], prompts=prompts)
+        add_measured_run(
+            self.db, self.run_id, draft=None,
+            config={"num_speculative_tokens": 0, "threshold": 0.0, "schedule": "constant", "batch_size": 1,
+                    "temperature": 0.0, "max_new_tokens": s.max_new_tokens, "hooked": True, "prompts": self._infos},
+            measured_tokens_per_s=tokens / self._base_seconds if self._base_seconds > 0 else 0.0,
+            seconds=self._base_seconds, new_tokens=tokens, predicted_tokens_per_s=predict_baseline(rp).tokens_per_s,
+            measured_tau=1.0, predicted_tau=1.0,
+        )
 
-    def acceptance(self, spec: DraftSpec, outputs: list[torch.Tensor]) -> None:
-        """Greedy traces and overhead (θ = 0, N = N_max), overhead passes, teacher-forced, sampling."""
+    def _store_acceptance(self, spec: DraftSpec) -> None:
+        """Per-position acceptance, teacher-forced agreement, in-loop medians and bonus continuations."""
         s = self.settings
         name = spec.name
-        few = self.ids[: max(1, min(s.overhead_prompts, len(self.ids)))]
-        sampling = s.temperature > 0
-        small_ns = sorted({min(n, s.n_max) for n in s.overhead_ns} - {s.n_max}) or [1]
-        total = len(self.ids) * (2 if sampling else 1) + len(few) * len(small_ns) + (spec.model is not None)
-        self.progress.stage(f"acceptance {name}", total)
-        recorder = ForwardRecorder(self.device)
-        eos = self.target.eos_token_id
-        with recorder.attach(self.target.model, _model_draft(spec)):
-            greedy = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=s.n_max, eos_token_id=eos)
-            traces = acc.record_traces(self.target, spec, self.ids, greedy, seed=s.seed, recorder=recorder,
-                                       on_prompt=lambda _: self.progress.advance())
-            rows = [r for t in traces for r in _overhead_rows(name, t.timeline)]
-            add_traces(self.db, self.run_id, name, "greedy", 0.0, acc.trace_rows(traces))
-            add_timing_samples(self.db, self.run_id, rows)
-            timelines = [t.timeline for t in traces]
-            for n in small_ns:
-                config = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=n, eos_token_id=eos)
-                extra = acc.record_traces(self.target, spec, few, config, seed=s.seed, recorder=recorder,
-                                          on_prompt=lambda _: self.progress.advance())
-                add_timing_samples(self.db, self.run_id, [r for t in extra for r in _overhead_rows(name, t.timeline)])
-                timelines += [t.timeline for t in extra]
         tf = None
         if spec.model is not None:
-            tf = acc.teacher_forced(self.target.model, spec.model.model, outputs, s.temperature or 1.0)
-            self.progress.advance()
+            tf = acc.teacher_forced(self.target.model, spec.model.model, self._outputs, s.temperature or 1.0)
+        traces = self._greedy[name]
         summary = acc.summarize([c for t in traces for c in t.cycles], s.n_max)
-        # In-loop forward medians sit next to the micro-benchmarks as a check of how the loop runs them.
+        # In-loop forward medians: what profile_data calibrates the micro-benchmarks with.
         bins = {**summary.confidence_bins, "tv_temperature": tf.temperature if tf else None,
-                "in_loop": in_loop_medians(timelines)}
+                "in_loop": in_loop_medians(self._timelines[name])}
         if spec.model is not None:
             # Lets the greedy simulation follow a roll-out past a fully accepted cycle (profile_data).
             bins["continuations"] = [list(x) for x in acc.bonus_continuations(spec.model.model, traces, self.ids)]
-        add_acceptance(
-            self.db, self.run_id, draft=name, mode="greedy", temperature=0.0, num_speculative=s.n_max,
-            cycles=summary.cycles, position_attempts=summary.attempts, position_accepts=summary.accepts,
-            alpha=summary.alpha, beta=summary.beta, confidence_bins=bins,
-            teacher_forced_tokens=tf.tokens if tf else None, greedy_agreement=tf.greedy_agreement if tf else None,
-            one_minus_tv=tf.one_minus_tv if tf else None,
-        )
-        if not sampling:
-            return
-        config = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=s.n_max,
-                              temperature=s.temperature, eos_token_id=eos)
-        straces = acc.record_traces(self.target, spec, self.ids, config, seed=s.seed,
-                                    on_prompt=lambda _: self.progress.advance())
-        add_traces(self.db, self.run_id, name, "sampling", s.temperature, acc.trace_rows(straces))
-        ssum = acc.summarize([c for t in straces for c in t.cycles], s.n_max)
-        add_acceptance(
-            self.db, self.run_id, draft=name, mode="sampling", temperature=s.temperature, num_speculative=s.n_max,
-            cycles=ssum.cycles, position_attempts=ssum.attempts, position_accepts=ssum.accepts, alpha=ssum.alpha,
-            beta=ssum.beta, confidence_bins={**ssum.confidence_bins, "tv_temperature": s.temperature},
-            teacher_forced_tokens=tf.tokens if tf else None, greedy_agreement=tf.greedy_agreement if tf else None,
-            one_minus_tv=tf.one_minus_tv if tf else None,
-        )
+        teacher = dict(teacher_forced_tokens=tf.tokens if tf else None,
+                       greedy_agreement=tf.greedy_agreement if tf else None, one_minus_tv=tf.one_minus_tv if tf else None)
+        add_acceptance(self.db, self.run_id, draft=name, mode="greedy", temperature=0.0, num_speculative=s.n_max,
+                       cycles=summary.cycles, position_attempts=summary.attempts, position_accepts=summary.accepts,
+                       alpha=summary.alpha, beta=summary.beta, confidence_bins=bins, **teacher)
+        if s.temperature > 0:
+            ssum = acc.summarize([c for t in self._sampled[name] for c in t.cycles], s.n_max)
+            add_acceptance(self.db, self.run_id, draft=name, mode="sampling", temperature=s.temperature,
+                           num_speculative=s.n_max, cycles=ssum.cycles, position_attempts=ssum.attempts,
+                           position_accepts=ssum.accepts, alpha=ssum.alpha, beta=ssum.beta,
+                           confidence_bins={**ssum.confidence_bins, "tv_temperature": s.temperature}, **teacher)
 
 
 def run_profile(

@@ -57,6 +57,30 @@ def test_cached_forward_timing_rows():
     rows = mb.ForwardTiming("verify", 3, 2, 12, samples).rows()
     assert [r.warmup for r in rows] == [True, True, False, False, False, False]
     assert {(r.kind, r.k, r.batch_size, r.context_len) for r in rows} == {("verify", 3, 2, 12)}
+
+
+def test_interleaved_cases_share_one_cache_and_roll_back():
+    """Every case starts at its own context length; the timed forward computes what the loop would."""
+    model = tiny_llama(vocab=VOCAB, layers=1)
+    src = torch.arange(VOCAB)
+    cases = mb.cached_cases(model, "draft_step", [(5, 1), (20, 1), (9, 4)], source=src, draft="d")
+    seen = []
+    with torch.inference_mode():
+        for case in cases:
+            case.setup()
+            seen.append(case.fn().shape[1])
+    assert seen == [1, 1, 4]
+    # the case at context 9 with 4 new tokens equals a fresh forward over those 13 tokens
+    ctx = mb.context_tokens(src, 20, VOCAB, torch.device("cpu"))
+    cases[2].setup()
+    with torch.inference_mode():
+        got = cases[2].fn()[0]
+        new = ctx[torch.arange(4) % 20]
+        want = model(input_ids=torch.cat([ctx[:9], new])[None]).logits[0, -4:]
+    assert torch.allclose(got, want, atol=1e-9)
+    timings = mb.run_interleaved(cases, warmup=1, repeats=3)
+    assert [(t.kind, t.context_len, t.k, t.draft, len(t.samples.samples)) for t in timings] == [
+        ("draft_step", 5, 1, "d", 3), ("draft_step", 20, 1, "d", 3), ("draft_step", 9, 4, "d", 3)]
     # real prompt tokens are repeated to the asked length
     src = torch.tensor([5, 6, 7])
     assert mb.context_tokens(src, 7, VOCAB, torch.device("cpu")).tolist() == [5, 6, 7, 5, 6, 7, 5]
@@ -221,23 +245,35 @@ def test_interrupted_profile_keeps_its_samples_and_earlier_runs(tiny_model_dirs,
     settings = ProfileSettings(**{**TINY.__dict__, "max_prompts": 1})
     first = ProfileSession(db, tiny_model_dirs["target"], ["ngram"], workload, settings).run()
 
-    def stop(self):
-        raise KeyboardInterrupt
+    calls = []
+    real = ProfileSession._baseline_prompt
 
-    monkeypatch.setattr(ProfileSession, "baseline", stop)  # after the micro-benchmarks were stored
+    def stop_at_second_prompt(self, *args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, *args)
+
+    monkeypatch.setattr(ProfileSession, "_baseline_prompt", stop_at_second_prompt)
+    settings = ProfileSettings(**{**TINY.__dict__, "max_prompts": 2})
     session = ProfileSession(db, tiny_model_dirs["target"], [tiny_model_dirs["draft"]], workload, settings)
     with pytest.raises(KeyboardInterrupt):
         session.run()
     run = get_run(db, session.run_id)
     assert run.status == "interrupted" and run.finished_at is not None
     assert load_timings(db, session.run_id, kind="verify") and load_timings(db, session.run_id, kind="draft_step")
+    # the first prompt's decoding passes were stored before the interrupt, the second's never ran
+    traces = load_traces(db, session.run_id, tiny_model_dirs["draft"], "greedy")
+    assert traces and {t.prompt_index for t in traces} == {0}
+    assert load_timings(db, session.run_id, kind="autoregressive")
     assert get_run(db, first.run_id).status == "completed"
     assert len(load_timings(db, first.run_id)) > 0
 
     def boom(self):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(ProfileSession, "baseline", boom)
+    monkeypatch.setattr(ProfileSession, "decode_passes", boom)
+    settings = ProfileSettings(**{**TINY.__dict__, "max_prompts": 1})
     failed = ProfileSession(db, tiny_model_dirs["target"], ["ngram"], workload, settings)
     with pytest.raises(RuntimeError):
         failed.run()
@@ -251,7 +287,7 @@ def test_build_profile_without_timings_is_refused(tiny_model_dirs, workload, tmp
     def stop(self):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ProfileSession, "bench_verify", stop)
+    monkeypatch.setattr(ProfileSession, "bench_forwards", stop)
     session = ProfileSession(db, tiny_model_dirs["target"], ["ngram"], workload, TINY)
     with pytest.raises(KeyboardInterrupt):
         session.run()

@@ -52,6 +52,19 @@ class _Bar:
             self.bar.advance(self.task, steps)
 
 
+def _warn_if_busy(console: Console) -> None:
+    """Timings on a machine another process keeps busy are noisy; say so up front."""
+    import os
+
+    try:
+        load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    except OSError:  # not available on this platform
+        return
+    if load > 0.75 * cpus:
+        console.print(f"warning: load average {load:.1f} on {cpus} CPUs: another process is busy, so timings "
+                      "(and the model's error) will be noisy", highlight=False)
+
+
 def _quiet_loading() -> None:
     """Our progress bar replaces transformers' per-model "Loading weights" bars (and keeps errors one line)."""
     from transformers.utils import logging
@@ -93,7 +106,8 @@ def profile_summary(db, run_id: int) -> dict:
 
     run = get_run(db, run_id)
     base_rp = load_run_profile(db, run_id, baseline_only=True)
-    verify = {b: {k: s for k, s in curve.items()} for b, curve in base_rp.model.verify_s.items()}
+    isolated = load_run_profile(db, run_id, baseline_only=True, calibrate=False)  # as measured, for display
+    verify = {b: dict(curve) for b, curve in isolated.model.verify_s.items()}
     baseline = next((m for m in list_measured(db, run_id) if m.draft is None), None)
     out = {
         "run_id": run_id, "status": run.status, "target": run.target.name,
@@ -210,6 +224,7 @@ def profile(
     database = open_database(db)  # a bad --db fails here, before any model is loaded
     _quiet_loading()
     console = Console(stderr=True)
+    _warn_if_busy(console)
     with _bar(console) as bar:
         result = run_profile(database, target, drafts, workload, settings, _Bar(bar))
     summary = profile_summary(database, result.run_id)
@@ -285,7 +300,7 @@ def measure(
     draft: Optional[str] = typer.Option(None, "--draft", help="Which of the run's drafts (default: its first)."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 must be the run's sampling temperature."),
     max_prompts: Optional[int] = typer.Option(None, "--max-prompts", help="Measure the run's first prompts only."),
-    repeats: int = typer.Option(1, "--repeats", help="Decode the prompt set this many times; report the median."),
+    repeats: int = typer.Option(1, "--repeats", help="Decode the prompt set this many times; each prompt counts with its median time (robust to load bursts)."),
     seed: int = typer.Option(0, "--seed", help="Sampling seed."),
     db: DbOption = None,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -300,6 +315,7 @@ def measure(
     database = open_database(db)
     _quiet_loading()
     console = Console(stderr=True)
+    _warn_if_busy(console)
     with _bar(console) as bar:
         m = measure_config(database, run, draft, config, temperature=temperature, max_prompts=max_prompts,
                            repeats=repeats, seed=seed, progress=_Bar(bar))

@@ -65,8 +65,9 @@ class RunProfile:
         draft: the draft's name (``None``: target only, for the baseline).
         model: the decode-only :class:`ModelProfile` (draft step includes the per-forward overhead;
             an n-gram drafter's "step" is its per-token lookup overhead).
-        draft_step_raw_s: B -> median one-token draft forward at the typical context (no overhead).
-        cycle_overhead_s: o_c, engine overhead per cycle.
+        draft_step_raw_s: B -> median one-token draft forward at the typical context, micro-benchmark.
+        cycle_overhead_s: o_c, engine overhead per cycle (plus, calibrated, the first draft forward's
+            excess over the others).
         forward_overhead_s: o_f, engine overhead per draft forward (per proposed token for n-gram).
         sequence_overhead_s: set-up and first-cycle bookkeeping per decode call.
         prompts: the profiled prompts (lengths, greedy output lengths).
@@ -75,6 +76,8 @@ class RunProfile:
         positions: per prompt, the greedy position traces (model drafts only).
         tail_rates: θ -> P(confidence ≥ θ) past a rejection (continues unknown roll-outs).
         max_new_tokens: the decode limit of the profiled prompts.
+        first_draft_step_s: B -> the first draft forward of a cycle (in-loop when calibrated).
+        calibrated: whether B = 1 timings were calibrated to the in-loop forwards.
     """
 
     run: RunRecord
@@ -90,6 +93,8 @@ class RunProfile:
     positions: tuple[tuple[PositionTrace, ...], ...] | None
     after_rejection: tuple[float, ...] = ()
     max_new_tokens: int = 64
+    first_draft_step_s: dict[int, float] = field(default_factory=dict)
+    calibrated: bool = False
 
     @property
     def is_ngram(self) -> bool:
@@ -263,6 +268,65 @@ def _after_rejection(traces: Iterable[TraceRow]) -> tuple[float, ...]:
     return tuple(c for t in traces for c in t.confidences[t.num_accepted + 1:])
 
 
+MIN_IN_LOOP_SAMPLES = 8  # an in-loop verify median from fewer forwards is too noisy to calibrate with
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """B = 1 timings scaled to what the decode loop pays (see :func:`calibrate_b1`)."""
+
+    verify_s: dict[int, float]
+    prefill_target_s: tuple[float, ...]
+    prefill_draft_s: tuple[float, ...]
+    draft_first_s: float | None
+    draft_rest_s: float | None
+    applied: bool
+
+
+def calibrate_b1(
+    verify: dict[int, float],
+    draft_step: float | None,
+    prefill_target: tuple[float, ...],
+    prefill_draft: tuple[float, ...],
+    in_loop: dict,
+    ar_loop: Sequence[float],
+) -> Calibration:
+    """Scale the isolated micro-benchmarks to the forwards hooked inside the decode loop.
+
+    A forward costs more or less inside the loop than alone (which weights and KV entries are still
+    in the CPU caches depends on what ran just before), so the loop's own medians are the truth for
+    the shapes it ran: T_v(k) for the k that the N_max and small-N passes verified often, T_v(1) from
+    the plain decoding loop, the draft's first and later forwards of a cycle, each prefill. The
+    micro-benchmarks give the shape in between: T_v(k) is scaled by the in-loop/isolated ratio,
+    interpolated linearly in k (held at the ends); prefills by the median ratio.
+    """
+    ratios: dict[int, float] = {}
+    if ar_loop and verify.get(1):
+        ratios[1] = statistics.median(ar_loop) / verify[1]
+    counts = {int(k): int(n) for k, n in in_loop.get("verify_n", {}).items()}
+    for k, v in in_loop.get("verify_s", {}).items():
+        k = int(k)
+        if counts.get(k, 0) >= MIN_IN_LOOP_SAMPLES and verify.get(k):
+            ratios[k] = float(v) / verify[k]
+    out_verify = {k: t * _interp_context(ratios, k) for k, t in verify.items()} if ratios else dict(verify)
+
+    def scaled(micro: tuple[float, ...], loop: Sequence[float]) -> tuple[float, ...]:
+        pairs = [a / b for a, b in zip(loop[: len(micro)], micro) if b > 0]
+        return tuple(t * statistics.median(pairs) for t in micro) if pairs else micro
+
+    first, rest = in_loop.get("draft_first_s"), in_loop.get("draft_rest_s")
+    if draft_step is not None and (first is None) != (rest is None):
+        first = rest = first if first is not None else rest
+    return Calibration(
+        verify_s=out_verify,
+        prefill_target_s=scaled(prefill_target, in_loop.get("target_prefill_s", [])),
+        prefill_draft_s=scaled(prefill_draft, in_loop.get("draft_prefill_s", [])),
+        draft_first_s=float(first) if first is not None else None,
+        draft_rest_s=float(rest) if rest is not None else None,
+        applied=bool(ratios) or first is not None,
+    )
+
+
 def build_run_profile(
     run: RunRecord,
     draft: str | None,
@@ -274,7 +338,7 @@ def build_run_profile(
     sampling_acceptance: float | None = None,
     continuations: Sequence[Sequence] | None = None,
     in_loop: dict | None = None,
-    calibrate: bool = False,
+    calibrate: bool = True,
 ) -> RunProfile:
     """Assemble a :class:`RunProfile` from a run's stored rows (pure; no database access).
 
@@ -290,7 +354,7 @@ def build_run_profile(
             fully accepted greedy cycles (see :func:`position_traces`).
         in_loop: medians of the forwards hooked inside the draft's acceptance pass
             (``profiler.overhead.in_loop_medians``).
-        calibrate: scale the micro-benchmarks (B = 1) by in-loop / isolated forward time ratios.
+        calibrate: scale the B = 1 micro-benchmarks to the in-loop forwards (:func:`calibrate_b1`).
 
     Raises:
         InputError: the run lacks the target's verify timings (profile it again).
@@ -335,28 +399,24 @@ def build_run_profile(
         step = {b: t + fit.per_forward_s for b, t in raw.items()}
     prefill_t = prefill(None, True)
     prefill_d = prefill(draft, False) if draft not in (None, NGRAM) else tuple(0.0 for _ in infos)
-    if calibrate and in_loop and 1 in verify_s:
-        ratios = {int(k): float(v) / verify_s[1][int(k)] for k, v in in_loop.get("verify_s", {}).items()
-                  if int(k) in verify_s[1] and verify_s[1][int(k)] > 0}
-        if ratios:
-            verify_s[1] = {k: t * _interp_context(ratios, k) for k, t in verify_s[1].items()}
-        if in_loop.get("draft_step_s") and 1 in raw and raw[1] > 0:
-            scale = float(in_loop["draft_step_s"]) / raw[1]
-            raw[1] *= scale
-            step[1] = raw[1] + fit.per_forward_s
-        loop_t = in_loop.get("target_prefill_s", [])[: len(infos)]
-        pairs = [a / b for a, b in zip(loop_t, prefill_t) if b > 0]
-        if pairs:
-            prefill_t = tuple(t * statistics.median(pairs) for t in prefill_t)
-        loop_d = in_loop.get("draft_prefill_s", [])[: len(infos)]
-        pairs = [a / b for a, b in zip(loop_d, prefill_d) if b > 0]
-        if pairs:
-            prefill_d = tuple(t * statistics.median(pairs) for t in prefill_d)
+    cycle_overhead = fit.intercept_s
+    first_step = dict(raw)  # B -> the draft's first forward of a cycle (what its prefill replaces)
+    calibrated = False
+    if calibrate and 1 in verify_s:
+        ar_loop = [x for (kind, _, _, b, _), xs in groups.items() if kind == "autoregressive" and b == 1 for x in xs]
+        cal = calibrate_b1(verify_s[1], raw.get(1), prefill_t, prefill_d, in_loop or {}, ar_loop)
+        verify_s[1], prefill_t, prefill_d = cal.verify_s, cal.prefill_target_s, cal.prefill_draft_s
+        if cal.draft_rest_s is not None and 1 in raw:
+            step[1] = cal.draft_rest_s + fit.per_forward_s
+            first_step[1] = cal.draft_first_s
+            # The colder first forward of every cycle costs its excess once per cycle.
+            cycle_overhead = max(0.0, fit.intercept_s + cal.draft_first_s - cal.draft_rest_s)
+        calibrated = cal.applied
     model = ModelProfile(
         draft_step_s=step,
         verify_s={b: dict(sorted(c.items())) for b, c in verify_s.items()},
         traces=tuple(Trace(t.confidences, t.num_accepted) for t in traces),
-        cycle_overhead_s=fit.intercept_s,
+        cycle_overhead_s=cycle_overhead,
         ar_overhead_s=max(_median(ar), 0.0) if ar else 0.0,
         sampling_acceptance=sampling_acceptance,
         sampling_traces=tuple(Trace(t.confidences, t.num_accepted) for t in sampling_traces) if sampling_traces else None,
@@ -373,7 +433,8 @@ def build_run_profile(
         cap = int(settings.get("n_max", 16))
         positions = tuple(position_traces(per_prompt.get(i, []), conts.get(i), cap) for i in range(len(infos)))
     return RunProfile(
-        run=run, draft=draft, model=model, draft_step_raw_s=raw, cycle_overhead_s=fit.intercept_s,
+        run=run, draft=draft, model=model, draft_step_raw_s=raw, first_draft_step_s=first_step,
+        calibrated=calibrated, cycle_overhead_s=cycle_overhead,
         forward_overhead_s=fit.per_forward_s, sequence_overhead_s=max(_median(sequence), 0.0) if sequence else 0.0,
         prompts=infos, prefill_target_s=prefill_t, prefill_draft_s=prefill_d,
         positions=positions, after_rejection=_after_rejection(traces), max_new_tokens=max_new,
@@ -408,7 +469,7 @@ def greedy_prompts(db: Database, run_id: int) -> list[PromptInfo] | None:
 
 
 def load_run_profile(
-    db: Database, run_id: int, draft: str | None = None, *, baseline_only: bool = False, calibrate: bool = False
+    db: Database, run_id: int, draft: str | None = None, *, baseline_only: bool = False, calibrate: bool = True
 ) -> RunProfile:
     """Read everything about ``draft`` in run ``run_id`` and build its :class:`RunProfile`.
 
@@ -569,7 +630,7 @@ def predict_config(rp: RunProfile, config: SpecConfig, max_prompts: int | None =
         counts = [rp.prompts[i].new_tokens / p.expected_tokens_per_cycle for i in idx]
         source = p.source
     decode_s = sum(counts) * cycle_s
-    raw_step = rp.draft_step_raw_s.get(b, 0.0) if rp.draft_step_raw_s else 0.0
+    raw_step = rp.first_draft_step_s.get(b, 0.0)
     # The first draft forward of a sequence is the draft's prefill, which replaces one draft step.
     prefill = sum(rp.prefill_target_s[i] + rp.prefill_draft_s[i] - raw_step for i in idx) * b
     setup = len(idx) * (rp.sequence_overhead_s - rp.cycle_overhead_s)
