@@ -31,11 +31,18 @@ from dataclasses import dataclass, field
 
 from specdec_tune.db import Database, RunRecord, TimingRow, TraceRow
 from specdec_tune.errors import InputError, NotFoundError
+from specdec_tune.tuner._calibration import OverheadFit, calibrate_b1, fit_overhead, interp
+from specdec_tune.tuner._greedy_sim import PositionTrace, position_traces, simulate_prompt, stats_from_cycles
 from specdec_tune.tuner._replay import ReplayStats
 from specdec_tune.tuner.model import ModelProfile, SpecConfig, Trace, draft_step_time, verify_time
 from specdec_tune.tuner.model import predict as model_predict
 
 NGRAM = "ngram"
+__all__ = [
+    "OverheadFit", "PositionTrace", "PromptInfo", "RunPrediction", "RunProfile", "best_configs",
+    "build_run_profile", "fit_overhead", "load_run_profile", "position_traces", "predict_baseline",
+    "predict_config", "resolve_draft", "run_drafts", "simulate_prompt",
+]
 
 
 @dataclass(frozen=True)
@@ -44,16 +51,6 @@ class PromptInfo:
 
     prompt_tokens: int
     new_tokens: int
-
-
-@dataclass(frozen=True)
-class PositionTrace:
-    """The draft's roll-out from one output position (greedy): confidences, accepted prefix length,
-    and whether the first rejection lies inside the recorded confidences (else unknown beyond)."""
-
-    confidences: tuple[float, ...]
-    accepted: int
-    rejection_known: bool
 
 
 @dataclass(frozen=True)
@@ -145,52 +142,6 @@ class RunPrediction:
 # --------------------------------------------------------------------------- building from the db
 
 
-@dataclass(frozen=True)
-class OverheadFit:
-    """Per-cycle overhead model ``overhead = intercept_s + per_forward_s · F`` (least squares).
-
-    Attributes:
-        intercept_s: fixed overhead per cycle (verification, rollback, loop bookkeeping).
-        per_forward_s: overhead per draft forward (argmax, confidence, stacking), outside the forward.
-        cycles: cycles the fit used.
-    """
-
-    intercept_s: float
-    per_forward_s: float
-    cycles: int
-
-
-def fit_overhead(samples: Sequence[tuple[int, float]]) -> OverheadFit:
-    """Fit ``overhead = intercept + slope · F`` to per-cycle (draft forwards F, overhead seconds).
-
-    Robust to the odd pre-empted cycle on a shared machine: the line is a count-weighted least-squares
-    fit through the *median* overhead of each distinct F (the forward times are medians too). With a
-    single distinct F the slope is not identifiable and the median goes to the intercept. A negative
-    coefficient (noise) is clipped to 0 and the other refitted.
-    """
-    if not samples:
-        return OverheadFit(0.0, 0.0, 0)
-    groups: dict[int, list[float]] = defaultdict(list)
-    for f, y in samples:
-        groups[f].append(y)
-    pts = [(f, statistics.median(ys), len(ys)) for f, ys in groups.items()]
-    total = sum(w for _, _, w in pts)
-    mx = sum(f * w for f, _, w in pts) / total
-    my = sum(y * w for _, y, w in pts) / total
-    sxx = sum(w * (f - mx) ** 2 for f, _, w in pts)
-    if sxx == 0:
-        return OverheadFit(max(my, 0.0), 0.0, len(samples))
-    slope = sum(w * (f - mx) * (y - my) for f, y, w in pts) / sxx
-    intercept = my - slope * mx
-    if slope < 0:
-        slope, intercept = 0.0, my
-    if intercept < 0:
-        sff = sum(w * f * f for f, _, w in pts)
-        slope, intercept = (sum(w * f * y for f, y, w in pts) / sff if sff else 0.0), 0.0
-    return OverheadFit(max(intercept, 0.0), max(slope, 0.0), len(samples))
-
-
-
 def _median(values: Iterable[float]) -> float:
     values = list(values)
     return statistics.median(values) if values else math.nan
@@ -203,128 +154,8 @@ def _group(rows: Iterable[TimingRow]) -> dict[tuple, list[float]]:
     return out
 
 
-def _interp_context(points: dict[int, float], context: int) -> float:
-    """Value at ``context`` from measurements at several context lengths (linear, clamped ends)."""
-    xs = sorted(points)
-    if not xs:
-        return math.nan
-    if context <= xs[0]:
-        return points[xs[0]]
-    if context >= xs[-1]:
-        return points[xs[-1]]
-    hi = next(x for x in xs if x >= context)
-    lo = max(x for x in xs if x <= context)
-    if hi == lo:
-        return points[lo]
-    return points[lo] + (points[hi] - points[lo]) * (context - lo) / (hi - lo)
-
-
-def position_traces(
-    cycles: Sequence[TraceRow],
-    continuations: dict[int, tuple[float, bool]] | None = None,
-    cap: int = 64,
-) -> tuple[PositionTrace, ...]:
-    """Greedy roll-outs from every output position of one prompt, from its recorded cycles.
-
-    A cycle starting at output position j drafted d_1..d_L with confidences c_1..c_L and had A
-    accepted. For 0 ≤ i ≤ A the context at position j + i is the cycle's context plus d_1..d_i
-    (the target's own tokens), so the greedy draft's roll-out from there is d_{i+1}..d_L: the
-    confidences c_{i+1}.. and A - i accepted. The next cycle starts at j + A + 1.
-
-    When all L were accepted, the roll-out goes on at the bonus position: ``continuations[c]`` holds
-    the draft's (confidence, matched) there (teacher-forced, ``profiler.acceptance``); on a match it
-    continues as the next cycle's roll-out. Without that entry the roll-out is unknown past d_L.
-
-    Args:
-        cycles: one prompt's traces in decode order.
-        continuations: cycle index -> (confidence, accepted) at its bonus position.
-        cap: longest roll-out kept per position (the largest N predicted).
-    """
-    continuations = continuations or {}
-    full: list[tuple[tuple[float, ...], int, bool]] = [((), 0, False)] * len(cycles)
-    for c in range(len(cycles) - 1, -1, -1):
-        confs, acc = tuple(cycles[c].confidences), cycles[c].num_accepted
-        cont = continuations.get(c)
-        if acc < len(confs):
-            full[c] = (confs, acc, True)
-        elif cont is None or c + 1 >= len(cycles):
-            full[c] = (confs, acc, False)
-        elif cont[1]:
-            nxt_confs, nxt_acc, nxt_known = full[c + 1]
-            full[c] = ((confs + (cont[0],) + nxt_confs)[: 2 * cap], acc + 1 + nxt_acc, nxt_known)
-        else:
-            full[c] = (confs + (cont[0],), acc, True)
-    out: list[PositionTrace] = []
-    for c, row in enumerate(cycles):
-        confs, acc, known = full[c]
-        for i in range(row.num_accepted + 1):
-            tail = confs[i:i + cap]
-            accepted = min(acc - i, len(tail))
-            out.append(PositionTrace(tail, accepted, known and accepted < len(tail)))
-    return tuple(out)
-
-
 def _after_rejection(traces: Iterable[TraceRow]) -> tuple[float, ...]:
     return tuple(c for t in traces for c in t.confidences[t.num_accepted + 1:])
-
-
-MIN_IN_LOOP_SAMPLES = 8  # an in-loop verify median from fewer forwards is too noisy to calibrate with
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """B = 1 timings scaled to what the decode loop pays (see :func:`calibrate_b1`)."""
-
-    verify_s: dict[int, float]
-    prefill_target_s: tuple[float, ...]
-    prefill_draft_s: tuple[float, ...]
-    draft_first_s: float | None
-    draft_rest_s: float | None
-    applied: bool
-
-
-def calibrate_b1(
-    verify: dict[int, float],
-    draft_step: float | None,
-    prefill_target: tuple[float, ...],
-    prefill_draft: tuple[float, ...],
-    in_loop: dict,
-    ar_loop: Sequence[float],
-) -> Calibration:
-    """Scale the isolated micro-benchmarks to the forwards hooked inside the decode loop.
-
-    A forward costs more or less inside the loop than alone (which weights and KV entries are still
-    in the CPU caches depends on what ran just before), so the loop's own medians are the truth for
-    the shapes it ran: T_v(k) for the k that the N_max and small-N passes verified often, T_v(1) from
-    the plain decoding loop, the draft's first and later forwards of a cycle, each prefill. The
-    micro-benchmarks give the shape in between: T_v(k) is scaled by the in-loop/isolated ratio,
-    interpolated linearly in k (held at the ends); prefills by the median ratio.
-    """
-    ratios: dict[int, float] = {}
-    if ar_loop and verify.get(1):
-        ratios[1] = statistics.median(ar_loop) / verify[1]
-    counts = {int(k): int(n) for k, n in in_loop.get("verify_n", {}).items()}
-    for k, v in in_loop.get("verify_s", {}).items():
-        k = int(k)
-        if counts.get(k, 0) >= MIN_IN_LOOP_SAMPLES and verify.get(k):
-            ratios[k] = float(v) / verify[k]
-    out_verify = {k: t * _interp_context(ratios, k) for k, t in verify.items()} if ratios else dict(verify)
-
-    def scaled(micro: tuple[float, ...], loop: Sequence[float]) -> tuple[float, ...]:
-        pairs = [a / b for a, b in zip(loop[: len(micro)], micro) if b > 0]
-        return tuple(t * statistics.median(pairs) for t in micro) if pairs else micro
-
-    first, rest = in_loop.get("draft_first_s"), in_loop.get("draft_rest_s")
-    if draft_step is not None and (first is None) != (rest is None):
-        first = rest = first if first is not None else rest
-    return Calibration(
-        verify_s=out_verify,
-        prefill_target_s=scaled(prefill_target, in_loop.get("target_prefill_s", [])),
-        prefill_draft_s=scaled(prefill_draft, in_loop.get("draft_prefill_s", [])),
-        draft_first_s=float(first) if first is not None else None,
-        draft_rest_s=float(rest) if rest is not None else None,
-        applied=bool(ratios) or first is not None,
-    )
 
 
 def build_run_profile(
@@ -377,7 +208,7 @@ def build_run_profile(
         by_len = {k: _median(xs) for (kind, d, k, _, _), xs in groups.items() if kind == "prefill" and d == name}
         if not by_len:
             return tuple(0.0 for _ in infos)
-        return tuple(_interp_context(by_len, p.prompt_tokens - (1 if drop_last else 0)) for p in infos)
+        return tuple(interp(by_len, p.prompt_tokens - (1 if drop_last else 0)) for p in infos)
 
     overhead = [(k - 1, s) for (kind, d, k, _, c), xs in groups.items() if kind == "overhead" and d == draft and c > 0
                 for s in xs]
@@ -390,7 +221,7 @@ def build_run_profile(
         for b in batch_sizes:
             pts = {c: _median(xs) for (kind, d, _, bb, c), xs in groups.items() if kind == "draft_step" and d == draft and bb == b}
             if pts:
-                raw[b] = _interp_context(pts, typical)
+                raw[b] = interp(pts, typical)
         if not raw:
             raise InputError(f"run {run.id} has no draft-step timings for {draft!r} (status {run.status}); profile it again")
     if draft == NGRAM:
@@ -504,66 +335,6 @@ def load_run_profile(
 # --------------------------------------------------------------------------- predictions
 
 
-def simulate_prompt(
-    positions: Sequence[PositionTrace],
-    new_tokens: int,
-    max_new_tokens: int,
-    n: int,
-    theta: float,
-    schedule: str = "constant",
-    tail_rate: float = 1.0,
-) -> list[tuple[int, int, int]]:
-    """Replay the engine's loop over one prompt's greedy position traces.
-
-    Returns:
-        (L, A, F) per cycle: proposed length, accepted, draft forwards, in decode order.
-    """
-    out: list[tuple[int, int, int]] = []
-    j, n_cur = 0, n
-    while j < new_tokens and j < len(positions):
-        pt = positions[j]
-        budget = min(n_cur, max_new_tokens - j)
-        confs = pt.confidences
-        length, cut = budget, False
-        for i in range(min(budget, len(confs))):
-            if confs[i] < theta:
-                length, cut = i, True
-                break
-        else:
-            if budget > len(confs):  # roll-out past what the N_max cycle drafted: continue at tail_rate
-                extra = budget - len(confs)
-                expected = sum(tail_rate**m for m in range(1, extra + 1))
-                length = len(confs) + int(round(expected))
-                cut = length < budget
-        accepted = min(length, pt.accepted)
-        out.append((length, accepted, length + 1 if cut else length))
-        j += accepted + 1
-        if schedule == "heuristic":  # the engine's rule (engine/decode.py)
-            n_cur = min(n, n_cur + 2) if length and accepted == length else max(1, n_cur - 1)
-    return out
-
-
-def _stats_from_cycles(cycles: Sequence[tuple[int, int, int]], n: int) -> ReplayStats:
-    count = len(cycles)
-    lengths: dict[int, int] = defaultdict(int)
-    reached, accepted = [0] * n, [0] * n
-    for length, acc, _ in cycles:
-        lengths[length] += 1
-        for i in range(min(length, acc + 1)):
-            reached[i] += 1
-        for i in range(acc):
-            accepted[i] += 1
-    return ReplayStats(
-        mean_tau=sum(a + 1 for _, a, _ in cycles) / count,
-        mean_draft_length=sum(length for length, _, _ in cycles) / count,
-        mean_draft_forwards=sum(f for _, _, f in cycles) / count,
-        draft_length_dist={k: v / count for k, v in sorted(lengths.items())},
-        all_accepted_rate=sum(a == length for length, a, _ in cycles) / count,
-        reached=tuple(r / count for r in reached),
-        accepted=tuple(a / count for a in accepted),
-    )
-
-
 def _cycle_time(rp: RunProfile, stats: ReplayStats, batch_size: int) -> float:
     verify = sum(p * verify_time(rp.model, batch_size, length + 1) for length, p in stats.draft_length_dist.items())
     return stats.mean_draft_forwards * draft_step_time(rp.model, batch_size) + verify + rp.cycle_overhead_s
@@ -619,7 +390,7 @@ def predict_config(rp: RunProfile, config: SpecConfig, max_prompts: int | None =
         flat = [c for cs in cycles_per_prompt for c in cs]
         if not flat:
             raise InputError(f"run {rp.run.id} has no greedy traces for draft {rp.draft!r}")
-        stats = _stats_from_cycles(flat, config.num_speculative_tokens)
+        stats = stats_from_cycles(flat, config.num_speculative_tokens)
         cycle_s = _cycle_time(rp, stats, b)
         counts = [len(cs) for cs in cycles_per_prompt]
         source = "simulation"

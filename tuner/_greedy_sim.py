@@ -1,0 +1,130 @@
+"""Exact replay of greedy speculative decoding over recorded roll-outs (private half of profile_data).
+
+Greedy decoding is deterministic, so the draft's roll-out from any output position is a suffix of a
+recorded θ = 0, N = N_max cycle; :func:`position_traces` rebuilds one roll-out per output position
+and :func:`simulate_prompt` runs the engine's loop (budget, threshold cut, accepted prefix, schedule)
+over them. Pure Python.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specdec_tune.db.records import TraceRow
+from specdec_tune.tuner._replay import ReplayStats
+
+
+@dataclass(frozen=True)
+class PositionTrace:
+    """The draft's roll-out from one output position (greedy): confidences, accepted prefix length,
+    and whether the first rejection lies inside the recorded confidences (else unknown beyond)."""
+
+    confidences: tuple[float, ...]
+    accepted: int
+    rejection_known: bool
+
+
+def position_traces(
+    cycles: Sequence[TraceRow],
+    continuations: dict[int, tuple[float, bool]] | None = None,
+    cap: int = 64,
+) -> tuple[PositionTrace, ...]:
+    """Greedy roll-outs from every output position of one prompt, from its recorded cycles.
+
+    A cycle starting at output position j drafted d_1..d_L with confidences c_1..c_L and had A
+    accepted. For 0 ≤ i ≤ A the context at position j + i is the cycle's context plus d_1..d_i
+    (the target's own tokens), so the greedy draft's roll-out from there is d_{i+1}..d_L: the
+    confidences c_{i+1}.. and A - i accepted. The next cycle starts at j + A + 1.
+
+    When all L were accepted, the roll-out goes on at the bonus position: ``continuations[c]`` holds
+    the draft's (confidence, matched) there (teacher-forced, ``profiler.acceptance``); on a match it
+    continues as the next cycle's roll-out. Without that entry the roll-out is unknown past d_L.
+
+    Args:
+        cycles: one prompt's traces in decode order.
+        continuations: cycle index -> (confidence, accepted) at its bonus position.
+        cap: longest roll-out kept per position (the largest N predicted).
+    """
+    continuations = continuations or {}
+    full: list[tuple[tuple[float, ...], int, bool]] = [((), 0, False)] * len(cycles)
+    for c in range(len(cycles) - 1, -1, -1):
+        confs, acc = tuple(cycles[c].confidences), cycles[c].num_accepted
+        cont = continuations.get(c)
+        if acc < len(confs):
+            full[c] = (confs, acc, True)
+        elif cont is None or c + 1 >= len(cycles):
+            full[c] = (confs, acc, False)
+        elif cont[1]:
+            nxt_confs, nxt_acc, nxt_known = full[c + 1]
+            full[c] = ((confs + (cont[0],) + nxt_confs)[: 2 * cap], acc + 1 + nxt_acc, nxt_known)
+        else:
+            full[c] = (confs + (cont[0],), acc, True)
+    out: list[PositionTrace] = []
+    for c, row in enumerate(cycles):
+        confs, acc, known = full[c]
+        for i in range(row.num_accepted + 1):
+            tail = confs[i:i + cap]
+            accepted = min(acc - i, len(tail))
+            out.append(PositionTrace(tail, accepted, known and accepted < len(tail)))
+    return tuple(out)
+
+
+def simulate_prompt(
+    positions: Sequence[PositionTrace],
+    new_tokens: int,
+    max_new_tokens: int,
+    n: int,
+    theta: float,
+    schedule: str = "constant",
+    tail_rate: float = 1.0,
+) -> list[tuple[int, int, int]]:
+    """Replay the engine's loop over one prompt's greedy position traces.
+
+    Returns:
+        (L, A, F) per cycle: proposed length, accepted, draft forwards, in decode order.
+    """
+    out: list[tuple[int, int, int]] = []
+    j, n_cur = 0, n
+    while j < new_tokens and j < len(positions):
+        pt = positions[j]
+        budget = min(n_cur, max_new_tokens - j)
+        confs = pt.confidences
+        length, cut = budget, False
+        for i in range(min(budget, len(confs))):
+            if confs[i] < theta:
+                length, cut = i, True
+                break
+        else:
+            if budget > len(confs):  # roll-out past what the N_max cycle drafted: continue at tail_rate
+                extra = budget - len(confs)
+                expected = sum(tail_rate**m for m in range(1, extra + 1))
+                length = len(confs) + int(round(expected))
+                cut = length < budget
+        accepted = min(length, pt.accepted)
+        out.append((length, accepted, length + 1 if cut else length))
+        j += accepted + 1
+        if schedule == "heuristic":  # the engine's rule (engine/decode.py)
+            n_cur = min(n, n_cur + 2) if length and accepted == length else max(1, n_cur - 1)
+    return out
+
+
+def stats_from_cycles(cycles: Sequence[tuple[int, int, int]], n: int) -> ReplayStats:
+    count = len(cycles)
+    lengths: dict[int, int] = defaultdict(int)
+    reached, accepted = [0] * n, [0] * n
+    for length, acc, _ in cycles:
+        lengths[length] += 1
+        for i in range(min(length, acc + 1)):
+            reached[i] += 1
+        for i in range(acc):
+            accepted[i] += 1
+    return ReplayStats(
+        mean_tau=sum(a + 1 for _, a, _ in cycles) / count,
+        mean_draft_length=sum(length for length, _, _ in cycles) / count,
+        mean_draft_forwards=sum(f for _, _, f in cycles) / count,
+        draft_length_dist={k: v / count for k, v in sorted(lengths.items())},
+        all_accepted_rate=sum(a == length for length, a, _ in cycles) / count,
+        reached=tuple(r / count for r in reached),
+        accepted=tuple(a / count for a in accepted),
+    )
