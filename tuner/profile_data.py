@@ -12,6 +12,12 @@ T_v(k) the micro-benchmark medians (``profiler.microbench``) at the workload's t
 the first draft forward of a sequence is its prefill. The baseline is the same sum for plain decoding:
 prefill + M·(T_ar + per-token overhead). ``decode_tokens_per_s`` leaves prefill and set-up out.
 
+Calibration (B = 1, on by default): isolated micro-benchmarks and forwards inside the loop differ by
+10-40% on a small CPU (which weights are still cached depends on what ran before), so T_v(k), T_ar,
+the prefills and the draft steps are scaled to the medians hooked inside the profile's own decoding
+passes (:func:`specdec_tune.tuner._calibration.calibrate_b1`); the draft's first forward of a cycle
+(cold) and its later ones (warm) are costed apart. Batch sizes B > 1 keep the micro-benchmarks.
+
 Which cycles: in greedy mode with a model draft the cycles are *simulated* exactly per prompt. Greedy
 decoding is deterministic, so the draft's roll-out from any position of the output is a suffix of
 a recorded θ = 0, N = N_max cycle (the one whose accepted prefix covers that position); replaying the
