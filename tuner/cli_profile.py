@@ -43,7 +43,9 @@ class _Bar:
         self.task = None
 
     def stage(self, name: str, total: int) -> None:
-        if self.task is not None:
+        if self.task is None:  # inputs are valid and the timing starts now
+            _warn_if_busy(self.bar.console)
+        else:
             self.bar.update(self.task, completed=self.bar.tasks[self.task].total)
         self.task = self.bar.add_task(name, total=max(total, 1))
 
@@ -224,7 +226,6 @@ def profile(
     database = open_database(db)  # a bad --db fails here, before any model is loaded
     _quiet_loading()
     console = Console(stderr=True)
-    _warn_if_busy(console)
     with _bar(console) as bar:
         result = run_profile(database, target, drafts, workload, settings, _Bar(bar))
     summary = profile_summary(database, result.run_id)
@@ -300,7 +301,7 @@ def measure(
     draft: Optional[str] = typer.Option(None, "--draft", help="Which of the run's drafts (default: its first)."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 must be the run's sampling temperature."),
     max_prompts: Optional[int] = typer.Option(None, "--max-prompts", help="Measure the run's first prompts only."),
-    repeats: int = typer.Option(1, "--repeats", help="Decode the prompt set this many times; each prompt counts with its median time (robust to load bursts)."),
+    repeats: int = typer.Option(3, "--repeats", help="Decode the prompt set this many times; each prompt counts with its median time (robust to load bursts)."),
     seed: int = typer.Option(0, "--seed", help="Sampling seed."),
     db: DbOption = None,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -315,7 +316,6 @@ def measure(
     database = open_database(db)
     _quiet_loading()
     console = Console(stderr=True)
-    _warn_if_busy(console)
     with _bar(console) as bar:
         m = measure_config(database, run, draft, config, temperature=temperature, max_prompts=max_prompts,
                            repeats=repeats, seed=seed, progress=_Bar(bar))
