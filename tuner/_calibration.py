@@ -82,6 +82,7 @@ class Calibration:
     prefill_draft_s: tuple[float, ...]
     draft_first_s: float | None
     draft_rest_s: float | None
+    ar_forward_s: float | None
     applied: bool
 
 
@@ -97,19 +98,22 @@ def calibrate_b1(
 
     A forward costs more or less inside the loop than alone (which weights and KV entries are still
     in the CPU caches depends on what ran just before), so the loop's own medians are the truth for
-    the shapes it ran: T_v(k) for the k that the N_max and small-N passes verified often, T_v(1) from
-    the plain decoding loop, the draft's first and later forwards of a cycle, each prefill. The
+    the shapes it ran: T_v(k) for the k that the N_max and small-N passes verified often, T_ar from the
+    plain decoding loop (for the baseline), the draft's first and later forwards of a cycle, each prefill. The
     micro-benchmarks give the shape in between: T_v(k) is scaled by the in-loop/isolated ratio,
     interpolated linearly in k (held at the ends); prefills by the median ratio.
     """
     ratios: dict[int, float] = {}
-    if ar_loop and verify.get(1):
-        ratios[1] = statistics.median(ar_loop) / verify[1]
     counts = {int(k): int(n) for k, n in in_loop.get("verify_n", {}).items()}
     for k, v in in_loop.get("verify_s", {}).items():
         k = int(k)
         if counts.get(k, 0) >= MIN_IN_LOOP_SAMPLES and verify.get(k):
             ratios[k] = float(v) / verify[k]
+    ar_forward = statistics.median(ar_loop) if ar_loop else None
+    if not ratios and ar_forward is not None and verify.get(1):
+        # Target only: the plain loop's one-token forwards are the only in-loop verify-like samples.
+        # (With a draft they are not used for T_v(1): in a cycle the target runs after a draft.)
+        ratios[1] = ar_forward / verify[1]
     out_verify = {k: t * interp(ratios, k) for k, t in verify.items()} if ratios else dict(verify)
 
     def scaled(micro: tuple[float, ...], loop: Sequence[float]) -> tuple[float, ...]:
@@ -125,5 +129,6 @@ def calibrate_b1(
         prefill_draft_s=scaled(prefill_draft, in_loop.get("draft_prefill_s", [])),
         draft_first_s=float(first) if first is not None else None,
         draft_rest_s=float(rest) if rest is not None else None,
+        ar_forward_s=ar_forward,
         applied=bool(ratios) or first is not None,
     )

@@ -81,6 +81,7 @@ class RunProfile:
         max_new_tokens: the decode limit of the profiled prompts.
         first_draft_step_s: B -> the first draft forward of a cycle (in-loop when calibrated).
         calibrated: whether B = 1 timings were calibrated to the in-loop forwards.
+        ar_forward_s: the plain loop's in-loop target forward (T_ar for the B = 1 baseline), if calibrated.
     """
 
     run: RunRecord
@@ -98,6 +99,7 @@ class RunProfile:
     max_new_tokens: int = 64
     first_draft_step_s: dict[int, float] = field(default_factory=dict)
     calibrated: bool = False
+    ar_forward_s: float | None = None
 
     @property
     def is_ngram(self) -> bool:
@@ -239,6 +241,7 @@ def build_run_profile(
     cycle_overhead = fit.intercept_s
     first_step = dict(raw)  # B -> the draft's first forward of a cycle (what its prefill replaces)
     calibrated = False
+    ar_forward = None
     if calibrate and 1 in verify_s:
         ar_loop = [x for (kind, _, _, b, _), xs in groups.items() if kind == "autoregressive" and b == 1 for x in xs]
         cal = calibrate_b1(verify_s[1], raw.get(1), prefill_t, prefill_d, in_loop or {}, ar_loop)
@@ -249,6 +252,7 @@ def build_run_profile(
             # The colder first forward of every cycle costs its excess once per cycle.
             cycle_overhead = max(0.0, fit.intercept_s + cal.draft_first_s - cal.draft_rest_s)
         calibrated = cal.applied
+        ar_forward = cal.ar_forward_s
     model = ModelProfile(
         draft_step_s=step,
         verify_s={b: dict(sorted(c.items())) for b, c in verify_s.items()},
@@ -271,7 +275,7 @@ def build_run_profile(
         positions = tuple(position_traces(per_prompt.get(i, []), conts.get(i), cap) for i in range(len(infos)))
     return RunProfile(
         run=run, draft=draft, model=model, draft_step_raw_s=raw, first_draft_step_s=first_step,
-        calibrated=calibrated, cycle_overhead_s=cycle_overhead,
+        calibrated=calibrated, ar_forward_s=ar_forward, cycle_overhead_s=cycle_overhead,
         forward_overhead_s=fit.per_forward_s, sequence_overhead_s=max(_median(sequence), 0.0) if sequence else 0.0,
         prompts=infos, prefill_target_s=prefill_t, prefill_draft_s=prefill_d,
         positions=positions, after_rejection=_after_rejection(traces), max_new_tokens=max_new,
@@ -358,7 +362,8 @@ def _prompt_subset(rp: RunProfile, max_prompts: int | None) -> range:
 def predict_baseline(rp: RunProfile, batch_size: int = 1, max_prompts: int | None = None) -> RunPrediction:
     """Plain decoding end to end: Σ_p prefill(T_p - 1) + M_p·(T_ar + per-token overhead)."""
     idx = _prompt_subset(rp, max_prompts)
-    step = verify_time(rp.model, batch_size, 1) + rp.model.ar_overhead_s
+    forward = rp.ar_forward_s if batch_size == 1 and rp.ar_forward_s else verify_time(rp.model, batch_size, 1)
+    step = forward + rp.model.ar_overhead_s
     tokens = sum(rp.prompts[i].new_tokens for i in idx)
     prefill = sum(rp.prefill_target_s[i] for i in idx) * batch_size  # B prompts prefill ~B times the work
     seconds = prefill + tokens * step
