@@ -78,7 +78,7 @@ def measure_config(
     *,
     temperature: float = 0.0,
     max_prompts: int | None = None,
-    repeats: int = 1,
+    repeats: int = 3,
     seed: int = 0,
     progress: Progress | None = None,
 ) -> Measurement:
