@@ -199,18 +199,30 @@ class ForwardRecorder:
         return self.timeline
 
 
+def trimmed_mean(values: list[float], cut: float = 0.01) -> float:
+    """Mean without the slowest ``cut`` fraction: keeps the regular tail (which a throughput
+    measurement pays too) and drops the rare stall of a shared machine."""
+    xs = sorted(values)
+    keep = max(1, len(xs) - int(len(xs) * cut))
+    return sum(xs[:keep]) / keep
+
+
 def in_loop_medians(timelines: list[SequenceTimeline]) -> dict:
-    """Median in-loop forward times (seconds), next to which the micro-benchmarks are calibrated.
+    """In-loop forward times (seconds), to which the micro-benchmarks are calibrated.
+
+    Throughput pays the *mean* forward time, and inside the loop forwards have a right tail (a few
+    are much slower than the median), so the trimmed means (:func:`trimmed_mean`) are kept next to
+    the medians.
 
     Inside the loop the draft's first forward of a cycle runs right after a target forward (its
     weights are cold in the CPU caches) and the following ones back to back (warm), so the two are
     kept apart.
 
     Returns:
-        ``{"verify_s": {k: median}, "verify_n": {k: count}, "draft_first_s": median of each cycle's
-        first draft forward, "draft_rest_s": median of the other one-token draft forwards,
-        "draft_first_n", "draft_rest_n", "target_prefill_s": [...], "draft_prefill_s": [...]}``
-        (prefills per timeline, in order).
+        ``{"verify_s": {k: median}, "verify_mean_s": {k: trimmed mean}, "verify_n": {k: count},
+        "draft_first_s" / "draft_first_mean_s": each cycle's first draft forward, "draft_rest_s" /
+        "draft_rest_mean_s": the other one-token draft forwards, "draft_first_n", "draft_rest_n",
+        "target_prefill_s": [...], "draft_prefill_s": [...]}`` (prefills per timeline, in order).
     """
     import statistics
 
@@ -241,9 +253,12 @@ def in_loop_medians(timelines: list[SequenceTimeline]) -> dict:
     med = statistics.median
     return {
         "verify_s": {k: med(v) for k, v in sorted(verify.items())},
+        "verify_mean_s": {k: trimmed_mean(v) for k, v in sorted(verify.items())},
         "verify_n": {k: len(v) for k, v in sorted(verify.items())},
         "draft_first_s": med(first) if first else None,
         "draft_rest_s": med(rest) if rest else None,
+        "draft_first_mean_s": trimmed_mean(first) if first else None,
+        "draft_rest_mean_s": trimmed_mean(rest) if rest else None,
         "draft_first_n": len(first),
         "draft_rest_n": len(rest),
         "target_prefill_s": target_prefill,

@@ -164,10 +164,18 @@ def test_greedy_simulation_reproduces_the_engine(pair, draft_kind):
 
 
 def test_fit_overhead_separates_cycle_and_forward_costs():
-    samples = [(f, 0.002 + 0.0001 * f + noise) for f in (1, 4, 16) for noise in (-1e-5, 0.0, 1e-5, 0.05)]
-    fit = fit_overhead(samples)  # medians shrug off the 50 ms outliers
+    import random
+
+    rng = random.Random(0)
+    samples = [(f, 0.002 + 0.0001 * f + rng.uniform(-1e-5, 1e-5)) for f in (1, 4, 16) for _ in range(200)]
+    samples += [(f, 0.05) for f in (1, 4, 16)]  # one stall per group: trimmed away
+    fit = fit_overhead(samples)
     assert fit.intercept_s == pytest.approx(0.002, abs=2e-5)
     assert fit.per_forward_s == pytest.approx(0.0001, abs=2e-6)
+    assert fit.cycles == 603
+    # a regular tail is kept: expected cost, not the median
+    tail = [(4, 0.001)] * 90 + [(4, 0.002)] * 10
+    assert fit_overhead(tail).intercept_s == pytest.approx((90 * 0.001 + 9 * 0.002) / 99)  # top 1% dropped
     assert fit_overhead([(16, 0.003), (16, 0.004), (16, 0.005)]).per_forward_s == 0.0
     assert fit_overhead([]).cycles == 0
 

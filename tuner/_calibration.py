@@ -8,6 +8,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
+def trimmed_mean(values: Sequence[float], cut: float = 0.01) -> float:
+    """Mean without the slowest ``cut`` fraction (the rare stall of a shared machine).
+
+    Throughput is a ratio of *expected* times (renewal-reward), and times inside a decode loop have a
+    right tail that a measurement pays as well, so means, not medians, are what predictions need.
+    """
+    xs = sorted(values)
+    keep = max(1, len(xs) - int(len(xs) * cut))
+    return sum(xs[:keep]) / keep
+
+
 @dataclass(frozen=True)
 class OverheadFit:
     """Per-cycle overhead model ``overhead = intercept_s + per_forward_s · F`` (least squares).
@@ -26,17 +37,17 @@ class OverheadFit:
 def fit_overhead(samples: Sequence[tuple[int, float]]) -> OverheadFit:
     """Fit ``overhead = intercept + slope · F`` to per-cycle (draft forwards F, overhead seconds).
 
-    Robust to the odd pre-empted cycle on a shared machine: the line is a count-weighted least-squares
-    fit through the *median* overhead of each distinct F (the forward times are medians too). With a
-    single distinct F the slope is not identifiable and the median goes to the intercept. A negative
-    coefficient (noise) is clipped to 0 and the other refitted.
+    The line is a count-weighted least-squares fit through the trimmed mean overhead of each distinct
+    F (:func:`trimmed_mean`: expected costs, without the rare stall). With a single distinct F the
+    slope is not identifiable and the mean goes to the intercept. A negative coefficient (noise) is
+    clipped to 0 and the other refitted.
     """
     if not samples:
         return OverheadFit(0.0, 0.0, 0)
     groups: dict[int, list[float]] = defaultdict(list)
     for f, y in samples:
         groups[f].append(y)
-    pts = [(f, statistics.median(ys), len(ys)) for f, ys in groups.items()]
+    pts = [(f, trimmed_mean(ys), len(ys)) for f, ys in groups.items()]
     total = sum(w for _, _, w in pts)
     mx = sum(f * w for f, _, w in pts) / total
     my = sum(y * w for _, y, w in pts) / total
@@ -105,11 +116,12 @@ def calibrate_b1(
     """
     ratios: dict[int, float] = {}
     counts = {int(k): int(n) for k, n in in_loop.get("verify_n", {}).items()}
-    for k, v in in_loop.get("verify_s", {}).items():
+    loop_verify = in_loop.get("verify_mean_s") or in_loop.get("verify_s", {})  # means: expected cost
+    for k, v in loop_verify.items():
         k = int(k)
         if counts.get(k, 0) >= MIN_IN_LOOP_SAMPLES and verify.get(k):
             ratios[k] = float(v) / verify[k]
-    ar_forward = statistics.median(ar_loop) if ar_loop else None
+    ar_forward = trimmed_mean(ar_loop) if ar_loop else None
     if not ratios and ar_forward is not None and verify.get(1):
         # Target only: the plain loop's one-token forwards are the only in-loop verify-like samples.
         # (With a draft they are not used for T_v(1): in a cycle the target runs after a draft.)
@@ -120,7 +132,8 @@ def calibrate_b1(
         pairs = [a / b for a, b in zip(loop[: len(micro)], micro) if b > 0]
         return tuple(t * statistics.median(pairs) for t in micro) if pairs else micro
 
-    first, rest = in_loop.get("draft_first_s"), in_loop.get("draft_rest_s")
+    first = in_loop.get("draft_first_mean_s", in_loop.get("draft_first_s"))
+    rest = in_loop.get("draft_rest_mean_s", in_loop.get("draft_rest_s"))
     if draft_step is not None and (first is None) != (rest is None):
         first = rest = first if first is not None else rest
     return Calibration(

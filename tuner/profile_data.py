@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from specdec_tune.db import Database, RunRecord, TimingRow, TraceRow
 from specdec_tune.errors import InputError, NotFoundError
-from specdec_tune.tuner._calibration import OverheadFit, calibrate_b1, fit_overhead, interp
+from specdec_tune.tuner._calibration import OverheadFit, calibrate_b1, fit_overhead, interp, trimmed_mean
 from specdec_tune.tuner._greedy_sim import PositionTrace, position_traces, simulate_prompt, stats_from_cycles
 from specdec_tune.tuner._replay import ReplayStats
 from specdec_tune.tuner.model import ModelProfile, SpecConfig, Trace, draft_step_time, verify_time
@@ -258,7 +258,7 @@ def build_run_profile(
         verify_s={b: dict(sorted(c.items())) for b, c in verify_s.items()},
         traces=tuple(Trace(t.confidences, t.num_accepted) for t in traces),
         cycle_overhead_s=cycle_overhead,
-        ar_overhead_s=max(_median(ar), 0.0) if ar else 0.0,
+        ar_overhead_s=max(trimmed_mean(ar), 0.0) if ar else 0.0,
         sampling_acceptance=sampling_acceptance,
         sampling_traces=tuple(Trace(t.confidences, t.num_accepted) for t in sampling_traces) if sampling_traces else None,
         name=draft or "",
@@ -276,7 +276,7 @@ def build_run_profile(
     return RunProfile(
         run=run, draft=draft, model=model, draft_step_raw_s=raw, first_draft_step_s=first_step,
         calibrated=calibrated, ar_forward_s=ar_forward, cycle_overhead_s=cycle_overhead,
-        forward_overhead_s=fit.per_forward_s, sequence_overhead_s=max(_median(sequence), 0.0) if sequence else 0.0,
+        forward_overhead_s=fit.per_forward_s, sequence_overhead_s=max(trimmed_mean(sequence), 0.0) if sequence else 0.0,
         prompts=infos, prefill_target_s=prefill_t, prefill_draft_s=prefill_d,
         positions=positions, after_rejection=_after_rejection(traces), max_new_tokens=max_new,
     )
