@@ -7,6 +7,7 @@ on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -25,9 +26,24 @@ app = typer.Typer(
 
 
 def print_json(obj: Any) -> None:
-    """Write one JSON object per line on stdout (the ``--json`` output contract)."""
-    sys.stdout.write(json.dumps(obj, default=_json_default) + "\n")
+    """Write one JSON object per line on stdout (the ``--json`` output contract).
+
+    JSON has no NaN or infinity: an undefined rate (say α_i at a position no cycle reached) is
+    written as null, so every line parses with any JSON reader.
+    """
+    sys.stdout.write(json.dumps(finite(obj), default=_json_default, allow_nan=False) + "\n")
     sys.stdout.flush()
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NaN, ±inf) in nested dicts/lists replaced by None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
 
 
 def _json_default(value: Any) -> Any:

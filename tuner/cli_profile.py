@@ -79,17 +79,6 @@ def _bar(console: Console) -> RichBar:
                    console=console, transient=False)
 
 
-def _finite(obj):
-    """JSON has no NaN: an undefined rate (a position never reached) is printed as null."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 def _ms(x: float | None) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 1e3:.2f}"
 
@@ -231,7 +220,7 @@ def profile(
     summary = profile_summary(database, result.run_id)
     summary["telemetry"] = result.telemetry
     if json_out:
-        print_json(_finite(summary))
+        print_json(summary)
         return
     _print_summary(Console(), summary)
 
@@ -282,7 +271,7 @@ def predict(
         "source": p.source, "throughput": THROUGHPUT_NOTE, "label": "predicted",
     }
     if json_out:
-        print_json(_finite(obj))
+        print_json(obj)
         return
     typer.echo(
         f"predicted: {p.tokens_per_s:.1f} tokens/s ({p.speedup:.2f}× over {p.baseline_tokens_per_s:.1f} tokens/s plain "
@@ -331,7 +320,7 @@ def measure(
         "label": "measured",
     }
     if json_out:
-        print_json(_finite(obj))
+        print_json(obj)
         return
     err = m.relative_error
     typer.echo(
