@@ -126,7 +126,10 @@ def profile_summary(db, run_id: int) -> dict:
         out["drafts"].append({
             "name": d.name,
             "draft_step_ms": {str(b): s * 1e3 for b, s in rp.draft_step_raw_s.items()},
-            "cycle_overhead_ms": rp.cycle_overhead_s * 1e3,
+            "cycle_overhead_ms": rp.engine_overhead_s * 1e3,
+            "draft_step_in_loop_ms": {"first": rp.first_draft_step_s.get(1, math.nan) * 1e3,
+                                      "later": (rp.model.draft_step_s.get(1, 0.0) - rp.forward_overhead_s) * 1e3}
+            if rp.calibrated and rp.draft_step_raw_s else None,
             "per_forward_overhead_ms": rp.forward_overhead_s * 1e3,
             "alpha": list(greedy.alpha) if greedy else [],
             "beta": list(greedy.beta) if greedy else [],
@@ -163,7 +166,11 @@ def _print_summary(console: Console, s: dict) -> None:
         ts = d["draft_step_ms"].get("1")
         table.add_row("T_s, one draft forward", "–" if ts is None else f"{ts:.2f} ms", "measured")
         table.add_row("c = T_s / T_v(1)", "–" if ts is None else f"{ts / curve['1']:.3f}", "measured")
-        table.add_row("overhead per cycle / per draft forward",
+        if d["draft_step_in_loop_ms"]:
+            loop = d["draft_step_in_loop_ms"]
+            table.add_row("T_s in the loop: first / later forward of a cycle",
+                          f"{loop['first']:.2f} / {loop['later']:.2f} ms", "measured")
+        table.add_row("engine overhead per cycle / per draft forward",
                       f"{d['cycle_overhead_ms']:.2f} / {d['per_forward_overhead_ms']:.3f} ms", "measured")
         alphas = " ".join(_rate(a) for a in d["alpha"][:8])
         table.add_row("α_1..α_8 (conditional, greedy)", alphas or "–", "measured")

@@ -82,6 +82,7 @@ class RunProfile:
         first_draft_step_s: B -> the first draft forward of a cycle (in-loop when calibrated).
         calibrated: whether B = 1 timings were calibrated to the in-loop forwards.
         ar_forward_s: the plain loop's in-loop target forward (T_ar for the B = 1 baseline), if calibrated.
+        engine_overhead_s: the hooked engine overhead per cycle (the fit's intercept, as measured).
     """
 
     run: RunRecord
@@ -100,6 +101,7 @@ class RunProfile:
     first_draft_step_s: dict[int, float] = field(default_factory=dict)
     calibrated: bool = False
     ar_forward_s: float | None = None
+    engine_overhead_s: float = 0.0
 
     @property
     def is_ngram(self) -> bool:
@@ -275,7 +277,8 @@ def build_run_profile(
         positions = tuple(position_traces(per_prompt.get(i, []), conts.get(i), cap) for i in range(len(infos)))
     return RunProfile(
         run=run, draft=draft, model=model, draft_step_raw_s=raw, first_draft_step_s=first_step,
-        calibrated=calibrated, ar_forward_s=ar_forward, cycle_overhead_s=cycle_overhead,
+        calibrated=calibrated, ar_forward_s=ar_forward, engine_overhead_s=fit.intercept_s,
+        cycle_overhead_s=cycle_overhead,
         forward_overhead_s=fit.per_forward_s, sequence_overhead_s=max(trimmed_mean(sequence), 0.0) if sequence else 0.0,
         prompts=infos, prefill_target_s=prefill_t, prefill_draft_s=prefill_d,
         positions=positions, after_rejection=_after_rejection(traces), max_new_tokens=max_new,
