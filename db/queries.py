@@ -182,6 +182,15 @@ def _require_run(s: Session, db: Database, run_id: int) -> m.ProfileRun:
         raise NotFoundError(f"no profile run with id {run_id} in {db.display_url}")
     return run
 
+def _add_for_run(db: Database, run_id: int, row: Any) -> int:
+    """Insert one row that belongs to profile run ``run_id`` (which must exist); return its id."""
+    with session_scope(db, write=True) as s:
+        _require_run(s, db, run_id)
+        s.add(row)
+        s.flush()
+        return row.id
+
+
 
 def add_run_draft(
     db: Database, run_id: int, name: str, model_id: int | None = None, role: str = "draft"
@@ -323,11 +332,7 @@ def add_acceptance(
         confidence_bins=dict(confidence_bins or {}), teacher_forced_tokens=teacher_forced_tokens,
         greedy_agreement=greedy_agreement, one_minus_tv=one_minus_tv,
     )  # fmt: skip
-    with session_scope(db, write=True) as s:
-        _require_run(s, db, run_id)
-        s.add(row)
-        s.flush()
-        return row.id
+    return _add_for_run(db, run_id, row)
 
 
 def add_traces(
@@ -382,11 +387,7 @@ def add_measured_run(
         predicted_tau=predicted_tau, seconds=_finite("seconds", seconds),
         new_tokens=int(new_tokens),
     )  # fmt: skip
-    with session_scope(db, write=True) as s:
-        _require_run(s, db, run_id)
-        s.add(row)
-        s.flush()
-        return row.id
+    return _add_for_run(db, run_id, row)
 
 
 def add_telemetry(
