@@ -58,7 +58,7 @@ class ProfileSettings:
     context_lens: tuple[int, ...] = (128, 256, 512)
     max_prompts: int = 16
     max_new_tokens: int = 64
-    overhead_ns: tuple[int, ...] = (1, 4)
+    overhead_ns: tuple[int, ...] = (1, 4, 8)
     overhead_prompts: int = 4
     seed: int = 0
     label: str | None = None

@@ -108,11 +108,14 @@ def calibrate_b1(
     """Scale the isolated micro-benchmarks to the forwards hooked inside the decode loop.
 
     A forward costs more or less inside the loop than alone (which weights and KV entries are still
-    in the CPU caches depends on what ran just before), so the loop's own medians are the truth for
-    the shapes it ran: T_v(k) for the k that the N_max and small-N passes verified often, T_ar from the
-    plain decoding loop (for the baseline), the draft's first and later forwards of a cycle, each prefill. The
-    micro-benchmarks give the shape in between: T_v(k) is scaled by the in-loop/isolated ratio,
-    interpolated linearly in k (held at the ends); prefills by the median ratio.
+    in the CPU caches depends on what ran just before: a verify after k - 1 draft forwards finds less
+    of the target cached than after one), so the loop's own mean times are the truth for the shapes
+    it ran: T_v(k) at the anchors k that the N_max and small-N passes verified often, T_ar from the
+    plain decoding loop (for the baseline), the draft's first and later forwards of a cycle, each
+    prefill. Between anchors T_v(k) is interpolated linearly in k from the in-loop values (an isolated
+    curve's shape is noisier than the line between in-loop anchors); outside them the
+    micro-benchmark is scaled by the nearest anchor's in-loop/isolated ratio. Prefills are scaled by
+    the median ratio.
     """
     ratios: dict[int, float] = {}
     counts = {int(k): int(n) for k, n in in_loop.get("verify_n", {}).items()}
@@ -126,7 +129,12 @@ def calibrate_b1(
         # Target only: the plain loop's one-token forwards are the only in-loop verify-like samples.
         # (With a draft they are not used for T_v(1): in a cycle the target runs after a draft.)
         ratios[1] = ar_forward / verify[1]
-    out_verify = {k: t * interp(ratios, k) for k, t in verify.items()} if ratios else dict(verify)
+    anchors = {k: r * verify[k] for k, r in ratios.items()}
+    lo, hi = (min(anchors), max(anchors)) if anchors else (0, 0)
+    out_verify = {
+        k: interp(anchors, k) if lo <= k <= hi and len(anchors) > 1 else t * interp(ratios, k)
+        for k, t in verify.items()
+    } if ratios else dict(verify)
 
     def scaled(micro: tuple[float, ...], loop: Sequence[float]) -> tuple[float, ...]:
         pairs = [a / b for a, b in zip(loop[: len(micro)], micro) if b > 0]
