@@ -59,7 +59,7 @@ class ProfileSettings:
     max_prompts: int = 16
     max_new_tokens: int = 64
     overhead_ns: tuple[int, ...] = (1, 4, 8)
-    overhead_prompts: int = 4
+    overhead_prompts: int = 8
     seed: int = 0
     label: str | None = None
 
