@@ -4,12 +4,13 @@ from __future__ import annotations
 from specdec_tune.engine.decode import DecodeConfig, autoregressive, speculative
 from specdec_tune.engine.drafters import ModelDrafter, NgramDrafter, build_drafter
 from specdec_tune.engine.kvcache import PreallocatedCache, make_cache
+from specdec_tune.engine.lean import LeanCausalLM, lean_unsupported, wrap_forward
 from specdec_tune.engine.loading import LoadedModel, check_compatible, load_model
 from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult, VerifyResult, acceptance_per_position
 from specdec_tune.engine.verify import verify_greedy, verify_sampling
 
 __all__ = [
-    "CycleStats", "DecodeConfig", "Draft", "Drafter", "GenerationResult", "LoadedModel", "ModelDrafter",
+    "CycleStats", "DecodeConfig", "Draft", "Drafter", "GenerationResult", "LeanCausalLM", "LoadedModel", "ModelDrafter",
     "NgramDrafter", "PreallocatedCache", "build_drafter", "VerifyResult", "acceptance_per_position", "autoregressive",
-    "check_compatible", "load_model", "make_cache", "speculative", "verify_greedy", "verify_sampling",
+    "check_compatible", "lean_unsupported", "load_model", "make_cache", "speculative", "verify_greedy", "verify_sampling", "wrap_forward",
 ]

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from specdec_tune.engine.lean import FORWARDS, LeanCausalLM, hf_model, lean_unsupported, wrap_forward
 from specdec_tune.errors import InputError, ModelLoadError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -19,10 +20,20 @@ class LoadedModel:
 
     name: str  # what the user typed (zoo name, path or hub id)
     source: str  # the resolved folder path or hub id
-    model: torch.nn.Module
+    model: torch.nn.Module  # what the engine calls: the lean wrapper or the HF model itself
     tokenizer: Any
     device: torch.device
     dtype: torch.dtype
+
+    @property
+    def hf(self) -> torch.nn.Module:
+        """The Hugging Face model (for ``generate`` and anything else outside the engine)."""
+        return hf_model(self.model)
+
+    @property
+    def forward(self) -> str:
+        """Which forward the engine runs: ``lean`` or ``hf``."""
+        return "lean" if isinstance(self.model, LeanCausalLM) else "hf"
 
     @property
     def num_layers(self) -> int:
@@ -81,13 +92,17 @@ def _resolve_source(name: str) -> str:
     return name
 
 
-def load_model(name: str, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto") -> LoadedModel:
+def load_model(
+    name: str, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto", forward: str = "auto"
+) -> LoadedModel:
     """Load a Hugging Face causal LM and its tokenizer in eval mode.
 
     Args:
         name: bundled zoo name (e.g. ``mini-target``), local folder, or hub id.
         device: ``auto`` | ``cpu`` | ``cuda`` or a torch.device.
         dtype: ``auto`` | ``float32`` | ``bfloat16`` | ``float16`` or a torch.dtype.
+        forward: ``auto`` (the lean Llama-family forward when the model supports it, else HF's),
+            ``lean`` (refused for a model it cannot run) or ``hf``. See :mod:`engine.lean`.
 
     Raises:
         ModelLoadError: the folder or hub id cannot be loaded.
@@ -96,6 +111,8 @@ def load_model(name: str, device: str | torch.device = "auto", dtype: str | torc
 
     if not name or not name.strip():
         raise InputError("model name is empty (give a bundled name, a folder or a hub id)")
+    if forward not in FORWARDS:
+        raise InputError(f"--forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     dt = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, dev)
     source = _resolve_source(name)
@@ -107,7 +124,10 @@ def load_model(name: str, device: str | torch.device = "auto", dtype: str | torc
         raise ModelLoadError(f"cannot load model {name!r}: {first}") from exc
     model.to(dev).eval()
     model.requires_grad_(False)
-    return LoadedModel(name=name, source=source, model=model, tokenizer=tokenizer, device=dev, dtype=dt)
+    if forward == "lean" and lean_unsupported(model) is not None:
+        raise InputError(f"--forward lean cannot run {name!r}: {lean_unsupported(model)} (use --forward auto or hf)")
+    return LoadedModel(name=name, source=source, model=wrap_forward(model, forward), tokenizer=tokenizer,
+                       device=dev, dtype=dt)
 
 
 def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:

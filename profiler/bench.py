@@ -89,7 +89,7 @@ class BenchResult:
 
 def _hf_generate(target: LoadedModel, prompt_ids: torch.Tensor, max_new_tokens: int, assistant=None) -> list[int]:
     ids = prompt_ids[None]
-    out = target.model.generate(
+    out = target.hf.generate(
         input_ids=ids,
         attention_mask=torch.ones_like(ids),
         max_new_tokens=max_new_tokens,
@@ -104,8 +104,8 @@ def _hf_generate(target: LoadedModel, prompt_ids: torch.Tensor, max_new_tokens: 
 
 def configure_assistant(draft: LoadedModel, num_speculative_tokens: int) -> torch.nn.Module:
     """A view of the draft model whose generation_config asks HF for a constant N and no threshold."""
-    assistant = copy.copy(draft.model)  # shallow: shares weights, own generation_config
-    assistant.generation_config = copy.deepcopy(draft.model.generation_config)
+    assistant = copy.copy(draft.hf)  # shallow: shares weights, own generation_config
+    assistant.generation_config = copy.deepcopy(draft.hf.generation_config)
     assistant.generation_config.num_assistant_tokens = num_speculative_tokens
     assistant.generation_config.num_assistant_tokens_schedule = "constant"
     assistant.generation_config.assistant_confidence_threshold = 0.0

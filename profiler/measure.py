@@ -50,16 +50,16 @@ class Measurement:
         return (self.prediction.tokens_per_s - self.tokens_per_s) / self.tokens_per_s
 
 
-def _load(name: str, source: str | None, device: str, dtype: str) -> LoadedModel:
+def _load(name: str, source: str | None, device: str, dtype: str, forward: str) -> LoadedModel:
     """Load a model of the run by the name given then; its resolved folder if the name no longer resolves
     (a relative path from another directory)."""
     from pathlib import Path
 
     if source and not Path(name).expanduser().exists() and Path(source).is_dir():
-        loaded = load_model(source, device, dtype)
+        loaded = load_model(source, device, dtype, forward)
         loaded.name = name
         return loaded
-    return load_model(name, device, dtype)
+    return load_model(name, device, dtype, forward)
 
 
 def _warn_if_changed(loaded: LoadedModel, stored_hash: str | None, stored_params: int | None) -> None:
@@ -116,15 +116,16 @@ def measure_config(
     prediction = predict_config(profile, config, max_prompts)
 
     device, dtype = settings.get("device", "auto"), settings.get("dtype", "auto")
+    forward = settings.get("forward", "hf")  # runs profiled before the lean forward existed used HF's
     if settings.get("threads"):
         # The profile's timings hold for its thread count; measure with the same one.
         torch.set_num_threads(int(settings["threads"]))
-    target = _load(run.target.name, run.target.extra.get("source"), device, dtype)
+    target = _load(run.target.name, run.target.extra.get("source"), device, dtype, forward)
     _warn_if_changed(target, run.target.tokenizer_hash, run.target.num_parameters)
     if name == NGRAM:
         spec = DraftSpec("ngram")
     else:
-        loaded = load_model(name, target.device, target.dtype)
+        loaded = load_model(name, target.device, target.dtype, settings.get("draft_forwards", {}).get(name, forward))
         check_compatible(target, loaded)
         spec = DraftSpec("model", loaded)
 

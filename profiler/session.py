@@ -48,6 +48,7 @@ class ProfileSettings:
 
     device: str = "auto"
     dtype: str = "auto"
+    forward: str = "auto"  # the engine's model forward: auto | lean | hf (engine.lean)
     temperature: float = 0.0
     batch_sizes: tuple[int, ...] = (1,)
     k_max: int = 17
@@ -160,14 +161,14 @@ class ProfileSession:
     # -- set-up
     def _load(self) -> None:
         s = self.settings
-        self.target = load_model(self.target_name, s.device, s.dtype)
+        self.target = load_model(self.target_name, s.device, s.dtype, s.forward)
         self.device = self.target.device
         self.drafts: list[DraftSpec] = []
         for name in self.draft_names:
             if name == NGRAM:
                 self.drafts.append(DraftSpec("ngram"))
                 continue
-            loaded = load_model(name, self.device, s.dtype)
+            loaded = load_model(name, self.device, s.dtype, s.forward)
             check_compatible(self.target, loaded)
             self.drafts.append(DraftSpec("model", loaded))
         all_prompts = load_workload(self.workload_name)
@@ -201,6 +202,8 @@ class ProfileSession:
         settings = {
             **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(s).items() if k != "label"},
             "device": self.device.type, "dtype": str(self.target.dtype).replace("torch.", ""),
+            "forward": self.target.forward,
+            "draft_forwards": {d.model.name: d.model.forward for d in self.drafts if d.model is not None},
             "target": self.target_name, "drafts": self.draft_names, "workload": self.workload_name,
             "prompt_ids": [p.id for p in self.prompts], "prompt_tokens": [int(len(i)) for i in self.ids],
             "typical_context": self.typical_context, "context_lens": self.context_lens,

@@ -19,3 +19,14 @@ DbOption = Annotated[
         ),
     ),
 ]
+
+ForwardOption = Annotated[
+    str,
+    typer.Option(
+        "--forward",
+        help=(
+            "Model forward the engine runs: auto (the lean Llama-family forward when the model supports it, "
+            "else Hugging Face's), lean, or hf (Hugging Face's module forward)."
+        ),
+    ),
+]

@@ -13,6 +13,7 @@ from specdec_tune.profiler.bench import METHODS, run_bench
 from specdec_tune.profiler.runs import encode_prompt
 from specdec_tune.tuner import _checks as chk
 from specdec_tune.tuner._app import app, print_json
+from specdec_tune.tuner._options import ForwardOption
 
 _LABELS = {
     "hf_generate": "(a) HF generate, target only",
@@ -34,6 +35,7 @@ def bench(
     compare: str = typer.Option("hf", "--compare", help="'hf' runs all four methods; 'none' only ours (c, d)."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
     dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 | float16"),
+    forward: ForwardOption = "auto",
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ) -> None:
     """Greedy tokens/s of (a) HF generate, (b) HF assisted generation, (c) our baseline and (d) our
@@ -45,8 +47,8 @@ def bench(
     if compare not in ("hf", "none"):
         raise InputError(f"--compare must be 'hf' or 'none', got {compare!r}")
     prompts = load_workload(workload)[:max_prompts]
-    tgt = load_model(target, device, dtype)
-    drf = load_model(draft, device, dtype)
+    tgt = load_model(target, device, dtype, forward)
+    drf = load_model(draft, device, dtype, forward)
     check_compatible(tgt, drf)
     ids = [encode_prompt(tgt, p.prompt, p.id) for p in prompts]
     methods = METHODS if compare == "hf" else METHODS[2:]
@@ -57,9 +59,11 @@ def bench(
                            repeats=repeats, methods=methods, progress=lambda _: bar.advance(task))
     if json_out:
         print_json({**result.to_json(), "target": target, "draft": draft, "workload": workload,
-                    "device": str(tgt.device), "dtype": str(tgt.dtype).replace("torch.", "")})
+                    "device": str(tgt.device), "dtype": str(tgt.dtype).replace("torch.", ""),
+                    "forward": {"target": tgt.forward, "draft": drf.forward}})
         return
-    table = Table(title=f"measured, greedy, N = {num_speculative_tokens}, {len(ids)} prompts × {max_new_tokens} new tokens × {repeats}")
+    table = Table(title=f"measured, greedy, N = {num_speculative_tokens}, {len(ids)} prompts × {max_new_tokens} new tokens × {repeats}, "
+                        f"our forward: {tgt.forward} (target), {drf.forward} (draft)")
     table.add_column("method")
     table.add_column("tokens/s (measured)", justify="right")
     table.add_column("new tokens", justify="right")

@@ -12,6 +12,7 @@ from specdec_tune.errors import InputError
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
 from specdec_tune.tuner import _checks as opt
 from specdec_tune.tuner._app import app, print_json
+from specdec_tune.tuner._options import ForwardOption
 
 
 @app.command()
@@ -28,6 +29,7 @@ def generate(
     seed: int = typer.Option(0, "--seed", help="Random seed for sampling."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16 | float16"),
+    forward: ForwardOption = "auto",
     json_out: bool = typer.Option(False, "--json", help="One JSON object per prompt on stdout."),
 ) -> None:
     """Generate text and print measured tokens/s, tokens per cycle τ and per-position acceptance α_i."""
@@ -37,8 +39,8 @@ def generate(
     opt.check_schedule(schedule)
     opt.check_temperature(temperature)
     items = _collect_prompts(prompt, prompts)
-    tgt = load_model(target, device, dtype)
-    spec = _draft_spec(draft, tgt, device, dtype)
+    tgt = load_model(target, device, dtype, forward)
+    spec = _draft_spec(draft, tgt, device, dtype, forward)
     config = DecodeConfig(
         max_new_tokens=max_new_tokens,
         num_speculative_tokens=num_speculative_tokens,
@@ -73,11 +75,11 @@ def _collect_prompts(prompt: str | None, prompts: str | None) -> list[Prompt]:
     return load_workload(prompts)
 
 
-def _draft_spec(draft: str, target, device: str, dtype: str) -> DraftSpec:
+def _draft_spec(draft: str, target, device: str, dtype: str, forward: str) -> DraftSpec:
     if draft == "none":
         return DraftSpec("none")
     if draft == NGRAM:
         return DraftSpec("ngram")
-    loaded = load_model(draft, device, dtype)
+    loaded = load_model(draft, device, dtype, forward)
     check_compatible(target, loaded)
     return DraftSpec("model", loaded)

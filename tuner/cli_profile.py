@@ -19,7 +19,7 @@ from rich.table import Table
 from specdec_tune.errors import InputError
 from specdec_tune.tuner import _checks as opt
 from specdec_tune.tuner._app import app, print_json
-from specdec_tune.tuner._options import DbOption
+from specdec_tune.tuner._options import DbOption, ForwardOption
 
 THROUGHPUT_NOTE = "end to end: new tokens / wall seconds of whole decode calls, prefill included"
 SHOWN_K = (1, 2, 3, 5, 9, 17)
@@ -197,6 +197,7 @@ def profile(
     batch_sizes: str = typer.Option("1", "--batch-sizes", help="Batch sizes for T_v(B, k) and T_s(B), e.g. 1,4,16."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16 | float16"),
+    forward: ForwardOption = "auto",
     n_max: int = typer.Option(16, "--n-max", help="N_max: tokens drafted per cycle while recording acceptance traces."),
     k_max: int = typer.Option(17, "--k-max", help="Largest k for T_v(k)."),
     repeats: int = typer.Option(20, "--repeats", help="Timed repeats per micro-benchmark."),
@@ -215,7 +216,7 @@ def profile(
     opt.check_temperature(temperature)
     drafts = [d.strip() for d in draft.split(",") if d.strip()]
     settings = ProfileSettings(
-        device=device, dtype=dtype, temperature=temperature, batch_sizes=_int_list(batch_sizes, "--batch-sizes"),
+        device=device, dtype=dtype, forward=forward, temperature=temperature, batch_sizes=_int_list(batch_sizes, "--batch-sizes"),
         k_max=k_max, n_max=n_max, repeats=repeats, max_prompts=max_prompts, max_new_tokens=max_new_tokens,
         context_lens=_int_list(context_lens, "--context-lens"), seed=seed, label=label,
     )

@@ -8,6 +8,7 @@ import typer
 
 from specdec_tune.errors import InputError, NotFoundError
 from specdec_tune.tuner._app import app, print_json
+from specdec_tune.tuner._options import ForwardOption
 
 zoo_app = typer.Typer(help="The bundled mini model family (target + drafts) and its training recipe.",
                       no_args_is_help=True)
@@ -16,34 +17,30 @@ app.add_typer(zoo_app, name="zoo")
 _CONTEXT_TOKENS = 128
 
 
-def _measure_ms(path: Path, new_tokens: tuple[int, ...], repeats: int) -> dict[str, float]:
-    """Median ms per forward of ``new_tokens`` tokens after a 128-token KV cache, measured live."""
+def _measure_ms(path: Path, new_tokens: tuple[int, ...], repeats: int, forward: str) -> dict[str, float]:
+    """Median ms per engine forward of ``new_tokens`` tokens after a 128-token KV cache, measured live."""
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, DynamicCache
 
+    from specdec_tune.engine import load_model, make_cache
     from specdec_tune.profiler.timers import time_callable
 
     transformers.utils.logging.disable_progress_bar()  # keep stderr for real messages
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = load_model(str(path), "cpu", "float32", forward).model
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     out: dict[str, float] = {}
-    with torch.no_grad():
-        cache = DynamicCache()
+    with torch.inference_mode():
+        cache = make_cache(model, _CONTEXT_TOKENS + max(new_tokens))
         model(input_ids=torch.randint(0, vocab, (1, _CONTEXT_TOKENS), generator=gen), past_key_values=cache,
-              use_cache=True)
+              use_cache=True, logits_to_keep=1)
         for k in new_tokens:
             new = torch.randint(0, vocab, (1, k), generator=gen)
-
-            def rollback() -> None:
-                # Outside the timed interval: keep the context at 128 tokens for every repeat.
-                extra = cache.get_seq_length() - _CONTEXT_TOKENS
-                if extra > 0:
-                    cache.crop(-extra)
-
-            samples = time_callable(lambda new=new: model(input_ids=new, past_key_values=cache, use_cache=True),
-                                    warmup=3, repeats=repeats, device=torch.device("cpu"), setup=rollback)
+            samples = time_callable(
+                lambda new=new, k=k: model(input_ids=new, past_key_values=cache, use_cache=True, logits_to_keep=k),
+                warmup=3, repeats=repeats, device=torch.device("cpu"),
+                setup=lambda: cache.truncate(_CONTEXT_TOKENS),  # outside the timed interval
+            )
             out[str(k)] = samples.median * 1e3
     return out
 
@@ -54,6 +51,7 @@ def zoo_list(
     measure: bool = typer.Option(True, "--measure/--no-measure",
                                  help="Time each model live (a few seconds); otherwise show the build-time numbers."),
     repeats: int = typer.Option(10, min=1, help="Timed forwards per model and token count."),
+    forward: ForwardOption = "auto",
 ) -> None:
     """Show each bundled model: name, role, path, parameters, layers, ms per forward."""
     from specdec_tune.engine.zoo import list_models, read_manifest
@@ -69,7 +67,8 @@ def zoo_list(
                "layers": m.layers, "hidden_size": m.hidden_size,
                "ms_per_forward_at_build": {k: v["median"] for k, v in stored.items()}}
         if measure:
-            row["ms_per_forward_measured"] = _measure_ms(m.path, (1, 8), repeats)
+            row["ms_per_forward_measured"] = _measure_ms(m.path, (1, 8), repeats, forward)
+            row["forward"] = forward
         rows.append(row)
     if as_json:
         print_json(rows)
@@ -77,7 +76,7 @@ def zoo_list(
     from rich.console import Console
     from rich.table import Table
 
-    label = "measured now" if measure else "measured at build time"
+    label = f"measured now, {forward} forward" if measure else "measured at build time, HF forward"
     table = Table(title=f"bundled models (ms per forward with a {_CONTEXT_TOKENS}-token KV cache, {label})")
     for col in ("name", "role", "params", "layers", "ms 1 tok", "ms 8 tok"):
         table.add_column(col, no_wrap=True)

@@ -1,0 +1,136 @@
+"""The lean decoder forward computes what the HF forward computes, on every supported family."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from specdec_tune.engine import DecodeConfig, autoregressive, build_drafter, speculative
+from specdec_tune.engine.kvcache import make_cache
+from specdec_tune.engine.lean import LeanCausalLM, hf_model, lean_unsupported, wrap_forward
+from specdec_tune.profiler.overhead import ForwardRecorder
+from tests.tiny import tiny_llama
+
+_SMALL = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2)
+
+
+def _mistral() -> torch.nn.Module:
+    torch.manual_seed(3)
+    return MistralForCausalLM(MistralConfig(**_SMALL, sliding_window=None)).double().eval()
+
+
+def _qwen2() -> torch.nn.Module:  # q/k/v projections with biases
+    torch.manual_seed(4)
+    model = Qwen2ForCausalLM(Qwen2Config(**_SMALL, use_sliding_window=False)).double().eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.bias.normal_(0, 0.3)
+            layer.self_attn.k_proj.bias.normal_(0, 0.3)
+    return model
+
+
+MODELS = {
+    "llama-gqa": lambda: tiny_llama(vocab=48, layers=3, seed=5),
+    "llama-mha-linear-rope": lambda: _llama_linear_rope(),
+    "mistral": _mistral,
+    "qwen2-bias": _qwen2,
+}
+
+
+def _llama_linear_rope() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(6)
+    cfg = LlamaConfig(**{**_SMALL, "num_key_value_heads": 4}, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    return LlamaForCausalLM(cfg).double().eval()
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_lean_logits_equal_hf_full_forward(name: str) -> None:
+    """Prefill, one token, a block of 4, a rollback, a block of 3: every position's logits match a
+    cache-free HF forward over the whole sequence (and batch rows stay independent)."""
+    model = MODELS[name]()
+    assert lean_unsupported(model) is None
+    lean = wrap_forward(model, "lean")
+    assert isinstance(lean, LeanCausalLM)
+    gen = torch.Generator().manual_seed(0)
+    seq = torch.randint(0, model.config.vocab_size, (2, 20), generator=gen)
+    with torch.no_grad():
+        full = model(input_ids=seq).logits  # [2, 20, V]
+    cache = make_cache(lean, 32)
+    steps = [(0, 7), (7, 8), (8, 12)]
+    for a, b in steps:
+        out = lean(input_ids=seq[:, a:b], past_key_values=cache, use_cache=True, logits_to_keep=b - a).logits
+        torch.testing.assert_close(out, full[:, a:b], rtol=1e-9, atol=1e-9)
+    cache.truncate(10)  # reject the last two positions and go on from there with other tokens
+    other = seq.clone()
+    other[:, 10:13] = torch.randint(0, model.config.vocab_size, (2, 3), generator=gen)
+    with torch.no_grad():
+        full_other = model(input_ids=other[:, :13]).logits
+    out = lean(input_ids=other[:, 10:13], past_key_values=cache, use_cache=True, logits_to_keep=2).logits
+    torch.testing.assert_close(out, full_other[:, 11:13], rtol=1e-9, atol=1e-9)
+    assert cache.get_seq_length() == 13
+
+
+def test_lean_speculative_equals_hf_autoregressive() -> None:
+    """Greedy speculative decoding through the lean forward gives the HF-forward baseline's tokens."""
+    target, draft = tiny_llama(vocab=48, layers=3, seed=7, sharpness=3.0), tiny_llama(vocab=48, layers=3, seed=7, sharpness=3.0)
+    with torch.no_grad():  # a perturbed copy of the target: it agrees often, not always
+        torch.manual_seed(8)
+        for p in draft.model.layers[2].parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    prompt = torch.randint(0, 48, (9,), generator=torch.Generator().manual_seed(1))
+    config = DecodeConfig(max_new_tokens=30, num_speculative_tokens=4)
+    with torch.inference_mode():
+        ref = autoregressive(target, prompt, config).token_ids
+        lean_t, lean_d = wrap_forward(target), wrap_forward(draft)
+        assert autoregressive(lean_t, prompt, config).token_ids == ref
+        out = speculative(lean_t, build_drafter(lean_d, max_len=64), prompt, config)
+    assert out.token_ids == ref
+    accepted = sum(c.accepted for c in out.cycles)
+    assert 0 < accepted < sum(c.drafted for c in out.cycles)  # drafts were both accepted and rejected
+
+
+def test_unsupported_models_fall_back_to_hf_with_a_reason() -> None:
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=40, n_embd=16, n_layer=1, n_head=2, n_positions=64)).eval()
+    assert "gpt2" in lean_unsupported(gpt2)
+    assert wrap_forward(gpt2, "auto") is gpt2
+    with pytest.raises(ValueError, match="cannot run this model: model type 'gpt2'"):
+        wrap_forward(gpt2, "lean")
+    sliding = MistralForCausalLM(MistralConfig(**_SMALL, sliding_window=16))
+    assert "sliding" in lean_unsupported(sliding)
+    with pytest.raises(ValueError, match="forward must be one of"):
+        wrap_forward(sliding, "fast")
+
+
+def test_wrapper_passes_through_attributes_calls_and_hooks() -> None:
+    model = tiny_llama(vocab=48, layers=2, seed=9)
+    lean = wrap_forward(model)
+    assert hf_model(lean) is model and hf_model(model) is model
+    assert wrap_forward(lean, "hf") is model
+    assert lean.config is model.config and lean.generation_config is model.generation_config
+    assert sum(p.numel() for p in lean.parameters()) == sum(p.numel() for p in model.parameters())
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():  # no preallocated cache: the HF forward answers, same logits
+        torch.testing.assert_close(lean(input_ids=ids).logits, model(input_ids=ids).logits)
+    recorder = ForwardRecorder()
+    with recorder.attach(lean):
+        recorder.begin()
+        with torch.inference_mode():
+            autoregressive(lean, ids[0], DecodeConfig(max_new_tokens=5))
+        timeline = recorder.finish()
+    assert [f.tokens for f in timeline.forwards] == [4, 1, 1, 1, 1]
+    assert [f.context_len for f in timeline.forwards] == [0, 4, 5, 6, 7]
+
+
+def test_lean_follows_weight_edits_in_place() -> None:
+    """The wrapper holds the model's Parameter objects, so it never runs stale weights."""
+    model = tiny_llama(vocab=48, layers=2, seed=10)
+    lean = wrap_forward(model)
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight.mul_(2.0)
+        ref = model(input_ids=ids).logits
+    out = lean(input_ids=ids, past_key_values=make_cache(lean, 8), use_cache=True).logits
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
