@@ -2,7 +2,7 @@
 real and compare each with the model's prediction from that profile.
 
 Usage: OMP_NUM_THREADS=1 python benchmarks/fidelity.py [--db sqlite:///fidelity.db] [--target mini-target]
-       [--drafts mini-draft-1l,mini-draft-2l] [--workload functions] [--run ID]
+       [--drafts mini-draft-1l,mini-draft-2l] [--workload functions] [--run ID] [--repeats 3]
 Prints one line per configuration (measured and predicted tokens/s, relative error, τ) and a summary:
 median and worst |predicted - measured| / measured, and whether the measured best is in the
 predicted top 3.
@@ -14,7 +14,7 @@ import statistics
 import time
 
 from specdec_tune.db import open_database
-from specdec_tune.profiler.measure import measure_config
+from specdec_tune.profiler.measure import measure_configs
 from specdec_tune.profiler.session import ProfileSettings, run_profile
 from specdec_tune.tuner.model import SpecConfig
 
@@ -28,6 +28,7 @@ def main() -> None:
     ap.add_argument("--run", type=int, default=None, help="reuse a stored profile run")
     ap.add_argument("--ns", default="1,2,4,6,8,12")
     ap.add_argument("--thetas", default="0,0.3,0.6")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved passes over all configurations")
     args = ap.parse_args()
     drafts = args.drafts.split(",")
     db = open_database(args.db)
@@ -36,16 +37,23 @@ def main() -> None:
         t0 = time.perf_counter()
         run_id = run_profile(db, args.target, drafts, args.workload, ProfileSettings(device="cpu")).run_id
         print(f"profile run {run_id}: {time.perf_counter() - t0:.0f} s", flush=True)
+    grid = [(draft, SpecConfig(int(n), float(theta)))
+            for draft in drafts for n in args.ns.split(",") for theta in args.thetas.split(",")]
+    t0 = time.perf_counter()
+    # Interleaved: every repeat goes round all configurations, so machine drift hits them alike.
+    measured = measure_configs(db, run_id, grid, repeats=args.repeats)
+    print(f"measured {len(grid)} configurations x {args.repeats} interleaved repeats: "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
     rows = []
-    for draft in drafts:
-        for n in (int(x) for x in args.ns.split(",")):
-            for theta in (float(x) for x in args.thetas.split(",")):
-                m = measure_config(db, run_id, draft, SpecConfig(n, theta))
-                rows.append((draft, n, theta, m.tokens_per_s, m.prediction.tokens_per_s, m.relative_error))
-                print(f"{draft:>14} N={n:2d} θ={theta:.1f}  measured {m.tokens_per_s:6.1f} tok/s  predicted "
-                      f"{m.prediction.tokens_per_s:6.1f}  error {m.relative_error * 100:+6.1f}%  "
-                      f"τ measured {m.mean_tokens_per_cycle:.3f} predicted {m.prediction.expected_tokens_per_cycle:.3f}",
-                      flush=True)
+    for m in measured:
+        rows.append((m.draft, m.config.num_speculative_tokens, m.config.threshold, m.tokens_per_s,
+                     m.prediction.tokens_per_s, m.relative_error))
+        spread = (max(m.per_repeat_tokens_per_s) - min(m.per_repeat_tokens_per_s)) / m.tokens_per_s
+        print(f"{m.draft:>14} N={m.config.num_speculative_tokens:2d} θ={m.config.threshold:.1f}  measured "
+              f"{m.tokens_per_s:6.1f} tok/s (repeat spread {spread * 100:4.1f}%)  predicted "
+              f"{m.prediction.tokens_per_s:6.1f}  error {m.relative_error * 100:+6.1f}%  "
+              f"τ measured {m.mean_tokens_per_cycle:.3f} predicted {m.prediction.expected_tokens_per_cycle:.3f}",
+              flush=True)
     errors = [abs(r[5]) for r in rows]
     best = max(rows, key=lambda r: r[3])
     top3 = sorted(rows, key=lambda r: -r[4])[:3]

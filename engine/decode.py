@@ -15,7 +15,7 @@ import torch
 from specdec_tune.engine.drafters import probs_from_logits
 from specdec_tune.engine.kvcache import PreallocatedCache, make_cache
 from specdec_tune.engine.types import CycleStats, Drafter, GenerationResult, VerifyResult
-from specdec_tune.engine.verify import verify_greedy, verify_sampling
+from specdec_tune.engine.verify import greedy_accept, verify_sampling
 
 SCHEDULES = ("constant", "heuristic")
 MAX_SPECULATIVE_TOKENS = 64
@@ -155,18 +155,22 @@ def speculative(
         logits = _forward(model, feed, cache, n_draft + 1)  # [L + 1, vocab]
         if sampling:
             result = verify_s(draft.tokens, draft.probs, probs_from_logits(logits, config.temperature), generator)
+            acc, nxt = result.num_accepted, result.next_token
+            drafted, confs = draft.tokens.tolist(), draft.confidence.tolist()
         else:
-            result = verify_greedy(draft.tokens, logits)
-        acc = result.num_accepted
-        new = (draft.tokens[:acc].tolist() if acc else []) + [result.next_token]
-        emitted, eos_hit = _emit(out, new, config.max_new_tokens, config.eos_token_id)
+            # The cycle's one host synchronisation: verdict, draft tokens and confidences in one copy
+            # (float64 holds every token id exactly).
+            host = torch.cat([greedy_accept(draft.tokens, logits).double(), draft.tokens.double(),
+                              draft.confidence.double()]).tolist()
+            acc, nxt = int(host[0]), int(host[1])
+            drafted, confs = [int(t) for t in host[2:2 + n_draft]], host[2 + n_draft:]
+        emitted, eos_hit = _emit(out, drafted[:acc] + [nxt], config.max_new_tokens, config.eos_token_id)
         if emitted > acc:  # the accepted draft tokens are already in the buffer
-            tokens[length + acc] = result.next_token
+            tokens[length + acc] = nxt
         # Target cache: keep the context plus the accepted tokens; the last emitted token is fed next.
         cache.truncate(length + acc)
         length += emitted
         drafter.observe(acc)
-        confs = draft.confidence.tolist()
         stats = CycleStats(
             drafted=n_draft,
             accepted=acc,

@@ -17,8 +17,8 @@ import torch
 from specdec_tune.engine.types import VerifyResult
 
 
-def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> VerifyResult:
-    """Greedy verification.
+def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """Greedy verification without leaving the device: ``[2]`` int64 (num_accepted, next_token).
 
     Args:
         draft_tokens: ``[L]`` proposed ids.
@@ -28,8 +28,12 @@ def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ve
     length = draft_tokens.shape[0]
     matches = (draft_tokens == target_ids[:length]).to(torch.int64)  # [L]
     num_accepted = matches.cumprod(0).sum()
-    # One host synchronisation for the whole cycle.
-    num, nxt = torch.stack([num_accepted, target_ids[num_accepted]]).tolist()
+    return torch.stack([num_accepted, target_ids[num_accepted]])
+
+
+def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> VerifyResult:
+    """Greedy verification: :func:`greedy_accept` read back to the host (one synchronisation)."""
+    num, nxt = greedy_accept(draft_tokens, target_logits).tolist()
     return VerifyResult(num_accepted=num, next_token=nxt)
 
 

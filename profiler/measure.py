@@ -1,4 +1,4 @@
-"""Measure one configuration end to end on a profiled run's prompts and store it next to its prediction.
+"""Measure configurations end to end on a profiled run's prompts and store each next to its prediction.
 
 Throughput is what a user sees: new tokens / wall seconds of whole decode calls (prefill included),
 summed over the run's profiled prompts, after one untimed warm-up decode. The prediction for the same
@@ -99,21 +99,67 @@ def measure_config(
         NotFoundError: unknown run or draft.
         InputError: a configuration the run cannot predict or the engine cannot run.
     """
-    if config.batch_size != 1:
-        raise InputError(f"measure decodes one sequence at a time; --batch-size must be 1, got {config.batch_size}")
+    return measure_configs(db, run_id, [(draft, config)], temperature=temperature, max_prompts=max_prompts,
+                           repeats=repeats, seed=seed, progress=progress)[0]
+
+
+@dataclass
+class _Case:
+    """One configuration being measured: what to run and what it has measured so far."""
+
+    draft: str
+    config: SpecConfig
+    prediction: RunPrediction
+    spec: DraftSpec
+    decode: DecodeConfig
+    times: list[list[float]]  # [prompt][repeat] seconds
+    tokens: list[int]
+    cycles: list = field(default_factory=list)
+
+
+def measure_configs(
+    db: Database,
+    run_id: int,
+    items: list[tuple[str | None, SpecConfig]],
+    *,
+    temperature: float = 0.0,
+    max_prompts: int | None = None,
+    repeats: int = 3,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> list[Measurement]:
+    """Measure several configurations of one run, interleaved, and store each next to its prediction.
+
+    The models are loaded once. Each repeat goes round every configuration (in a rotated order) and
+    every prompt, so a slow minute of a shared machine is spread over all configurations instead of
+    landing on one: rankings and errors compare like with like (ARCHITECTURE §6).
+
+    Args:
+        items: ``(draft or None for the run's first, config)`` pairs. The other arguments are those of
+            :func:`measure_config`.
+
+    Raises:
+        NotFoundError: unknown run or draft.
+        InputError: a configuration the run cannot predict or the engine cannot run.
+    """
+    if not items:
+        raise InputError("no configuration to measure")
     if repeats < 1:
         raise InputError(f"--repeats must be >= 1, got {repeats}")
     run = get_run(db, run_id)
-    name = resolve_draft(run, draft)
     settings = run.settings
     sampling = temperature > 0
     if sampling and abs(float(settings.get("temperature", 0.0)) - temperature) > 1e-9:
         raise InputError(f"run {run_id} was profiled at --temperature {settings.get('temperature', 0.0)}; "
                          f"measure at that temperature or 0 (greedy), not {temperature}")
-    config = SpecConfig(config.num_speculative_tokens, config.threshold, config.schedule, 1,
-                        "sampling" if sampling else "greedy")
-    profile = load_run_profile(db, run_id, name)
-    prediction = predict_config(profile, config, max_prompts)
+    planned = []
+    for draft, config in items:
+        if config.batch_size != 1:
+            raise InputError(f"measure decodes one sequence at a time; --batch-size must be 1, got {config.batch_size}")
+        name = resolve_draft(run, draft)
+        config = SpecConfig(config.num_speculative_tokens, config.threshold, config.schedule, 1,
+                            "sampling" if sampling else "greedy")
+        planned.append((name, config, predict_config(load_run_profile(db, run_id, name), config, max_prompts)))
 
     device, dtype = settings.get("device", "auto"), settings.get("dtype", "auto")
     forward = settings.get("forward", "hf")  # runs profiled before the lean forward existed used HF's
@@ -122,12 +168,14 @@ def measure_config(
         torch.set_num_threads(int(settings["threads"]))
     target = _load(run.target.name, run.target.extra.get("source"), device, dtype, forward)
     _warn_if_changed(target, run.target.tokenizer_hash, run.target.num_parameters)
-    if name == NGRAM:
-        spec = DraftSpec("ngram")
-    else:
+    specs: dict[str, DraftSpec] = {}
+    for name in dict.fromkeys(n for n, _, _ in planned):
+        if name == NGRAM:
+            specs[name] = DraftSpec("ngram")
+            continue
         loaded = load_model(name, target.device, target.dtype, settings.get("draft_forwards", {}).get(name, forward))
         check_compatible(target, loaded)
-        spec = DraftSpec("model", loaded)
+        specs[name] = DraftSpec("model", loaded)
 
     wanted = list(settings.get("prompt_ids", []))
     if max_prompts is not None:
@@ -137,44 +185,57 @@ def measure_config(
     if missing:
         raise InputError(f"workload {settings.get('workload')!r} no longer has prompt(s) {missing[:3]} of run {run_id}")
     ids = [encode_prompt(target, by_id[i].prompt, i) for i in wanted]
-    decode = DecodeConfig(
-        max_new_tokens=int(settings.get("max_new_tokens", 64)), num_speculative_tokens=config.num_speculative_tokens,
-        threshold=config.threshold, schedule=config.schedule, temperature=temperature, eos_token_id=target.eos_token_id,
-    )
+    max_new = int(settings.get("max_new_tokens", 64))
+    cases = [
+        _Case(draft=name, config=config, prediction=prediction, spec=specs[name],
+              decode=DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=config.num_speculative_tokens,
+                                  threshold=config.threshold, schedule=config.schedule, temperature=temperature,
+                                  eos_token_id=target.eos_token_id),
+              times=[[] for _ in ids], tokens=[0] * len(ids))
+        for name, config, prediction in planned
+    ]
     progress = progress or Progress()
-    progress.stage(f"measure {name} N={config.num_speculative_tokens} θ={config.threshold}", len(ids) * repeats + 1)
-    warm_up(target, spec, ids[0], decode)
-    progress.advance()
-    # Repeats go round the whole prompt set (a burst of load elsewhere hits one pass of a few prompts);
-    # each prompt's time is the median of its repeats, then summed: robust, and still one wall-clock
-    # decode per prompt, prefill included.
-    times: list[list[float]] = [[] for _ in ids]
-    tokens: list[int] = [0] * len(ids)
-    cycles = []
+    label = (f"measure {cases[0].draft} N={cases[0].config.num_speculative_tokens} θ={cases[0].config.threshold}"
+             if len(cases) == 1 else f"measure {len(cases)} configurations")
+    progress.stage(label, len(cases) * (len(ids) * repeats + 1))
+    for case in cases:
+        warm_up(target, case.spec, ids[0], case.decode)
+        progress.advance()
+    # Repeats go round every configuration and the whole prompt set (a burst of load elsewhere hits
+    # one pass of a few prompts); each prompt's time is the median of its repeats, then summed: robust,
+    # and still one wall-clock decode per prompt, prefill included.
     for r in range(repeats):
-        for i, (pid, x) in enumerate(zip(wanted, ids)):
-            m = measure_prompt(target, spec, x, decode, prompt_id=pid, seed=seed + i)
-            times[i].append(m.seconds)
-            tokens[i] = m.new_tokens
-            if r == 0 and m.result is not None:
-                cycles += m.result.cycles
-            progress.advance()
-    seconds = sum(statistics.median(t) for t in times)
-    new_tokens = sum(tokens)
+        shift = r % len(cases)
+        for case in cases[shift:] + cases[:shift]:
+            for i, (pid, x) in enumerate(zip(wanted, ids)):
+                m = measure_prompt(target, case.spec, x, case.decode, prompt_id=pid, seed=seed + i)
+                case.times[i].append(m.seconds)
+                case.tokens[i] = m.new_tokens
+                if r == 0 and m.result is not None:
+                    case.cycles += m.result.cycles
+                progress.advance()
+    return [_store(db, run_id, case, temperature, repeats) for case in cases]
+
+
+def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: int) -> Measurement:
+    seconds = sum(statistics.median(t) for t in case.times)
+    new_tokens = sum(case.tokens)
     tps = new_tokens / seconds if seconds > 0 else 0.0
-    per_repeat = [new_tokens / sum(t[r] for t in times) for r in range(repeats)]
+    per_repeat = [new_tokens / sum(t[r] for t in case.times) for r in range(repeats)]
+    cycles = case.cycles
     tau = sum(c.accepted + 1 for c in cycles) / len(cycles) if cycles else None
     alpha, _ = acceptance_per_position(cycles) if cycles else ([], [])
+    config, prediction = case.config, case.prediction
     result = Measurement(
-        run_id=run_id, draft=name, config=config, temperature=temperature, tokens_per_s=tps, seconds=seconds,
+        run_id=run_id, draft=case.draft, config=config, temperature=temperature, tokens_per_s=tps, seconds=seconds,
         new_tokens=new_tokens, mean_tokens_per_cycle=tau, acceptance_per_position=alpha, prediction=prediction,
-        prompts=len(ids), repeats=repeats, per_repeat_tokens_per_s=per_repeat,
+        prompts=len(case.times), repeats=repeats, per_repeat_tokens_per_s=per_repeat,
     )
     result.measured_id = add_measured_run(
-        db, run_id, draft=name,
+        db, run_id, draft=case.draft,
         config={"num_speculative_tokens": config.num_speculative_tokens, "threshold": config.threshold,
                 "schedule": config.schedule, "batch_size": 1, "temperature": temperature,
-                "max_new_tokens": decode.max_new_tokens, "prompts": len(ids), "repeats": repeats,
+                "max_new_tokens": case.decode.max_new_tokens, "prompts": len(case.times), "repeats": repeats,
                 "measured_acceptance_per_position": alpha, "prediction_source": prediction.source,
                 "throughput": "end to end, prefill included"},
         measured_tokens_per_s=tps, seconds=seconds, new_tokens=new_tokens,

@@ -105,6 +105,26 @@ def test_measure_stores_measured_next_to_predicted(profiled, capsys):
     assert code == 0 and "measured:" in out and "predicted:" in out
 
 
+def test_measure_configs_interleaved_store_each_with_its_prediction(profiled):
+    from specdec_tune.profiler.measure import measure_configs
+    from specdec_tune.tuner.model import SpecConfig
+
+    url, _ = profiled
+    db = open_database(url)
+    before = len(list_measured(db, 1))
+    items = [(None, SpecConfig(3, 0.0)), ("ngram", SpecConfig(2, 0.0)), (None, SpecConfig(1, 0.0))]
+    got = measure_configs(db, 1, items, repeats=2)
+    assert [(m.draft.endswith("draft"), m.config.num_speculative_tokens) for m in got] == [(True, 3), (False, 2), (True, 1)]
+    for m in got:
+        assert len(m.per_repeat_tokens_per_s) == 2 and m.tokens_per_s > 0
+        assert m.prediction.expected_tokens_per_cycle == pytest.approx(m.mean_tokens_per_cycle)  # greedy: exact
+    stored = {m.id: m for m in list_measured(db, 1)}
+    assert len(stored) == before + 3
+    for m in got:
+        assert stored[m.measured_id].config["num_speculative_tokens"] == m.config.num_speculative_tokens
+        assert stored[m.measured_id].predicted_tokens_per_s == pytest.approx(m.prediction.tokens_per_s)
+
+
 def _one_line_error(code, err, needle):
     assert code == 2
     lines = [line for line in err.splitlines() if line.strip()]
