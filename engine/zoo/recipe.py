@@ -76,12 +76,12 @@ FULL = RecipeConfig(
     workload_size=40,
     timing_repeats=30,
     models=(
-        ModelPlan("mini-target", "target", Shape(layers=12, hidden=192, intermediate=512, heads=4)),
+        ModelPlan("mini-target", "target", Shape(layers=16, hidden=192, intermediate=512, heads=4)),
         ModelPlan("mini-draft-1l", "draft", Shape(1, 192, 512, 4)),
         ModelPlan("mini-draft-2l", "draft", Shape(2, 192, 512, 4)),
     ),
     stages=(
-        Stage(("mini-target",), max_steps=1600, budget_s=40 * 60, peak_lr=2e-3, warmup=50),
+        Stage(("mini-target",), max_steps=1600, budget_s=42 * 60, peak_lr=2e-3, warmup=50),
         Stage(("mini-draft-1l", "mini-draft-2l"), max_steps=1000, budget_s=16 * 60, peak_lr=2e-3, warmup=20,
               distill=True, ce_weight=0.1),
     ),
