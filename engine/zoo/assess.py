@@ -3,7 +3,9 @@
 Quality is measured on held-out files with the shipped float16 weights loaded as float32 (the way
 the engine loads them). Latency is measured per forward with a KV cache, interleaving the models in
 rounds so that load from other jobs on a shared machine hits every model alike (the ratios stay
-fair even when absolute numbers are noisy), with 2 threads and with 1 thread.
+fair even when absolute numbers are noisy): through Hugging Face's forward with 2 threads and with 1
+thread, and through the engine's lean forward (:mod:`specdec_tune.engine.lean`, what speculative
+decoding runs) with 1 thread.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from . import card
 from .corpus import stdlib_root
 from .evaluate import agreement, eval_windows, held_out_loss, token_byte_lengths
 from .train import encode_stream
+from ..kvcache import make_cache
+from ..lean import wrap_forward
 
 MANIFEST_NAME = "zoo.json"
 CONTEXT_TOKENS = 128
@@ -30,21 +34,27 @@ NEW_TOKENS = (1, 8)
 
 @torch.no_grad()
 def forward_samples(model: PreTrainedModel, new_tokens: int, *, repeats: int, warmup: int = 2,
-                    context: int = CONTEXT_TOKENS, seed: int = 0) -> list[float]:
+                    context: int = CONTEXT_TOKENS, seed: int = 0, lean: bool = False) -> list[float]:
     """Milliseconds of ``repeats`` forwards of ``new_tokens`` tokens after ``context`` cached tokens.
 
     The cache is cropped back after each forward (outside the timed interval), so every repeat sees
-    the same context length.
+    the same context length. ``lean``: the engine's lean forward on its preallocated cache, with
+    ``logits_to_keep`` = new tokens as the engine calls it; otherwise HF's forward on a DynamicCache.
     """
     gen = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
-    cache = DynamicCache()
+    if lean:
+        model = wrap_forward(model, "lean")
+        cache = make_cache(model, context + new_tokens)
+        kwargs = {"logits_to_keep": new_tokens}
+    else:
+        cache, kwargs = DynamicCache(), {}
     model(input_ids=torch.randint(0, vocab, (1, context), generator=gen), past_key_values=cache, use_cache=True)
     new = torch.randint(0, vocab, (1, new_tokens), generator=gen)
     out: list[float] = []
     for i in range(warmup + repeats):
         t0 = time.perf_counter()
-        model(input_ids=new, past_key_values=cache, use_cache=True)
+        model(input_ids=new, past_key_values=cache, use_cache=True, **kwargs)
         elapsed = time.perf_counter() - t0
         cache.crop(-new_tokens)
         if i >= warmup:
@@ -58,7 +68,7 @@ def _summary(samples: list[float]) -> dict[str, float]:
 
 
 def measure_latency(models: dict[str, PreTrainedModel], *, repeats: int, threads: int,
-                    rounds: int = 5) -> dict[str, dict[str, dict[str, float]]]:
+                    rounds: int = 5, lean: bool = False) -> dict[str, dict[str, dict[str, float]]]:
     """Per model and new-token count: median/p10/p90 ms per forward, models interleaved in rounds."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -68,7 +78,7 @@ def measure_latency(models: dict[str, PreTrainedModel], *, repeats: int, threads
         for r in range(rounds):
             for name, model in models.items():
                 for k in NEW_TOKENS:
-                    samples[name][k] += forward_samples(model, k, repeats=per_round, seed=r)
+                    samples[name][k] += forward_samples(model, k, repeats=per_round, seed=r, lean=lean)
     finally:
         torch.set_num_threads(previous)
     return {name: {str(k): _summary(v) for k, v in by_k.items()} for name, by_k in samples.items()}
@@ -120,11 +130,13 @@ def assess_zoo(out_dir: Path, manifest: dict, *, repeats: int, log: Callable[[st
         log(f"quality {m['name']}: {json.dumps(quality)}")
     torch.set_num_threads(threads_before)
     timing = {t: measure_latency(loaded, repeats=repeats, threads=t) for t in (2, 1)}
+    timing["engine"] = measure_latency(loaded, repeats=repeats, threads=1, lean=True)
     for m in entries:
         m["ms_per_forward_at_training_time"] = timing[2][m["name"]]
         m["ms_per_forward_1_thread"] = timing[1][m["name"]]
+        m["ms_per_forward_engine_1_thread"] = timing["engine"][m["name"]]
         log(f"latency {m['name']}: " + ", ".join(
-            f"{t} threads {k} tok {timing[t][m['name']][k]['median']:.2f} ms" for t in (2, 1) for k in ("1", "8")))
+            f"{t} {k} tok {timing[t][m['name']][k]['median']:.2f} ms" for t in (2, 1, "engine") for k in ("1", "8")))
     manifest["timing"] = {"context_tokens": CONTEXT_TOKENS, "threads": 2, "also_measured_threads": 1,
                           "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count() or 0,
                           "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}

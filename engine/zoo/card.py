@@ -23,6 +23,14 @@ def latency_ratio(manifest: dict, new_tokens: str = "1", key: str = "ms_per_forw
     return target[key][new_tokens]["median"] / smallest[key][new_tokens]["median"]
 
 
+def latency_settings(target: dict) -> list[tuple[str, str]]:
+    """(manifest key, label) of each latency measurement the manifest holds."""
+    candidates = [("ms_per_forward_at_training_time", "HF forward, 2 threads"),
+                  ("ms_per_forward_1_thread", "HF forward, 1 thread"),
+                  ("ms_per_forward_engine_1_thread", "engine (lean) forward, 1 thread")]
+    return [(key, label) for key, label in candidates if key in target]
+
+
 def check_bars(manifest: dict) -> list[str]:
     """One line per bar, starting with PASS or FAIL."""
     models = manifest["models"]
@@ -33,10 +41,7 @@ def check_bars(manifest: dict) -> list[str]:
         f"{'PASS' if best >= MIN_BEST_AGREEMENT else 'FAIL'}: best draft greedy agreement {best:.3f} "
         f"(bar {MIN_BEST_AGREEMENT})",
     ]
-    settings = [("ms_per_forward_at_training_time", "2 threads")]
-    if "ms_per_forward_1_thread" in target:
-        settings.append(("ms_per_forward_1_thread", "1 thread"))
-    for key, label in settings:
+    for key, label in latency_settings(target):
         for k in ("1", "8"):
             ratio = latency_ratio(manifest, k, key)
             lines.append(f"{'PASS' if ratio >= MIN_LATENCY_RATIO else 'FAIL'}: target/smallest-draft latency "
@@ -125,9 +130,7 @@ def render(manifest: dict) -> str:
       "interleaved in rounds so that load from other jobs hits all alike. The machine was shared with other "
       f"jobs (load average at the end: {tm.get('load_average_at_end', '?')}), so expect noise; "
       "`specdec-tune zoo list` measures again on your machine.\n")
-    keys = [("ms_per_forward_at_training_time", "2 threads")]
-    if "ms_per_forward_1_thread" in target:
-        keys.append(("ms_per_forward_1_thread", "1 thread"))
+    keys = latency_settings(target)
     w("| model | " + " | ".join(f"{label}, {k} new token{'s' if k != '1' else ''}" for _, label in keys
                              for k in ("1", "8")) + " |")
     w("|---|" + "---|" * (2 * len(keys)))
