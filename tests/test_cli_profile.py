@@ -56,6 +56,9 @@ def test_profile_json_contract(profiled, tiny_model_dirs, capsys):
     assert speeds == sorted(speeds, reverse=True)
     assert set(model_draft["best_n_per_batch_size"]) == {"1", "2"}
     assert summary["baseline"]["measured_tokens_per_s"] > 0 and summary["baseline"]["predicted_tokens_per_s"] > 0
+    # the run records which forward it timed (tiny Llamas: the lean one), so measure runs the same
+    settings = get_run(db, run_rec.id).settings
+    assert settings["forward"] == "lean" and settings["draft_forwards"] == {tiny_model_dirs["draft"]: "lean"}
 
 
 def test_profile_human_output(tiny_model_dirs, tmp_path, capsys):
