@@ -14,21 +14,42 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 
 class _PreallocatedLayer(DynamicLayer):
-    """One attention layer's cache: fixed buffers, a write position, views handed to attention."""
+    """One attention layer's cache: fixed buffers, a write position, views handed to attention.
+
+    ``keys``/``values`` (what HF's cache API exposes) are views computed on access, so a rollback is
+    one integer assignment per layer, not two new views.
+    """
 
     def __init__(self, max_len: int) -> None:
-        super().__init__()
-        self.max_len = max_len
-        self.length = 0
         self._k: torch.Tensor | None = None  # [B, H, max_len, D]
         self._v: torch.Tensor | None = None  # [B, H, max_len, Dv]
+        self.length = 0
+        super().__init__()
+        self.max_len = max_len
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self._k is None else self._k[:, :, :self.length]
+
+    @keys.setter
+    def keys(self, value) -> None:
+        if value is not None:  # the base class initialises it to None; nothing else may replace the buffer
+            raise AttributeError("the preallocated cache's keys are views of its buffer; use update/truncate")
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self._v is None else self._v[:, :, :self.length]
+
+    @values.setter
+    def values(self, value) -> None:
+        if value is not None:
+            raise AttributeError("the preallocated cache's values are views of its buffer; use update/truncate")
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         b, h, _, d = key_states.shape
         self._k = torch.empty((b, h, self.max_len, d), dtype=self.dtype, device=self.device)
         self._v = torch.empty((b, h, self.max_len, value_states.shape[-1]), dtype=self.dtype, device=self.device)
-        self.keys, self.values = self._k[:, :, :0], self._v[:, :, :0]
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -40,8 +61,7 @@ class _PreallocatedLayer(DynamicLayer):
         self._k[:, :, start:end].copy_(key_states)
         self._v[:, :, start:end].copy_(value_states)
         self.length = end
-        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
-        return self.keys, self.values
+        return self._k[:, :, :end], self._v[:, :, :end]
 
     def get_seq_length(self) -> int:
         return self.length
@@ -62,8 +82,6 @@ class _PreallocatedLayer(DynamicLayer):
         if not 0 <= new_length <= self.length:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {new_length}")
         self.length = new_length
-        if self.is_initialized:
-            self.keys, self.values = self._k[:, :, :new_length], self._v[:, :, :new_length]
 
     def reset(self) -> None:
         self.truncate(0)
