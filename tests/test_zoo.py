@@ -297,3 +297,28 @@ def test_quick_recipe_end_to_end(tmp_path: Path) -> None:
     assert (tmp_path / "z" / "train_log.txt").read_text(encoding="utf-8").strip().endswith("recipe done")
     saved = json.loads((tmp_path / "z" / "zoo.json").read_text(encoding="utf-8"))
     assert saved["models"] == manifest["models"]
+    for m in manifest["models"]:  # the drafts went through the on-policy stage, the target did not
+        assert ("on_policy" in m["training"]) == (m["role"] == "draft")
+        if m["role"] == "draft":
+            assert m["training"]["on_policy"]["steps"] >= 1
+
+
+def test_on_policy_data_is_training_prompts_plus_the_targets_greedy_text() -> None:
+    from specdec_tune.engine import DecodeConfig, autoregressive
+    from specdec_tune.engine.zoo.onpolicy import OnPolicyPlan, greedy_continuations
+    from tests.tiny import tiny_llama
+
+    target = tiny_llama(vocab=40, layers=2, seed=3, dtype=torch.float32, sharpness=3.0)
+    stream = torch.randint(0, 40, (500,), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    plan = OnPolicyPlan(sequences=5, prompt_tokens=12, new_tokens=9, gen_batch=2)
+    data = greedy_continuations(target, stream, plan, seed=1, log=lambda _: None)
+    assert data.shape == (5, 21) and data.dtype == torch.long
+    again = greedy_continuations(target, stream, plan, seed=1, log=lambda _: None)
+    assert torch.equal(data, again)  # seeded
+    text = stream.long().tolist()
+    for row in data:
+        prompt = row[:12].tolist()
+        assert any(text[i:i + 12] == prompt for i in range(len(text) - 11))  # a window of the stream
+        with torch.inference_mode():
+            ref = autoregressive(target, row[:12], DecodeConfig(max_new_tokens=9)).token_ids
+        assert row[12:].tolist() == ref  # batched greedy == the engine's one-sequence greedy

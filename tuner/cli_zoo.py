@@ -107,6 +107,22 @@ def zoo_train(
     typer.echo(f"wrote {len(manifest['models'])} models and {len(manifest['workloads'])} workloads to {out}")
 
 
+@zoo_app.command("refine")
+def zoo_refine(
+    out: Path = typer.Option(..., "--out", help="A folder written by `zoo train` (holds zoo.json)."),
+    quick: bool = typer.Option(False, "--quick", help="The smoke-sized stage (for a --quick zoo)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the prompts and batch order."),
+) -> None:
+    """Rerun only the recipe's on-policy stage (drafts distilled on the target's own greedy text,
+    about 10 minutes), then re-measure the zoo and rewrite its card."""
+    if not (out / "zoo.json").is_file():
+        raise InputError(f"--out {str(out)!r} holds no zoo.json; build one with `specdec-tune zoo train`")
+    from specdec_tune.engine.zoo.recipe import refine
+
+    refine(out, quick=quick, seed=seed)
+    typer.echo(f"refined the drafts in {out / 'models'}; rewrote {out / 'zoo.json'} and {out / 'MODEL_CARD.md'}")
+
+
 @zoo_app.command("evaluate")
 def zoo_evaluate(
     out: Path = typer.Option(..., "--out", help="A folder written by `zoo train` (holds zoo.json)."),

@@ -23,6 +23,7 @@ from transformers import GenerationConfig, LlamaForCausalLM
 
 from .build_workloads import WORKLOAD_KINDS, build_workload, write_jsonl
 from .corpus import load_corpus
+from .onpolicy import QUICK_PLAN, OnPolicyPlan, refine_drafts
 from .assess import MANIFEST_NAME, assess_zoo
 from .train import Shape, batches, build_model, encode_stream, init_draft_from_target, train_loop, train_tokenizer
 
@@ -66,6 +67,7 @@ class RecipeConfig:
     timing_repeats: int
     models: tuple[ModelPlan, ...]
     stages: tuple[Stage, ...]
+    on_policy: OnPolicyPlan | None = None  # final stage: drafts refined on the target's own greedy text
 
 
 FULL = RecipeConfig(
@@ -85,6 +87,7 @@ FULL = RecipeConfig(
         Stage(("mini-draft-1l", "mini-draft-2l"), max_steps=1000, budget_s=16 * 60, peak_lr=2e-3, warmup=20,
               distill=True, ce_weight=0.1),
     ),
+    on_policy=OnPolicyPlan(),
 )
 QUICK = RecipeConfig(
     seq=128,
@@ -103,6 +106,7 @@ QUICK = RecipeConfig(
         Stage(("mini-draft-1l", "mini-draft-2l"), max_steps=15, budget_s=15, peak_lr=3e-3, warmup=3,
               distill=True, ce_weight=0.1),
     ),
+    on_policy=QUICK_PLAN,
 )
 
 
@@ -207,6 +211,8 @@ def run_recipe(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
             _save_model(model, tokenizer, out_dir / "models" / name)
             log(f"saved {name} to {out_dir / 'models' / name}")
 
+    if cfg.on_policy is not None:
+        _refine(trained, reports, target_name, tokenizer, train_stream, cfg.on_policy, seed, out_dir, log)
     del trained
     entries = [{"name": p.name, "role": p.role, "path": f"models/{p.name}", "layers": p.shape.layers,
                 "hidden_size": p.shape.hidden, "intermediate_size": p.shape.intermediate, "heads": p.shape.heads,
@@ -225,6 +231,52 @@ def run_recipe(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
     }
     manifest = assess_zoo(out_dir, manifest, repeats=cfg.timing_repeats, log=log)
     log("recipe done")
+    return manifest
+
+
+def _refine(trained: dict, reports: dict, target_name: str, tokenizer, stream, plan: OnPolicyPlan, seed: int,
+            out_dir: Path, log: _Log) -> None:
+    """Run the on-policy stage on the trained drafts, save them and record it in their reports."""
+    target = trained[target_name]
+    drafts = {name: m for name, m in trained.items() if name != target_name}
+    stage = refine_drafts(target, drafts, stream, plan, seed=seed * 1000 + 7, log=log)
+    for name, model in drafts.items():
+        reports[name]["on_policy"] = {**asdict(stage[name]), **asdict(plan),
+                                      "objective": "KL(p_target || q) + %.2f * CE on target greedy text "
+                                                   "and training windows, alternating" % plan.ce_weight}
+        _save_model(model, tokenizer, out_dir / "models" / name)
+        log(f"saved {name} (on-policy refined) to {out_dir / 'models' / name}")
+
+
+def refine(out_dir: Path, *, quick: bool = False, seed: int = 0, repeats: int = 30) -> dict:
+    """Run only the on-policy stage on a built zoo (drafts refined in place), then re-measure it.
+
+    The bundled zoo was built this way: stages 1-2 by ``zoo train``, then this stage, which
+    ``zoo train`` now runs itself. Appends to ``train_log.txt``.
+    """
+    out_dir = Path(out_dir)
+    path = out_dir / MANIFEST_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"no {MANIFEST_NAME} in {out_dir}")
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    cfg = QUICK if quick else FULL
+    log = _Log(out_dir / "train_log.txt", append=True)
+    torch.set_num_threads(2)
+    transformers.utils.logging.disable_progress_bar()
+    torch.manual_seed(seed)
+    log(f"refine: on-policy stage on the built zoo in {out_dir} (seed {seed})")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(out_dir / manifest["models"][0]["path"])
+    corpus = load_corpus(max_files=cfg.max_files)
+    stream = encode_stream(tokenizer, [f.text for f in corpus.train])
+    trained = {m["name"]: LlamaForCausalLM.from_pretrained(out_dir / m["path"], dtype=torch.float32)
+               for m in manifest["models"]}
+    reports = {m["name"]: m["training"] for m in manifest["models"]}
+    target_name = next(m["name"] for m in manifest["models"] if m["role"] == "target")
+    _refine(trained, reports, target_name, tokenizer, stream, cfg.on_policy or OnPolicyPlan(), seed, out_dir, log)
+    manifest = assess_zoo(out_dir, manifest, repeats=repeats, log=log)
+    log("refine done")
     return manifest
 
 
