@@ -30,7 +30,7 @@ from specdec_tune.engine.kvcache import PreallocatedCache
 FORWARDS = ("auto", "lean", "hf")
 _MODEL_TYPES = ("llama", "mistral", "qwen2")
 _ROPE_TYPES = ("default", "linear", "llama3")
-_GQA_ARG = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+_GQA_ARG = torch.__version__ >= "2.5"  # scaled_dot_product_attention(enable_gqa=...) appeared in torch 2.5
 
 
 @dataclass

@@ -52,3 +52,10 @@ def _json_default(value: Any) -> Any:
     if hasattr(value, "isoformat"):
         return value.isoformat()
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def quiet_loading() -> None:
+    """Our progress bars replace transformers' per-model "Loading weights" bars (and keep errors one line)."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()

@@ -12,7 +12,7 @@ from specdec_tune.errors import InputError
 from specdec_tune.profiler.bench import METHODS, run_bench
 from specdec_tune.profiler.runs import encode_prompt
 from specdec_tune.tuner import _checks as chk
-from specdec_tune.tuner._app import app, print_json
+from specdec_tune.tuner._app import app, print_json, quiet_loading
 from specdec_tune.tuner._options import ForwardOption
 
 _LABELS = {
@@ -47,6 +47,7 @@ def bench(
     if compare not in ("hf", "none"):
         raise InputError(f"--compare must be 'hf' or 'none', got {compare!r}")
     prompts = load_workload(workload)[:max_prompts]
+    quiet_loading()
     tgt = load_model(target, device, dtype, forward)
     drf = load_model(draft, device, dtype, forward)
     check_compatible(tgt, drf)

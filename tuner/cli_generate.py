@@ -11,7 +11,7 @@ from specdec_tune.engine.workloads import Prompt, load_workload
 from specdec_tune.errors import InputError
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
 from specdec_tune.tuner import _checks as opt
-from specdec_tune.tuner._app import app, print_json
+from specdec_tune.tuner._app import app, print_json, quiet_loading
 from specdec_tune.tuner._options import ForwardOption
 
 
@@ -39,6 +39,7 @@ def generate(
     opt.check_schedule(schedule)
     opt.check_temperature(temperature)
     items = _collect_prompts(prompt, prompts)
+    quiet_loading()
     tgt = load_model(target, device, dtype, forward)
     spec = _draft_spec(draft, tgt, device, dtype, forward)
     config = DecodeConfig(

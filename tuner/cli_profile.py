@@ -18,7 +18,7 @@ from rich.table import Table
 
 from specdec_tune.errors import InputError
 from specdec_tune.tuner import _checks as opt
-from specdec_tune.tuner._app import app, print_json
+from specdec_tune.tuner._app import app, print_json, quiet_loading
 from specdec_tune.tuner._options import DbOption, ForwardOption
 
 THROUGHPUT_NOTE = "end to end: new tokens / wall seconds of whole decode calls, prefill included"
@@ -65,13 +65,6 @@ def _warn_if_busy(console: Console) -> None:
     if load > 0.75 * cpus:
         console.print(f"warning: load average {load:.1f} on {cpus} CPUs: another process is busy, so timings "
                       "(and the model's error) will be noisy", highlight=False)
-
-
-def _quiet_loading() -> None:
-    """Our progress bar replaces transformers' per-model "Loading weights" bars (and keeps errors one line)."""
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()
 
 
 def _bar(console: Console) -> RichBar:
@@ -221,7 +214,7 @@ def profile(
         context_lens=_int_list(context_lens, "--context-lens"), seed=seed, label=label,
     )
     database = open_database(db)  # a bad --db fails here, before any model is loaded
-    _quiet_loading()
+    quiet_loading()
     console = Console(stderr=True)
     with _bar(console) as bar:
         result = run_profile(database, target, drafts, workload, settings, _Bar(bar))
@@ -311,7 +304,7 @@ def measure(
         opt.check_num_speculative_tokens(num_speculative_tokens)
     config = _spec_config(num_speculative_tokens, threshold, schedule, 1, temperature)
     database = open_database(db)
-    _quiet_loading()
+    quiet_loading()
     console = Console(stderr=True)
     with _bar(console) as bar:
         m = measure_config(database, run, draft, config, temperature=temperature, max_prompts=max_prompts,

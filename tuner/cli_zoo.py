@@ -98,7 +98,7 @@ def zoo_train(
     seed: int = typer.Option(0, "--seed", help="Seed of data order, initialisation and prompt choice."),
     force: bool = typer.Option(False, "--force", help="Write into a folder that already holds a zoo."),
 ) -> None:
-    """Rerun the zoo recipe (about 50 minutes on 2 CPU cores; --quick for a smoke run)."""
+    """Rerun the zoo recipe (about 70 minutes on 2 CPU cores; --quick for a smoke run)."""
     if (out / "zoo.json").exists() and not force:
         raise InputError(f"--out {str(out)!r} already holds a zoo (zoo.json); pass --force to overwrite it")
     from specdec_tune.engine.zoo.recipe import run_recipe

@@ -1,7 +1,10 @@
-"""The zoo recipe: corpus -> tokenizer -> workloads -> target -> distilled drafts -> evaluation.
+"""The zoo recipe: corpus -> tokenizer -> workloads -> target -> distilled drafts -> on-policy
+refinement of the drafts -> evaluation.
 
 Run it with ``specdec-tune zoo train [--out DIR] [--quick] [--seed N]``. The full recipe takes about
-60 minutes on a 2-core CPU (59 min for the bundled zoo, wall-clock training budgets of 42 + 16 min); ``--quick`` is a smoke version of a minute or two with tiny models.
+70 minutes on a 2-core CPU (the bundled zoo: 59 min for everything up to the distilled drafts, then
+7 min for the on-policy stage run by ``zoo refine``; wall-clock training budgets of 42 + 16 + 8 min);
+``--quick`` is a smoke version of a minute or two with tiny models.
 
 The recipe is the one place of the zoo that reads a clock (``time.perf_counter``): for its wall-clock
 training budgets and for the per-forward latencies written to the model card. It is a build script,
