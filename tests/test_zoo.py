@@ -231,12 +231,18 @@ def test_every_model_loads_and_shares_the_tokenizer(loaded: dict) -> None:
 def test_target_predicts_code_better_than_the_smallest_draft(loaded: dict) -> None:
     """On held-out prompts the target beats the 1-layer draft, and the drafts agree with it often.
 
-    (The card compares the target with every draft on far more text; the 2-layer draft is close to
-    the target, so a few prompts cannot rank those two reliably.)
+    The card compares them on 24,576 held-out tokens at 512-token context. Here: the first 256 tokens
+    of every bundled prompt that long (67 prompts, ~17k tokens; measured 4.58 vs 4.67 nats/token).
+    Short windows cannot rank them: over the first 64 tokens of each prompt (file headers, little
+    context for depth to use) the target and the drafts are within 0.03 nats of each other, and the
+    2-layer draft is that close at any length, so it is not ranked here.
     """
     target, tok = loaded["mini-target"]
-    rows = [tok.encode(p.prompt, add_special_tokens=False)[:64] for p in load_workload("functions")[:6]]
-    ids = torch.tensor(rows)  # every bundled prompt has >= 64 tokens
+    encoded = [tok.encode(p.prompt, add_special_tokens=False)
+               for name in ("functions", "docstrings", "tables") for p in load_workload(name)]
+    rows = [r[:256] for r in encoded if len(r) >= 256]
+    assert len(rows) >= 40
+    ids = torch.tensor(rows)
     with torch.no_grad():
         logits = {name: m(input_ids=ids).logits[:, :-1] for name, (m, _) in loaded.items()}
     labels = ids[:, 1:]
