@@ -23,6 +23,14 @@ def latency_ratio(manifest: dict, new_tokens: str = "1", key: str = "ms_per_forw
     return target[key][new_tokens]["median"] / smallest[key][new_tokens]["median"]
 
 
+def _on_policy_cell(training: dict) -> str:
+    op = training.get("on_policy")
+    if not op:
+        return ""
+    return (f"; then on-policy: {op['sequences']} target continuations of {op['new_tokens']} tokens, "
+            f"{op['steps']} steps, {op['seconds'] / 60:.1f} min")
+
+
 def latency_settings(target: dict) -> list[tuple[str, str]]:
     """(manifest key, label) of each latency measurement the manifest holds."""
     candidates = [("ms_per_forward_at_training_time", "HF forward, 2 threads"),
@@ -94,8 +102,8 @@ def render(manifest: dict) -> str:
         t = m["training"]
         w(f"| `{m['name']}` | {m['role']} | {m['layers']} × {m['hidden_size']} ({m['heads']}, {m['intermediate_size']}) "
           f"| {_fmt_int(m['parameters'])} | {m['dtype']}, {m['weight_bytes'] / 1e6:.1f} MB "
-          f"| {t['objective']}; {t['steps']} steps × {t['batch']}×{t['seq']} tokens, {t['seconds'] / 60:.1f} min "
-          f"(stopped by {t['stopped_by']}) |")
+          f"| {t['objective'].replace('||', '‖')}; {t['steps']} steps × {t['batch']}×{t['seq']} tokens, {t['seconds'] / 60:.1f} min "
+          f"(stopped by {t['stopped_by']})" + _on_policy_cell(t) + " |")
     w("")
     seq = target["training"]["seq"]
     w("All: `LlamaForCausalLM`, tied input/output embeddings, RoPE (theta 10,000), max_position_embeddings "
@@ -106,7 +114,10 @@ def render(manifest: dict) -> str:
       "more efficient). Weights are stored in float16 (more mantissa than bfloat16; loading with `dtype=torch.float32` "
       "is exact). The target is trained on the data; each draft starts from the target's embeddings, final "
       "norm and evenly spaced target layers, and is distilled from the target (forward KL to the target's "
-      "logits plus a small data cross-entropy term), which raises agreement.\n")
+      "logits plus a small data cross-entropy term), which raises agreement. Then (on-policy stage) the "
+      "target greedily continues random training-split prompts and the drafts are distilled further on those "
+      "continuations, alternating with ordinary windows: greedy speculative decoding is judged on the "
+      "target's own output, which is not distributed like source files.\n")
     w("## Quality (held-out files, teacher-forced)\n")
     ev = manifest["eval"]
     w(f"Evaluated on the first {ev['windows']} windows of {ev['seq']} tokens of the held-out stream "
