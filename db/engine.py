@@ -8,7 +8,6 @@ already a SQLite database, so a wrong ``--db`` cannot destroy anything.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from sqlalchemy.orm import sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from specdec_tune.errors import StorageError
+from specdec_tune.jsonsafe import finite
 
 DEFAULT_URL = "sqlite:///specdec.db"
 ENV_VAR = "SPECDEC_DB"
@@ -117,19 +117,7 @@ def _check_sqlite_file(url: str, path: Path, read_only: bool) -> None:
 def _json_serializer(obj: Any) -> str:
     # NaN and infinities are not JSON (PostgreSQL rejects them); an undefined rate such as α_i at a
     # position never reached is stored as null instead.
-    return json.dumps(_finite(obj), allow_nan=False)
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if hasattr(obj, "tolist"):  # numpy arrays and scalars
-        return _finite(obj.tolist())
-    return obj
+    return json.dumps(finite(obj), allow_nan=False)
 
 
 def _install_sqlite_hooks(engine: Engine, foreign_keys: bool) -> None:

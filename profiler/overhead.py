@@ -21,6 +21,7 @@ import torch
 
 from specdec_tune.engine import CycleStats
 from specdec_tune.profiler.timers import synchronize
+from specdec_tune.tuner._calibration import trimmed_mean
 
 
 @dataclass(frozen=True)
@@ -197,14 +198,6 @@ class ForwardRecorder:
         self.timeline.forwards = [ForwardRecord(*r) for r in self._raw]
         self._raw = []
         return self.timeline
-
-
-def trimmed_mean(values: list[float], cut: float = 0.01) -> float:
-    """Mean without the slowest ``cut`` fraction: keeps the regular tail (which a throughput
-    measurement pays too) and drops the rare stall of a shared machine."""
-    xs = sorted(values)
-    keep = max(1, len(xs) - int(len(xs) * cut))
-    return sum(xs[:keep]) / keep
 
 
 def in_loop_medians(timelines: list[SequenceTimeline]) -> dict:

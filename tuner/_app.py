@@ -7,9 +7,10 @@ on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from typing import Any
+
+from specdec_tune.jsonsafe import finite
 
 import typer
 
@@ -35,20 +36,7 @@ def print_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def finite(obj: Any) -> Any:
-    """``obj`` with every non-finite float (NaN, ±inf) in nested dicts/lists replaced by None."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [finite(v) for v in obj]
-    return obj
-
-
 def _json_default(value: Any) -> Any:
-    if hasattr(value, "tolist"):
-        return value.tolist()
     if hasattr(value, "isoformat"):
         return value.isoformat()
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")

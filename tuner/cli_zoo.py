@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -18,31 +17,23 @@ _CONTEXT_TOKENS = 128
 
 
 def _measure_ms(path: Path, new_tokens: tuple[int, ...], repeats: int, forward: str) -> dict[str, float]:
-    """Median ms per engine forward of ``new_tokens`` tokens after a 128-token KV cache, measured live."""
+    """Median ms per forward of ``new_tokens`` tokens after a 128-token KV cache, measured live the
+    way the model card measures it (:func:`specdec_tune.engine.zoo.assess.forward_samples`)."""
+    import statistics
+
     import torch
     import transformers
 
-    from specdec_tune.engine import load_model, make_cache
-    from specdec_tune.profiler.timers import time_callable
+    from specdec_tune.engine import load_model
+    from specdec_tune.engine.zoo.assess import forward_samples
 
     transformers.utils.logging.disable_progress_bar()  # keep stderr for real messages
-    model = load_model(str(path), "cpu", "float32", forward).model
-    gen = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    out: dict[str, float] = {}
+    loaded = load_model(str(path), "cpu", "float32", forward)
+    lean = loaded.forward == "lean"
     with torch.inference_mode():
-        cache = make_cache(model, _CONTEXT_TOKENS + max(new_tokens))
-        model(input_ids=torch.randint(0, vocab, (1, _CONTEXT_TOKENS), generator=gen), past_key_values=cache,
-              use_cache=True, logits_to_keep=1)
-        for k in new_tokens:
-            new = torch.randint(0, vocab, (1, k), generator=gen)
-            samples = time_callable(
-                lambda new=new, k=k: model(input_ids=new, past_key_values=cache, use_cache=True, logits_to_keep=k),
-                warmup=3, repeats=repeats, device=torch.device("cpu"),
-                setup=lambda: cache.truncate(_CONTEXT_TOKENS),  # outside the timed interval
-            )
-            out[str(k)] = samples.median * 1e3
-    return out
+        return {str(k): statistics.median(forward_samples(loaded.hf, k, repeats=repeats, warmup=3,
+                                                          context=_CONTEXT_TOKENS, lean=lean))
+                for k in new_tokens}
 
 
 @zoo_app.command("list")
