@@ -14,9 +14,9 @@ import statistics
 import time
 
 from specdec_tune.db import open_database
-from specdec_tune.profiler.measure import measure_configs
 from specdec_tune.profiler.session import ProfileSettings, run_profile
 from specdec_tune.tuner.model import SpecConfig
+from specdec_tune.tuner.validate import measure_predicted
 
 
 def main() -> None:
@@ -41,18 +41,19 @@ def main() -> None:
             for draft in drafts for n in args.ns.split(",") for theta in args.thetas.split(",")]
     t0 = time.perf_counter()
     # Interleaved: every repeat goes round all configurations, so machine drift hits them alike.
-    measured = measure_configs(db, run_id, grid, repeats=args.repeats)
+    validated = measure_predicted(db, run_id, grid, repeats=args.repeats)
     print(f"measured {len(grid)} configurations x {args.repeats} interleaved repeats: "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     rows = []
-    for m in measured:
+    for v in validated:
+        m = v.measurement
         rows.append((m.draft, m.config.num_speculative_tokens, m.config.threshold, m.tokens_per_s,
-                     m.prediction.tokens_per_s, m.relative_error))
+                     v.prediction.tokens_per_s, v.relative_error))
         spread = (max(m.per_repeat_tokens_per_s) - min(m.per_repeat_tokens_per_s)) / m.tokens_per_s
         print(f"{m.draft:>14} N={m.config.num_speculative_tokens:2d} θ={m.config.threshold:.1f}  measured "
               f"{m.tokens_per_s:6.1f} tok/s (repeat spread {spread * 100:4.1f}%)  predicted "
-              f"{m.prediction.tokens_per_s:6.1f}  error {m.relative_error * 100:+6.1f}%  "
-              f"τ measured {m.mean_tokens_per_cycle:.3f} predicted {m.prediction.expected_tokens_per_cycle:.3f}",
+              f"{v.prediction.tokens_per_s:6.1f}  error {v.relative_error * 100:+6.1f}%  "
+              f"τ measured {m.mean_tokens_per_cycle:.3f} predicted {v.prediction.expected_tokens_per_cycle:.3f}",
               flush=True)
     errors = [abs(r[5]) for r in rows]
     best = max(rows, key=lambda r: r[3])

@@ -25,6 +25,7 @@ from specdec_tune.db.migrate import current_revision, head_revision, known_revis
 from specdec_tune.db.queries import (
     add_acceptance,
     add_measured_run,
+    set_prediction,
     add_run_draft,
     add_telemetry,
     add_timing_samples,
@@ -68,7 +69,7 @@ __all__ = [
     "DEFAULT_URL", "ENV_VAR", "FINISHED_STATUSES", "MODES", "RUN_STATUSES", "TIMING_KINDS",
     "AcceptanceRecord", "Database", "DraftRecord", "HardwareRecord", "MeasuredRecord",
     "ModelRecord", "RunRecord", "TelemetryRow", "TimingRow", "TraceRow", "WorkloadRecord",
-    "add_acceptance", "add_measured_run", "add_run_draft", "add_telemetry", "add_timing_samples",
+    "add_acceptance", "add_measured_run", "set_prediction", "add_run_draft", "add_telemetry", "add_timing_samples",
     "add_traces", "create_run", "current_revision", "delete_run", "finish_run",
     "get_or_create_hardware", "get_or_create_model", "get_or_create_workload", "get_run",
     "head_revision", "known_revisions", "list_measured", "list_models", "list_runs",

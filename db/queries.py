@@ -390,6 +390,24 @@ def add_measured_run(
     return _add_for_run(db, run_id, row)
 
 
+def set_prediction(
+    db: Database, measured_id: int, *, predicted_tokens_per_s: float | None, predicted_tau: float | None,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
+    """Store the tuner's prediction next to a measured run (the profiler stores only what it measured).
+
+    ``extra`` is merged into the run's ``config`` (for instance the prediction's source).
+    """
+    with session_scope(db, write=True) as s:
+        row = s.get(m.MeasuredRun, measured_id)
+        if row is None:
+            raise NotFoundError(f"no measured run {measured_id}")
+        row.predicted_tokens_per_s = predicted_tokens_per_s
+        row.predicted_tau = predicted_tau
+        if extra:
+            row.config = {**row.config, **dict(extra)}
+
+
 def add_telemetry(
     db: Database, run_id: int, rows: Iterable[TelemetryRow | Mapping[str, Any]]
 ) -> int:

@@ -98,6 +98,24 @@ class RunRecord:
             return None
         return (self.finished_at - self.started_at).total_seconds()
 
+    @property
+    def draft_names(self) -> list[str]:
+        """Names of the drafts profiled in this run, in profiling order."""
+        return [d.name for d in self.drafts]
+
+    def resolve_draft(self, draft: str | None) -> str:
+        """The run's draft called ``draft`` (default: its first), or a one-line error listing them."""
+        from specdec_tune.errors import NotFoundError
+
+        names = self.draft_names
+        if not names:
+            raise NotFoundError(f"run {self.id} has no drafts")
+        if draft is None:
+            return names[0]
+        if draft not in names:
+            raise NotFoundError(f"draft {draft!r} is not in run {self.id}; its drafts: {', '.join(names)}")
+        return draft
+
 
 @dataclass(frozen=True)
 class TimingRow:

@@ -1,8 +1,9 @@
-"""Measure configurations end to end on a profiled run's prompts and store each next to its prediction.
+"""Measure configurations end to end on a profiled run's prompts and store what was measured.
 
 Throughput is what a user sees: new tokens / wall seconds of whole decode calls (prefill included),
-summed over the run's profiled prompts, after one untimed warm-up decode. The prediction for the same
-prompts comes from :mod:`specdec_tune.tuner.profile_data`, so the two numbers are directly comparable.
+summed over the prompts, after one untimed warm-up decode. The profiler measures and never predicts
+(ARCHITECTURE §2): the command that wants predicted next to measured asks ``tuner`` for the
+prediction and stores it beside this measurement (``tuner.validate``).
 """
 from __future__ import annotations
 
@@ -19,35 +20,42 @@ from specdec_tune.errors import InputError
 from specdec_tune.profiler.describe import tokenizer_hash
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
 from specdec_tune.profiler.session import Progress
-from specdec_tune.tuner.model import SpecConfig
-from specdec_tune.tuner.profile_data import RunPrediction, load_run_profile, predict_config, resolve_draft
+
+
+@dataclass(frozen=True)
+class MeasureSpec:
+    """One configuration to measure (batch size 1: the engine decodes one sequence).
+
+    Attributes:
+        draft: one of the run's drafts (``None``: its first).
+        num_speculative_tokens: N.
+        threshold: θ (drafting stops when the draft's top probability is below it).
+        schedule: ``constant`` or ``heuristic``.
+    """
+
+    draft: str | None
+    num_speculative_tokens: int
+    threshold: float = 0.0
+    schedule: str = "constant"
 
 
 @dataclass
 class Measurement:
-    """A measured configuration with its prediction (both on the same prompts)."""
+    """A measured configuration (no prediction: see ``tuner.validate``)."""
 
     run_id: int
     draft: str
-    config: SpecConfig
+    config: MeasureSpec
     temperature: float
     tokens_per_s: float
     seconds: float
     new_tokens: int
     mean_tokens_per_cycle: float | None
     acceptance_per_position: list[float]
-    prediction: RunPrediction | None
     prompts: int
     repeats: int
     per_repeat_tokens_per_s: list[float] = field(default_factory=list)
     measured_id: int | None = None
-
-    @property
-    def relative_error(self) -> float | None:
-        """(predicted - measured) / measured tokens/s."""
-        if self.prediction is None or self.tokens_per_s <= 0:
-            return None
-        return (self.prediction.tokens_per_s - self.tokens_per_s) / self.tokens_per_s
 
 
 def _load(name: str, source: str | None, device: str, dtype: str, forward: str) -> LoadedModel:
@@ -73,8 +81,7 @@ def _warn_if_changed(loaded: LoadedModel, stored_hash: str | None, stored_params
 def measure_config(
     db: Database,
     run_id: int,
-    draft: str | None,
-    config: SpecConfig,
+    config: MeasureSpec,
     *,
     temperature: float = 0.0,
     max_prompts: int | None = None,
@@ -82,13 +89,12 @@ def measure_config(
     seed: int = 0,
     progress: Progress | None = None,
 ) -> Measurement:
-    """Decode the run's profiled prompts with ``config``, time it, and store measured vs predicted.
+    """Decode the run's profiled prompts with ``config``, time it, and store the measurement.
 
     Args:
         db: the results database holding the run.
         run_id: the profile run (its prompts, max_new_tokens, device and dtype are reused).
-        draft: one of the run's drafts (default: the first).
-        config: N, θ and schedule (batch size 1: the engine decodes one sequence).
+        config: draft, N, θ and schedule (batch size 1: the engine decodes one sequence).
         temperature: 0 = greedy; otherwise the run must have a sampling profile at this temperature.
         max_prompts: measure only the first prompts of the run.
         repeats: decode the prompt set this many times; each prompt counts with its median time.
@@ -97,9 +103,9 @@ def measure_config(
 
     Raises:
         NotFoundError: unknown run or draft.
-        InputError: a configuration the run cannot predict or the engine cannot run.
+        InputError: a configuration the engine cannot run.
     """
-    return measure_configs(db, run_id, [(draft, config)], temperature=temperature, max_prompts=max_prompts,
+    return measure_configs(db, run_id, [config], temperature=temperature, max_prompts=max_prompts,
                            repeats=repeats, seed=seed, progress=progress)[0]
 
 
@@ -108,8 +114,7 @@ class _Case:
     """One configuration being measured: what to run and what it has measured so far."""
 
     draft: str
-    config: SpecConfig
-    prediction: RunPrediction
+    config: MeasureSpec
     spec: DraftSpec
     decode: DecodeConfig
     times: list[list[float]]  # [prompt][repeat] seconds
@@ -120,7 +125,7 @@ class _Case:
 def measure_configs(
     db: Database,
     run_id: int,
-    items: list[tuple[str | None, SpecConfig]],
+    items: list[MeasureSpec],
     *,
     temperature: float = 0.0,
     max_prompts: int | None = None,
@@ -128,19 +133,18 @@ def measure_configs(
     seed: int = 0,
     progress: Progress | None = None,
 ) -> list[Measurement]:
-    """Measure several configurations of one run, interleaved, and store each next to its prediction.
+    """Measure several configurations of one run, interleaved, and store each measurement.
 
     The models are loaded once. Each repeat goes round every configuration (in a rotated order) and
     every prompt, so a slow minute of a shared machine is spread over all configurations instead of
     landing on one: rankings and errors compare like with like (ARCHITECTURE §6).
 
     Args:
-        items: ``(draft or None for the run's first, config)`` pairs. The other arguments are those of
-            :func:`measure_config`.
+        items: the configurations. The other arguments are those of :func:`measure_config`.
 
     Raises:
         NotFoundError: unknown run or draft.
-        InputError: a configuration the run cannot predict or the engine cannot run.
+        InputError: a configuration the engine cannot run.
     """
     if not items:
         raise InputError("no configuration to measure")
@@ -152,14 +156,7 @@ def measure_configs(
     if sampling and abs(float(settings.get("temperature", 0.0)) - temperature) > 1e-9:
         raise InputError(f"run {run_id} was profiled at --temperature {settings.get('temperature', 0.0)}; "
                          f"measure at that temperature or 0 (greedy), not {temperature}")
-    planned = []
-    for draft, config in items:
-        if config.batch_size != 1:
-            raise InputError(f"measure decodes one sequence at a time; --batch-size must be 1, got {config.batch_size}")
-        name = resolve_draft(run, draft)
-        config = SpecConfig(config.num_speculative_tokens, config.threshold, config.schedule, 1,
-                            "sampling" if sampling else "greedy")
-        planned.append((name, config, predict_config(load_run_profile(db, run_id, name), config, max_prompts)))
+    planned = [(run.resolve_draft(item.draft), item) for item in items]
 
     device, dtype = settings.get("device", "auto"), settings.get("dtype", "auto")
     forward = settings.get("forward", "hf")  # runs profiled before the lean forward existed used HF's
@@ -169,7 +166,7 @@ def measure_configs(
     target = _load(run.target.name, run.target.extra.get("source"), device, dtype, forward)
     _warn_if_changed(target, run.target.tokenizer_hash, run.target.num_parameters)
     specs: dict[str, DraftSpec] = {}
-    for name in dict.fromkeys(n for n, _, _ in planned):
+    for name in dict.fromkeys(n for n, _ in planned):
         if name == NGRAM:
             specs[name] = DraftSpec("ngram")
             continue
@@ -187,12 +184,12 @@ def measure_configs(
     ids = [encode_prompt(target, by_id[i].prompt, i) for i in wanted]
     max_new = int(settings.get("max_new_tokens", 64))
     cases = [
-        _Case(draft=name, config=config, prediction=prediction, spec=specs[name],
+        _Case(draft=name, config=config, spec=specs[name],
               decode=DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=config.num_speculative_tokens,
                                   threshold=config.threshold, schedule=config.schedule, temperature=temperature,
                                   eos_token_id=target.eos_token_id),
               times=[[] for _ in ids], tokens=[0] * len(ids))
-        for name, config, prediction in planned
+        for name, config in planned
     ]
     progress = progress or Progress()
     label = (f"measure {cases[0].draft} N={cases[0].config.num_speculative_tokens} θ={cases[0].config.threshold}"
@@ -225,10 +222,10 @@ def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: 
     cycles = case.cycles
     tau = sum(c.accepted + 1 for c in cycles) / len(cycles) if cycles else None
     alpha, _ = acceptance_per_position(cycles) if cycles else ([], [])
-    config, prediction = case.config, case.prediction
+    config = case.config
     result = Measurement(
         run_id=run_id, draft=case.draft, config=config, temperature=temperature, tokens_per_s=tps, seconds=seconds,
-        new_tokens=new_tokens, mean_tokens_per_cycle=tau, acceptance_per_position=alpha, prediction=prediction,
+        new_tokens=new_tokens, mean_tokens_per_cycle=tau, acceptance_per_position=alpha,
         prompts=len(case.times), repeats=repeats, per_repeat_tokens_per_s=per_repeat,
     )
     result.measured_id = add_measured_run(
@@ -236,10 +233,7 @@ def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: 
         config={"num_speculative_tokens": config.num_speculative_tokens, "threshold": config.threshold,
                 "schedule": config.schedule, "batch_size": 1, "temperature": temperature,
                 "max_new_tokens": case.decode.max_new_tokens, "prompts": len(case.times), "repeats": repeats,
-                "measured_acceptance_per_position": alpha, "prediction_source": prediction.source,
-                "throughput": "end to end, prefill included"},
-        measured_tokens_per_s=tps, seconds=seconds, new_tokens=new_tokens,
-        predicted_tokens_per_s=prediction.tokens_per_s, measured_tau=tau,
-        predicted_tau=prediction.expected_tokens_per_cycle,
+                "measured_acceptance_per_position": alpha, "throughput": "end to end, prefill included"},
+        measured_tokens_per_s=tps, seconds=seconds, new_tokens=new_tokens, measured_tau=tau,
     )
     return result

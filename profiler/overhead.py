@@ -21,7 +21,7 @@ import torch
 
 from specdec_tune.engine import CycleStats
 from specdec_tune.profiler.timers import synchronize
-from specdec_tune.tuner._calibration import trimmed_mean
+from specdec_tune.stats import trimmed_mean
 
 
 @dataclass(frozen=True)

@@ -364,22 +364,16 @@ class ProfileSession:
         return rows
 
     def _store_baseline(self) -> None:
-        """The hooked baseline as a measured run (draft NULL) next to its prediction; its config keeps
-        the greedy output length of every prompt (the simulation's end of sequence)."""
-        from specdec_tune.db import get_run, load_timings
-        from specdec_tune.tuner.profile_data import PromptInfo, build_run_profile, predict_baseline
-
+        """The hooked baseline as a measured run (draft NULL; the profiler stores no prediction); its
+        config keeps the greedy output length of every prompt (the simulation's end of sequence)."""
         s = self.settings
         tokens = sum(i["new_tokens"] for i in self._infos)
-        prompts = [PromptInfo(i["prompt_tokens"], i["new_tokens"]) for i in self._infos]
-        rp = build_run_profile(get_run(self.db, self.run_id), None, load_timings(self.db, self.run_id), [], prompts=prompts)
         add_measured_run(
             self.db, self.run_id, draft=None,
             config={"num_speculative_tokens": 0, "threshold": 0.0, "schedule": "constant", "batch_size": 1,
                     "temperature": 0.0, "max_new_tokens": s.max_new_tokens, "hooked": True, "prompts": self._infos},
             measured_tokens_per_s=tokens / self._base_seconds if self._base_seconds > 0 else 0.0,
-            seconds=self._base_seconds, new_tokens=tokens, predicted_tokens_per_s=predict_baseline(rp).tokens_per_s,
-            measured_tau=1.0, predicted_tau=1.0,
+            seconds=self._base_seconds, new_tokens=tokens, measured_tau=1.0,
         )
 
     def _store_acceptance(self, spec: DraftSpec) -> None:

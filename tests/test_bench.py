@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from specdec_tune.tuner.cli import main
+from specdec_tune.cli import main
 
 
 def test_bench_json(tiny_model_dirs, tmp_path, capsys):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from specdec_tune.tuner.cli import main
+from specdec_tune.cli import main
 
 
 def run(args, capsys):
@@ -85,8 +85,28 @@ def test_malformed_jsonl_names_file_and_line(base_args, tmp_path, capsys):
 
 def test_subprocess_error_is_one_line_exit_2(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "specdec_tune.tuner.cli", "generate", "--target", str(tmp_path / "missing"), "--prompt", "x"],
+        [sys.executable, "-m", "specdec_tune.cli", "generate", "--target", str(tmp_path / "missing"), "--prompt", "x"],
         capture_output=True, text=True,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error:") and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["nosuchcommand"], "nosuchcommand"),
+        (["generate", "--bogus"], "--bogus"),
+        (["generate", "--target"], "--target"),
+        (["profile", "--workload"], "--workload"),
+    ],
+    ids=["unknown-command", "unknown-option", "missing-value", "missing-value-profile"],
+)
+def test_usage_errors_are_one_line_and_exit_2(args, needle):
+    """In a real process, with whatever click the installed Typer raises (Typer >= 0.29 vendors its own
+    as ``typer._click``): one line on stderr naming the bad input, exit code 2, no traceback."""
+    proc = subprocess.run([sys.executable, "-m", "specdec_tune.cli", *args], capture_output=True, text=True, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -33,7 +33,7 @@ from specdec_tune.db import (
 )
 from specdec_tune.db import engine as engine_mod
 from specdec_tune.errors import StorageError
-from specdec_tune.tuner.cli import main
+from specdec_tune.cli import main
 
 
 def _digest(path: Path) -> str:

@@ -7,16 +7,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-
-def trimmed_mean(values: Sequence[float], cut: float = 0.01) -> float:
-    """Mean without the slowest ``cut`` fraction (the rare stall of a shared machine).
-
-    Throughput is a ratio of *expected* times (renewal-reward), and times inside a decode loop have a
-    right tail that a measurement pays as well, so means, not medians, are what predictions need.
-    """
-    xs = sorted(values)
-    keep = max(1, len(xs) - int(len(xs) * cut))
-    return sum(xs[:keep]) / keep
+from specdec_tune.stats import trimmed_mean
 
 
 @dataclass(frozen=True)

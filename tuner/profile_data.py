@@ -287,19 +287,12 @@ def build_run_profile(
 
 def run_drafts(run: RunRecord) -> list[str]:
     """Names of the drafts profiled in ``run``, in profiling order."""
-    return [d.name for d in run.drafts]
+    return run.draft_names
 
 
 def resolve_draft(run: RunRecord, draft: str | None) -> str:
     """The run's draft called ``draft`` (default: its first), or a one-line error listing them."""
-    names = run_drafts(run)
-    if not names:
-        raise NotFoundError(f"run {run.id} has no drafts")
-    if draft is None:
-        return names[0]
-    if draft not in names:
-        raise NotFoundError(f"draft {draft!r} is not in run {run.id}; its drafts: {', '.join(names)}")
-    return draft
+    return run.resolve_draft(draft)
 
 
 def greedy_prompts(db: Database, run_id: int) -> list[PromptInfo] | None:

@@ -11,9 +11,9 @@ from specdec_tune.engine.workloads import load_workload
 from specdec_tune.errors import InputError
 from specdec_tune.profiler.bench import METHODS, run_bench
 from specdec_tune.profiler.runs import encode_prompt
-from specdec_tune.tuner import _checks as chk
-from specdec_tune.tuner._app import app, print_json, quiet_loading
-from specdec_tune.tuner._options import ForwardOption
+from specdec_tune.cli import _checks as chk
+from specdec_tune.cli._app import app, print_json, quiet_loading
+from specdec_tune.cli._options import ForwardOption
 
 _LABELS = {
     "hf_generate": "(a) HF generate, target only",

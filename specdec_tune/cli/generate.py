@@ -10,9 +10,9 @@ from specdec_tune.engine import DecodeConfig, check_compatible, load_model
 from specdec_tune.engine.workloads import Prompt, load_workload
 from specdec_tune.errors import InputError
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
-from specdec_tune.tuner import _checks as opt
-from specdec_tune.tuner._app import app, print_json, quiet_loading
-from specdec_tune.tuner._options import ForwardOption
+from specdec_tune.cli import _checks as opt
+from specdec_tune.cli._app import app, print_json, quiet_loading
+from specdec_tune.cli._options import ForwardOption
 
 
 @app.command()

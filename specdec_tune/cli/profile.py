@@ -17,9 +17,9 @@ from rich.progress import Progress as RichBar
 from rich.table import Table
 
 from specdec_tune.errors import InputError
-from specdec_tune.tuner import _checks as opt
-from specdec_tune.tuner._app import app, print_json, quiet_loading
-from specdec_tune.tuner._options import DbOption, ForwardOption
+from specdec_tune.cli import _checks as opt
+from specdec_tune.cli._app import app, print_json, quiet_loading
+from specdec_tune.cli._options import DbOption, ForwardOption
 
 THROUGHPUT_NOTE = "end to end: new tokens / wall seconds of whole decode calls, prefill included"
 SHOWN_K = (1, 2, 3, 5, 9, 17)
@@ -86,6 +86,7 @@ def _rate(x: float | None) -> str:
 def profile_summary(db, run_id: int) -> dict:
     """Everything ``profile`` prints, read back from the database (measured and predicted, labelled)."""
     from specdec_tune.db import get_run, list_measured, load_acceptance
+    from specdec_tune.tuner.model import best_n_per_batch_size
     from specdec_tune.tuner.profile_data import best_configs, load_run_profile, predict_baseline
 
     run = get_run(db, run_id)
@@ -102,6 +103,7 @@ def profile_summary(db, run_id: int) -> dict:
         "baseline": {
             "measured_tokens_per_s": baseline.measured_tokens_per_s if baseline else None,
             "predicted_tokens_per_s": predict_baseline(base_rp).tokens_per_s,
+            "predicted_label": "calibration identity (the model calibrated on this very run; not a validation)",
             "ar_overhead_ms": base_rp.model.ar_overhead_s * 1e3,
         },
         "drafts": [],
@@ -112,10 +114,9 @@ def profile_summary(db, run_id: int) -> dict:
         best = best_configs(rp, top=3) if rp.model.traces else []
         per_batch = {}
         if rp.model.traces and len(rp.model.verify_s) > 1:
-            for b in sorted(rp.model.verify_s):
-                top = best_configs(rp, thresholds=(0.0,), batch_size=b, top=1)
-                base = predict_baseline(rp, b).tokens_per_s
-                per_batch[str(b)] = top[0][0].num_speculative_tokens if top and top[0][1].tokens_per_s > base else 0
+            n_max = max(len(t.confidences) for t in rp.model.traces)  # what the traces can replay
+            schedule = best_n_per_batch_size(rp.model, sorted(rp.model.verify_s), range(1, n_max + 1))
+            per_batch = {str(b): n for b, n in schedule.items()}
         out["drafts"].append({
             "name": d.name,
             "draft_step_ms": {str(b): s * 1e3 for b, s in rp.draft_step_raw_s.items()},
@@ -150,7 +151,8 @@ def _print_summary(console: Console, s: dict) -> None:
     console.print(
         "target (measured): " + ", ".join(f"T_v({k}) {curve[str(k)]:.2f} ms" for k in shown)
         + f"; baseline {_rate(base['measured_tokens_per_s'])} tokens/s measured, "
-        f"{_rate(base['predicted_tokens_per_s'])} predicted", highlight=False)
+        f"{_rate(base['predicted_tokens_per_s'])} recomputed from the same run (a calibration identity, not a "
+        "validation: use measure on held-out prompts for that)", highlight=False)
     for d in s["drafts"]:
         table = Table(title=f"draft {d['name']}", show_header=True, title_justify="left")
         table.add_column("quantity")
@@ -298,7 +300,7 @@ def measure(
 ) -> None:
     """Measure one configuration for real on the run's prompts; store it next to its prediction."""
     from specdec_tune.db import open_database
-    from specdec_tune.profiler.measure import measure_config
+    from specdec_tune.tuner.validate import measure_predicted
 
     if num_speculative_tokens < 1:
         opt.check_num_speculative_tokens(num_speculative_tokens)
@@ -307,14 +309,14 @@ def measure(
     quiet_loading()
     console = Console(stderr=True)
     with _bar(console) as bar:
-        m = measure_config(database, run, draft, config, temperature=temperature, max_prompts=max_prompts,
-                           repeats=repeats, seed=seed, progress=_Bar(bar))
-    p = m.prediction
+        v = measure_predicted(database, run, [(draft, config)], temperature=temperature, max_prompts=max_prompts,
+                              repeats=repeats, seed=seed, progress=_Bar(bar))[0]
+    m, p = v.measurement, v.prediction
     obj = {
         "run_id": run, "draft": m.draft, "num_speculative_tokens": config.num_speculative_tokens,
         "threshold": config.threshold, "schedule": config.schedule, "batch_size": 1, "temperature": temperature,
         "tokens_per_s": m.tokens_per_s, "predicted_tokens_per_s": p.tokens_per_s if p else None,
-        "relative_error": m.relative_error, "mean_tokens_per_cycle": m.mean_tokens_per_cycle,
+        "relative_error": v.relative_error, "mean_tokens_per_cycle": m.mean_tokens_per_cycle,
         "predicted_tokens_per_cycle": p.expected_tokens_per_cycle if p else None,
         "acceptance_per_position": m.acceptance_per_position, "new_tokens": m.new_tokens, "seconds": m.seconds,
         "prompts": m.prompts, "repeats": m.repeats, "measured_id": m.measured_id, "throughput": THROUGHPUT_NOTE,
@@ -323,7 +325,7 @@ def measure(
     if json_out:
         print_json(obj)
         return
-    err = m.relative_error
+    err = v.relative_error
     typer.echo(
         f"measured: {m.tokens_per_s:.1f} tokens/s ({m.new_tokens} new tokens in {m.seconds:.2f} s over {m.prompts} "
         f"prompts), τ = {_rate(m.mean_tokens_per_cycle)}, α = {opt.format_alphas(m.acceptance_per_position)}"

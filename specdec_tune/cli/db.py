@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from specdec_tune.tuner._app import app, print_json
-from specdec_tune.tuner._options import DbOption
+from specdec_tune.cli._app import app, print_json
+from specdec_tune.cli._options import DbOption
 
 __all__ = ["DbOption", "db_app"]
 

@@ -1,6 +1,6 @@
 """The Typer application object shared by the CLI command modules.
 
-Command modules (``cli_*.py``) import :data:`app` and register commands on it; ``cli.main`` imports
+Command modules (``specdec_tune/cli/*.py``) import :data:`app` and register commands on it; ``cli.main`` imports
 them all and runs the app with the project's error policy: a :class:`SpecdecError` becomes one line
 on stderr and exit code 2, never a traceback.
 """
