@@ -1,0 +1,115 @@
+"""The configuration a tuning produces, as the search, the exporters and the dashboard exchange it.
+
+One data contract per boundary (ARCHITECTURE §7): :class:`Candidate` is a point of the search space
+(what a trial proposes, what a server may or may not express); :class:`TuningResult` is a finished
+tuning (the winner, its measured numbers and where they came from), stored as JSON in the Optuna
+study's user attributes and read back by ``export`` and the dashboard.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+NONE = "none"  # plain decoding (no drafter)
+NGRAM = "ngram"  # prompt lookup
+THRESHOLD_RULES = ("before", "hf")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One speculative-decoding configuration.
+
+    Attributes:
+        drafter: a draft model (bundled name, local path or hub id), ``"ngram"`` or ``"none"``.
+        num_speculative_tokens: N, the most tokens drafted per cycle (0 with ``drafter="none"``).
+        threshold: θ; 0 disables it.
+        threshold_rule: ``"before"`` (stop before a position whose top draft probability is below θ;
+            llama.cpp ``p-min``) or ``"hf"`` (HF ``assistant_confidence_threshold``: the token below θ
+            is proposed, then drafting stops).
+        schedule: ``"constant"`` or ``"heuristic"`` (HF's ``num_assistant_tokens_schedule``).
+        ngram_max: prompt-lookup longest n-gram (n-gram drafter only).
+        ngram_min: prompt-lookup shortest n-gram (n-gram drafter only).
+    """
+
+    drafter: str
+    num_speculative_tokens: int
+    threshold: float = 0.0
+    threshold_rule: str = "before"
+    schedule: str = "constant"
+    ngram_max: int = 3
+    ngram_min: int = 1
+
+    @property
+    def is_plain(self) -> bool:
+        return self.drafter == NONE or self.num_speculative_tokens == 0
+
+    @property
+    def is_ngram(self) -> bool:
+        return self.drafter == NGRAM
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Candidate:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+    def label(self) -> str:
+        """Short human label, e.g. ``mini-draft-1l N=4 θ=0.3``."""
+        if self.is_plain:
+            return "plain decoding"
+        parts = [self.drafter, f"N={self.num_speculative_tokens}"]
+        if self.is_ngram:
+            parts.append(f"ngram {self.ngram_min}..{self.ngram_max}")
+        if self.threshold > 0:
+            parts.append(f"θ={self.threshold:g}" + (" (hf rule)" if self.threshold_rule == "hf" else ""))
+        if self.schedule != "constant":
+            parts.append(self.schedule)
+        return " ".join(parts)
+
+
+@dataclass
+class TuningResult:
+    """A finished tuning: the winner inside one server's space and the numbers behind it.
+
+    Rates are tokens/s. ``measured_*`` come from real decoding (``heldout`` says on which prompts),
+    ``predicted_*`` from the throughput model. ``per_batch_size`` maps batch size B to the best N
+    (0 = do not speculate), the schedule servers with one take. ``best_per_server`` maps each server
+    name to the best candidate inside its space (``Candidate.to_dict()`` plus ``predicted_tokens_per_s``
+    and, where measured, ``measured_tokens_per_s``) so reports can show what deploying on each costs.
+    """
+
+    candidate: Candidate
+    server: str
+    target: str
+    workload: str
+    hardware: str = ""
+    draft_path: str | None = None
+    target_path: str | None = None
+    per_batch_size: dict[int, int] = field(default_factory=dict)
+    measured_tokens_per_s: float | None = None
+    predicted_tokens_per_s: float | None = None
+    baseline_tokens_per_s: float | None = None
+    speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
+    heldout: bool = False
+    temperature: float = 0.0
+    study: str | None = None
+    run_id: int | None = None
+    best_per_server: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["candidate"] = self.candidate.to_dict()
+        d["per_batch_size"] = {str(b): n for b, n in self.per_batch_size.items()}
+        d["speedup_ci"] = list(self.speedup_ci) if self.speedup_ci else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TuningResult:
+        d = dict(d)
+        d["candidate"] = Candidate.from_dict(d["candidate"])
+        d["per_batch_size"] = {int(b): int(n) for b, n in (d.get("per_batch_size") or {}).items()}
+        if d.get("speedup_ci") is not None:
+            d["speedup_ci"] = tuple(d["speedup_ci"])
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
