@@ -1,0 +1,143 @@
+"""Where the dashboard reads from: the results database and the Optuna storage of the tuning studies.
+
+The ``specdec-tune dashboard`` command checks both before Streamlit starts (one line and exit 2 on
+bad input) and hands them to the app through the environment: ``SPECDEC_DB`` (the same variable the
+other commands read) and ``SPECDEC_STORAGE``. The Optuna storage is opened read-only in spirit: a
+storage that does not exist yet is reported as "no studies", never created by the dashboard.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdec_tune.db import Database, mask_url, open_database, resolve_url
+from specdec_tune.errors import StorageError
+
+STORAGE_ENV = "SPECDEC_STORAGE"
+
+# What to run first, shown by every page whose data is missing (never an error).
+FIRST_COMMANDS = {
+    "profile": "specdec-tune profile --target mini-target --draft mini-draft-1l,ngram --workload functions",
+    "measure": "specdec-tune measure --run 1 --num-speculative-tokens 4",
+    "tune": "specdec-tune tune --target mini-target --drafts mini-draft-1l,ngram --workload functions",
+    "regress": "specdec-tune regress",
+}
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The two URLs the dashboard reads (``storage`` is ``None`` when no study storage exists).
+
+    Attributes:
+        db_url: the results database URL (resolved, may hold a password: print ``display_db``).
+        storage_url: the Optuna RDB storage URL of the tuning studies, or ``None``.
+    """
+
+    db_url: str
+    storage_url: str | None = None
+
+    @property
+    def display_db(self) -> str:
+        return mask_url(self.db_url)
+
+    @property
+    def display_storage(self) -> str:
+        return "none" if self.storage_url is None else mask_url(self.storage_url)
+
+
+def _sqlite_file(url: str) -> Path | None:
+    from sqlalchemy.engine import make_url
+
+    from specdec_tune.db.engine import sqlite_path
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - a bad URL is reported by check_storage
+        return None
+    return sqlite_path(parsed) if parsed.get_backend_name() == "sqlite" else None
+
+
+def default_storage(db_url: str) -> str | None:
+    """The tuner's default study storage for ``db_url`` (``None`` when the tuner does not say).
+
+    Asks ``tuner.search`` (the ``tune`` command's module) so that the dashboard finds studies where
+    ``specdec-tune tune`` put them without being told.
+    """
+    try:
+        from specdec_tune.tuner import search
+    except ImportError:
+        return None
+    for name in ("resolve_storage", "default_storage"):
+        fn = getattr(search, name, None)
+        if callable(fn):
+            try:
+                return fn(None, db_url) if name == "resolve_storage" else fn(db_url)
+            except TypeError:
+                try:
+                    return fn(None)
+                except Exception:  # noqa: BLE001 - an unknown signature: no default
+                    return None
+    return getattr(search, "DEFAULT_STORAGE", None)
+
+
+def resolve_sources(db: str | None = None, storage: str | None = None) -> Sources:
+    """The URLs to read: arguments, else ``$SPECDEC_DB`` / ``$SPECDEC_STORAGE``, else the defaults."""
+    db_url = resolve_url(db)
+    storage_url = (storage or "").strip() or os.environ.get(STORAGE_ENV, "").strip() or default_storage(db_url)
+    return Sources(db_url=db_url, storage_url=storage_url or None)
+
+
+def check_sources(sources: Sources) -> Database:
+    """Open (create or migrate, never wipe) the results database and check the study storage.
+
+    Raises:
+        StorageError: one line naming the URL that cannot be opened and what would be valid.
+    """
+    database = open_database(sources.db_url)
+    if sources.storage_url is not None:
+        try:
+            check_storage(sources.storage_url)
+        except BaseException:
+            database.close()
+            raise
+    return database
+
+
+def storage_exists(url: str) -> bool:
+    """Whether there is anything to read at ``url`` (a SQLite file that is not there is not)."""
+    path = _sqlite_file(url)
+    return path is None or (path.exists() and path.stat().st_size > 0)
+
+
+def check_storage(url: str) -> None:
+    """Raise :class:`StorageError` unless ``url`` is an Optuna storage that can be read (or absent)."""
+    from sqlalchemy import create_engine, inspect
+    from sqlalchemy.engine import make_url
+
+    shown = mask_url(url)
+    try:
+        make_url(url)
+    except Exception:  # noqa: BLE001 - any parse failure is the same bad input
+        raise StorageError(f"cannot open study storage {shown!r}: not a database URL "
+                           "(e.g. sqlite:///studies.db or postgresql+psycopg://user:pw@host/db)") from None
+    path = _sqlite_file(url)
+    if path is not None:
+        if path.is_dir() or (path.exists() and path.stat().st_size and path.read_bytes()[:16] != b"SQLite format 3\x00"):
+            raise StorageError(f"cannot open study storage {shown}: {path} is not a SQLite database")
+        if not path.exists():
+            return  # no studies yet; the dashboard says so and creates nothing
+    try:
+        engine = create_engine(url)
+        try:
+            with engine.connect() as conn:
+                tables = set(inspect(conn).get_table_names())
+        finally:
+            engine.dispose()
+    except Exception as exc:  # noqa: BLE001 - driver errors of any backend become one line
+        first = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise StorageError(f"cannot open study storage {shown}: {first}") from None
+    # A storage shared with the results database holds our tables before the first study: no studies yet.
+    if tables and "studies" not in tables and "profile_runs" not in tables:
+        raise StorageError(f"study storage {shown} holds no Optuna tables (found {', '.join(sorted(tables)[:4])}); "
+                           "give the --storage that `specdec-tune tune` wrote")

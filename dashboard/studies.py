@@ -1,0 +1,185 @@
+"""Tuning studies read from the Optuna storage: summaries, one study's trials and its tuning result.
+
+``specdec-tune tune`` keeps one Optuna study per tuning; the study's user attribute ``result`` holds a
+:class:`~specdec_tune.tuner.configs.TuningResult` (as a dict or a JSON string) and every trial carries
+its prediction in its user attributes. Nothing here writes to the storage.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specdec_tune.dashboard.sources import storage_exists
+from specdec_tune.dashboard.study_reader import snapshot, trial_counts
+from specdec_tune.tuner.configs import TuningResult
+
+RESULT_ATTR = "result"
+
+
+@dataclass(frozen=True)
+class StudyRow:
+    """One study in the storage, as the overview and the study picker list it."""
+
+    name: str
+    directions: tuple[str, ...]
+    trials: int
+    best_values: tuple[float, ...] | None
+    started: dt.datetime | None
+    result: TuningResult | None
+
+    @property
+    def multi_objective(self) -> bool:
+        return len(self.directions) > 1
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One finished trial: its parameters, objective values and the prediction it stored."""
+
+    number: int
+    state: str
+    values: tuple[float, ...] | None
+    params: dict[str, Any]
+    user_attrs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StudyInfo:
+    """What the Tuning study page shows besides Optuna's own figures.
+
+    Attributes:
+        row: the study's summary.
+        objective_names: one name per objective (Optuna's metric names, else ``objective 1`` ...).
+        states: trial count per state (``COMPLETE``, ``PRUNED``, ``FAIL``, ``RUNNING`` ...).
+        best: the best trial (single objective) or the Pareto-optimal trials (several).
+        per_batch_size: batch size -> best N (0 = do not speculate), from the tuning result.
+        result: the finished tuning, when the study holds one.
+    """
+
+    row: StudyRow
+    objective_names: tuple[str, ...]
+    states: dict[str, int]
+    best: tuple[TrialRow, ...]
+    per_batch_size: dict[int, int] = field(default_factory=dict)
+    result: TuningResult | None = None
+
+    @property
+    def complete(self) -> int:
+        return self.states.get("COMPLETE", 0)
+
+
+def parse_result(raw: Any) -> TuningResult | None:
+    """A :class:`TuningResult` from a study's ``result`` attribute (dict or JSON), ``None`` if unreadable."""
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        return TuningResult.from_dict(data)
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+def open_storage(url: str | None) -> Any | None:
+    """An Optuna RDB storage for ``url``; ``None`` when there is none (nothing is created)."""
+    if url is None or not storage_exists(url):
+        return None
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.storages.RDBStorage(url, skip_table_creation=True)
+
+
+def list_studies(storage: Any | None) -> list[StudyRow]:
+    """Every study in the storage, newest first (an absent or empty storage gives ``[]``)."""
+    if storage is None:
+        return []
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    try:
+        frozen = storage.get_all_studies()
+        counts = trial_counts(storage)
+    except (OperationalError, ProgrammingError):
+        return []  # a database without Optuna's tables yet: no studies
+    rows = []
+    for s in sorted(frozen, key=lambda s: -s._study_id):  # newest first
+        best = None
+        if len(s.directions) == 1 and counts.get(s._study_id):
+            try:
+                best = tuple(storage.get_best_trial(s._study_id).values)
+            except ValueError:  # no completed trial yet
+                best = None
+        rows.append(StudyRow(
+            name=s.study_name, directions=tuple(d.name.lower() for d in s.directions),
+            trials=counts.get(s._study_id, 0), best_values=best, started=None,
+            result=parse_result(s.user_attrs.get(RESULT_ATTR)),
+        ))
+    return rows
+
+
+def load_study(storage: Any, name: str) -> Any:
+    """An in-memory snapshot of the study called ``name`` (``KeyError`` naming the known ones if absent)."""
+    try:
+        return snapshot(storage, name)
+    except KeyError:
+        known = [s.study_name for s in storage.get_all_studies()]
+        raise KeyError(f"no study {name!r} in the storage; studies: {', '.join(known) or 'none'}") from None
+
+
+def _trial_row(t: Any) -> TrialRow:
+    return TrialRow(number=t.number, state=t.state.name, values=tuple(t.values) if t.values else None,
+                    params=dict(t.params), user_attrs=dict(t.user_attrs))
+
+
+def study_info(study: Any) -> StudyInfo:
+    """Summarise a loaded Optuna study (pure apart from reading the study's trials)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    states: dict[str, int] = {}
+    for t in trials:
+        states[t.state.name] = states.get(t.state.name, 0) + 1
+    directions = tuple(d.name.lower() for d in study.directions)
+    names = tuple(study.metric_names or ()) or tuple(
+        study.user_attrs.get("objectives") or [f"objective {i + 1}" for i in range(len(directions))])
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    if not complete:
+        best: tuple[TrialRow, ...] = ()
+    elif len(directions) > 1:
+        best = tuple(_trial_row(t) for t in sorted(study.best_trials, key=lambda t: t.number))
+    else:
+        best = (_trial_row(study.best_trial),)
+    result = parse_result(study.user_attrs.get(RESULT_ATTR))
+    started = min((t.datetime_start for t in trials if t.datetime_start), default=None)
+    row = StudyRow(name=study.study_name, directions=directions, trials=len(trials),
+                   best_values=best[0].values if best and len(directions) == 1 else None, started=started,
+                   result=result)
+    return StudyInfo(row=row, objective_names=names, states=states, best=best,
+                     per_batch_size=dict(result.per_batch_size) if result else {}, result=result)
+
+
+def export_formats() -> tuple[str, ...]:
+    """The export formats ``tuner.exports`` writes (empty when the module is not installed)."""
+    try:
+        from specdec_tune.tuner import exports
+    except ImportError:
+        return ()
+    formats = getattr(exports, "FORMATS", None) or getattr(exports, "EXPORT_FORMATS", None)
+    return tuple(formats) if formats else ("vllm", "sglang", "trtllm", "llamacpp", "hf")
+
+
+def export_files(result: TuningResult, formats: tuple[str, ...]) -> dict[str, bytes]:
+    """Every file ``tuner.exports.write_exports`` writes for ``result``, by relative path.
+
+    Raises:
+        ImportError: ``tuner.exports`` is not there yet.
+        SpecdecError: a format cannot express this configuration (the exporter's own message).
+    """
+    from specdec_tune.tuner.exports import write_exports
+
+    with tempfile.TemporaryDirectory(prefix="specdec-export-") as tmp:
+        write_exports(result, list(formats), Path(tmp))
+        return {str(p.relative_to(tmp)): p.read_bytes() for p in sorted(Path(tmp).rglob("*")) if p.is_file()}

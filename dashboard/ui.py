@@ -1,0 +1,106 @@
+"""The sidebar's selection widgets (target, hardware, workload, run, draft, server) and small renderers
+shared by the pages. The filtering itself is pure (:func:`filter_runs`) and tested without Streamlit.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import streamlit as st
+
+from specdec_tune.dashboard import cache
+from specdec_tune.dashboard.measured import short_name
+from specdec_tune.dashboard.overview import hardware_label, run_label
+from specdec_tune.dashboard.servers_info import server_names
+from specdec_tune.dashboard.sources import FIRST_COMMANDS, Sources
+from specdec_tune.db import RunRecord
+
+ALL = "all"
+_KEY = "specdec_selection"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the sidebar selected; ``None`` means "all" (or nothing to choose from)."""
+
+    sources: Sources
+    runs: tuple[RunRecord, ...]  # the runs that match target, hardware and workload
+    run: RunRecord | None
+    draft: str | None
+    server: str
+    target: str | None = None
+    hardware: str | None = None
+    workload: str | None = None
+
+    @property
+    def drafts(self) -> list[str]:
+        """The selected draft, or every draft of the selected run."""
+        if self.run is None:
+            return []
+        return [self.draft] if self.draft else self.run.draft_names
+
+
+def filter_runs(runs: Sequence[RunRecord], target: str | None = None, hardware: str | None = None,
+                workload: str | None = None) -> list[RunRecord]:
+    """The runs whose target, hardware label and workload match (``None``: any)."""
+    return [r for r in runs
+            if (target is None or r.target.name == target)
+            and (hardware is None or hardware_label(r.hardware) == hardware)
+            and (workload is None or (r.workload.name if r.workload else None) == workload)]
+
+
+def _pick(label: str, options: Sequence[str], key: str, fmt=short_name) -> str | None:
+    choices = [ALL, *options]
+    value = st.sidebar.selectbox(label, choices, key=key, format_func=lambda o: o if o == ALL else fmt(o))
+    return None if value == ALL else value
+
+
+def sidebar(sources: Sources) -> Selection:
+    """Draw the selection widgets and remember the choice for the pages (:func:`selection`)."""
+    runs = cache.runs(sources.db_url)
+    st.sidebar.caption(f"results: `{sources.display_db}`  \nstudies: `{sources.display_storage}`")
+    target = _pick("Target", sorted({r.target.name for r in runs}), "sel_target")
+    pool = filter_runs(runs, target)
+    hardware = _pick("Hardware", sorted({hardware_label(r.hardware) for r in pool}), "sel_hardware", fmt=str)
+    pool = filter_runs(pool, hardware=hardware)
+    workload = _pick("Workload", sorted({r.workload.name for r in pool if r.workload}), "sel_workload")
+    pool = filter_runs(pool, workload=workload)
+    run = None
+    if pool:
+        ids = [r.id for r in pool]
+        by_id = {r.id: r for r in pool}
+        run_id = st.sidebar.selectbox("Run", ids, key="sel_run", format_func=lambda i: run_label(by_id[i]))
+        run = by_id.get(run_id, pool[0])
+    draft = _pick("Draft", run.draft_names if run else [], "sel_draft")
+    server = st.sidebar.selectbox("Server", ["any", *server_names()], key="sel_server")
+    if st.sidebar.button("Reload data", help="Read the database again (data is cached for a minute)"):
+        cache.clear()
+        st.rerun()
+    sel = Selection(sources=sources, runs=tuple(pool), run=run, draft=draft, server=server, target=target,
+                    hardware=hardware, workload=workload)
+    st.session_state[_KEY] = sel
+    return sel
+
+
+def selection() -> Selection:
+    """The selection the sidebar made in this script run."""
+    sel = st.session_state.get(_KEY)
+    if sel is None:  # a page run on its own (tests): draw the sidebar first
+        sel = sidebar(cache.sources())
+    return sel
+
+
+def need(what: str, message: str) -> None:
+    """Say which command fills the missing data, then stop the page (an empty state, not an error)."""
+    st.info(f"{message} Run first:")
+    st.code(FIRST_COMMANDS[what], language="bash")
+    st.stop()
+
+
+def fmt(x: float | None, digits: int = 1, suffix: str = "") -> str:
+    """A number for tables: ``–`` when missing."""
+    return "–" if x is None else f"{x:,.{digits}f}{suffix}"
+
+
+def ci_text(ci: tuple[float, float] | None, digits: int = 1) -> str:
+    return "–" if ci is None else f"[{ci[0]:,.{digits}f}, {ci[1]:,.{digits}f}]"

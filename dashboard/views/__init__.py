@@ -1,0 +1,1 @@
+"""Page scripts of the Streamlit app (run by ``st.navigation``, not imported)."""

@@ -1,0 +1,38 @@
+"""Model vs measurement: predicted vs measured tokens/s, in-sample and held-out apart, and the errors."""
+from __future__ import annotations
+
+import streamlit as st
+
+from specdec_tune.dashboard import cache, charts, ui
+
+sel = ui.selection()
+st.title("Model vs measurement")
+if not sel.runs:
+    ui.need("profile", "No profile run matches the selection.")
+scope = st.radio("Runs", ["selected run", "all runs matching the filters"], horizontal=True, key="fid_scope")
+ids = (sel.run.id,) if scope == "selected run" and sel.run else tuple(r.id for r in sel.runs)
+info = cache.fidelity(sel.sources.db_url, ids, sel.draft)
+if not info.points:
+    ui.need("measure", "No measured configuration with a prediction in these runs yet.")
+
+st.plotly_chart(charts.fidelity_chart(info), key="fidelity")
+st.header("Error table")
+st.dataframe([{
+    "prompts": s.split, "configurations": s.count, "median |error|": ui.fmt(100 * s.median_abs_error, 1, "%"),
+    "worst |error|": ui.fmt(100 * s.worst_abs_error, 1, "%"),
+    "inside measured 95% CI": "no CIs stored" if s.inside_ci is None else f"{100 * s.inside_ci:.0f}% of {s.with_ci}",
+    "Spearman": ui.fmt(s.spearman, 3), "regret": ui.fmt(None if s.regret is None else 100 * (1 - s.regret), 1, "%"),
+} for s in info.summaries], hide_index=True)
+st.caption("error = (predicted − measured) ÷ measured tokens/s. Regret = 1 − measured tokens/s of the "
+           "predicted best ÷ the measured best, among configurations measured on the same prompts. "
+           "Held-out rows are the honest test: in-sample rows ran the prompts the profile recorded.")
+if info.unpredicted:
+    st.caption(f"{info.unpredicted} measured rows carry no prediction (plain-decoding baselines, older rows).")
+
+st.header("Measured configurations")
+st.dataframe([{
+    "run": p.run_id, "configuration": p.label, "prompts": p.split, "measured tokens/s": ui.fmt(p.measured),
+    "95% CI": ui.ci_text(p.ci), "predicted tokens/s": ui.fmt(p.predicted), "error": ui.fmt(100 * p.error, 1, "%"),
+    "inside CI": "–" if p.inside_ci is None else ("yes" if p.inside_ci else "no"),
+    "measured τ": ui.fmt(p.measured_tau, 2), "predicted τ": ui.fmt(p.predicted_tau, 2),
+} for p in info.points], hide_index=True)

@@ -1,0 +1,81 @@
+"""Overview: what is in the database, and the best configuration per target, hardware, workload, server."""
+from __future__ import annotations
+
+import streamlit as st
+
+from specdec_tune.dashboard import cache, ui
+from specdec_tune.dashboard.measured import short_name
+from specdec_tune.dashboard.sources import FIRST_COMMANDS
+
+sel = ui.selection()
+st.title("Overview")
+info = cache.overview(sel.sources.db_url, sel.sources.storage_url)
+if info.empty:
+    st.info("The database is empty: nothing has been profiled or tuned yet. Start with a profile "
+            "(it measures T_s, T_v(k) and acceptance on your hardware), then measure or tune:")
+    st.code("\n".join(FIRST_COMMANDS[k] for k in ("profile", "measure", "tune")), language="bash")
+    st.stop()
+
+cols = st.columns(4)
+cols[0].metric("Profile runs", info.run_count)
+cols[1].metric("Measured configurations", info.measured_count)
+cols[2].metric("Tuning studies", len(info.studies))
+cols[3].metric("Hardware", len(info.hardware))
+
+st.header("Best configuration per target, hardware, workload and server")
+best = [b for b in info.best
+        if (sel.server == "any" or b.server in (sel.server, "engine (measured)"))
+        and (sel.target is None or b.target == short_name(sel.target))
+        and (sel.workload is None or b.workload == short_name(sel.workload))]
+if best:
+    st.dataframe([{
+        "target": b.target, "hardware": b.hardware, "workload": b.workload, "server": b.server,
+        "configuration": b.config, "measured tokens/s": ui.fmt(b.measured_tokens_per_s),
+        "measured 95% CI": ui.ci_text(b.tokens_ci), "predicted tokens/s": ui.fmt(b.predicted_tokens_per_s),
+        "measured speedup": ui.fmt(b.speedup, 2, "×"), "speedup 95% CI": ui.ci_text(b.speedup_ci, 2),
+        "prompts": "held-out" if b.heldout else "in-sample (the profile's own)", "from": b.source,
+    } for b in best], hide_index=True)
+    st.caption("Speedup = measured tokens/s ÷ plain decoding measured the same way. In-sample rows ran the "
+               "profile's own prompts; a tuning's winner is confirmed on held-out prompts.")
+else:
+    st.info("No measured configuration matches the selection yet. Measure one or tune:")
+    st.code(FIRST_COMMANDS["measure"] + "\n" + FIRST_COMMANDS["tune"], language="bash")
+
+st.header("Latest runs")
+st.dataframe([r.__dict__ for r in info.runs], hide_index=True)
+
+st.header("Tuning studies")
+if info.studies:
+    st.dataframe([{
+        "study": s.name, "trials": s.trials, "objectives": ", ".join(s.directions),
+        "best (predicted)": ui.fmt(s.best_values[0]) if s.best_values else "–",
+        "server": s.result.server if s.result else "–",
+        "winner": s.result.candidate.label() if s.result else "not finished",
+        "held-out speedup": ui.fmt(s.result.speedup, 2, "×") if s.result else "–",
+    } for s in info.studies], hide_index=True)
+else:
+    st.info(f"No tuning studies yet (storage: {sel.sources.display_storage}). Run:")
+    st.code(FIRST_COMMANDS["tune"], language="bash")
+
+st.header("Regression verdicts")
+if info.verdicts:
+    st.dataframe([{
+        "benchmark": v.benchmark, "metric": v.metric, "verdict": v.verdict, "change": ui.fmt(
+            None if v.change is None else 100 * v.change, 1, "%"), "p-value": ui.fmt(v.p_value, 4),
+        "when": v.when, "why": v.reason,
+    } for v in info.verdicts if v.verdict != "ok"] or [{"verdict": "no flagged change"}], hide_index=True)
+else:
+    st.info("No regression runs yet: run `specdec-tune regress`.")
+
+left, mid, right = st.columns(3)
+with left:
+    st.subheader("Hardware")
+    st.dataframe([{"hardware": h} for h in info.hardware], hide_index=True)
+with mid:
+    st.subheader("Models")
+    st.dataframe([{"model": short_name(n), "role": role, "parameters": p, "layers": layers}
+                  for n, role, p, layers in info.models], hide_index=True)
+with right:
+    st.subheader("Workloads")
+    st.dataframe([{"workload": short_name(n), "prompts": p, "runs": c} for n, p, c in info.workloads],
+                 hide_index=True)

@@ -1,0 +1,79 @@
+"""Tuning study: Optuna's figures, the per-batch-size schedule and the export downloads."""
+from __future__ import annotations
+
+import json
+
+import streamlit as st
+
+from specdec_tune.dashboard import cache, ui
+from specdec_tune.dashboard.measured import short_name
+from specdec_tune.dashboard.study_charts import schedule_chart
+from specdec_tune.dashboard.studies import export_formats
+from specdec_tune.errors import SpecdecError
+
+sel = ui.selection()
+st.title("Tuning study")
+storage_url = sel.sources.storage_url
+rows = list(cache.studies(storage_url))
+rows = [s for s in rows if s.result is None or (
+    (sel.server == "any" or s.result.server == sel.server)
+    and (sel.target is None or short_name(s.result.target) == short_name(sel.target))
+    and (sel.workload is None or short_name(s.result.workload) == short_name(sel.workload)))]
+if storage_url is None or not rows:
+    ui.need("tune", f"No tuning study found (storage: {sel.sources.display_storage}).")
+name = st.selectbox("Study", [s.name for s in rows], key="study_name",
+                    format_func=lambda n: f"{n} ({next(s.trials for s in rows if s.name == n)} trials)")
+info = cache.study(storage_url, name)
+result = info.result
+
+cols = st.columns(4)
+cols[0].metric("Trials", info.row.trials)
+cols[1].metric("Completed", info.complete)
+cols[2].metric("Objectives", ", ".join(f"{n} ({d})" for n, d in zip(info.objective_names, info.row.directions)))
+if len(info.best) == 1 and info.best[0].values:
+    cols[3].metric(f"Best {info.objective_names[0]} (predicted)", ui.fmt(info.best[0].values[0]))
+else:
+    cols[3].metric("Pareto-optimal trials", len(info.best))
+if result is not None:
+    st.success(f"Winner for {result.server}: {result.candidate.label()} · measured "
+               f"{ui.fmt(result.measured_tokens_per_s)} tokens/s ({'held-out' if result.heldout else 'in-sample'}) · "
+               f"predicted {ui.fmt(result.predicted_tokens_per_s)} · speedup {ui.fmt(result.speedup, 2, '×')} "
+               f"95% CI {ui.ci_text(result.speedup_ci, 2)}")
+else:
+    st.info("This study holds no finished tuning result yet (still running, or interrupted: rerun the same "
+            "`specdec-tune tune` command to resume it).")
+
+figs = cache.study_figures(storage_url, name, info.row.trials)
+if not figs:
+    st.info("No completed trial yet.")
+left, right = st.columns(2)
+for col, key, title in ((left, "history", "Optimisation history"), (right, "importance", "Parameter importance")):
+    if key in figs:
+        col.subheader(title)
+        col.plotly_chart(figs[key], key=f"study_{key}")
+if "pareto" in figs:
+    st.subheader("Pareto front")
+    st.plotly_chart(figs["pareto"], key="study_pareto")
+
+st.header("Per-batch-size schedule")
+if info.per_batch_size:
+    st.plotly_chart(schedule_chart(info.per_batch_size), key="schedule")
+else:
+    st.info("The study stored no per-batch-size schedule (tune with --batch-sizes 1,4,16,64).")
+
+st.header("Exports")
+formats = export_formats()
+if result is None:
+    st.info("Exports need a finished tuning result.")
+elif not formats:
+    st.info("The exporters (tuner/exports.py) are not installed in this version.")
+else:
+    try:
+        files = cache.exports(json.dumps(result.to_dict()), formats)
+    except (SpecdecError, ValueError) as exc:
+        st.warning(f"Export failed: {exc}")
+        files = {}
+    cols = st.columns(min(4, max(1, len(files))))
+    for i, (path, data) in enumerate(files.items()):
+        cols[i % len(cols)].download_button(f"Download {path}", data, file_name=path.replace("/", "_"),
+                                            key=f"export_{i}")

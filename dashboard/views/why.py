@@ -1,0 +1,61 @@
+"""Why it wins: where a cycle's time goes, the (N, θ) map per draft, what each server can express."""
+from __future__ import annotations
+
+import streamlit as st
+
+from specdec_tune.dashboard import cache, charts, ui
+from specdec_tune.dashboard.measured import short_name
+from specdec_tune.dashboard.servers_info import capability_rows
+
+sel = ui.selection()
+st.title("Why it wins")
+if sel.run is None:
+    ui.need("profile", "No profile run matches the selection.")
+sizes = [int(b) for b in sel.run.settings.get("batch_sizes", [1])] or [1]
+batch = st.selectbox("Batch size B", sizes, key="why_batch") if len(sizes) > 1 else sizes[0]
+info = cache.why(sel.sources.db_url, sel.run.id, int(batch))
+for note in info.skipped:
+    st.warning(f"Not predicted: {note}")
+if not info.ranked:
+    ui.need("profile", "This run has no acceptance traces to predict from.")
+
+best = info.ranked[0]
+tuned = [s.result for s in cache.studies(sel.sources.storage_url) if s.result and s.result.run_id == sel.run.id]
+cols = st.columns(4)
+cols[0].metric("Best configuration (predicted)", best.label)
+cols[1].metric("Predicted tokens/s", ui.fmt(best.tokens_per_s), help="end to end, prefill included")
+cols[2].metric("Predicted speedup", ui.fmt(best.speedup, 2, "×"))
+cols[3].metric("E[τ] tokens per cycle", ui.fmt(best.tokens_per_cycle, 2))
+for r in tuned:
+    st.success(f"The tuner chose {r.candidate.label()} for {r.server}"
+               + (f": measured speedup {r.speedup:.2f}× on held-out prompts" if r.speedup and r.heldout else ""))
+
+st.header("Where a cycle's time goes")
+st.plotly_chart(charts.budget_chart([*info.ranked, info.baseline]), key="budget")
+st.dataframe([{
+    "configuration": b.label, "E[τ] (tokens per cycle)": ui.fmt(b.tokens_per_cycle, 2),
+    "E[L] drafted": ui.fmt(b.draft_length, 2), "draft ms/cycle": ui.fmt(b.draft_ms, 2),
+    "verify ms/cycle": ui.fmt(b.verify_ms, 2), "overhead ms/cycle": ui.fmt(b.overhead_ms, 2),
+    "ms per token": ui.fmt(b.ms_per_token, 2), "tokens/s": ui.fmt(b.tokens_per_s), "speedup": ui.fmt(b.speedup, 2, "×"),
+    "source": b.source,
+} for b in [*info.ranked, info.baseline]], hide_index=True)
+st.caption("All predicted by the tuner's model from this run's measurements (B = "
+           f"{info.batch_size}); tokens/s end to end, per-cycle times decode only.")
+
+st.header("Throughput over N and θ per draft")
+maps = [m for m in info.heatmaps if sel.draft is None or m.draft == sel.draft]
+for i, hm in enumerate(maps):
+    st.plotly_chart(charts.heatmap_chart(hm), key=f"heat_{i}")
+    if hm.measured:
+        st.dataframe([{
+            "draft": short_name(hm.draft), "N": m.num_speculative_tokens, "θ": m.threshold,
+            "measured tokens/s": ui.fmt(m.measured), "95% CI": ui.ci_text(m.ci), "predicted": ui.fmt(m.predicted),
+            "prompts": m.split} for m in hm.measured], hide_index=True)
+
+st.header("What each server can express")
+rows = capability_rows()
+if rows is None:
+    st.info("The server capability table (tuner/servers.py) is not installed in this version.")
+else:
+    shown = [r for r in rows if sel.server == "any" or r.server == sel.server]
+    st.dataframe([r.__dict__ for r in shown], hide_index=True)
