@@ -6,6 +6,7 @@ the parameter importances then follow the first objective (throughput), as Optun
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import plotly.graph_objects as go
@@ -34,8 +35,14 @@ def study_figures(study: Any) -> dict[str, go.Figure]:
     target = (lambda t: t.values[0]) if multi else None
     figs: dict[str, go.Figure] = {}
     figs["history"] = vis.plot_optimization_history(study, target=target, target_name=names[0])
+    # With an explicit target Optuna's evaluator ranks parameters by how they reach *low* values, so a
+    # maximised first objective is negated for the importances (the history keeps its sign).
+    maximize = study.directions[0].name == "MAXIMIZE"
+    ranked = (lambda t: -t.values[0] if maximize else t.values[0]) if multi else None
     try:
-        figs["importance"] = vis.plot_param_importances(study, target=target, target_name=names[0])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # the "low target values" note: handled above
+            figs["importance"] = vis.plot_param_importances(study, target=ranked, target_name=names[0])
     except (ValueError, RuntimeError, ZeroDivisionError):
         pass  # too few trials, or no parameter varies: nothing to rank
     if multi:

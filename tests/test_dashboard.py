@@ -1,0 +1,208 @@
+"""The dashboard's loaders and charts, without Streamlit, on a database filled by the project's own code."""
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from specdec_tune.dashboard import charts
+from specdec_tune.dashboard.measured import (
+    HELD_OUT,
+    IN_SAMPLE,
+    FidelityPoint,
+    load_fidelity,
+    measured_split,
+    summarize,
+)
+from specdec_tune.dashboard.overview import load_overview
+from specdec_tune.dashboard.profile_info import load_profile_info, spread
+from specdec_tune.dashboard.studies import list_studies, load_study, open_storage, study_info
+from specdec_tune.dashboard.study_charts import study_figures
+from specdec_tune.dashboard.study_reader import read_trials
+from specdec_tune.dashboard.ui import filter_runs
+from specdec_tune.dashboard.why import load_why
+from specdec_tune.db import MeasuredRecord, list_measured, list_runs, load_acceptance, load_timings, open_database
+from tests import dashboard_data
+
+
+@pytest.fixture(scope="module")
+def urls(tiny_model_dirs, tmp_path_factory):
+    return dashboard_data.build(tmp_path_factory.getbasetemp(), tiny_model_dirs)
+
+
+@pytest.fixture(scope="module")
+def db(urls):
+    database = open_database(urls["db"])
+    yield database
+    database.close()
+
+
+def test_overview_of_an_empty_database(tmp_path):
+    info = load_overview(open_database(f"sqlite:///{tmp_path / 'e.db'}"))
+    assert info.empty and info.run_count == 0 and info.best == () and info.runs == ()
+
+
+def test_overview_of_a_filled_database(db, urls, tiny_model_dirs):
+    studies = list_studies(open_storage(urls["storage"]))
+    info = load_overview(db, studies)
+    assert not info.empty and info.run_count == 1 and info.measured_count == len(list_measured(db)) == 3
+    assert info.runs[0].drafts == "draft, ngram" and info.runs[0].measured == 3
+    assert [w[:2] for w in info.workloads] == [(info.runs[0].workload and list_runs(db)[0].workload.name, 3)]
+    study_rows = [b for b in info.best if b.source == f"study {dashboard_data.STUDY}"]
+    result = next(s.result for s in studies if s.name == dashboard_data.STUDY)
+    assert len(study_rows) == 1 and study_rows[0].server == "vllm" and study_rows[0].heldout is True
+    assert study_rows[0].config == result.candidate.label() and study_rows[0].speedup == pytest.approx(result.speedup)
+    # without studies the best *measured* configuration stands in, labelled with its prompts
+    (measured_row,) = load_overview(db).best
+    best = max((m for m in list_measured(db) if m.draft), key=lambda m: m.measured_tokens_per_s)
+    assert measured_row.measured_tokens_per_s == best.measured_tokens_per_s and measured_row.heldout is False
+    assert measured_row.speedup is None  # only the profile's hooked baseline exists: no like-for-like speedup
+
+
+def test_spread_percentiles():
+    s = spread([i / 1000 for i in range(1, 12)])  # 1..11 ms
+    assert (s.median_ms, s.p10_ms, s.p90_ms, s.n) == pytest.approx((6.0, 2.0, 10.0, 11))
+
+
+def test_profile_info_matches_the_stored_samples(db):
+    info = load_profile_info(db, 1)
+    assert set(info.verify) == {1, 2} and all(set(c) == {1, 2, 3} for c in info.verify.values())
+    raw = [r.seconds * 1e3 for r in load_timings(db, 1, kind="verify") if r.batch_size == 2 and r.k == 3]
+    assert info.verify[2][3].median_ms == pytest.approx(statistics.median(raw)) and info.verify[2][3].n == len(raw)
+    (draft,) = [d for d in info.draft_steps]  # the n-gram drafter runs no model
+    assert set(info.draft_steps[draft][1]) == set(info.run.settings["context_lens"])
+    assert info.typical_context == info.run.settings["typical_context"]
+    for rec in load_acceptance(db, 1):
+        panel = info.panel(rec.draft, rec.mode)
+        drafted = sum(rec.confidence_bins["drafted"])
+        assert panel.mean_acceptance_length == pytest.approx(1 + sum(rec.position_accepts) / rec.cycles)
+        assert panel.acceptance_rate == (pytest.approx(sum(rec.position_accepts) / drafted) if drafted else None)
+        assert [c[2] for c in panel.calibration] == rec.confidence_bins["drafted"]
+    assert info.thresholds[0] == 0.0 and len(info.thresholds) > 3 and info.telemetry == ()
+
+
+def test_why_uses_the_tuners_predictions(db):
+    from specdec_tune.tuner.model import SpecConfig
+    from specdec_tune.tuner.profile_data import best_configs, load_run_profile, predict_baseline, predict_config
+
+    info = load_why(db, 1)
+    tops = [best_configs(load_run_profile(db, 1, d), range(1, 5), top=1)[0][1] for d in ("ngram",)]
+    draft = list_runs(db)[0].draft_names[0]
+    tops.append(best_configs(load_run_profile(db, 1, draft), range(1, 5), top=1)[0][1])
+    assert info.ranked[0].tokens_per_s == pytest.approx(max(p.tokens_per_s for p in tops))
+    assert [b.tokens_per_s for b in info.ranked] == sorted((b.tokens_per_s for b in info.ranked), reverse=True)
+    assert info.baseline.tokens_per_s == pytest.approx(predict_baseline(load_run_profile(db, 1, baseline_only=True)).tokens_per_s)
+    rp = load_run_profile(db, 1, draft)
+    hm = next(h for h in info.heatmaps if h.draft == draft)
+    assert hm.ns == (1, 2, 3, 4) and hm.thresholds[0] == 0.0
+    for n, theta in ((1, 0.0), (3, 0.3), (4, 0.8)):
+        cell = hm.tokens_per_s[hm.thresholds.index(theta)][hm.ns.index(n)]
+        assert cell == pytest.approx(predict_config(rp, SpecConfig(n, theta)).tokens_per_s)
+    for b in info.ranked:  # the split adds up to the model's cycle time
+        p = predict_config(load_run_profile(db, 1, b.draft), SpecConfig(b.num_speculative_tokens, b.threshold))
+        assert b.cycle_ms == pytest.approx(p.cycle_time_s * 1e3) and b.draft_ms >= 0 and b.verify_ms > 0
+    measured = [m for m in list_measured(db) if m.draft == draft]
+    assert [(p.num_speculative_tokens, p.threshold, p.measured) for p in hm.measured] == [
+        (2, 0.3, measured[0].measured_tokens_per_s)]
+    assert next(h for h in info.heatmaps if h.draft == "ngram").thresholds == (0.0,)
+
+
+def _point(pred, meas, ci=None, split=HELD_OUT, run=1):
+    return FidelityPoint(0, run, "d", "x", split, meas, pred, ci, None, None)
+
+
+def test_error_summary_numbers():
+    pts = [_point(110, 100, (95, 105)), _point(190, 200, (180, 220)), _point(330, 300, (290, 340)),
+           _point(90, 100, split=IN_SAMPLE)]
+    s = summarize(pts, HELD_OUT)
+    assert s.count == 3 and s.median_abs_error == pytest.approx(0.1) and s.worst_abs_error == pytest.approx(0.1)
+    assert s.inside_ci == pytest.approx(2 / 3) and s.with_ci == 3 and s.spearman == pytest.approx(1.0)
+    assert s.regret == pytest.approx(1.0)  # the predicted best (330) is the measured best (300)
+    swapped = summarize([_point(300, 100), _point(100, 300), _point(200, 200)], HELD_OUT)
+    assert swapped.spearman == pytest.approx(-1.0) and swapped.regret == pytest.approx(100 / 300)
+    assert summarize(pts, IN_SAMPLE).count == 1 and summarize([], HELD_OUT) is None
+
+
+def test_split_of_a_measured_row():
+    def rec(config):
+        return MeasuredRecord(1, 1, "d", config, 1.0, 1.0, None, None, 1.0, 1, None)
+
+    assert measured_split(rec({"split": "holdout"})) == HELD_OUT
+    assert measured_split(rec({"split": "tune"})) == IN_SAMPLE
+    assert measured_split(rec({})) == IN_SAMPLE  # rows from before prompt splits ran the profile's prompts
+
+
+def test_fidelity_on_the_fixture(db):
+    info = load_fidelity(db)
+    assert len(info.points) == 2 and info.unpredicted == 1  # the profile's baseline has no prediction
+    stored = {m.id: m for m in list_measured(db)}
+    for p in info.points:
+        assert p.predicted == stored[p.measured_id].predicted_tokens_per_s and p.split == IN_SAMPLE
+    (summary,) = info.summaries
+    assert summary.count == 2 and summary.spearman is None  # two points carry no rank correlation
+    assert load_fidelity(db, [], None).points == ()
+
+
+def test_studies_and_study_info(urls):
+    import optuna
+
+    storage = open_storage(urls["storage"])
+    rows = {s.name: s for s in list_studies(storage)}
+    assert set(rows) == {dashboard_data.STUDY, dashboard_data.PARETO}
+    ref = optuna.load_study(study_name=dashboard_data.STUDY, storage=urls["storage"])
+    count = len(ref.trials)
+    assert rows[dashboard_data.STUDY].trials == count >= 10
+    assert rows[dashboard_data.STUDY].best_values == (ref.best_value,)
+    info = study_info(load_study(storage, dashboard_data.STUDY))
+    assert info.complete == count and info.best[0].number == ref.best_trial.number
+    assert info.result.server == "vllm" and info.per_batch_size == info.result.per_batch_size != {}
+    multi = study_info(load_study(storage, dashboard_data.PARETO))
+    pareto_ref = optuna.load_study(study_name=dashboard_data.PARETO, storage=urls["storage"]).best_trials
+    assert [t.number for t in multi.best] == sorted(t.number for t in pareto_ref)
+    assert multi.objective_names == ("throughput", "memory") and multi.result is None
+    with pytest.raises(KeyError, match="no study 'nope'"):
+        load_study(storage, "nope")
+
+
+def test_fast_trial_reader_equals_optuna(urls):
+    storage = open_storage(urls["storage"])
+    for name in (dashboard_data.STUDY, dashboard_data.PARETO):
+        ref = storage.get_all_trials(storage.get_study_id_from_name(name))
+        assert read_trials(storage, name) == ref  # every field: params, values, attrs, times
+
+
+def test_absent_storage_creates_nothing(tmp_path):
+    url = f"sqlite:///{tmp_path / 'none.db'}"
+    assert open_storage(url) is None and list_studies(None) == [] and not (tmp_path / "none.db").exists()
+
+
+def test_study_figures(urls):
+    storage = open_storage(urls["storage"])
+    single = study_figures(load_study(storage, dashboard_data.STUDY))
+    assert set(single) == {"history", "importance"} and all(f.data for f in single.values())
+    multi = study_figures(load_study(storage, dashboard_data.PARETO))
+    assert set(multi) == {"history", "importance", "pareto"}
+    trials = load_study(storage, dashboard_data.STUDY).trials
+    (points,) = [t for t in single["history"].data if t.name == "objective 1"]  # one point per trial
+    assert sorted(points.y) == sorted(t.value for t in trials)
+
+
+def test_charts_follow_the_data(db):
+    info = load_profile_info(db, 1)
+    fig = charts.verify_chart(info)
+    assert [t.name for t in fig.data] == ["B = 1", "B = 2"]
+    assert list(fig.data[0].y) == [info.verify[1][k].median_ms for k in (1, 2, 3)]
+    why = load_why(db, 1)
+    heat = charts.heatmap_chart(why.heatmaps[0])
+    assert [list(r) for r in heat.data[0].z] == [list(r) for r in why.heatmaps[0].tokens_per_s]
+    fid = charts.fidelity_chart(load_fidelity(db))
+    assert fid.data[0].name.startswith("y = x") and len(fid.data[1].x) == 2
+    budget = charts.budget_chart([*why.ranked, why.baseline])
+    assert [t.name for t in budget.data] == ["draft steps", "verify", "overhead"]
+
+
+def test_filter_runs(db):
+    runs = list_runs(db)
+    target = runs[0].target.name
+    assert filter_runs(runs, target) == runs and filter_runs(runs, "other") == []
+    assert filter_runs(runs, workload=runs[0].workload.name) == runs
