@@ -1,0 +1,264 @@
+"""Per-prompt samples for regression benchmarks: several arms measured interleaved, models loaded once.
+
+An *arm* is one benchmark configuration (target, draft, N, θ, schedule, temperature, prompts). Each
+repeat goes round every arm (rotated order) and every prompt, so a burst of load on a shared machine
+lands on all arms alike. For every prompt the arm keeps its wall seconds per repeat, the time spent
+inside the drafter's ``propose`` (a timing wrapper around the engine's drafter: the engine itself is
+unchanged), the per-position acceptance counts, the cycle traces and the output tokens, plus the
+plain (non-speculative) greedy output of the same prompt for the correctness check.
+
+``draft_delay_ms`` is a test-only knob: it wraps the drafter with a sleep before each proposal, a
+planted slowdown of the draft that touches nothing in the engine.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specdec_tune.engine import DecodeConfig, Draft, LoadedModel, build_drafter, check_compatible, load_model, speculative
+from specdec_tune.engine.workloads import load_workload
+from specdec_tune.errors import InputError
+from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
+from specdec_tune.profiler.timers import Stopwatch, synchronize
+
+
+class TimedDrafter:
+    """Drafter wrapper that adds the seconds spent in ``propose`` to ``seconds`` (host clock).
+
+    On CPU this is the draft's whole cost. On a GPU it is host time up to the drafter's own read-back
+    of confidences, so it is an approximation of T_s there.
+    """
+
+    def __init__(self, inner: Any, delay_s: float = 0.0) -> None:
+        self.inner = inner
+        self.delay_s = delay_s
+        self.seconds = 0.0
+
+    def propose(self, context: torch.Tensor, max_tokens: int) -> Draft:
+        start = time.perf_counter()
+        if self.delay_s > 0:
+            time.sleep(self.delay_s)  # planted slowdown (tests, benchmarks/regress_noise.py)
+        draft = self.inner.propose(context, max_tokens)
+        self.seconds += time.perf_counter() - start
+        return draft
+
+    def observe(self, num_accepted: int) -> None:
+        self.inner.observe(num_accepted)
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One arm: what to decode. ``draft`` is a model name/path, ``ngram`` or ``none`` (plain)."""
+
+    key: str
+    target: str
+    draft: str
+    workload: str
+    prompts: int
+    prompt_offset: int = 0
+    max_new_tokens: int = 48
+    num_speculative_tokens: int = 4
+    threshold: float = 0.0
+    schedule: str = "constant"
+    temperature: float = 0.0
+    repeats: int = 3
+    device: str = "cpu"
+    dtype: str = "auto"
+    forward: str = "auto"
+    draft_delay_ms: float = 0.0
+
+    @property
+    def plain(self) -> bool:
+        return self.draft == "none" or self.num_speculative_tokens == 0
+
+
+@dataclass
+class PromptSample:
+    """What one arm measured on one prompt (seconds measured; everything else counted)."""
+
+    prompt_id: str
+    new_tokens: int
+    seconds: list[float] = field(default_factory=list)  # [repeat] wall seconds of the decode call
+    draft_seconds: list[float] = field(default_factory=list)  # [repeat] seconds inside propose
+    cycles: int = 0
+    drafted: int = 0
+    draft_forwards: int = 0
+    reached: list[int] = field(default_factory=list)  # [position] cycles reaching position i
+    accepted: list[int] = field(default_factory=list)  # [position] of those, accepted
+    traces: list[list] = field(default_factory=list)  # [cycle] [confidences, num_accepted]
+    token_ids: list[int] = field(default_factory=list)
+    plain_token_ids: list[int] | None = None
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, d: dict) -> PromptSample:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def _counts(cycles, positions: int) -> tuple[list[int], list[int]]:
+    reached, accepted = [0] * positions, [0] * positions
+    for c in cycles:
+        for i, ok in enumerate(c.outcomes[:positions]):
+            reached[i] += 1
+            if not ok:
+                break
+            accepted[i] += 1
+    return reached, accepted
+
+
+class _Models:
+    """Loads each model once per measurement (cache keyed by name, device, dtype, forward)."""
+
+    def __init__(self) -> None:
+        self.cache: dict[tuple, LoadedModel] = {}
+
+    def get(self, name: str, device: str, dtype: str, forward: str) -> LoadedModel:
+        key = (name, device, dtype, forward)
+        if key not in self.cache:
+            self.cache[key] = load_model(name, device, dtype, forward)
+        return self.cache[key]
+
+
+def _timed(target: LoadedModel, arm: ArmSpec, draft_model: LoadedModel | None, ids: torch.Tensor,
+           cfg: DecodeConfig, seed: int):
+    """One wall-clock timed decode; returns (result, seconds, seconds inside the drafter)."""
+    generator = None
+    if arm.temperature > 0:
+        generator = torch.Generator(device=target.device)
+        generator.manual_seed(seed)
+    watch = Stopwatch(target.device)
+    synchronize(target.device)
+    with torch.inference_mode():
+        if arm.plain:
+            watch.start()
+            result = decode_once(target, DraftSpec("none"), ids, cfg, seed)
+            return result, watch.stop(), 0.0
+        watch.start()
+        inner = build_drafter(
+            draft_model.model if draft_model is not None else None,
+            max_len=ids.shape[0] + cfg.max_new_tokens + cfg.num_speculative_tokens + 2,
+            temperature=cfg.temperature, threshold=cfg.threshold, generator=generator,
+        )
+        drafter = TimedDrafter(inner, arm.draft_delay_ms / 1000.0)
+        result = speculative(target.model, drafter, ids, cfg, generator)
+        return result, watch.stop(), drafter.seconds
+
+
+def measure_arms(arms: list[ArmSpec], *, seed: int = 0, progress=None) -> dict[str, list[PromptSample]]:
+    """Measure every arm on its prompts, interleaved; return ``{arm key: [PromptSample per prompt]}``.
+
+    Raises:
+        InputError / NotFoundError / ModelLoadError: bad workload, model or configuration.
+    """
+    if not arms:
+        raise InputError("no benchmark to measure")
+    models = _Models()
+    plans = []
+    for arm in arms:
+        target = models.get(arm.target, arm.device, arm.dtype, arm.forward)
+        draft_model = None
+        if not arm.plain and arm.draft != NGRAM:
+            draft_model = models.get(arm.draft, arm.device, arm.dtype, arm.forward)
+            check_compatible(target, draft_model)
+        prompts = load_workload(arm.workload)[arm.prompt_offset: arm.prompt_offset + arm.prompts]
+        if not prompts:
+            raise InputError(f"workload {arm.workload!r} has no prompts from {arm.prompt_offset} on")
+        try:
+            cfg = DecodeConfig(max_new_tokens=arm.max_new_tokens, num_speculative_tokens=max(1, arm.num_speculative_tokens),
+                               threshold=arm.threshold, schedule=arm.schedule, temperature=arm.temperature,
+                               eos_token_id=target.eos_token_id)
+        except ValueError as exc:
+            raise InputError(f"benchmark {arm.key!r}: {exc}") from None
+        ids = [encode_prompt(target, p.prompt, p.id) for p in prompts]
+        samples = [PromptSample(prompt_id=p.id, new_tokens=0) for p in prompts]
+        plans.append((arm, target, draft_model, cfg, ids, samples))
+        _timed(target, arm, draft_model, ids[0], cfg, seed)  # warm-up, untimed for the samples
+    total = sum(plan[0].repeats * len(plan[4]) for plan in plans)
+    if progress is not None:
+        progress.stage(f"measure {len(arms)} benchmark(s)", total)
+    for r in range(max(a.repeats for a in arms)):
+        shift = r % len(plans)
+        for arm, target, draft_model, cfg, ids, samples in plans[shift:] + plans[:shift]:
+            if r >= arm.repeats:
+                continue
+            for i, (x, s) in enumerate(zip(ids, samples)):
+                result, seconds, draft_s = _timed(target, arm, draft_model, x, cfg, seed + i)
+                s.seconds.append(seconds)
+                s.draft_seconds.append(draft_s)
+                if r == 0:
+                    s.new_tokens = result.new_tokens
+                    s.token_ids = list(result.token_ids)
+                    cyc = result.cycles
+                    s.cycles, s.drafted = len(cyc), sum(c.drafted for c in cyc)
+                    s.draft_forwards = sum(c.draft_forwards for c in cyc)
+                    s.reached, s.accepted = _counts(cyc, arm.num_speculative_tokens if not arm.plain else 0)
+                    s.traces = [[list(c.confidences), int(c.accepted)] for c in cyc]
+                if progress is not None:
+                    progress.advance()
+    # The correctness reference: plain greedy decoding of the same prompts (untimed).
+    for arm, target, _d, cfg, ids, samples in plans:
+        if arm.temperature == 0 and not arm.plain:
+            for x, s in zip(ids, samples):
+                s.plain_token_ids = list(decode_once(target, DraftSpec("none"), x, cfg).token_ids)
+    return {arm.key: samples for arm, *_rest, samples in plans}
+
+
+def environment_fingerprint(device: str = "cpu", backend: str = "engine") -> dict[str, Any]:
+    """What a result depends on besides the code path: versions, hardware, threads (ARCHITECTURE §6)."""
+    import os
+    import platform
+
+    import transformers
+
+    from specdec_tune.db.provenance import git_revision, specdec_version
+    from specdec_tune.engine.loading import resolve_device
+    from specdec_tune.profiler.describe import _cpu_name
+    from specdec_tune.profiler.telemetry import open_monitor
+
+    dev = resolve_device(device)
+    driver = None
+    if dev.type == "cuda":
+        name, count = torch.cuda.get_device_name(dev), torch.cuda.device_count()
+        try:
+            monitor = open_monitor(dev)
+            driver = monitor.info.driver_version
+        except Exception:  # NVML is optional: no driver version is not an error
+            driver = None
+    else:
+        name, count = _cpu_name(), 1
+    return {
+        "specdec_version": specdec_version(), "git_revision": git_revision(),
+        "device": dev.type, "device_name": name, "device_count": count, "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "cuda": torch.version.cuda, "driver": driver, "python": platform.python_version(),
+        "backend": backend, "server": None, "hostname": platform.node() or None,
+    }
+
+
+def model_identity(name: str) -> dict[str, Any]:
+    """Where a model resolves and a hash of its weight files (a changed model is reported as such)."""
+    import hashlib
+    from pathlib import Path
+
+    if name in ("none", NGRAM):
+        return {"name": name}
+    try:
+        from specdec_tune.engine.loading import _resolve_source as resolve_source
+
+        source = str(resolve_source(name))
+    except Exception:  # a hub id or an older engine: the name is all we know
+        source = name
+    folder = Path(source)
+    digest = None
+    if folder.is_dir():
+        h = hashlib.sha256()
+        for f in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+        digest = h.hexdigest()[:16]
+    return {"name": name, "source": source, "weights_sha256": digest}

@@ -1,0 +1,94 @@
+"""Statistics and decision rule of ``regress`` on synthetic samples (no models, fast)."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from scipy import stats
+
+from specdec_tune.tuner._regress_compare import Cell, compare_benchmark, decide
+from specdec_tune.tuner._regress_stats import bh_adjust, minimum_detectable_change, speed_test, two_proportion
+from specdec_tune.tuner._suite import Rules
+
+
+def _samples(times: dict[str, float], jitter: float = 0.0, seed: int = 0, scale: float = 1.0) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"prompt_id": p, "new_tokens": 32, "seconds": [t * scale * (1 + rng.gauss(0, jitter)) for _ in range(3)],
+             "cycles": 0} for p, t in times.items()]
+
+
+PROMPT_TIMES = {f"p{i}": 0.1 + 0.05 * (i % 7) for i in range(16)}  # prompts differ by up to 3x
+
+
+def test_bh_matches_hand_computation():
+    p = [0.01, 0.04, 0.03, 0.005, math.nan]
+    adj = bh_adjust(p)
+    # sorted: 0.005, 0.01, 0.03, 0.04 (m = 4) -> 0.02, 0.02, 0.04, 0.04
+    assert adj[:4] == pytest.approx([0.02, 0.04, 0.04, 0.02])
+    assert math.isnan(adj[4])
+
+
+def test_two_proportion_is_the_pooled_z_test():
+    t = two_proportion(80, 100, 60, 100)
+    z = (0.6 - 0.8) / math.sqrt(0.7 * 0.3 * (2 / 100))
+    assert t.p_value == pytest.approx(2 * stats.norm.sf(abs(z)))
+    assert t.ratio == pytest.approx(0.75)
+    assert two_proportion(50, 50, 40, 40).p_value == 1.0  # both always accepted: no difference
+
+
+def test_speed_test_recovers_a_planted_ratio_despite_prompt_spread():
+    base = {p: 32 / t for p, t in PROMPT_TIMES.items()}
+    cur = {p: v / 1.10 for p, v in base.items()}  # every prompt 10 % slower
+    t = speed_test(base, cur)
+    assert t.ratio == pytest.approx(1 / 1.10, rel=1e-6)
+    assert t.p_value < 1e-4
+    # Without alignment the 3x spread between prompts would hide a 10 % shift entirely.
+    assert stats.mannwhitneyu(list(cur.values()), list(base.values())).pvalue > 0.05
+
+
+def test_minimum_detectable_change_grows_with_noise():
+    assert minimum_detectable_change(0.01) < minimum_detectable_change(0.05) < 1
+    assert minimum_detectable_change(0.01) == pytest.approx(1 - math.exp(-3.4174 * 0.01), rel=1e-3)
+
+
+def _decide(base, cur, rules=Rules(), history=None):
+    cells = compare_benchmark("b", base, cur, {"num_speculative_tokens": 0, "draft": "none"}, rules)
+    return {c.metric: c for c in decide(cells, rules, history or {})}
+
+
+def test_rule_flags_a_20_percent_slowdown_then_confirms_it():
+    base = _samples(PROMPT_TIMES, jitter=0.02, seed=1)
+    cur = _samples(PROMPT_TIMES, jitter=0.02, seed=2, scale=1.2)
+    first = _decide(base, cur)
+    assert first["tokens_per_s"].verdict == "suspicious" and first["latency"].verdict == "suspicious"
+    assert first["tokens_per_s"].ci_high < 1.0
+    second = _decide(base, cur, history={("b", "tokens_per_s"): 1, ("b", "latency"): 1})
+    assert second["tokens_per_s"].verdict == "regression"
+
+
+def test_rule_ignores_a_significant_change_below_min_drop():
+    base = _samples(PROMPT_TIMES, jitter=0.001, seed=1)
+    cur = _samples(PROMPT_TIMES, jitter=0.001, seed=2, scale=1.03)  # 3 %: significant, but small
+    cells = _decide(base, cur)
+    assert cells["tokens_per_s"].p_value < 0.001 and cells["tokens_per_s"].verdict == "ok"
+    assert _decide(base, cur, Rules(min_drop=0.01))["tokens_per_s"].verdict == "suspicious"
+
+
+def test_too_few_prompts_gives_no_verdict():
+    few = dict(list(PROMPT_TIMES.items())[:4])
+    cells = _decide(_samples(few), _samples(few, scale=2.0))
+    assert cells["tokens_per_s"].verdict == "no_verdict" and "too few" in cells["tokens_per_s"].details["reason"]
+
+
+def test_correctness_drift_always_fails():
+    cur = [{"prompt_id": "a", "new_tokens": 2, "seconds": [0.1], "token_ids": [1, 2], "plain_token_ids": [1, 3]}]
+    cells = compare_benchmark("b", None, cur, {"num_speculative_tokens": 4, "draft": "d", "temperature": 0.0}, Rules())
+    assert [c.verdict for c in cells if c.metric == "correctness"] == ["fail"]
+    ok = [dict(cur[0], plain_token_ids=[1, 2])]
+    assert compare_benchmark("b", None, ok, {"num_speculative_tokens": 4, "draft": "d"}, Rules())[0].verdict == "ok"
+
+
+def test_cell_direction():
+    assert Cell("b", "tokens_per_s", "ok").higher_is_better
+    assert not Cell("b", "latency", "ok").higher_is_better

@@ -1,0 +1,204 @@
+"""Compare one run's per-prompt samples with a baseline's: the cells of a regression verdict.
+
+A *cell* is one (benchmark, metric): ``tokens_per_s`` and ``latency`` (speed, per-prompt samples,
+Mann-Whitney U + bootstrap CI of the ratio of medians), ``acceptance@i`` (per-position accepted /
+reached counts, two-proportion test), ``correctness`` (greedy output equals plain decoding's) and
+``model_error`` (prediction vs measurement, when the benchmark names a profile run). :func:`decide`
+applies the rule across all cells of a run: a drop larger than ``min_drop`` whose Benjamini-Hochberg
+adjusted p-value is at most ``q`` is flagged; flagged in ``persist`` consecutive runs = regression.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from specdec_tune.tuner._regress_explain import explain, side_terms
+from specdec_tune.tuner._regress_stats import (
+    bh_adjust,
+    minimum_detectable_change,
+    proportion_mdc,
+    speed_test,
+    two_proportion,
+)
+from specdec_tune.tuner._suite import Rules
+
+SPEED_METRICS = ("tokens_per_s", "latency")
+FLAGGED = ("suspicious", "regression")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A verdict on one (benchmark, metric). ``effect`` = current / baseline (1.0 = unchanged)."""
+
+    benchmark: str
+    metric: str
+    verdict: str  # ok | improved | suspicious | regression | fail | no_verdict
+    baseline_value: float | None = None
+    current_value: float | None = None
+    effect: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    p_value: float | None = None
+    q_value: float | None = None
+    mdc: float | None = None
+    explanation: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.metric != "latency" and self.metric != "model_error"
+
+
+def _per_prompt(samples: Sequence[dict], what: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for s in samples:
+        if not s.get("seconds") or not s.get("new_tokens"):
+            continue
+        sec = statistics.median(s["seconds"])
+        out[s["prompt_id"]] = s["new_tokens"] / sec if what == "tokens_per_s" else 1e3 * sec
+    return out
+
+
+def _speed_cells(name: str, base: Sequence[dict], cur: Sequence[dict], rules: Rules, no_speed: str | None,
+                 calib: Mapping[tuple[str, str], float]) -> list[Cell]:
+    cells = []
+    for metric in SPEED_METRICS:
+        b, c = _per_prompt(base, metric), _per_prompt(cur, metric)
+        bval = statistics.median(b.values()) if b else None
+        cval = statistics.median(c.values()) if c else None
+        if no_speed:
+            cells.append(Cell(name, metric, "no_verdict", bval, cval, details={"reason": no_speed}))
+            continue
+        t = speed_test(b, c, resamples=rules.bootstrap)
+        if t.n_current < rules.min_samples:
+            reason = f"too few prompts on both sides ({t.n_current} < min_samples {rules.min_samples})"
+            cells.append(Cell(name, metric, "no_verdict", bval, cval, details={"reason": reason}))
+            continue
+        mdc, src = calib.get((name, metric)), "calibration"
+        if mdc is None:
+            mdc, src = minimum_detectable_change(t.se_log), "this run's bootstrap"
+        cells.append(Cell(name, metric, "pending", bval, cval, t.ratio, t.ci[0], t.ci[1], t.p_value, mdc=mdc,
+                          details={"n": t.n_current, "se_log": t.se_log, "mdc_source": src,
+                                   "unit": "tokens/s" if metric == "tokens_per_s" else "ms per prompt"}))
+    return cells
+
+
+def _sum_counts(samples: Sequence[dict], key: str, i: int) -> int:
+    return sum(s[key][i] for s in samples if len(s.get(key) or []) > i)
+
+
+def _acceptance_cells(name: str, base: Sequence[dict], cur: Sequence[dict], positions: int, rules: Rules,
+                      calib: Mapping[tuple[str, str], float]) -> list[Cell]:
+    cells = []
+    for i in range(positions):
+        metric = f"acceptance@{i + 1}"
+        k1, n1 = _sum_counts(base, "accepted", i), _sum_counts(base, "reached", i)
+        k2, n2 = _sum_counts(cur, "accepted", i), _sum_counts(cur, "reached", i)
+        if min(n1, n2) < rules.min_reached:
+            reason = f"too few cycles reach position {i + 1} ({min(n1, n2)} < min_reached {rules.min_reached})"
+            cells.append(Cell(name, metric, "no_verdict", k1 / n1 if n1 else None, k2 / n2 if n2 else None,
+                              details={"reason": reason, "counts": [k1, n1, k2, n2]}))
+            continue
+        t = two_proportion(k1, n1, k2, n2)
+        mdc = calib.get((name, metric), proportion_mdc(t.baseline_rate, min(n1, n2)))
+        cells.append(Cell(name, metric, "pending", t.baseline_rate, t.current_rate, t.ratio, mdc=mdc,
+                          p_value=t.p_value, details={"counts": [k1, n1, k2, n2], "diff_ci": list(t.ci),
+                                                      "rate": "α_i conditional"}))
+    return cells
+
+
+def _correctness_cell(name: str, cur: Sequence[dict], temperature: float) -> Cell:
+    checked = [s for s in cur if s.get("plain_token_ids") is not None]
+    if temperature > 0 or not checked:
+        why = "sampling: outputs are random" if temperature > 0 else "plain decoding (nothing to compare)"
+        return Cell(name, "correctness", "no_verdict", details={"reason": f"not checked: {why}"})
+    bad = [s["prompt_id"] for s in checked if list(s["token_ids"]) != list(s["plain_token_ids"])]
+    verdict = "fail" if bad else "ok"
+    return Cell(name, "correctness", verdict, 0.0, len(bad) / len(checked), details={
+        "prompts": len(checked), "differing_prompts": bad[:10],
+        "rule": "greedy speculative output must equal plain decoding's on every prompt"})
+
+
+def compare_benchmark(name: str, base: Sequence[dict] | None, cur: Sequence[dict], config: Mapping[str, Any],
+                      rules: Rules, *, no_speed: str | None = None,
+                      calib: Mapping[tuple[str, str], float] | None = None,
+                      model_error: Callable[[], tuple[float, float] | str] | None = None) -> list[Cell]:
+    """Cells of one benchmark (verdicts of testable cells stay ``pending`` until :func:`decide`).
+
+    Args:
+        base: the baseline's samples (``None``: the baseline lacks this benchmark).
+        cur: this run's samples.
+        config: the resolved benchmark (``num_speculative_tokens``, ``temperature``, ``draft``).
+        no_speed: when set, the reason speed cells give no verdict (fingerprint changed).
+        calib: calibrated minimum detectable changes by (benchmark, metric).
+        model_error: returns (predicted, measured) tokens/s, or a reason why no prediction exists.
+    """
+    calib = calib or {}
+    cells = [_correctness_cell(name, cur, float(config.get("temperature", 0.0)))]
+    if base is None:
+        return cells + [Cell(name, m, "no_verdict", details={"reason": "the baseline has no such benchmark"})
+                        for m in SPEED_METRICS]
+    cells += _speed_cells(name, base, cur, rules, no_speed, calib)
+    n = int(config.get("num_speculative_tokens") or 0)
+    if config.get("draft", "none") != "none" and n > 0:
+        cells += _acceptance_cells(name, base, cur, n, rules, calib)
+    if model_error is not None:
+        got = model_error()
+        if isinstance(got, str):
+            cells.append(Cell(name, "model_error", "no_verdict", details={"reason": got}))
+        else:
+            predicted, measured = got
+            err = predicted / measured - 1.0
+            verdict = "pending_tol" if abs(err) > rules.model_error_tolerance else "ok"
+            cells.append(Cell(name, "model_error", verdict, None, err, details={
+                "predicted_tokens_per_s": predicted, "measured_tokens_per_s": measured,
+                "tolerance": rules.model_error_tolerance}))
+    return cells
+
+
+def decide(cells: Sequence[Cell], rules: Rules, flagged_before: Mapping[tuple[str, str], int]) -> list[Cell]:
+    """Apply the rule across all cells of a run.
+
+    Args:
+        flagged_before: (benchmark, metric) -> number of consecutive previous runs that flagged it.
+    """
+    testable = [i for i, c in enumerate(cells) if c.verdict == "pending"]
+    qs = bh_adjust([cells[i].p_value if cells[i].p_value is not None else math.nan for i in testable])
+    out = list(cells)
+    for i, q in zip(testable, qs):
+        c = cells[i]
+        worse = c.effect < 1 - rules.min_drop if c.higher_is_better else c.effect > 1 + rules.min_drop
+        better = c.effect > 1 + rules.min_drop if c.higher_is_better else c.effect < 1 - rules.min_drop
+        significant = not math.isnan(q) and q <= rules.q
+        if worse and significant:
+            verdict = _persisted(c, rules, flagged_before)
+        else:
+            verdict = "improved" if better and significant else "ok"
+        out[i] = replace(c, verdict=verdict, q_value=q)
+    for i, c in enumerate(out):
+        if c.verdict == "pending_tol":  # model error beyond tolerance: flagged, persistence applies
+            out[i] = replace(c, verdict=_persisted(c, rules, flagged_before))
+    return out
+
+
+def _persisted(c: Cell, rules: Rules, flagged_before: Mapping[tuple[str, str], int]) -> str:
+    return "regression" if flagged_before.get((c.benchmark, c.metric), 0) >= rules.persist - 1 else "suspicious"
+
+
+def explain_benchmark(cells: Sequence[Cell], base: Sequence[dict], cur: Sequence[dict], n: int) -> str | None:
+    """The model's explanation of a flagged speed change of one benchmark (None when none is flagged)."""
+    flagged = [c for c in cells if c.metric in SPEED_METRICS and c.verdict in FLAGGED]
+    if not flagged:
+        return None
+    if n <= 0:
+        return "plain decoding: the target's decode step itself got slower (no speculative terms to split)"
+    positions = max(n, 1)
+    b, c = side_terms(base, positions), side_terms(cur, positions)
+    if b is None or c is None:
+        return "no speculative cycles recorded on one side: cannot split the change"
+    fallen = [int(x.metric.split("@")[1]) for x in cells
+              if x.metric.startswith("acceptance@") and x.verdict in FLAGGED]
+    return explain(b, c, n, fallen).text

@@ -1,0 +1,119 @@
+"""Statistics of a regression comparison (scipy.stats; pure functions, no I/O).
+
+Speed metrics compare per-prompt samples. Prompts differ far more from each other (length,
+acceptance) than one prompt differs between two runs, so each prompt's values are first *aligned*:
+divided by that prompt's pooled median over both sides (Hodges & Lehmann's aligned ranks). The
+Mann-Whitney U test then sees only the within-prompt change, and the effect is the ratio of the
+medians of the aligned values with a bootstrap CI that resamples prompts (cluster bootstrap).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+#: z for a two-sided 1 % test and 80 % power: the minimum detectable change is (z_a + z_b)·SE.
+_Z_ALPHA, _Z_POWER = 2.5758, 0.8416
+
+
+@dataclass(frozen=True)
+class SpeedTest:
+    """A speed comparison: ratio current/baseline of the medians (1.0 = unchanged)."""
+
+    ratio: float
+    ci: tuple[float, float]
+    p_value: float
+    n_baseline: int
+    n_current: int
+    se_log: float  # bootstrap standard error of log(ratio)
+
+
+def align(baseline: dict[str, float], current: dict[str, float]) -> tuple[list[float], list[float], list[str]]:
+    """Divide each prompt's value on both sides by the prompt's pooled median (prompts on both sides)."""
+    keys = [k for k in baseline if k in current and baseline[k] > 0 and current[k] > 0]
+    a = [2 * baseline[k] / (baseline[k] + current[k]) for k in keys]
+    b = [2 * current[k] / (baseline[k] + current[k]) for k in keys]
+    return a, b, keys
+
+
+def speed_test(baseline: dict[str, float], current: dict[str, float], *, resamples: int = 2000,
+               seed: int = 0) -> SpeedTest:
+    """Mann-Whitney U on aligned per-prompt values and a bootstrap CI of the ratio of medians.
+
+    Args:
+        baseline: prompt id -> value (e.g. tokens/s, median over repeats) of the baseline.
+        current: the same for the current run.
+        resamples: bootstrap resamples (prompts drawn with replacement, both sides together).
+        seed: bootstrap seed (fixed: the same data gives the same CI).
+    """
+    a, b, _ = align(baseline, current)
+    n = len(a)
+    if n < 2:
+        return SpeedTest(math.nan, (math.nan, math.nan), math.nan, n, n, math.nan)
+    xa, xb = np.asarray(a), np.asarray(b)
+    ratio = float(np.median(xb) / np.median(xa))
+    if np.allclose(xa, xb):
+        p = 1.0
+    else:
+        p = float(stats.mannwhitneyu(xb, xa, alternative="two-sided").pvalue)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(resamples, n))
+    boot = np.median(xb[idx], axis=1) / np.median(xa[idx], axis=1)
+    lo, hi = np.quantile(boot, [0.025, 0.975])
+    se = float(np.std(np.log(boot), ddof=1))
+    return SpeedTest(ratio, (float(lo), float(hi)), p, n, n, se)
+
+
+@dataclass(frozen=True)
+class ProportionTest:
+    """Two-proportion z-test of accepted/reached counts at one position."""
+
+    baseline_rate: float
+    current_rate: float
+    ratio: float
+    ci: tuple[float, float]  # 95 % Wald CI of the difference current - baseline
+    p_value: float
+
+
+def two_proportion(k1: int, n1: int, k2: int, n2: int) -> ProportionTest:
+    """Baseline k1/n1 vs current k2/n2 (pooled z-test; p = 1 when both rates are 0 or both 1)."""
+    if n1 <= 0 or n2 <= 0:
+        return ProportionTest(math.nan, math.nan, math.nan, (math.nan, math.nan), math.nan)
+    p1, p2 = k1 / n1, k2 / n2
+    pooled = (k1 + k2) / (n1 + n2)
+    var = pooled * (1 - pooled) * (1 / n1 + 1 / n2)
+    if var <= 0:
+        p = 1.0 if p1 == p2 else 0.0
+    else:
+        p = float(2 * stats.norm.sf(abs(p2 - p1) / math.sqrt(var)))
+    se = math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
+    ratio = p2 / p1 if p1 > 0 else (1.0 if p2 == 0 else math.inf)
+    return ProportionTest(p1, p2, ratio, (p2 - p1 - 1.96 * se, p2 - p1 + 1.96 * se), p)
+
+
+def bh_adjust(p_values: Sequence[float]) -> list[float]:
+    """Benjamini-Hochberg adjusted p-values (scipy.stats.false_discovery_control); NaN stays NaN."""
+    finite = [i for i, p in enumerate(p_values) if not math.isnan(p)]
+    out = [math.nan] * len(p_values)
+    if finite:
+        adj = stats.false_discovery_control([p_values[i] for i in finite], method="bh")
+        for i, q in zip(finite, np.atleast_1d(adj)):
+            out[i] = float(q)
+    return out
+
+
+def minimum_detectable_change(se_log: float) -> float:
+    """Smallest relative change detected with 80 % power by a 1 % two-sided test, given SE of log(ratio)."""
+    if not math.isfinite(se_log):
+        return math.nan
+    return 1.0 - math.exp(-(_Z_ALPHA + _Z_POWER) * se_log)
+
+
+def proportion_mdc(rate: float, n: int) -> float:
+    """Relative minimum detectable drop of a rate measured on n cycles (two equal samples)."""
+    if n <= 0 or rate <= 0 or not math.isfinite(rate):
+        return math.nan
+    return (_Z_ALPHA + _Z_POWER) * math.sqrt(2 * rate * (1 - rate) / n) / rate
