@@ -21,6 +21,8 @@ rows = [s for s in rows if s.result is None or (
     and (sel.workload is None or short_name(s.result.workload) == short_name(sel.workload)))]
 if storage_url is None or not rows:
     ui.need("tune", f"No tuning study found (storage: {sel.sources.display_storage}).")
+# The study that tuned the selected run comes first; otherwise the newest.
+rows.sort(key=lambda s: not (s.result is not None and sel.run is not None and s.result.run_id == sel.run.id))
 name = st.selectbox("Study", [s.name for s in rows], key="study_name",
                     format_func=lambda n: f"{n} ({next(s.trials for s in rows if s.name == n)} trials)")
 info = cache.study(storage_url, name)
