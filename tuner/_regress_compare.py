@@ -125,7 +125,8 @@ def _correctness_cell(name: str, cur: Sequence[dict], temperature: float) -> Cel
 def compare_benchmark(name: str, base: Sequence[dict] | None, cur: Sequence[dict], config: Mapping[str, Any],
                       rules: Rules, *, no_speed: str | None = None,
                       calib: Mapping[tuple[str, str], float] | None = None,
-                      model_error: Callable[[], tuple[float, float] | str] | None = None) -> list[Cell]:
+                      model_error: Callable[[], tuple[float, float] | str] | None = None,
+                      missing: str = "the baseline has no such benchmark") -> list[Cell]:
     """Cells of one benchmark (verdicts of testable cells stay ``pending`` until :func:`decide`).
 
     Args:
@@ -135,11 +136,12 @@ def compare_benchmark(name: str, base: Sequence[dict] | None, cur: Sequence[dict
         no_speed: when set, the reason speed cells give no verdict (fingerprint changed).
         calib: calibrated minimum detectable changes by (benchmark, metric).
         model_error: returns (predicted, measured) tokens/s, or a reason why no prediction exists.
+        missing: the reason speed cells give when ``base`` is None.
     """
     calib = calib or {}
     cells = [_correctness_cell(name, cur, float(config.get("temperature", 0.0)))]
     if base is None:
-        return cells + [Cell(name, m, "no_verdict", details={"reason": "the baseline has no such benchmark"})
+        return cells + [Cell(name, m, "no_verdict", details={"reason": missing})
                         for m in SPEED_METRICS]
     cells += _speed_cells(name, base, cur, rules, no_speed, calib)
     n = int(config.get("num_speculative_tokens") or 0)
