@@ -100,3 +100,57 @@ def build(base: Path, dirs: dict[str, str]) -> dict[str, str]:
     urls = {"db": db_url, "storage": storage_url, "empty": f"sqlite:///{root / 'empty.db'}"}
     done.write_text(json.dumps(urls))
     return urls
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RunningDashboard:
+    """``specdec-tune dashboard`` in a child process (its own session), stopped with SIGINT like Ctrl-C."""
+
+    def __init__(self, db_url: str, storage_url: str | None = None, timeout_s: float = 120.0) -> None:
+        import os
+        import subprocess
+        import sys
+
+        from specdec_tune.dashboard.launch import wait_healthy
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = [sys.executable, "-m", "specdec_tune.cli", "dashboard", "--db", db_url, "--port", str(self.port)]
+        if storage_url:
+            args += ["--storage", storage_url]
+        env = {k: v for k, v in os.environ.items() if k not in ("SPECDEC_DB", "SPECDEC_STORAGE")}
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                     start_new_session=True)
+        if not wait_healthy(self.url, self.proc, timeout_s):
+            out, err = self.stop()
+            raise RuntimeError(f"dashboard did not start: rc={self.proc.returncode} out={out!r} err={err!r}")
+        self.first_line = self.proc.stdout.readline().strip()
+
+    def stop(self, timeout_s: float = 30.0) -> tuple[str, str]:
+        """Send SIGINT (Ctrl-C) and return the rest of stdout and stderr."""
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            import os
+
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the whole session: the CLI and its Streamlit child
+            return self.proc.communicate()
+
+    def __enter__(self) -> RunningDashboard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
