@@ -92,3 +92,33 @@ def test_correctness_drift_always_fails():
 def test_cell_direction():
     assert Cell("b", "tokens_per_s", "ok").higher_is_better
     assert not Cell("b", "latency", "ok").higher_is_better
+
+
+def test_model_error_beyond_tolerance_is_flagged_and_persists():
+    cur = [{"prompt_id": "a", "new_tokens": 2, "seconds": [0.1]}]
+    cfg = {"num_speculative_tokens": 0, "draft": "none"}
+
+    def run(predicted, history):
+        cells = compare_benchmark("b", None, cur, cfg, Rules(), model_error=lambda: (predicted, 20.0))
+        return {c.metric: c for c in decide(cells, Rules(), history)}["model_error"]
+
+    assert run(21.0, {}).verdict == "ok"  # +5 % < 10 % tolerance
+    assert run(25.0, {}).verdict == "suspicious" and run(25.0, {}).current_value == pytest.approx(0.25)
+    assert run(25.0, {("b", "model_error"): 1}).verdict == "regression"
+    cells = compare_benchmark("b", None, cur, cfg, Rules(), model_error=lambda: "no profile")
+    me = [c for c in cells if c.metric == "model_error"][0]
+    assert me.verdict == "no_verdict" and me.details["reason"] == "no profile"
+
+
+def test_explanation_names_the_factor_that_changed():
+    from specdec_tune.tuner._regress_explain import SideTerms, explain
+    from specdec_tune.tuner.model import Trace
+
+    good = tuple(Trace((0.9,) * 4, 3) for _ in range(50))
+    bad = tuple(Trace((0.9,) * 4, 1) for _ in range(50))  # positions 2-4 now rejected
+    base = SideTerms(good, 0.001, 0.010, (1.0, 1.0, 1.0, 0.0), 4.0)
+    assert "the draft got slower" in explain(base, SideTerms(good, 0.002, 0.010, base.alphas, 4.0), 4).text
+    assert "verify step" in explain(base, SideTerms(good, 0.001, 0.013, base.alphas, 4.0), 4).text
+    e = explain(base, SideTerms(bad, 0.001, 0.010, (1.0, 0.0, 0.0, 0.0), 2.0), 4, fallen_positions=[2, 3])
+    assert "acceptance fell at positions 2-3" in e.text and e.shares["acceptance"] < 0
+    assert e.shares["draft"] == pytest.approx(0.0, abs=1e-12) and e.model_ratio < 1

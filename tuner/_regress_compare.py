@@ -140,14 +140,7 @@ def compare_benchmark(name: str, base: Sequence[dict] | None, cur: Sequence[dict
     """
     calib = calib or {}
     cells = [_correctness_cell(name, cur, float(config.get("temperature", 0.0)))]
-    if base is None:
-        return cells + [Cell(name, m, "no_verdict", details={"reason": missing})
-                        for m in SPEED_METRICS]
-    cells += _speed_cells(name, base, cur, rules, no_speed, calib)
-    n = int(config.get("num_speculative_tokens") or 0)
-    if config.get("draft", "none") != "none" and n > 0:
-        cells += _acceptance_cells(name, base, cur, n, rules, calib)
-    if model_error is not None:
+    if model_error is not None:  # needs no baseline: prediction vs this run's measurement
         got = model_error()
         if isinstance(got, str):
             cells.append(Cell(name, "model_error", "no_verdict", details={"reason": got}))
@@ -158,6 +151,12 @@ def compare_benchmark(name: str, base: Sequence[dict] | None, cur: Sequence[dict
             cells.append(Cell(name, "model_error", verdict, None, err, details={
                 "predicted_tokens_per_s": predicted, "measured_tokens_per_s": measured,
                 "tolerance": rules.model_error_tolerance}))
+    if base is None:
+        return cells + [Cell(name, m, "no_verdict", details={"reason": missing}) for m in SPEED_METRICS]
+    cells += _speed_cells(name, base, cur, rules, no_speed, calib)
+    n = int(config.get("num_speculative_tokens") or 0)
+    if config.get("draft", "none") != "none" and n > 0:
+        cells += _acceptance_cells(name, base, cur, n, rules, calib)
     return cells
 
 
