@@ -1,0 +1,75 @@
+"""``specdec-tune export``: write a tuned configuration in the files each server reads.
+
+Parses, calls :func:`specdec_tune.tuner.exports.write_exports` and prints the paths written. The
+configuration comes from a finished ``tune`` study (``--study``) or from a stored profile run
+(``--run``, numbers predicted).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from specdec_tune.cli._app import app, print_json
+from specdec_tune.cli._options import DbOption
+from specdec_tune.errors import InputError
+
+FORMAT_HELP = "vllm | sglang | trtllm | llamacpp | hf | all (comma-separated for several)."
+
+
+def _storage_url(storage: str | None, db: str | None) -> str:
+    from specdec_tune.db import resolve_url
+
+    given = (storage or "").strip() or os.environ.get("SPECDEC_STORAGE", "").strip()
+    if given:
+        return given
+    db_url = resolve_url(db)
+    try:  # where `tune` puts studies by default (a SQLite file beside the results database)
+        from specdec_tune.tuner._study import default_storage_url
+    except ImportError:
+        return "sqlite:///specdec-studies.db"
+    return default_storage_url(db_url)
+
+
+@app.command()
+def export(
+    study: Optional[str] = typer.Option(None, "--study", metavar="NAME", help="A finished `tune` study."),
+    storage: Optional[str] = typer.Option(None, "--storage", metavar="URL",
+                                          help="Optuna storage of --study (default: tune's, beside --db)."),
+    run: Optional[int] = typer.Option(None, "--run", metavar="ID", help="A stored profile run (numbers predicted)."),
+    config: Optional[str] = typer.Option(None, "--config", metavar="N,θ[,DRAFTER]",
+                                         help="With --run: the configuration (default: the model's best)."),
+    fmt: str = typer.Option(..., "--format", metavar="FORMAT", help=FORMAT_HELP),
+    out: Path = typer.Option(..., "--out", metavar="DIR", help="Folder to write (created; files replaced)."),
+    db: DbOption = None,
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object (paths per format)."),
+) -> None:
+    """Export the tuned configuration for vLLM, SGLang, TensorRT-LLM, llama.cpp or HF transformers."""
+    from specdec_tune.tuner.exports import resolve_formats, write_exports
+
+    if (study is None) == (run is None):
+        raise InputError("give exactly one of --study NAME or --run ID")
+    if config is not None and run is None:
+        raise InputError("--config goes with --run (a study's configuration is its tuned winner)")
+    formats = fmt.split(",")
+    resolve_formats(formats)  # an unknown format is refused before any database is opened
+    if study is not None:
+        from specdec_tune.tuner._export_sources import result_from_study
+
+        result = result_from_study(study, _storage_url(storage, db))
+    else:
+        from specdec_tune.db import open_database
+        from specdec_tune.tuner._export_sources import result_from_run
+
+        with open_database(db) as database:
+            result = result_from_run(database, run, config)
+    written = write_exports(result, formats, out)
+    if json_out:
+        print_json({"config": result.candidate.label(), "exports": {k: [str(p) for p in v] for k, v in written.items()}})
+        return
+    typer.echo(f"exported {result.candidate.label()} ({'study ' + study if study else f'run {run}'}):")
+    for name, paths in written.items():
+        for p in paths:
+            typer.echo(f"  {name}: {p}")

@@ -1,0 +1,290 @@
+"""Write a tuned configuration in the files each server reads as-is, plus a README.
+
+One builder per format turns a :class:`TuningResult` into files: it asks the capability table
+(:mod:`specdec_tune.tuner.servers`) whether the server can run the configuration, fills the server's
+schema (:mod:`specdec_tune.tuner._export_schemas`, pydantic, ``extra="forbid"``) and renders text.
+Everything is built and validated first; only then is anything written, so a refusal or a schema
+violation leaves ``out_dir`` untouched.
+
+Per-batch-size N (``TuningResult.per_batch_size``, the model's best N at each batch size asked) becomes
+a step function: batch size B_i's N holds from B_i up to the next batch size asked minus one; batch
+size 1 always takes the winner's N (measured, where the model's choice at B=1 is a prediction). vLLM
+gets it as inclusive ranges ``[[1, hi, K], ...]``; TensorRT-LLM as ``{hi: K}`` (upper-bound keys).
+Above the largest batch size asked vLLM keeps the last K and TensorRT-LLM uses 0 (each server's rule).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from specdec_tune.errors import InputError
+from specdec_tune.tuner import _export_schemas as sch
+from specdec_tune.tuner.configs import Candidate, TuningResult
+from specdec_tune.tuner.servers import SERVERS, expressible, server_space
+
+FORMATS = ("vllm", "sglang", "trtllm", "llamacpp", "hf")
+ALL = "all"
+Files = list[tuple[str, str]]  # (relative path, text)
+
+__all__ = ["ALL", "FORMATS", "batch_ranges", "build_exports", "model_path", "resolve_formats", "write_exports"]
+
+
+def resolve_formats(formats: Sequence[str]) -> tuple[list[str], bool]:
+    """The formats asked (``all`` expands to every server) and whether ``all`` was asked.
+
+    Raises:
+        InputError: an unknown format (the message lists the valid ones).
+    """
+    out: list[str] = []
+    every = False
+    for f in (x.strip().lower() for x in formats if x.strip()):
+        if f == ALL:
+            every = True
+            out += [x for x in FORMATS if x not in out]
+        elif f in FORMATS:
+            out += [f] if f not in out else []
+        else:
+            raise InputError(f"unknown export format {f!r}; valid: {', '.join(FORMATS)}, {ALL}")
+    if not out:
+        raise InputError(f"no export format given; valid: {', '.join(FORMATS)}, {ALL}")
+    return out, every
+
+
+def model_path(name: str | None) -> str | None:
+    """A bundled model name becomes its folder; anything else (path, hub id) is returned as given."""
+    if not name:
+        return name
+    try:
+        from specdec_tune.engine import zoo
+
+        return str(zoo.resolve_model(name))
+    except Exception:  # not a zoo name, or the zoo cannot resolve it: the user's spelling is the path
+        return name
+
+
+def batch_ranges(result: TuningResult) -> list[tuple[int, int, int]] | None:
+    """Contiguous inclusive ranges ``(lo, hi, N)`` from batch size 1 to the largest asked, or ``None``
+    when N does not vary (a constant N needs no schedule)."""
+    c = result.candidate
+    if c.is_plain or not result.per_batch_size:
+        return None
+    points = {int(b): int(n) for b, n in result.per_batch_size.items() if int(b) >= 1}
+    points[1] = c.num_speculative_tokens
+    keys = sorted(points)
+    ranges: list[list[int]] = []
+    for i, b in enumerate(keys):
+        hi = keys[i + 1] - 1 if i + 1 < len(keys) else b
+        if ranges and ranges[-1][2] == points[b]:
+            ranges[-1][1] = hi
+        else:
+            ranges.append([b, hi, points[b]])
+    return None if len(ranges) == 1 else [(lo, hi, n) for lo, hi, n in ranges]
+
+
+def _refuse(fmt: str, c: Candidate) -> None:
+    reason = expressible(server_space(fmt), c)
+    if reason is not None:
+        raise InputError(f"cannot export {c.label()} as {fmt}: {reason}")
+
+
+def _paths(result: TuningResult) -> tuple[str, str | None]:
+    target = result.target_path or model_path(result.target) or result.target
+    c = result.candidate
+    draft = None if c.is_plain or c.is_ngram else (result.draft_path or model_path(c.drafter))
+    return target, draft
+
+
+def _validated(schema: type, what: str, /, **fields):
+    try:
+        return schema(**fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ())) or "config"
+        raise InputError(f"{what} export fails its schema at {where}: {first.get('msg')}") from None
+
+
+def _script(cmd: list[str], note: str) -> str:
+    return f"#!/bin/sh\n# {note}\n" + " ".join(shlex.quote(x) for x in cmd) + ' "$@"\n'
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _vllm(result: TuningResult) -> Files:
+    c = result.candidate
+    target, draft = _paths(result)
+    if c.is_plain:
+        return [("vllm/launch.sh", _script(["vllm", "serve", target], "plain decoding: no --speculative-config"))]
+    _refuse("vllm", c)
+    ranges = batch_ranges(result)
+    fields: dict = {"method": "ngram" if c.is_ngram else "draft_model",
+                    "num_speculative_tokens": max(n for _, _, n in ranges) if ranges else c.num_speculative_tokens}
+    if c.is_ngram:
+        fields.update(prompt_lookup_max=c.ngram_max, prompt_lookup_min=c.ngram_min)
+    else:
+        fields["model"] = draft
+    if ranges:
+        fields["num_speculative_tokens_per_batch_size"] = [list(r) for r in ranges]
+    cfg = _validated(sch.VllmSpeculativeConfig, "vllm", **fields)
+    text = json.dumps(cfg.model_dump(exclude_none=True), indent=2) + "\n"
+    cmd = ["vllm", "serve", target, "--speculative-config", json.dumps(cfg.model_dump(exclude_none=True))]
+    return [("vllm/speculative_config.json", text),
+            ("vllm/launch.sh", _script(cmd, f"{SERVERS['vllm'].version}: speculative_config.json inline"))]
+
+
+def _sglang(result: TuningResult) -> Files:
+    c = result.candidate
+    target, draft = _paths(result)
+    base = ["python", "-m", "sglang.launch_server", "--model-path", target]
+    if c.is_plain:
+        return [("sglang/launch.sh", _script(base, "plain decoding: no --speculative-* flags"))]
+    _refuse("sglang", c)
+    n = c.num_speculative_tokens
+    if c.is_ngram:  # the draft's first token is the last verified one: N + 1 tokens in the window
+        args = _validated(sch.SglangSpeculativeArgs, "sglang", speculative_algorithm="NGRAM",
+                          speculative_num_draft_tokens=n + 1, speculative_ngram_min_bfs_breadth=1,
+                          speculative_ngram_max_bfs_breadth=1)
+    else:
+        args = _validated(sch.SglangSpeculativeArgs, "sglang", speculative_algorithm="STANDALONE",
+                          speculative_draft_model_path=draft, speculative_num_steps=n, speculative_eagle_topk=1,
+                          speculative_num_draft_tokens=n + 1)
+    flags = args.flags()
+    return [("sglang/flags.txt", "\n".join(flags) + "\n"),
+            ("sglang/launch.sh", _script(base + flags, SERVERS["sglang"].version))]
+
+
+def _trtllm(result: TuningResult) -> Files:
+    import yaml
+
+    c = result.candidate
+    target, draft = _paths(result)
+    base = ["trtllm-serve", target, "--backend", "pytorch"]
+    if c.is_plain:
+        return [("trtllm/launch.sh", _script(base, "plain decoding: no speculative_config"))]
+    _refuse("trtllm", c)
+    ranges = batch_ranges(result)
+    max_draft = c.num_speculative_tokens
+    fields: dict = {}
+    if ranges:
+        first, top = ranges[0][2], max(n for _, _, n in ranges)
+        if first != top:
+            raise InputError(
+                f"cannot export as trtllm: draft_len_schedule needs the N of its smallest batch size to be the "
+                f"largest (= max_draft_len), but B={ranges[0][0]}..{ranges[0][1]} has N={first} and "
+                f"{next(f'B={lo}..{hi}' for lo, hi, n in ranges if n == top)} has N={top}")
+        max_draft = first
+        fields["draft_len_schedule"] = {hi: n for _, hi, n in ranges}
+    if c.is_ngram:  # per-request pool, newest match: what the engine's prompt lookup does
+        spec = dict(decoding_type="NGram", max_draft_len=max_draft, max_matching_ngram_size=c.ngram_max,
+                    is_use_oldest=False, is_public_pool=False, **fields)
+    else:
+        spec = dict(decoding_type="Draft_Target", max_draft_len=max_draft, speculative_model=draft, **fields)
+    opts = _validated(sch.TrtllmExtraOptions, "trtllm", speculative_config=spec)
+    text = f"# {SERVERS['trtllm'].version}\n" + yaml.safe_dump(opts.model_dump(exclude_none=True), sort_keys=False)
+    return [("trtllm/extra_llm_api_options.yaml", text),
+            ("trtllm/launch.sh", _script(base + ["--extra_llm_api_options", "extra_llm_api_options.yaml"],
+                                         "run from this folder"))]
+
+
+def _llamacpp(result: TuningResult) -> Files:
+    c = result.candidate
+    target, draft = _paths(result)
+    base = ["llama-server", "-m", f"{target}.gguf"]
+    if c.is_plain:
+        return [("llamacpp/launch.sh", _script(base, "plain decoding: no --spec-* flags"))]
+    _refuse("llamacpp", c)
+    n = c.num_speculative_tokens
+    if c.is_ngram:
+        args = _validated(sch.LlamacppSpeculativeArgs, "llamacpp", spec_type="ngram-simple",
+                          spec_ngram_simple_size_n=c.ngram_max, spec_ngram_simple_size_m=n)
+        legacy: list[str] = []
+    else:
+        # n-min 0: llama.cpp clears drafts shorter than n-min; the engine verifies every draft.
+        args = _validated(sch.LlamacppSpeculativeArgs, "llamacpp", spec_type="draft-simple",
+                          spec_draft_model=f"{draft}.gguf", spec_draft_n_max=n, spec_draft_n_min=0,
+                          spec_draft_p_min=c.threshold)
+        legacy = ["-md", f"{draft}.gguf", "--draft-max", str(n), "--draft-min", "0", "--draft-p-min", f"{c.threshold:g}"]
+    flags = args.flags()
+    files = [("llamacpp/flags.txt", "\n".join(flags) + "\n"),
+             ("llamacpp/launch.sh", _script(base + flags, f"{SERVERS['llamacpp'].version}; GGUF files"))]
+    if legacy:
+        files.append(("llamacpp/flags-before-spec-rename.txt", "\n".join(legacy) + "\n"))
+    return files
+
+
+def _hf(result: TuningResult) -> Files:
+    c = result.candidate
+    if c.is_plain:
+        return []
+    _refuse("hf", c)
+    if c.is_ngram:
+        cfg = _validated(sch.HfPromptLookupGenerationConfig, "hf", prompt_lookup_num_tokens=c.num_speculative_tokens,
+                         max_matching_ngram_size=c.ngram_max)
+    else:
+        # heuristic_transient restarts N every generate() call, as the engine restarts it every sequence.
+        cfg = _validated(sch.HfAssistantGenerationConfig, "hf", num_assistant_tokens=c.num_speculative_tokens,
+                         num_assistant_tokens_schedule="heuristic_transient" if c.schedule == "heuristic" else "constant",
+                         assistant_confidence_threshold=c.threshold)
+    return [("hf/generation_config.json", json.dumps(cfg.model_dump(), indent=2) + "\n")]
+
+
+BUILDERS = {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm, "llamacpp": _llamacpp, "hf": _hf}
+
+
+def build_exports(result: TuningResult, formats: Sequence[str]) -> tuple[dict[str, Files], dict[str, str]]:
+    """Build (not write) every format: ``(files per format, refusal per skipped format)``.
+
+    Named formats must all succeed; with ``all`` a format the server cannot express is skipped and its
+    reason returned (the README lists it).
+
+    Raises:
+        InputError: an unknown format, or a named format that cannot express the configuration.
+    """
+    fmts, every = resolve_formats(formats)
+    built: dict[str, Files] = {}
+    skipped: dict[str, str] = {}
+    for f in fmts:
+        try:
+            built[f] = BUILDERS[f](result)
+        except InputError as exc:
+            if not every:
+                raise
+            skipped[f] = str(exc)
+    return built, skipped
+
+
+def write_exports(result: TuningResult, formats: Sequence[str], out_dir: Path) -> dict[str, list[Path]]:
+    """Write the files each format's server reads, and ``README.md``, under ``out_dir``.
+
+    Returns:
+        format -> paths written (``"readme"`` -> the README).
+
+    Raises:
+        InputError: unknown format, a named format that cannot express the configuration, or a schema
+            violation; nothing is written then.
+    """
+    from specdec_tune.tuner._export_readme import render_readme
+
+    built, skipped = build_exports(result, formats)
+    readme = render_readme(result, built, skipped)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--out {out_dir} exists and is not a folder")
+    written: dict[str, list[Path]] = {}
+    for fmt, files in built.items():
+        for rel, text in files:
+            path = out_dir / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            if rel.endswith(".sh"):
+                path.chmod(0o755)
+            written.setdefault(fmt, []).append(path)
+        written.setdefault(fmt, [])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "README.md").write_text(readme, encoding="utf-8")
+    written["readme"] = [out_dir / "README.md"]
+    return written
