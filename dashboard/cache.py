@@ -101,10 +101,10 @@ def study_figures(storage_url: str, name: str, trials: int) -> dict[str, Any]:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def exports(result_json: str, formats: tuple[str, ...]) -> dict[str, bytes]:
+def exports(result_json: str) -> dict[str, dict[str, bytes]]:
     import json
 
-    return export_files(TuningResult.from_dict(json.loads(result_json)), formats)
+    return export_files(TuningResult.from_dict(json.loads(result_json)))
 
 
 __all__ = ["clear", "database", "exports", "fidelity", "overview", "profile", "runs", "sources", "storage",

@@ -59,26 +59,16 @@ def _sqlite_file(url: str) -> Path | None:
 
 
 def default_storage(db_url: str) -> str | None:
-    """The tuner's default study storage for ``db_url`` (``None`` when the tuner does not say).
+    """The study storage ``specdec-tune tune`` uses by default for ``db_url`` (``None``: no tuner here).
 
-    Asks ``tuner.search`` (the ``tune`` command's module) so that the dashboard finds studies where
-    ``specdec-tune tune`` put them without being told.
+    Asks the tuner (``tuner._study.default_storage_url``: a SQLite file beside the results database),
+    so the dashboard finds studies where ``tune`` put them without being told.
     """
     try:
-        from specdec_tune.tuner import search
+        from specdec_tune.tuner._study import default_storage_url
     except ImportError:
         return None
-    for name in ("resolve_storage", "default_storage"):
-        fn = getattr(search, name, None)
-        if callable(fn):
-            try:
-                return fn(None, db_url) if name == "resolve_storage" else fn(db_url)
-            except TypeError:
-                try:
-                    return fn(None)
-                except Exception:  # noqa: BLE001 - an unknown signature: no default
-                    return None
-    return getattr(search, "DEFAULT_STORAGE", None)
+    return default_storage_url(db_url)
 
 
 def resolve_sources(db: str | None = None, storage: str | None = None) -> Sources:

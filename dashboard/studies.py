@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec_tune.dashboard.sources import storage_exists
+from specdec_tune.dashboard.study_charts import objective_names
 from specdec_tune.dashboard.study_reader import snapshot, trial_counts
 from specdec_tune.tuner.configs import TuningResult
 
@@ -66,6 +67,7 @@ class StudyInfo:
     best: tuple[TrialRow, ...]
     per_batch_size: dict[int, int] = field(default_factory=dict)
     result: TuningResult | None = None
+    top: tuple[TrialRow, ...] = ()  # the best distinct configurations by the first objective
 
     @property
     def complete(self) -> int:
@@ -143,8 +145,7 @@ def study_info(study: Any) -> StudyInfo:
     for t in trials:
         states[t.state.name] = states.get(t.state.name, 0) + 1
     directions = tuple(d.name.lower() for d in study.directions)
-    names = tuple(study.metric_names or ()) or tuple(
-        study.user_attrs.get("objectives") or [f"objective {i + 1}" for i in range(len(directions))])
+    names = tuple(objective_names(study))
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     if not complete:
         best: tuple[TrialRow, ...] = ()
@@ -153,33 +154,77 @@ def study_info(study: Any) -> StudyInfo:
     else:
         best = (_trial_row(study.best_trial),)
     result = parse_result(study.user_attrs.get(RESULT_ATTR))
+    sign = -1.0 if directions and directions[0] == "maximize" else 1.0
+    top, seen = [], set()
+    for t in sorted(complete, key=lambda t: sign * t.values[0]):
+        key = json.dumps(t.params, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            top.append(_trial_row(t))
+        if len(top) == 10:
+            break
     started = min((t.datetime_start for t in trials if t.datetime_start), default=None)
     row = StudyRow(name=study.study_name, directions=directions, trials=len(trials),
                    best_values=best[0].values if best and len(directions) == 1 else None, started=started,
                    result=result)
     return StudyInfo(row=row, objective_names=names, states=states, best=best,
-                     per_batch_size=dict(result.per_batch_size) if result else {}, result=result)
+                     per_batch_size=dict(result.per_batch_size) if result else {}, result=result, top=tuple(top))
 
 
 def export_formats() -> tuple[str, ...]:
-    """The export formats ``tuner.exports`` writes (empty when the module is not installed)."""
+    """The formats ``tuner.exports`` writes (empty when the exporters are not installed)."""
     try:
-        from specdec_tune.tuner import exports
+        from specdec_tune.tuner.exports import FORMATS
     except ImportError:
         return ()
-    formats = getattr(exports, "FORMATS", None) or getattr(exports, "EXPORT_FORMATS", None)
-    return tuple(formats) if formats else ("vllm", "sglang", "trtllm", "llamacpp", "hf")
+    return tuple(FORMATS)
 
 
-def export_files(result: TuningResult, formats: tuple[str, ...]) -> dict[str, bytes]:
-    """Every file ``tuner.exports.write_exports`` writes for ``result``, by relative path.
+def export_files(result: TuningResult) -> dict[str, dict[str, bytes]]:
+    """Every file ``tuner.exports.write_exports`` writes for ``result`` with format ``all``.
+
+    Returns:
+        format (``vllm`` ... and ``readme``) -> relative path -> content. A format that cannot express
+        the configuration writes nothing; the README says why.
 
     Raises:
-        ImportError: ``tuner.exports`` is not there yet.
-        SpecdecError: a format cannot express this configuration (the exporter's own message).
+        ImportError: the exporters are not installed.
+        SpecdecError: the exporter refused the result (its own one-line message).
     """
     from specdec_tune.tuner.exports import write_exports
 
     with tempfile.TemporaryDirectory(prefix="specdec-export-") as tmp:
-        write_exports(result, list(formats), Path(tmp))
-        return {str(p.relative_to(tmp)): p.read_bytes() for p in sorted(Path(tmp).rglob("*")) if p.is_file()}
+        written = write_exports(result, ["all"], Path(tmp))
+        return {fmt: {str(Path(p).relative_to(tmp)): Path(p).read_bytes() for p in paths}
+                for fmt, paths in written.items()}
+
+
+def zip_files(files: dict[str, dict[str, bytes]]) -> bytes:
+    """All exported files in one zip archive (paths as written)."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for group in files.values():
+            for path, data in group.items():
+                zf.writestr(path, data)
+    return buf.getvalue()
+
+
+def trial_label(t: TrialRow) -> str:
+    """The trial's configuration: the tuner's candidate when stored, else its parameters."""
+    cand = t.user_attrs.get("candidate")
+    if isinstance(cand, dict):
+        from specdec_tune.tuner.configs import Candidate
+
+        try:
+            return Candidate.from_dict(cand).label()
+        except TypeError:
+            pass
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={short(v)}" for k, v in t.params.items())
+
+
+def short(value: object) -> str:
+    text = str(value)
+    return text.rstrip("/").rsplit("/", 1)[-1] if "/" in text else text

@@ -15,9 +15,11 @@ from optuna.trial import TrialState
 
 
 def objective_names(study: Any) -> list[str]:
-    """One name per objective: Optuna's metric names, else the study's ``objectives`` attribute."""
+    """One name per objective: Optuna's metric names, else the ``objectives`` ``tune`` stored with the study."""
     n = len(study.directions)
-    names = list(study.metric_names or []) or list(study.user_attrs.get("objectives") or [])
+    attrs = study.user_attrs
+    stored = attrs.get("objectives") or (attrs.get("tune") or {}).get("objectives") or []
+    names = list(study.metric_names or []) or list(stored)
     return names[:n] if len(names) >= n else [f"objective {i + 1}" for i in range(n)]
 
 

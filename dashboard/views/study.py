@@ -8,7 +8,7 @@ import streamlit as st
 from specdec_tune.dashboard import cache, ui
 from specdec_tune.dashboard.measured import short_name
 from specdec_tune.dashboard.study_charts import schedule_chart
-from specdec_tune.dashboard.studies import export_formats
+from specdec_tune.dashboard.studies import export_formats, trial_label, zip_files
 from specdec_tune.errors import SpecdecError
 
 sel = ui.selection()
@@ -57,6 +57,14 @@ if "pareto" in figs:
     st.subheader("Pareto front")
     st.plotly_chart(figs["pareto"], key="study_pareto")
 
+st.header("Best configurations in the study")
+st.dataframe([{
+    "trial": t.number, **{n: ui.fmt(v, 1) for n, v in zip(info.objective_names, t.values or ())},
+    "configuration": trial_label(t), "predicted speedup": ui.fmt(t.user_attrs.get("predicted_speedup"), 2, "×"),
+    "E[τ]": ui.fmt(t.user_attrs.get("expected_tokens_per_cycle"), 2), "source": t.user_attrs.get("source", "–"),
+} for t in info.top], hide_index=True)
+st.caption("Trial values are the model's predictions (the tuner measures only its top candidates).")
+
 st.header("Per-batch-size schedule")
 if info.per_batch_size:
     st.plotly_chart(schedule_chart(info.per_batch_size), key="schedule")
@@ -71,11 +79,22 @@ elif not formats:
     st.info("The exporters (tuner/exports.py) are not installed in this version.")
 else:
     try:
-        files = cache.exports(json.dumps(result.to_dict()), formats)
-    except (SpecdecError, ValueError) as exc:
+        files = cache.exports(json.dumps(result.to_dict()))
+    except SpecdecError as exc:
         st.warning(f"Export failed: {exc}")
         files = {}
-    cols = st.columns(min(4, max(1, len(files))))
-    for i, (path, data) in enumerate(files.items()):
-        cols[i % len(cols)].download_button(f"Download {path}", data, file_name=path.replace("/", "_"),
-                                            key=f"export_{i}")
+    except Exception as exc:  # noqa: BLE001 - a broken exporter must not take the study page down
+        st.warning(f"Export failed ({type(exc).__name__}: {exc}); `specdec-tune export` shows the same error")
+        files = {}
+    if files:
+        st.caption("What each server reads as-is; README.md says how to pass each file and what a server "
+                   "cannot express. Same files as `specdec-tune export --study NAME --format all`.")
+        st.download_button("Download all (zip)", zip_files(files), file_name=f"{name}-exports.zip",
+                           mime="application/zip", key="export_zip", type="primary")
+        cols = st.columns(3)
+        for i, fmt in enumerate([f for f in (*formats, "readme") if f in files]):
+            with cols[i % 3]:
+                st.markdown(f"**{fmt}**" + ("" if files[fmt] else ": cannot express this configuration (see README)"))
+                for j, (path, data) in enumerate(files[fmt].items()):
+                    st.download_button(f"Download {path}", data, file_name=path.replace("/", "_"),
+                                       key=f"export_{fmt}_{j}")

@@ -5,7 +5,8 @@ import streamlit as st
 
 from specdec_tune.dashboard import cache, charts, ui
 from specdec_tune.dashboard.measured import short_name
-from specdec_tune.dashboard.servers_info import capability_rows
+from specdec_tune.dashboard.servers_info import server_rows
+from specdec_tune.tuner.configs import Candidate
 
 sel = ui.selection()
 st.title("Why it wins")
@@ -53,9 +54,26 @@ for i, hm in enumerate(maps):
             "prompts": m.split} for m in hm.measured], hide_index=True)
 
 st.header("What each server can express")
-rows = capability_rows()
+rows = server_rows(info)
 if rows is None:
     st.info("The server capability table (tuner/servers.py) is not installed in this version.")
 else:
     shown = [r for r in rows if sel.server == "any" or r.server == sel.server]
-    st.dataframe([r.__dict__ for r in shown], hide_index=True)
+    st.dataframe([{
+        "server": r.title, "best inside its space (predicted)": r.best, "tokens/s": ui.fmt(r.tokens_per_s),
+        "speedup": ui.fmt(r.speedup, 2, "×"), "cannot express the overall best": r.cannot or "– (it can)",
+        **r.capabilities, "checked against": r.version,
+    } for r in shown], hide_index=True)
+    st.caption("Best of the (draft, N, θ) grid above that each server can run, as tuner/servers.py decides; "
+               "the tuning study also searches schedules and n-gram sizes.")
+    for r in shown:
+        with st.expander(f"{r.title}: what to know"):
+            for note in r.notes:
+                st.markdown(f"- {note}")
+    for r in tuned:
+        if r.best_per_server:
+            st.subheader(f"Best per server found by the tuner (study {r.study})")
+            st.dataframe([{"server": name, "configuration": Candidate.from_dict(b).label(),
+                           "predicted tokens/s": ui.fmt(b.get("predicted_tokens_per_s")),
+                           "measured tokens/s": ui.fmt(b.get("measured_tokens_per_s"))}
+                          for name, b in sorted(r.best_per_server.items())], hide_index=True)
