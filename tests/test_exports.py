@@ -258,3 +258,93 @@ def test_batch_ranges_constant_when_n_does_not_vary():
 def test_every_format_has_a_builder():
     built, skipped = build_exports(result(Candidate("mini-draft-1l", 4)), list(FORMATS))
     assert set(built) == set(FORMATS) and not skipped
+
+
+# ---------------------------------------------------------------------------------------- CLI
+
+TINY_FLAGS = ["--device", "cpu", "--repeats", "2", "--k-max", "3", "--n-max", "4", "--max-prompts", "2",
+              "--max-new-tokens", "8", "--context-lens", "8,16"]
+
+
+def cli(args, capsys):
+    from specdec_tune.cli import main
+
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def profiled_db(tiny_model_dirs, tmp_path_factory):
+    """One tiny profile run (model draft + n-gram, batch sizes 1 and 2) in a fresh database."""
+    from specdec_tune.cli import main
+
+    root = tmp_path_factory.mktemp("export_cli")
+    workload = root / "w.jsonl"
+    workload.write_text('{"id": "a", "prompt": "def add(a, b):"}\n{"id": "b", "prompt": "class Point:"}\n')
+    url = f"sqlite:///{root / 'results.db'}"
+    assert main(["profile", "--target", tiny_model_dirs["target"], "--draft", f"{tiny_model_dirs['draft']},ngram",
+                 "--workload", str(workload), "--db", url, "--json", "--batch-sizes", "1,2", *TINY_FLAGS]) == 0
+    return url, tiny_model_dirs
+
+
+def test_cli_export_from_a_profile_run(profiled_db, tmp_path, capsys):
+    url, dirs = profiled_db
+    code, out, err = cli(["export", "--run", "1", "--config", f"3,0,{dirs['draft']}", "--format", "vllm,hf",
+                          "--out", str(tmp_path / "o"), "--db", url, "--json"], capsys)
+    assert code == 0, err
+    written = json.loads(out)["exports"]
+    assert set(written) == {"vllm", "hf", "readme"}
+    cfg = json.loads((tmp_path / "o" / "vllm" / "speculative_config.json").read_text())
+    assert cfg["model"] == dirs["draft"] and max(k for *_, k in cfg.get("num_speculative_tokens_per_batch_size",
+                                                                         [[1, 1, 3]])) == cfg["num_speculative_tokens"]
+    readme = (tmp_path / "o" / "README.md").read_text()
+    assert "(predicted)" in readme and "throughput: not measured" in readme and "profile run 1" in readme
+    # the default --config is the model's best for the run's first draft; n-gram exports too
+    assert cli(["export", "--run", "1", "--format", "all", "--out", str(tmp_path / "d"), "--db", url], capsys)[0] == 0
+    assert cli(["export", "--run", "1", "--config", "2,0,ngram", "--format", "trtllm", "--out", str(tmp_path / "n"),
+                "--db", url], capsys)[0] == 0
+    assert "NGram" in (tmp_path / "n" / "trtllm" / "extra_llm_api_options.yaml").read_text()
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--run", "1", "--config", "3,0.4", "--format", "vllm"], "no draft-confidence threshold"),
+    (["--run", "1", "--config", "x,0", "--format", "vllm"], "N must be an integer"),
+    (["--run", "1", "--config", "3,1.5", "--format", "vllm"], "θ must be in [0, 1)"),
+    (["--run", "99", "--format", "vllm"], "99"),
+    (["--run", "1", "--format", "tgi"], "unknown export format 'tgi'"),
+    (["--run", "1", "--study", "s", "--format", "vllm"], "exactly one of --study NAME or --run ID"),
+    (["--study", "s", "--config", "3,0", "--format", "vllm"], "--config goes with --run"),
+])
+def test_cli_bad_input_is_one_line_exit_2(profiled_db, tmp_path, capsys, args, words):
+    url, _ = profiled_db
+    code, out, err = cli(["export", *args, "--out", str(tmp_path / "o"), "--db", url], capsys)
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_export_from_a_study(tmp_path, capsys):
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    r = result(Candidate("mini-draft-1l", 4), PER_B)
+    optuna.create_study(study_name="done", storage=storage).set_user_attr("result", r.to_dict())
+    optuna.create_study(study_name="unfinished", storage=storage)
+    code, out, err = cli(["export", "--study", "done", "--storage", storage, "--format", "trtllm,vllm",
+                          "--out", str(tmp_path / "o")], capsys)
+    assert code == 0, err
+    doc = yaml.safe_load((tmp_path / "o" / "trtllm" / "extra_llm_api_options.yaml").read_text())
+    assert doc["speculative_config"]["draft_len_schedule"] == {3: 4, 15: 3, 63: 2, 64: 0}
+    for study, words in (("unfinished", "holds no tuning result"), ("nope", "no study 'nope'")):
+        code, _, err = cli(["export", "--study", study, "--storage", storage, "--format", "vllm",
+                            "--out", str(tmp_path / "x")], capsys)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1
+    code, _, err = cli(["export", "--study", "done", "--storage", f"sqlite:///{tmp_path / 'none.db'}",
+                        "--format", "vllm", "--out", str(tmp_path / "x")], capsys)
+    assert code == 2 and "does not exist" in err and not (tmp_path / "none.db").exists()
+    # a study result a server cannot express: one line naming it, nothing written
+    optuna.load_study(study_name="unfinished", storage=storage).set_user_attr(
+        "result", result(Candidate("mini-draft-1l", 4, 0.3, "hf")).to_dict())
+    code, _, err = cli(["export", "--study", "unfinished", "--storage", storage, "--format", "sglang",
+                        "--out", str(tmp_path / "x")], capsys)
+    assert code == 2 and "SGLang has no draft-confidence threshold" in err and not (tmp_path / "x").exists()
