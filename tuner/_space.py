@@ -1,0 +1,171 @@
+"""The discrete search space of ``tune`` and its restriction to what one server can express.
+
+The space (issue 10 §1): drafter (each profiled draft model, ``ngram``, ``none`` = plain decoding),
+N in 1..N_max (N_max = min(16, the profile's), θ on a 0.05 grid in [0, 0.95], schedule ``constant``
+or ``heuristic``. It is finite on purpose: Optuna's brute-force sampler can walk it whole, and tests
+compare the search with an exhaustive enumeration of the very same points.
+
+Two choices are fixed rather than searched, and said so wherever results are printed:
+- n-gram lookup sizes stay at the engine's default (longest 3, shortest 1): the profiler records one
+  n-gram variant, so the model could not tell sizes apart;
+- θ is not searched for n-gram lookup (its confidences are all 1, so a θ below 1 never cuts).
+
+Which part of the space a server can express is asked from :mod:`specdec_tune.tuner.servers`
+(the capability table) by probing it with candidates, so this module depends on its
+``expressible`` check only, not on how the table is laid out.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from specdec_tune.errors import InputError
+from specdec_tune.tuner.configs import NGRAM, NONE, Candidate
+
+SERVERS = ("vllm", "sglang", "trtllm", "llamacpp", "hf")
+ANY = "any"
+N_LIMIT = 16
+THETA_STEP = 0.05
+THETA_MAX = 0.95
+THETA_GRID = tuple(round(i * THETA_STEP, 2) for i in range(int(round(THETA_MAX / THETA_STEP)) + 1))
+SCHEDULES = ("constant", "heuristic")
+_PROBE_DRAFT = "draft-model"  # any model draft stands for all of them when probing a server
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The finite space one study searches.
+
+    Attributes:
+        drafters: model drafts (names as profiled), then ``ngram`` and ``none`` where allowed.
+        n_max: largest N searched (N runs over 1..n_max).
+        thresholds: θ values for model drafts (``(0.0,)``: no threshold).
+        threshold_rule: ``before`` (our engine, llama.cpp p-min) or ``hf`` (HF's rule).
+        schedules: schedules for model drafts: ``constant`` and, where allowed, ``heuristic``.
+        ngram_schedules: schedules for n-gram lookup.
+        server: the server whose space this is (``any``: the whole space).
+    """
+
+    drafters: tuple[str, ...]
+    n_max: int
+    thresholds: tuple[float, ...] = THETA_GRID
+    threshold_rule: str = "before"
+    schedules: tuple[str, ...] = SCHEDULES
+    ngram_schedules: tuple[str, ...] = SCHEDULES
+    server: str = ANY
+
+    def schedules_for(self, drafter: str) -> tuple[str, ...]:
+        return self.ngram_schedules if drafter == NGRAM else self.schedules
+
+    def candidates(self) -> Iterator[Candidate]:
+        """Every point of the space, in a fixed order (plain decoding last)."""
+        for drafter in self.drafters:
+            if drafter == NONE:
+                continue
+            thetas = (0.0,) if drafter == NGRAM else self.thresholds
+            for n in range(1, self.n_max + 1):
+                for theta in thetas:
+                    for schedule in self.schedules_for(drafter):
+                        yield make_candidate(drafter, n, theta, self.threshold_rule, schedule)
+        if NONE in self.drafters:
+            yield Candidate(NONE, 0)
+
+    @property
+    def size(self) -> int:
+        return sum(1 for _ in self.candidates())
+
+    def to_dict(self) -> dict:
+        return {"drafters": list(self.drafters), "n_max": self.n_max, "thresholds": list(self.thresholds),
+                "threshold_rule": self.threshold_rule, "schedules": list(self.schedules),
+                "ngram_schedules": list(self.ngram_schedules), "server": self.server}
+
+
+def make_candidate(drafter: str, n: int, theta: float, rule: str, schedule: str) -> Candidate:
+    """A candidate with θ rounded to the grid (Optuna's stepped floats carry binary noise)."""
+    theta = round(float(theta), 2)
+    return Candidate(drafter, int(n), theta, rule if theta > 0 else "before", schedule)
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def _fallback_expressible(server: str, c: Candidate) -> str | None:
+    """Used only until ``tuner.servers`` exists: the issue's table (vLLM 0.11+, SGLang 0.5,
+    TRT-LLM 1.1, llama.cpp b6000+, transformers 4.5x)."""
+    if c.is_plain:
+        return None
+    if server in ("vllm", "sglang", "trtllm"):
+        if c.threshold > 0:
+            return f"{server} has no draft-confidence threshold"
+        if c.schedule != "constant":
+            return f"{server} has no heuristic schedule"
+        return None
+    if server == "llamacpp":
+        if c.threshold > 0 and c.threshold_rule != "before":
+            return "llama.cpp's --spec-draft-p-min stops before the token below θ (rule 'before')"
+        return None if c.schedule == "constant" else "llama.cpp has no heuristic schedule"
+    if server == "hf":
+        if c.threshold > 0 and c.threshold_rule != "hf":
+            return "HF's assistant_confidence_threshold proposes the token below θ (rule 'hf')"
+        return None
+    raise InputError(f"unknown server {server!r}; valid: {ANY}, {', '.join(SERVERS)}")
+
+
+def expressible(server: str, candidate: Candidate) -> str | None:
+    """``None`` when ``server`` can run ``candidate``, else the reason it cannot.
+
+    Asks the capability table (``tuner.servers``) when it is installed; ``any`` expresses everything.
+    """
+    if server == ANY:
+        return None
+    check_server(server)
+    try:
+        from specdec_tune.tuner import servers as table
+    except ImportError:
+        return _fallback_expressible(server, candidate)
+    return table.expressible(table.server_space(server), candidate)
+
+
+def _model_has_hf_rule() -> bool:
+    from specdec_tune.tuner.model import SpecConfig
+
+    return "threshold_rule" in SpecConfig.__dataclass_fields__
+
+
+def check_server(server: str) -> str:
+    if server != ANY and server not in SERVERS:
+        raise InputError(f"unknown --server {server!r}; valid: {ANY}, {', '.join(SERVERS)}")
+    return server
+
+
+def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ngram: bool) -> SearchSpace:
+    """The part of the whole space ``server`` can express, found by probing :func:`expressible`.
+
+    Args:
+        server: a server name or ``any``.
+        model_drafts: the draft models profiled (names as stored in the run).
+        n_max: largest N the profile can predict (capped at 16).
+        ngram: whether n-gram lookup was profiled.
+    """
+    check_server(server)
+    n_max = min(int(n_max), N_LIMIT)
+    if n_max < 1:
+        raise InputError(f"the profile's N_max is {n_max}; profile with --n-max 16")
+    probe = model_drafts[0] if model_drafts else _PROBE_DRAFT
+    ok = lambda c: expressible(server, c) is None  # noqa: E731
+    drafters = [d for d in model_drafts if ok(Candidate(d, 1))]
+    with_ngram = ngram and ok(Candidate(NGRAM, 1))
+    if with_ngram:
+        drafters.append(NGRAM)
+    drafters.append(NONE)
+    # the largest N the server takes (a server may cap it)
+    n_max = next((n for n in range(n_max, 0, -1) if ok(Candidate(probe if model_drafts else NGRAM, n))), 1)
+    rule = next((r for r in ("before", "hf") if ok(Candidate(probe, 4, 0.3, r))), None)
+    if server == ANY:
+        rule = "before"
+    if rule == "hf" and not _model_has_hf_rule():
+        rule = None  # the model could not predict HF's rule: search θ = 0 only, never guess
+    schedules = tuple(s for s in SCHEDULES if ok(Candidate(probe, 4, schedule=s))) or ("constant",)
+    ngram_schedules = tuple(s for s in SCHEDULES if ok(Candidate(NGRAM, 4, schedule=s))) or ("constant",)
+    return SearchSpace(tuple(drafters), n_max, THETA_GRID if rule else (0.0,), rule or "before", schedules,
+                       ngram_schedules, server)

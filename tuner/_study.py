@@ -1,0 +1,156 @@
+"""Optuna storage for ``tune``: where studies live, and keeping them apart from the results database.
+
+Optuna's RDB storage keeps its own Alembic version table, named ``alembic_version`` like ours
+(``db/migrations``): in one database each would read the other's revision and refuse to start (or,
+worse, one would stamp over the other). So studies live in their own database: by default a SQLite
+file next to the results database (``specdec.db`` -> ``specdec-studies.db``); for teams any
+PostgreSQL URL other than the results database's. The same URL for both is refused with one line,
+and so is a storage URL whose database already holds specdec-tune's tables.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+from specdec_tune.errors import InputError, StorageError
+
+OUR_TABLE = "profile_runs"  # a table only specdec-tune's results database has
+
+
+def _sqlite_file(url: str) -> Path | None:
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return None
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    database = parsed.database or ""
+    if database in ("", ":memory:") or database.startswith("file:"):
+        return None
+    return Path(database).expanduser().resolve()
+
+
+def default_storage_url(db_url: str) -> str:
+    """A SQLite file beside the results database (``x.db`` -> ``x-studies.db``), else in the cwd."""
+    path = _sqlite_file(db_url)
+    if path is None:
+        return "sqlite:///specdec-studies.db"
+    return f"sqlite:///{path.with_name(path.stem + '-studies' + (path.suffix or '.db'))}"
+
+
+def _same_database(a: str, b: str) -> bool:
+    from sqlalchemy.engine import make_url
+
+    fa, fb = _sqlite_file(a), _sqlite_file(b)
+    if fa is not None or fb is not None:
+        return fa == fb
+    try:
+        ua, ub = make_url(a), make_url(b)
+    except Exception:
+        return a.strip() == b.strip()
+    key = lambda u: (u.get_backend_name(), u.host or "", u.port or 5432, u.database or "")  # noqa: E731
+    return key(ua) == key(ub)
+
+
+def check_storage(storage_url: str, db_url: str) -> None:
+    """Refuse a study storage that is (or looks like) the results database.
+
+    Raises:
+        InputError: the same URL for ``--storage`` and ``--db``.
+    """
+    if _same_database(storage_url, db_url):
+        raise InputError(
+            f"--storage {_mask(storage_url)} is the results database (--db): Optuna keeps its own "
+            "alembic_version table there, which would clash with specdec-tune's; give another database "
+            f"(default: {_mask(default_storage_url(db_url))})")
+
+
+def _mask(url: str) -> str:
+    from specdec_tune.db import mask_url
+
+    return mask_url(url)
+
+
+def open_storage(storage_url: str) -> Any:
+    """Open Optuna's RDB storage (created on first use); a bad or unreachable URL is one line.
+
+    Heartbeats let a trial of a killed worker be marked failed instead of running forever; completed
+    trials are committed one by one, so a kill loses none.
+
+    Raises:
+        StorageError: the URL cannot be parsed or reached, or its database holds specdec-tune's tables.
+    """
+    import optuna
+    import sqlalchemy as sa
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("optuna").setLevel(logging.WARNING)
+    path = _sqlite_file(storage_url)
+    if path is not None and not path.parent.is_dir():
+        raise StorageError(f"cannot open study storage {_mask(storage_url)}: directory {path.parent} does not exist")
+    try:
+        engine = sa.create_engine(storage_url)
+        with engine.connect() as conn:
+            tables = set(sa.inspect(conn).get_table_names())
+        engine.dispose()
+    except Exception as exc:  # driver missing, bad URL, server down: say which URL and why
+        raise StorageError(f"cannot open study storage {_mask(storage_url)}: {_first_line(exc)}") from None
+    if OUR_TABLE in tables:
+        raise StorageError(
+            f"study storage {_mask(storage_url)} holds specdec-tune's results tables; Optuna's alembic_version "
+            "would clash with ours: give a separate database for --storage")
+    try:
+        with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5.0; we rely on them knowingly
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                storage_url, heartbeat_interval=30, grace_period=90,
+                engine_kwargs={"pool_pre_ping": True} if not storage_url.startswith("sqlite") else None,
+            )
+    except Exception as exc:
+        raise StorageError(f"cannot open study storage {_mask(storage_url)}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip()
+    return text.splitlines()[0] if text else type(orig).__name__
+
+
+def load_or_create(storage: Any, name: str, directions: list[str], attrs: dict[str, Any], sampler: Any) -> Any:
+    """Create the study, or load it when it exists and was made for the same question.
+
+    ``attrs`` (target, drafts, workload, server, space, objectives, ...) are stored with a new study;
+    a study of that name made with other attrs is refused rather than mixed.
+
+    Raises:
+        InputError: the study exists with other settings.
+    """
+    import optuna
+
+    study = optuna.create_study(storage=storage, study_name=name, directions=directions, sampler=sampler,
+                                load_if_exists=True)
+    stored = study.user_attrs
+    if "tune" not in stored:
+        study.set_user_attr("tune", attrs)
+        return study
+    old = stored["tune"]
+    diff = [k for k in attrs if k in old and old[k] != attrs[k] and k != "run_id"]
+    if diff or [d.name for d in study.directions] != [d.upper() for d in directions]:
+        what = ", ".join(f"{k} {old[k]!r} (now {attrs[k]!r})" for k in diff) or "its objectives"
+        raise InputError(f"study {name!r} was made for other settings: {what}; give another --study to start a new one")
+    return study
+
+
+def load_existing(storage: Any, name: str) -> Any:
+    """An existing study, or one line naming the studies there are."""
+    import optuna
+
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        names = optuna.get_all_study_names(storage)
+        raise InputError(f"no study {name!r} in the storage; studies: {', '.join(names) or '(none)'}") from None

@@ -1,0 +1,323 @@
+"""The Optuna search of ``tune``: predicted end-to-end throughput over a server's discrete space.
+
+Every trial proposes one :class:`~specdec_tune.tuner.configs.Candidate` (drafter, N, θ, schedule),
+the model predicts it from a stored profile (:func:`specdec_tune.tuner.profile_data.predict_config`,
+the same end-to-end tokens/s that ``measure`` observes) and the trial stores that prediction in its
+user attributes. Predictions are cached per candidate (a sampler may propose a point twice, and a
+resumed or joined study already holds many), so a point is predicted once per process.
+
+The space is finite (``tuner._space``). When ``trials`` covers it, Optuna's brute-force sampler
+walks it whole and the study's best *is* the model's optimum; otherwise TPE (seeded, multivariate)
+samples it. ``--objectives throughput,memory`` makes a two-objective study (maximise tokens/s,
+minimise the memory speculation adds) whose Pareto front is ``study.best_trials``.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec_tune.db import Database
+from specdec_tune.errors import InputError
+from specdec_tune.tuner._space import ANY, SERVERS, SearchSpace, expressible, make_candidate, server_search_space
+from specdec_tune.tuner.configs import NGRAM, NONE, Candidate
+from specdec_tune.tuner.model import SpecConfig, best_n_per_batch_size
+from specdec_tune.tuner.profile_data import RunProfile, load_run_profile, predict_baseline, predict_config
+
+OBJECTIVES = ("throughput", "memory")
+__all__ = [
+    "OBJECTIVES", "Evaluator", "Scored", "SearchOutcome", "SearchSpace", "best_per_server", "brute_force",
+    "per_batch_size", "run_search", "server_search_space", "spec_config",
+]
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A candidate and what the model predicts for it (all numbers predicted)."""
+
+    candidate: Candidate
+    predicted_tokens_per_s: float
+    predicted_speedup: float
+    expected_tokens_per_cycle: float
+    source: str
+    memory_bytes: float | None = None
+
+    def attrs(self) -> dict[str, Any]:
+        """What a trial stores (Optuna user attributes)."""
+        return {"candidate": self.candidate.to_dict(), "predicted_tokens_per_s": self.predicted_tokens_per_s,
+                "predicted_speedup": self.predicted_speedup, "expected_tokens_per_cycle": self.expected_tokens_per_cycle,
+                "source": self.source, "memory_bytes": self.memory_bytes, "label": "predicted"}
+
+    @classmethod
+    def from_attrs(cls, a: dict[str, Any]) -> Scored:
+        return cls(Candidate.from_dict(a["candidate"]), float(a["predicted_tokens_per_s"]),
+                   float(a["predicted_speedup"]), float(a["expected_tokens_per_cycle"]), str(a["source"]),
+                   a.get("memory_bytes"))
+
+
+def spec_config(c: Candidate, mode: str = "greedy", batch_size: int = 1) -> SpecConfig:
+    """The model's :class:`SpecConfig` for a candidate (the HF θ rule where the model has it)."""
+    extra: dict[str, Any] = {}
+    if c.threshold > 0 and c.threshold_rule != "before":
+        if "threshold_rule" not in SpecConfig.__dataclass_fields__:
+            raise InputError(f"θ rule {c.threshold_rule!r} cannot be predicted by this version of the model")
+        extra["threshold_rule"] = c.threshold_rule
+    n = 0 if c.is_plain else c.num_speculative_tokens
+    return SpecConfig(n, c.threshold if n else 0.0, c.schedule if n else "constant", batch_size, mode, **extra)  # type: ignore[arg-type]
+
+
+class Evaluator:
+    """Cached predictions of candidates from one profile run.
+
+    Args:
+        db: the results database.
+        run_id: the profile run (on the tuning prompts).
+        mode: ``greedy`` or ``sampling``.
+        memory: candidate -> bytes speculation adds (draft weights + KV cache), for the memory objective.
+    """
+
+    def __init__(self, db: Database, run_id: int, mode: str = "greedy",
+                 memory: Callable[[Candidate], float] | None = None) -> None:
+        self.db, self.run_id, self.mode, self.memory = db, run_id, mode, memory
+        self._profiles: dict[str | None, RunProfile] = {}
+        self.cache: dict[Candidate, Scored] = {}
+        self.predictions = 0  # model evaluations actually run (cache misses)
+
+    def profile(self, drafter: str | None) -> RunProfile:
+        if drafter not in self._profiles:
+            self._profiles[drafter] = load_run_profile(self.db, self.run_id, drafter, baseline_only=drafter is None)
+        return self._profiles[drafter]
+
+    def score(self, c: Candidate) -> Scored:
+        if c in self.cache:
+            return self.cache[c]
+        if c.is_plain:
+            p = predict_baseline(self.profile(None))
+        else:
+            p = predict_config(self.profile(c.drafter), spec_config(c, self.mode))
+        self.predictions += 1
+        s = Scored(c, p.tokens_per_s, p.speedup, p.expected_tokens_per_cycle, p.source,
+                   self.memory(c) if self.memory else None)
+        self.cache[c] = s
+        return s
+
+
+def suggest(trial: Any, space: SearchSpace) -> Candidate:
+    """Define-by-run: θ only for model drafts (n-gram confidences are 1), nothing else for ``none``."""
+    drafter = trial.suggest_categorical("drafter", list(space.drafters))
+    if drafter == NONE:
+        return Candidate(NONE, 0)
+    n = trial.suggest_int("num_speculative_tokens", 1, space.n_max)
+    theta = 0.0
+    if drafter != NGRAM and len(space.thresholds) > 1:
+        theta = trial.suggest_float("threshold", space.thresholds[0], space.thresholds[-1],
+                                    step=round(space.thresholds[1] - space.thresholds[0], 2))
+    schedules = space.schedules_for(drafter)
+    # one parameter name per choice set: Optuna refuses a categorical whose choices change between trials
+    key = "ngram_schedule" if drafter == NGRAM else "schedule"
+    schedule = trial.suggest_categorical(key, list(schedules)) if len(schedules) > 1 else schedules[0]
+    return make_candidate(drafter, n, theta, space.threshold_rule, schedule)
+
+
+@dataclass
+class SearchOutcome:
+    """A finished (or resumed-to-completion) search.
+
+    Attributes:
+        study: the Optuna study.
+        ranked: distinct candidates of the completed trials, best predicted throughput first.
+        pareto: the Pareto front (two objectives) or the best trial (one), as :class:`Scored`.
+        completed: completed trials in the study (all workers).
+        sampler: ``bruteforce`` or ``tpe``.
+    """
+
+    study: Any
+    ranked: list[Scored]
+    pareto: list[Scored]
+    completed: int
+    sampler: str
+    new_trials: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _values(s: Scored, objectives: Sequence[str]) -> list[float]:
+    return [s.predicted_tokens_per_s if o == "throughput" else float(s.memory_bytes or 0.0) for o in objectives]
+
+
+def _completed(study: Any) -> list[Any]:
+    from optuna.trial import TrialState
+
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+
+def run_search(
+    evaluator: Evaluator,
+    space: SearchSpace,
+    *,
+    storage: Any,
+    study_name: str,
+    trials: int,
+    objectives: Sequence[str] = ("throughput",),
+    attrs: dict[str, Any] | None = None,
+    seed: int = 0,
+    on_trial: Callable[[Any], None] | None = None,
+) -> SearchOutcome:
+    """Run (or resume, or join) the study until it holds ``trials`` completed trials.
+
+    Completed trials are counted over the whole study, so a rerun continues where a stopped one ended
+    and several workers on one storage share the budget. An interrupt (Ctrl-C) keeps every completed
+    trial (each is committed when it completes) and re-raises.
+
+    Args:
+        evaluator: cached predictions from the profile.
+        space: the space to search (already restricted to the server's).
+        storage: an Optuna storage (``tuner._study.open_storage``).
+        study_name: the study to create, resume or join.
+        trials: completed trials to reach.
+        objectives: ``throughput`` and optionally ``memory``.
+        attrs: the settings stored with a new study (a study made with others is refused).
+        seed: sampler seed.
+        on_trial: called after each trial of this process (progress).
+
+    Raises:
+        InputError: bad ``trials`` or ``objectives``, or a study of that name made for other settings.
+    """
+    import optuna
+    from optuna.study import MaxTrialsCallback
+    from optuna.trial import TrialState
+
+    from specdec_tune.tuner._study import load_or_create
+
+    if trials < 1:
+        raise InputError(f"--trials must be >= 1, got {trials}")
+    objectives = list(objectives)
+    if not objectives or objectives[0] != "throughput" or any(o not in OBJECTIVES for o in objectives) \
+            or len(set(objectives)) != len(objectives):
+        raise InputError(f"--objectives must be 'throughput' or 'throughput,memory', got {','.join(objectives)!r}")
+    if "memory" in objectives and evaluator.memory is None:
+        raise InputError("the memory objective needs the models' sizes (not available for this run)")
+    size = space.size
+    brute = trials >= size
+    with warnings.catch_warnings():  # BruteForceSampler and TPE's group are "experimental" in Optuna 5.0
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        sampler = (optuna.samplers.BruteForceSampler(seed=seed) if brute else
+                   optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
+                                              n_startup_trials=min(20, max(trials // 5, 5)), constant_liar=True))
+    directions = ["maximize"] + ["minimize"] * (len(objectives) - 1)
+    study = load_or_create(storage, study_name, directions, {**(attrs or {}), "space": space.to_dict(),
+                                                              "objectives": objectives}, sampler)
+    for t in _completed(study):  # what earlier runs or other workers predicted is not predicted again
+        if "candidate" in t.user_attrs:
+            s = Scored.from_attrs(t.user_attrs)
+            evaluator.cache.setdefault(s.candidate, s)
+
+    def objective(trial: Any) -> float | list[float]:
+        c = suggest(trial, space)
+        reason = expressible(space.server, c)
+        if reason is not None:  # a guard: the space is built to hold only expressible points
+            trial.set_user_attr("error", reason)
+            raise optuna.TrialPruned(reason)
+        hit = c in evaluator.cache
+        try:
+            s = evaluator.score(c)
+        except InputError as exc:  # the profile cannot predict this point: not a result
+            trial.set_user_attr("error", str(exc))
+            raise optuna.TrialPruned(str(exc)) from None
+        for key, value in s.attrs().items():
+            trial.set_user_attr(key, value)
+        trial.set_user_attr("cached", hit)
+        values = _values(s, objectives)
+        return values[0] if len(values) == 1 else values
+
+    before = len(_completed(study))
+    remaining = trials - before
+    new = 0
+    if remaining > 0:
+        def counted(study_: Any, trial: Any) -> None:
+            nonlocal new
+            new += 1
+            if on_trial is not None:
+                on_trial(trial)
+
+        # n_trials bounds a pathological run of pruned trials; MaxTrialsCallback stops at the study's
+        # completed count (every worker's), which is what --trials means.
+        study.optimize(objective, n_trials=2 * remaining + 20, gc_after_trial=False,
+                       callbacks=[MaxTrialsCallback(trials, states=(TrialState.COMPLETE,)), counted])
+    done = _completed(study)
+    if not done:
+        raise InputError(f"study {study_name!r} has no completed trial")
+    by_candidate: dict[Candidate, Scored] = {}
+    for t in done:
+        if "candidate" in t.user_attrs:
+            s = Scored.from_attrs(t.user_attrs)
+            by_candidate.setdefault(s.candidate, s)
+    ranked = sorted(by_candidate.values(), key=lambda s: -s.predicted_tokens_per_s)
+    if len(objectives) > 1:
+        front = [Scored.from_attrs(t.user_attrs) for t in study.best_trials if "candidate" in t.user_attrs]
+        front = sorted({s.candidate: s for s in front}.values(), key=lambda s: -s.predicted_tokens_per_s)
+    else:
+        front = ranked[:1]
+    notes = []
+    if brute and len(done) >= size:
+        notes.append(f"brute force: all {size} points of the space predicted")
+    return SearchOutcome(study, ranked, front, len(done), "bruteforce" if brute else "tpe", new, notes)
+
+
+def brute_force(evaluator: Evaluator, space: SearchSpace) -> list[Scored]:
+    """Every point of ``space`` predicted (cached), best predicted throughput first."""
+    scored = []
+    for c in space.candidates():
+        try:
+            scored.append(evaluator.score(c))
+        except InputError:
+            continue
+    return sorted(scored, key=lambda s: -s.predicted_tokens_per_s)
+
+
+def best_per_server(evaluator: Evaluator, model_drafts: Sequence[str], n_max: int, ngram: bool,
+                    servers: Sequence[str] = SERVERS) -> dict[str, Scored]:
+    """The best predicted candidate inside each server's space (exhaustive over the cached model).
+
+    Each server's space is small and a prediction costs about a millisecond, so every point of it is
+    predicted: the side-by-side comparison is exact for the model, not an artefact of sampling.
+    """
+    out = {}
+    for server in servers:
+        ranked = brute_force(evaluator, server_search_space(server, model_drafts, n_max, ngram))
+        if ranked:
+            out[server] = ranked[0]
+    return out
+
+
+def per_batch_size(evaluator: Evaluator, c: Candidate, batch_sizes: Sequence[int], n_max: int) -> dict[int, int]:
+    """Best N per batch size (0 = do not speculate) for the winner's drafter and θ, from T_v(B, k).
+
+    Raises:
+        InputError: the profile lacks T_v(B, k) for a batch size asked (profile with --batch-sizes).
+    """
+    if c.is_plain:
+        return {int(b): 0 for b in batch_sizes}
+    rp = evaluator.profile(c.drafter)
+    measured = sorted(rp.model.verify_s)
+    outside = [b for b in batch_sizes if b < measured[0] or b > measured[-1]]
+    if outside:
+        raise InputError(f"batch size(s) {outside} are outside the profile's measured {measured}; profile with "
+                         f"--batch-sizes {','.join(str(b) for b in sorted(set(batch_sizes) | set(measured)))}")
+    traced = max((len(t.confidences) for t in rp.model.traces), default=n_max)
+    mode = "sampling" if evaluator.mode == "sampling" else "greedy"
+    return best_n_per_batch_size(rp.model, list(batch_sizes), range(1, min(n_max, traced) + 1),
+                                 threshold=c.threshold, mode=mode)
+
+
+def expressible_on(c: Candidate) -> list[str]:
+    """The servers whose space holds ``c``."""
+    return [s for s in SERVERS if expressible(s, c) is None]
+
+
+def finite_or_none(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+__all__ += ["ANY", "expressible_on", "finite_or_none", "suggest"]
