@@ -16,8 +16,8 @@ from specdec_tune.engine.drafters import probs_from_logits
 from specdec_tune.engine.kvcache import PreallocatedCache, make_cache
 from specdec_tune.engine.types import CycleStats, Drafter, GenerationResult, VerifyResult
 from specdec_tune.engine.verify import greedy_accept, verify_sampling
+from specdec_tune.schedules import SCHEDULES, THRESHOLD_RULES, next_num_speculative
 
-SCHEDULES = ("constant", "heuristic")
 MAX_SPECULATIVE_TOKENS = 64
 
 
@@ -31,6 +31,7 @@ class DecodeConfig:
     schedule: str = "constant"
     temperature: float = 0.0
     eos_token_id: int | None = None
+    threshold_rule: str = "before"  # 'before' (exact; ours) or 'hf' (transformers'); see ModelDrafter
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -41,6 +42,8 @@ class DecodeConfig:
             raise ValueError(f"threshold must be in [0, 1), got {self.threshold}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.threshold_rule not in THRESHOLD_RULES:
+            raise ValueError(f"threshold_rule must be one of {', '.join(THRESHOLD_RULES)}, got {self.threshold_rule!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
 
@@ -183,9 +186,8 @@ def speculative(
         cycles.append(stats)
         if on_cycle is not None:
             on_cycle(stats)
-        if config.schedule == "heuristic":
-            # HF's "heuristic" schedule, capped at the N given: grow after a fully accepted draft.
-            n_cur = min(n_max, n_cur + 2) if n_draft and acc == n_draft else max(1, n_cur - 1)
+        # The one schedule rule (specdec_tune.schedules): HF's heuristic, capped at the N given.
+        n_cur = next_num_speculative(config.schedule, n_cur, n_max, n_draft, acc)
     return GenerationResult(prompt_tokens=prompt_ids.shape[0], token_ids=out, cycles=cycles, finished_by_eos=eos_hit)
 
 

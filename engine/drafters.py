@@ -11,6 +11,7 @@ import torch
 
 from specdec_tune.engine.kvcache import make_cache
 from specdec_tune.engine.types import Draft
+from specdec_tune.schedules import THRESHOLD_RULES
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -19,7 +20,20 @@ def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 class ModelDrafter:
-    """Drafts with a causal LM that shares the target's vocabulary."""
+    """Drafts with a causal LM that shares the target's vocabulary.
+
+    Threshold θ, rule ``"before"`` (default; exact in sampling mode): before drafting a position the
+    draft distribution there is computed, and drafting stops when its *top* probability is below θ;
+    otherwise the token is sampled (argmax when greedy). The stop decision never depends on the token
+    that would be drawn, so speculative sampling stays exact. Rule ``"hf"`` (transformers 5.23
+    ``ConfidenceCriteria``, ``generation/stopping_criteria.py``: ``p = probs[0, input_ids[0, -1]]``,
+    stop when ``p < assistant_confidence_threshold``): the token is drawn and proposed, and drafting
+    stops after it when *its own* probability is below θ. In greedy mode both rules read the same
+    number (the argmax token's probability is the top probability).
+
+    The recorded confidence of each proposed token is the number the rule compares with θ: the top
+    probability (rule before), the proposed token's probability (rule hf).
+    """
 
     def __init__(
         self,
@@ -29,11 +43,15 @@ class ModelDrafter:
         temperature: float = 0.0,
         threshold: float = 0.0,
         generator: torch.Generator | None = None,
+        threshold_rule: str = "before",
     ) -> None:
+        if threshold_rule not in THRESHOLD_RULES:
+            raise ValueError(f"threshold_rule must be one of {', '.join(THRESHOLD_RULES)}, got {threshold_rule!r}")
         self.model = model
         self.cache = make_cache(model, max_len)
         self.temperature = temperature
         self.threshold = threshold
+        self.threshold_rule = threshold_rule
         self.generator = generator
         self._base_len = 0  # context length at the last propose
         self.forwards = 0  # draft forwards run by the last propose
@@ -52,25 +70,35 @@ class ModelDrafter:
         confs: list[torch.Tensor] = []
         sampling = self.temperature > 0
         check = self.threshold > 0
+        hf = self.threshold_rule == "hf"
         stopped = False
         for i in range(max_tokens):
             if sampling:
                 q = probs_from_logits(logits, self.temperature)
+                if check and not hf:
+                    conf = q.max()
+                    if float(conf) < self.threshold:  # decided before sampling: exactness holds
+                        stopped = True
+                        break
                 tok = torch.multinomial(q, 1, generator=self.generator)[0]
+                if check and hf:
+                    conf = q[tok]
                 rows.append(q)
-                conf = q[tok]
             else:
                 tok = logits.argmax()
                 rows.append(logits)
-                # Without a threshold the confidences are computed once, batched, after the loop.
-                conf = torch.exp(logits[tok] - torch.logsumexp(logits, dim=-1)) if check else None
+                if check:  # without a threshold the confidences are computed once, batched, after the loop
+                    conf = torch.exp(logits[tok] - torch.logsumexp(logits, dim=-1))
+                    if not hf and float(conf) < self.threshold:  # a host sync per token is inherent to θ
+                        rows.pop()
+                        stopped = True
+                        break
             if check:
-                if float(conf) < self.threshold:  # a host sync per token is inherent to a threshold
-                    rows.pop()
-                    stopped = True
-                    break
                 confs.append(conf)
             tokens.append(tok)
+            if check and hf and float(conf) < self.threshold:  # HF: proposed, then stop
+                stopped = i + 1 < max_tokens
+                break
             if i + 1 < max_tokens:
                 logits = self._forward(tok[None])
                 self.forwards += 1
@@ -80,8 +108,11 @@ class ModelDrafter:
             return Draft(tokens=empty, probs=None, confidence=torch.empty(0, device=device), stopped_by_threshold=stopped)
         ids = torch.stack(tokens)  # [L]
         table = torch.stack(rows)  # [L, vocab]
-        if check or sampling:
-            confidence = torch.stack(confs) if check else table.gather(1, ids[:, None])[:, 0]
+        if check:
+            confidence = torch.stack(confs)
+        elif sampling:
+            # Rule before's confidence is the top probability; rule hf's, the proposed token's.
+            confidence = table.gather(1, ids[:, None])[:, 0] if hf else table.max(dim=-1).values
         else:
             confidence = torch.exp(table.max(dim=-1).values - torch.logsumexp(table, dim=-1))
         return Draft(tokens=ids, probs=table if sampling else None, confidence=confidence.float(), stopped_by_threshold=stopped)
@@ -143,8 +174,10 @@ def build_drafter(
     generator: torch.Generator | None = None,
     ngram_max: int = 3,
     ngram_min: int = 1,
+    threshold_rule: str = "before",
 ) -> ModelDrafter | NgramDrafter:
     """A fresh drafter for one sequence: a draft model's, or n-gram lookup when ``draft_model`` is None."""
     if draft_model is None:
         return NgramDrafter(ngram_max=ngram_max, ngram_min=ngram_min)
-    return ModelDrafter(draft_model, max_len, temperature=temperature, threshold=threshold, generator=generator)
+    return ModelDrafter(draft_model, max_len, temperature=temperature, threshold=threshold, generator=generator,
+                        threshold_rule=threshold_rule)

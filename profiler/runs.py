@@ -107,6 +107,7 @@ def decode_once(
             temperature=config.temperature,
             threshold=config.threshold,
             generator=generator,
+            threshold_rule=config.threshold_rule,
         )
         return speculative(target.model, drafter, prompt_ids, config, generator, on_cycle=on_cycle)
 

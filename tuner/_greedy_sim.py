@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specdec_tune.db.records import TraceRow
+from specdec_tune.schedules import heuristic_grows, next_num_speculative, threshold_cut
 from specdec_tune.tuner._replay import ReplayStats
 
 
@@ -78,6 +79,7 @@ def simulate_prompt(
     theta: float,
     schedule: str = "constant",
     tail_rate: float = 1.0,
+    threshold_rule: str = "before",
 ) -> list[tuple[int, int, int]]:
     """Replay the engine's loop over one prompt's greedy position traces.
 
@@ -90,22 +92,16 @@ def simulate_prompt(
         pt = positions[j]
         budget = min(n_cur, max_new_tokens - j)
         confs = pt.confidences
-        length, cut = budget, False
-        for i in range(min(budget, len(confs))):
-            if confs[i] < theta:
-                length, cut = i, True
-                break
-        else:
-            if budget > len(confs):  # roll-out past what the N_max cycle drafted: continue at tail_rate
-                extra = budget - len(confs)
-                expected = sum(tail_rate**m for m in range(1, extra + 1))
-                length = len(confs) + int(round(expected))
-                cut = length < budget
+        length, cut = threshold_cut(confs, budget, theta, threshold_rule)
+        if not cut and budget > len(confs):  # roll-out past what the N_max cycle drafted: continue at tail_rate
+            extra = budget - len(confs)
+            expected = sum(tail_rate**m for m in range(1, extra + 1))
+            length = len(confs) + int(round(expected))
+            cut = length < budget
         accepted = min(length, pt.accepted)
-        out.append((length, accepted, length + 1 if cut else length))
+        out.append((length, accepted, length + 1 if cut and threshold_rule == "before" else length))
         j += accepted + 1
-        if schedule == "heuristic":  # the engine's rule (engine/decode.py)
-            n_cur = min(n, n_cur + 2) if length and accepted == length else max(1, n_cur - 1)
+        n_cur = next_num_speculative(schedule, n_cur, n, length, accepted)  # the engine's rule
     return out
 
 
@@ -124,7 +120,7 @@ def stats_from_cycles(cycles: Sequence[tuple[int, int, int]], n: int) -> ReplayS
         mean_draft_length=sum(length for length, _, _ in cycles) / count,
         mean_draft_forwards=sum(f for _, _, f in cycles) / count,
         draft_length_dist={k: v / count for k, v in sorted(lengths.items())},
-        all_accepted_rate=sum(a == length for length, a, _ in cycles) / count,
+        all_accepted_rate=sum(heuristic_grows(length, a) for length, a, _ in cycles) / count,
         reached=tuple(r / count for r in reached),
         accepted=tuple(a / count for a in accepted),
     )

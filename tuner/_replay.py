@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specdec_tune.errors import InputError
+from specdec_tune.schedules import heuristic_grows, heuristic_transitions, threshold_cut
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,8 @@ class ReplayStats:
         mean_draft_forwards: E[F], draft forwards run per cycle (L, or L + 1 when θ cut the draft:
             the forward that produced the refused token still ran).
         draft_length_dist: P(L = l) for each l, for E[T_v(L + 1)].
-        all_accepted_rate: P(A == L), the heuristic schedule's "grow" event (L = 0 counts).
+        all_accepted_rate: P(A == L), the heuristic schedule's "grow" event (L = 0 counts:
+            ``schedules.heuristic_grows``).
         reached: ``[N]`` P(token i proposed and tokens before it accepted), i = 0..N-1.
         accepted: ``[N]`` P(token i accepted), vLLM's unconditional per-position rate β_i.
     """
@@ -75,29 +77,31 @@ class ReplayStats:
         return tuple(a / r if r > 0 else math.nan for a, r in zip(self.accepted, self.reached))
 
 
-def cut_cycle(trace: Trace, n: int, threshold: float) -> tuple[int, int, int]:
-    """Replay one trace under (N, θ) exactly as the engine runs a cycle.
+def cut_cycle(trace: Trace, n: int, threshold: float, rule: str = "before") -> tuple[int, int, int]:
+    """Replay one trace under (N, θ) exactly as the engine runs a cycle (``schedules.threshold_cut``).
+
+    Rule ``before`` stops before the first confidence below θ (that position's forward still ran);
+    rule ``hf`` proposes that token, then stops (no further forward). The trace's confidences are the
+    top draft probability per position; for rule ``hf`` in sampling mode the engine compares the
+    sampled token's probability instead, so there the replay is an approximation (exact when greedy).
 
     Returns:
         (L, A, F): proposed length, accepted count, draft forwards run.
     """
     cap = min(n, len(trace.confidences))
-    length = cap
-    for i in range(cap):
-        if trace.confidences[i] < threshold:
-            length = i
-            break
-    forwards = length + 1 if length < cap else length
+    length, cut = threshold_cut(trace.confidences, cap, threshold, rule)
+    forwards = length + 1 if cut and rule == "before" else length
     return length, min(length, trace.num_accepted), forwards
 
 
-def replay(traces: Sequence[Trace], n: int, threshold: float = 0.0) -> ReplayStats:
+def replay(traces: Sequence[Trace], n: int, threshold: float = 0.0, rule: str = "before") -> ReplayStats:
     """Replay recorded θ = 0 traces under any N and threshold θ (ARCHITECTURE §4.3).
 
     Args:
         traces: cycles recorded with θ = 0 and N = N_max.
         n: most tokens drafted per cycle, 0 <= n <= N_max of the traces.
         threshold: θ in [0, 1); drafting stops at the first token whose confidence is below θ.
+        rule: 'before' (that token is not proposed) or 'hf' (it is proposed, then drafting stops).
 
     Returns:
         The per-cycle expectations (see :class:`ReplayStats`).
@@ -119,12 +123,12 @@ def replay(traces: Sequence[Trace], n: int, threshold: float = 0.0) -> ReplaySta
     reached = [0] * n
     accepted = [0] * n
     for trace in traces:
-        length, acc, forwards = cut_cycle(trace, n, threshold)
+        length, acc, forwards = cut_cycle(trace, n, threshold, rule)
         tau += acc + 1
         length_sum += length
         forwards_sum += forwards
         lengths[length] = lengths.get(length, 0) + 1
-        all_ok += acc == length
+        all_ok += heuristic_grows(length, acc)
         for i in range(min(length, acc + 1)):
             reached[i] += 1
         for i in range(acc):
@@ -180,8 +184,9 @@ def mix(stats: Sequence[ReplayStats], weights: Sequence[float]) -> ReplayStats:
 def heuristic_stationary(grow: Sequence[float]) -> list[float]:
     """Stationary distribution of the heuristic schedule's N_cur over states 1..N.
 
-    The schedule (HF "heuristic", capped): after a cycle whose drafted tokens were all accepted,
-    N_cur = min(N, N_cur + 2); otherwise N_cur = max(1, N_cur - 1). ``grow[n - 1]`` is P(all
+    The schedule is ``schedules.next_num_speculative`` (HF "heuristic", capped): after a cycle whose
+    proposed tokens were all accepted (L = 0 included), N_cur = min(N, N_cur + 2); otherwise
+    N_cur = max(1, N_cur - 1). ``grow[n - 1]`` is P(all
     accepted | N_cur = n). When ``grow`` is non-increasing in n (it always is when it comes from
     replay or from α^n, since L only grows with n) the chain has one closed class, so the
     distribution is unique; the start state N only affects a transient we ignore.
@@ -196,7 +201,7 @@ def heuristic_stationary(grow: Sequence[float]) -> list[float]:
     # elimination with partial pivoting (N is small, and numpy is not worth the import here).
     rows = [[0.0] * (size + 1) for _ in range(size)]
     for n in range(size):
-        up, down = min(size - 1, n + 2), max(0, n - 1)
+        up, down = (m - 1 for m in heuristic_transitions(size, n + 1))
         rows[up][n] += grow[n]
         rows[down][n] += 1.0 - grow[n]
         rows[n][n] -= 1.0

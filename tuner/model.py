@@ -112,6 +112,9 @@ class SpecConfig:
             draft, else N_cur -= 1, kept in 1..N).
         batch_size: B >= 1 sequences decoded together.
         mode: 'greedy' or 'sampling'.
+        threshold_rule: 'before' (the engine's default: the position whose top draft probability is
+            below θ is not drafted) or 'hf' (transformers' rule: that token is proposed, then drafting
+            stops); see ``specdec_tune.schedules.threshold_cut``.
     """
 
     num_speculative_tokens: int
@@ -119,6 +122,7 @@ class SpecConfig:
     schedule: Literal["constant", "heuristic"] = "constant"
     batch_size: int = 1
     mode: Literal["greedy", "sampling"] = "greedy"
+    threshold_rule: Literal["before", "hf"] = "before"
 
     def __post_init__(self) -> None:
         n = self.num_speculative_tokens
@@ -133,6 +137,8 @@ class SpecConfig:
             raise InputError(f"batch_size={b!r} must be an int >= 1")
         if self.mode not in ("greedy", "sampling"):
             raise InputError(f"mode={self.mode!r} must be 'greedy' or 'sampling'")
+        if self.threshold_rule not in ("before", "hf"):
+            raise InputError(f"threshold_rule={self.threshold_rule!r} must be 'before' or 'hf'")
 
 
 @dataclass(frozen=True)
@@ -260,9 +266,9 @@ def _stats_for(profile: ModelProfile, config: SpecConfig, n: int) -> tuple[Repla
     if config.mode == "greedy":
         if not profile.traces:
             raise InputError(f"profile {profile.name!r} has no greedy traces; profile acceptance first")
-        return replay(profile.traces, n, theta), "traces"
+        return replay(profile.traces, n, theta, config.threshold_rule), "traces"
     if profile.sampling_traces:
-        return replay(profile.sampling_traces, n, theta), "sampling_traces"
+        return replay(profile.sampling_traces, n, theta, config.threshold_rule), "sampling_traces"
     if profile.sampling_acceptance is None:
         raise InputError(f"profile {profile.name!r} has neither sampling traces nor a TV-based acceptance")
     if theta > 0:
@@ -283,9 +289,8 @@ def predict(profile: ModelProfile, config: SpecConfig) -> Prediction:
     N = 0 is plain decoding and returns the baseline (speedup 1). The heuristic schedule is a
     Markov chain over N_cur in 1..N whose "grow" probability per state comes from the same replay;
     its throughput is Σ π_n E[τ|n]·B / Σ π_n E[T|n] with π the stationary distribution. "Grow"
-    means every *proposed* token was accepted (A == L, so a cycle cut to L = 0 by θ grows too);
-    HF's own heuristic compares A with N_cur instead, so the engine must use the A == L rule for
-    this prediction to hold. Traces are treated as independent draws (no correlation between
+    means every *proposed* token was accepted (A == L, so a cycle cut to L = 0 by θ grows too), the
+    one rule of ``specdec_tune.schedules`` that the engine runs and HF's heuristic uses. Traces are treated as independent draws (no correlation between
     consecutive cycles), and the start-up transient from N_cur = N is ignored.
 
     Raises:

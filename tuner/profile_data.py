@@ -391,7 +391,8 @@ def predict_config(rp: RunProfile, config: SpecConfig, max_prompts: int | None =
     if config.mode == "greedy" and rp.positions is not None:
         cycles_per_prompt = [
             simulate_prompt(rp.positions[i], rp.prompts[i].new_tokens, rp.max_new_tokens, config.num_speculative_tokens,
-                            config.threshold, config.schedule, rp.tail_rate(config.threshold))
+                            config.threshold, config.schedule, rp.tail_rate(config.threshold),
+                            config.threshold_rule)
             for i in idx
         ]
         flat = [c for cs in cycles_per_prompt for c in cs]

@@ -9,6 +9,7 @@ from rich.console import Console
 from specdec_tune.engine import DecodeConfig, check_compatible, load_model
 from specdec_tune.engine.workloads import Prompt, load_workload
 from specdec_tune.errors import InputError
+from specdec_tune.schedules import THRESHOLD_RULES
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
 from specdec_tune.cli import _checks as opt
 from specdec_tune.cli._app import app, print_json, quiet_loading
@@ -23,8 +24,9 @@ def generate(
     prompts: Optional[str] = typer.Option(None, "--prompts", "--workload", help="Bundled workload name (functions, docstrings, tables) or a JSONL file: {\"id\", \"prompt\", optional \"category\"} per line."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Most new tokens per prompt."),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", "-N", help="N: most tokens drafted per cycle (1..64)."),
-    threshold: float = typer.Option(0.0, "--threshold", help="θ: stop drafting when the draft's probability of its token is below θ (0 disables)."),
-    schedule: str = typer.Option("constant", "--schedule", help="constant | heuristic (N += 2 after a fully accepted draft, else N -= 1; capped at N)."),
+    threshold: float = typer.Option(0.0, "--threshold", help="θ: stop drafting before a position whose top draft probability is below θ (0 disables; exact when sampling)."),
+    threshold_rule: str = typer.Option("before", "--threshold-rule", help="before (default, exact) | hf (transformers' assistant_confidence_threshold: the token below θ is proposed, then drafting stops)."),
+    schedule: str = typer.Option("constant", "--schedule", help="constant | heuristic (N += 2 after a cycle whose proposed tokens were all accepted, L = 0 included, else N -= 1; capped at N)."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 samples (exact speculative sampling)."),
     seed: int = typer.Option(0, "--seed", help="Random seed for sampling."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
@@ -37,6 +39,8 @@ def generate(
     opt.check_num_speculative_tokens(num_speculative_tokens)
     opt.check_threshold(threshold)
     opt.check_schedule(schedule)
+    if threshold_rule not in THRESHOLD_RULES:
+        raise InputError(f"--threshold-rule must be one of {', '.join(THRESHOLD_RULES)}, got {threshold_rule!r}")
     opt.check_temperature(temperature)
     items = _collect_prompts(prompt, prompts)
     quiet_loading()
@@ -49,6 +53,7 @@ def generate(
         schedule=schedule,
         temperature=temperature,
         eos_token_id=tgt.eos_token_id,
+        threshold_rule=threshold_rule,
     )
     encoded = [(p, encode_prompt(tgt, p.prompt, p.id)) for p in items]
     warm_up(tgt, spec, encoded[0][1], config)
