@@ -90,14 +90,13 @@ def fidelity(db_url: str, run_ids: tuple[int, ...] | None, draft: str | None) ->
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def study(storage_url: str, name: str) -> StudyInfo:
-    return study_info(load_study(storage(storage_url), name))
+def study(storage_url: str, name: str, trials: int) -> tuple[StudyInfo, dict[str, Any]]:
+    """The study's summary and Optuna's own plotly figures, from one snapshot of its trials.
 
-
-@st.cache_data(ttl=TTL_S, show_spinner="Drawing Optuna's figures ...")
-def study_figures(storage_url: str, name: str, trials: int) -> dict[str, Any]:
-    """Optuna's own plotly figures (``trials`` is part of the key: new trials redraw them)."""
-    return build_study_figures(load_study(storage(storage_url), name))
+    ``trials`` (the study's trial count) is part of the key, so new trials redraw the figures.
+    """
+    snap = load_study(storage(storage_url), name)
+    return study_info(snap), build_study_figures(snap)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
@@ -108,4 +107,4 @@ def exports(result_json: str) -> dict[str, dict[str, bytes]]:
 
 
 __all__ = ["clear", "database", "exports", "fidelity", "overview", "profile", "runs", "sources", "storage",
-           "studies", "study", "study_figures", "trends", "why"]
+           "studies", "study", "trends", "why"]

@@ -206,3 +206,41 @@ def test_filter_runs(db):
     target = runs[0].target.name
     assert filter_runs(runs, target) == runs and filter_runs(runs, "other") == []
     assert filter_runs(runs, workload=runs[0].workload.name) == runs
+
+
+def test_best_inside_each_server_space(db):
+    servers = pytest.importorskip("specdec_tune.tuner.servers")
+    from specdec_tune.dashboard.servers_info import server_rows
+    from specdec_tune.tuner.configs import Candidate
+
+    why = load_why(db, 1)
+    rows = {r.server: r for r in server_rows(why)}
+    assert set(rows) == set(servers.SERVERS)
+    cells = [(t, Candidate(h.draft, n, th)) for h in why.heatmaps for ti, th in enumerate(h.thresholds)
+             for ni, n in enumerate(h.ns) if (t := h.tokens_per_s[ti][ni]) is not None]
+    for name, row in rows.items():
+        space = servers.SERVERS[name]
+        inside = [t for t, c in cells if servers.expressible(space, c) is None]
+        assert row.tokens_per_s == pytest.approx(max(inside))  # the best the tuner's table allows
+        assert row.speedup == pytest.approx(row.tokens_per_s / why.baseline.tokens_per_s)
+    best_t, best_c = max(cells, key=lambda tc: tc[0])
+    for name, row in rows.items():
+        assert row.cannot == (servers.expressible(servers.SERVERS[name], best_c) or "")
+    # a configuration with θ > 0 is outside vLLM's space (no draft-confidence threshold there)
+    assert servers.expressible(servers.SERVERS["vllm"], Candidate("d", 2, 0.3)) is not None
+
+
+def test_export_downloads_are_the_exporters_files(urls):
+    pytest.importorskip("specdec_tune.tuner.exports")
+    from specdec_tune.dashboard.studies import export_files, zip_files
+
+    result = next(s.result for s in list_studies(open_storage(urls["storage"])) if s.result)
+    files = export_files(result)
+    assert "readme" in files and any(files[f] for f in files if f != "readme")
+    readme = next(iter(files["readme"].values())).decode()
+    assert result.candidate.drafter.rsplit("/", 1)[-1] in readme or "ngram" in readme
+    import io
+    import zipfile
+
+    names = zipfile.ZipFile(io.BytesIO(zip_files(files))).namelist()
+    assert sorted(names) == sorted(p for group in files.values() for p in group)

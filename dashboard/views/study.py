@@ -25,14 +25,14 @@ if storage_url is None or not rows:
 rows.sort(key=lambda s: not (s.result is not None and sel.run is not None and s.result.run_id == sel.run.id))
 name = st.selectbox("Study", [s.name for s in rows], key="study_name",
                     format_func=lambda n: f"{n} ({next(s.trials for s in rows if s.name == n)} trials)")
-info = cache.study(storage_url, name)
+info, figs = cache.study(storage_url, name, next(s.trials for s in rows if s.name == name))
 result = info.result
 
 cols = st.columns(4)
 cols[0].metric("Trials", info.row.trials)
 cols[1].metric("Completed", info.complete)
 cols[2].metric("Objectives", ", ".join(f"{n} ({d})" for n, d in zip(info.objective_names, info.row.directions)))
-if len(info.best) == 1 and info.best[0].values:
+if not info.row.multi_objective and info.best and info.best[0].values:
     cols[3].metric(f"Best {info.objective_names[0]} (predicted)", ui.fmt(info.best[0].values[0]))
 else:
     cols[3].metric("Pareto-optimal trials", len(info.best))
@@ -45,7 +45,6 @@ else:
     st.info("This study holds no finished tuning result yet (still running, or interrupted: rerun the same "
             "`specdec-tune tune` command to resume it).")
 
-figs = cache.study_figures(storage_url, name, info.row.trials)
 if not figs:
     st.info("No completed trial yet.")
 left, right = st.columns(2)
