@@ -249,6 +249,11 @@ class MeasuredRun(Base):
     seconds: Mapped[float] = mapped_column(Float)
     new_tokens: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    # Added by revision 0003: 95% bootstrap CI of measured_tokens_per_s and the raw samples it was
+    # computed from ({"prompt_ids": [...], "tokens": [[...]], "seconds": [[...]]}, prompt x repeat).
+    ci_low: Mapped[float | None] = mapped_column(Float)
+    ci_high: Mapped[float | None] = mapped_column(Float)
+    samples: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class Telemetry(Base):

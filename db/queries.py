@@ -375,17 +375,25 @@ def add_measured_run(
     predicted_tokens_per_s: float | None = None,
     measured_tau: float | None = None,
     predicted_tau: float | None = None,
+    ci: tuple[float, float] | None = None,
+    samples: Mapping[str, Any] | None = None,
 ) -> int:
     """Store one end-to-end measurement (``draft=None``: autoregressive baseline); return its id.
 
     ``config`` holds the configuration measured: N, threshold, schedule, batch_size, temperature.
+    ``ci`` is the 95% confidence interval of ``measured_tokens_per_s`` and ``samples`` the raw
+    per-prompt, per-repeat tokens and seconds it was computed from (so it can be recomputed).
     """
+    lo, hi = (None, None) if ci is None else (_finite("ci_low", ci[0]), _finite("ci_high", ci[1]))
+    if lo is not None and hi is not None and lo > hi:
+        raise InputError(f"ci_low {lo} > ci_high {hi}")
     row = m.MeasuredRun(
         run_id=run_id, draft=draft, config=dict(config),
         measured_tokens_per_s=_finite("measured_tokens_per_s", measured_tokens_per_s),
         predicted_tokens_per_s=predicted_tokens_per_s, measured_tau=measured_tau,
         predicted_tau=predicted_tau, seconds=_finite("seconds", seconds),
-        new_tokens=int(new_tokens),
+        new_tokens=int(new_tokens), ci_low=lo, ci_high=hi,
+        samples=None if samples is None else dict(samples),
     )  # fmt: skip
     return _add_for_run(db, run_id, row)
 

@@ -201,6 +201,9 @@ def list_measured(db: Database, run_id: int | None = None) -> list[MeasuredRecor
                 seconds=x.seconds,
                 new_tokens=x.new_tokens,
                 created_at=x.created_at,
+                ci_low=x.ci_low,
+                ci_high=x.ci_high,
+                samples=None if x.samples is None else dict(x.samples),
             )  # fmt: skip
             for x in s.scalars(query)
         ]

@@ -194,6 +194,24 @@ class MeasuredRecord:
     seconds: float
     new_tokens: int
     created_at: dt.datetime
+    ci_low: float | None = None  # 95% CI of measured_tokens_per_s (revision 0003; None before)
+    ci_high: float | None = None
+    samples: dict[str, Any] | None = None  # raw {"prompt_ids", "tokens", "seconds"} per repeat
+
+    @property
+    def ci95(self) -> tuple[float, float] | None:
+        """The stored 95% CI of the measured tokens/s, or ``None`` for older rows."""
+        if self.ci_low is None or self.ci_high is None:
+            return None
+        return (self.ci_low, self.ci_high)
+
+    @property
+    def prediction_inside_ci(self) -> bool | None:
+        """Whether the predicted tokens/s lies in the measured 95% CI (``None``: either missing)."""
+        ci = self.ci95
+        if ci is None or self.predicted_tokens_per_s is None:
+            return None
+        return ci[0] <= self.predicted_tokens_per_s <= ci[1]
 
     @property
     def relative_error(self) -> float | None:

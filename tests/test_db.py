@@ -420,8 +420,8 @@ class TestStorageContract:
     def test_migrate_previous_revision_keeps_data(self, new_url):
         url = new_url()
         revisions = known_revisions()
-        assert len(revisions) >= 2 and revisions[-1] == head_revision()
-        previous = revisions[-2]
+        assert len(revisions) >= 3 and revisions[-1] == head_revision()
+        previous = "0001"  # the oldest schema: every later revision must keep its rows
         assert upgrade(url, previous) == (None, previous)
         engine = sa.create_engine(url)
         now = "2026-01-02 03:04:05"
@@ -464,9 +464,57 @@ class TestStorageContract:
             new_run = create_run(db, target_model_id=1, hardware_id=1)
             assert new_run == 2 and get_run(db, new_run).specdec_version is not None
 
+    def test_migrate_0002_to_0003_keeps_measured_runs(self, new_url):
+        url = new_url()
+        upgrade(url, "0002")
+        engine = sa.create_engine(url)
+        now = "2026-01-02 03:04:05"
+        statements = [
+            "INSERT INTO hardware (id, fingerprint, device, device_name, device_count, extra, "
+            f"created_at) VALUES (1, 'f1', 'cpu', 'Old CPU', 1, '{{}}', '{now}')",
+            "INSERT INTO models (id, fingerprint, name, extra, created_at) "
+            f"VALUES (1, 'm1', 'old/target', '{{}}', '{now}')",
+            "INSERT INTO profile_runs (id, target_model_id, hardware_id, settings, status, "
+            f"started_at) VALUES (1, 1, 1, '{{}}', 'completed', '{now}')",
+            "INSERT INTO measured_runs (run_id, draft, config, measured_tokens_per_s, "
+            "predicted_tokens_per_s, seconds, new_tokens, created_at) VALUES "
+            f"(1, 'ngram', '{{\"N\": 3}}', 80.0, 84.0, 2.0, 160, '{now}')",
+        ]
+        try:
+            with engine.begin() as conn:
+                for statement in statements:
+                    conn.exec_driver_sql(statement)
+            if engine.dialect.name == "postgresql":
+                with engine.begin() as conn:
+                    for table in ("hardware", "models", "profile_runs"):
+                        conn.exec_driver_sql(
+                            f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), 1)"
+                        )
+        finally:
+            engine.dispose()
+        assert upgrade(url, "0003") == ("0002", "0003")
+        with open_database(url) as db:
+            (old,) = list_measured(db, 1)
+            assert (old.draft, old.config, old.measured_tokens_per_s) == ("ngram", {"N": 3}, 80.0)
+            assert old.ci95 is None and old.samples is None and old.prediction_inside_ci is None
+            samples = {"prompt_ids": ["a"], "tokens": [[8, 8]], "seconds": [[0.1, 0.1]]}
+            new_id = add_measured_run(
+                db, 1, draft=None, config={}, measured_tokens_per_s=80.0, seconds=0.2,
+                new_tokens=16, predicted_tokens_per_s=81.0, ci=(79.0, 82.0), samples=samples,
+            )  # fmt: skip
+            new = list_measured(db, 1)[-1]
+            assert new.id == new_id and new.ci95 == (79.0, 82.0) and new.samples == samples
+            assert new.prediction_inside_ci is True
+            with pytest.raises(InputError, match="ci_low"):
+                add_measured_run(
+                    db, 1, draft=None, config={}, measured_tokens_per_s=1.0, seconds=1.0,
+                    new_tokens=1, ci=(2.0, 1.0),
+                )  # fmt: skip
+
     def test_failed_migration_changes_nothing(self, new_url):
         url = new_url()
-        previous = known_revisions()[-2]
+        # Pinned: revision 0002 creates telemetry after its ALTERs, which this test blocks.
+        previous = "0001"
         upgrade(url, previous)
         engine = sa.create_engine(url)
         try:
