@@ -60,7 +60,7 @@ def draft_step_chart(info: ProfileInfo, drafts: Sequence[str] | None = None) -> 
 def draft_step_batch_chart(info: ProfileInfo, drafts: Sequence[str] | None = None) -> go.Figure:
     """T_s(B) at the typical context, one bar group per batch size (measured)."""
     fig = _fig(f"T_s(B) at the typical context ({info.typical_context} tokens, measured)", "batch size B", "ms (median)",
-               barmode="group")
+               barmode="group", xaxis_type="category")
     for i, (draft, by_b) in enumerate(sorted(info.draft_steps.items())):
         if drafts is not None and draft not in drafts:
             continue
@@ -71,17 +71,16 @@ def draft_step_batch_chart(info: ProfileInfo, drafts: Sequence[str] | None = Non
     return fig
 
 
-def acceptance_chart(panels: Sequence[AcceptancePanel]) -> go.Figure:
-    """α_i (conditional, solid) and β_i (per cycle, vLLM's metric, dashed) by draft position (measured)."""
-    fig = _fig("Acceptance by draft position (measured): α_i conditional, β_i per cycle", "draft position i",
-               "rate", yaxis_range=[0, 1.05])
+def acceptance_chart(panels: Sequence[AcceptancePanel], rate: str = "alpha") -> go.Figure:
+    """Acceptance by draft position (measured): ``alpha`` = conditional α_i, ``beta`` = per-cycle β_i (vLLM's)."""
+    title = ("α_i by draft position (measured): P(accepted | earlier accepted)" if rate == "alpha" else
+             "β_i by draft position (measured, vLLM's per-position rate): accepted at i ÷ cycles")
+    fig = _fig(title, "draft position i", "α_i" if rate == "alpha" else "β_i", yaxis_range=[0, 1.05])
     for i, p in enumerate(panels):
-        color = COLORS[i % len(COLORS)]
-        pos = list(range(1, len(p.alpha) + 1))
-        name = f"{short_name(p.draft)} ({p.mode})"
-        fig.add_scatter(x=pos, y=list(p.alpha), mode="lines+markers", name=f"α_i {name}", line=dict(color=color))
-        fig.add_scatter(x=pos, y=list(p.beta), mode="lines+markers", name=f"β_i {name}",
-                        line=dict(color=color, dash="dash"))
+        values = list(p.alpha if rate == "alpha" else p.beta)
+        fig.add_scatter(x=list(range(1, len(values) + 1)), y=values, mode="lines+markers",
+                        name=f"{short_name(p.draft)} ({p.mode})", line=dict(color=COLORS[i % len(COLORS)],
+                                                                            dash="dash" if p.mode == "sampling" else None))
     return fig
 
 
@@ -133,17 +132,21 @@ def heatmap_chart(hm: HeatMap) -> go.Figure:
     """Predicted tokens/s over (N, θ) with the measured points (hover: measured, CI, prompts)."""
     fig = _fig(f"{short_name(hm.draft)}: predicted tokens/s over N and θ (circles: measured)",
                "N (num_speculative_tokens)", "θ (threshold)")
-    fig.add_heatmap(x=list(hm.ns), y=list(hm.thresholds), z=[list(r) for r in hm.tokens_per_s], colorscale="Viridis",
-                    colorbar=dict(title="tokens/s"), hovertemplate="N=%{x} θ=%{y}: %{z:.1f} tokens/s predicted")
+    # Category axes: one cell per N and per θ of the grid (an n-gram draft has the single row θ = 0).
+    fig.add_heatmap(x=[str(n) for n in hm.ns], y=[f"{t:g}" for t in hm.thresholds], z=[list(r) for r in hm.tokens_per_s],
+                    colorscale="Viridis", colorbar=dict(title="tokens/s"),
+                    hovertemplate="N=%{x} θ=%{y}: %{z:.1f} tokens/s predicted<extra></extra>")
     if hm.measured:
         text = [f"measured {m.measured:.1f} tokens/s" + (f" [{m.ci[0]:.1f}, {m.ci[1]:.1f}]" if m.ci else "")
                 + (f", predicted {m.predicted:.1f}" if m.predicted is not None else "") + f" ({m.split})"
                 for m in hm.measured]
-        fig.add_scatter(x=[m.num_speculative_tokens for m in hm.measured], y=[m.threshold for m in hm.measured],
+        fig.add_scatter(x=[str(m.num_speculative_tokens) for m in hm.measured], y=[f"{m.threshold:g}" for m in hm.measured],
                         mode="markers+text", text=[f"{m.measured:.0f}" for m in hm.measured], textposition="top center",
                         textfont=dict(color="white"), hovertext=text, hoverinfo="text", name="measured",
                         marker=dict(size=13, color="rgba(0,0,0,0)", line=dict(color="white", width=2)))
-    fig.update_layout(legend=dict(orientation="h", y=-0.25))
+    fig.update_layout(legend=dict(orientation="h", y=-0.25), height=max(260, 120 + 34 * len(hm.thresholds)))
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(type="category")
     return fig
 
 

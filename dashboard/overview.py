@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specdec_tune.db import Database, HardwareRecord, MeasuredRecord, RunRecord, list_measured, list_runs
+from specdec_tune.db import Database, HardwareRecord, MeasuredRecord, RunRecord, list_measured, list_models, list_runs
 from specdec_tune.dashboard.measured import (
     HELD_OUT,
     config_label,
@@ -157,6 +157,7 @@ def load_overview(db: Database, studies: Sequence[StudyRow] = (), verdicts: Sequ
     runs = list_runs(db)
     measured = list_measured(db)
     per_run = Counter(m.run_id for m in measured)
+    known = {x.id: x for x in list_models(db)}
     hardware: dict[int, str] = {}
     models: dict[str, tuple[str, str, int | None, int | None]] = {}
     workloads: dict[str, list[int]] = {}
@@ -165,7 +166,9 @@ def load_overview(db: Database, studies: Sequence[StudyRow] = (), verdicts: Sequ
         t = run.target
         models.setdefault(t.name, (t.name, "target", t.num_parameters, t.num_layers))
         for d in run.drafts:
-            models.setdefault(d.name, (d.name, "draft", None, None))
+            rec = known.get(d.model_id) if d.model_id is not None else None
+            models.setdefault(d.name, (d.name, "draft", rec.num_parameters if rec else None,
+                                       rec.num_layers if rec else None))
         if run.workload is not None:
             workloads.setdefault(run.workload.name, [run.workload.prompt_count, 0])[1] += 1
     rows = tuple(

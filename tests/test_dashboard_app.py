@@ -85,7 +85,7 @@ def test_profile_page_filled(monkeypatch, urls):
                      for p in info.acceptance]
     lengths = [m.value for m in at.metric if m.label == "Mean acceptance length"]
     assert lengths == [ui.fmt(p.mean_acceptance_length, 2) for p in info.acceptance]
-    assert charts(at) == 5  # acceptance, calibration, T_v, T_s vs context, T_s(B)
+    assert charts(at) == 6  # α_i, β_i, calibration, T_v, T_s vs context, T_s(B)
     assert "Telemetry" in [h.value for h in at.header]
 
 

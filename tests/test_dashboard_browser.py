@@ -23,7 +23,7 @@ pytestmark = [
 PAGES = {
     "": ("Overview", ["Profile runs", "Best configuration per target, hardware, workload and server", "Latest runs",
                       "Tuning studies", "Regression verdicts"], 0),
-    "profile": ("Profile run", ["Acceptance rate", "Mean acceptance length", "Timings"], 5),
+    "profile": ("Profile run", ["Acceptance rate", "Mean acceptance length", "Timings"], 6),
     "why": ("Why it wins", ["Predicted tokens/s", "Where a cycle's time goes", "The tuner chose"], 3),
     "fidelity": ("Model vs measurement", ["Error table", "in-sample", "y = x (perfect prediction)"], 1),
     "study": ("Tuning study", ["Winner for vllm", "Optimisation history", "Parameter importance",

@@ -32,7 +32,9 @@ for p in panels:
     cols[3].metric("Cycles recorded", p.cycles)
     cols[4].metric("1 − TV (teacher-forced)", ui.fmt(p.one_minus_tv, 3))
 if panels:
-    st.plotly_chart(charts.acceptance_chart(panels), key="acceptance")
+    left, right = st.columns(2)
+    left.plotly_chart(charts.acceptance_chart(panels, "alpha"), key="alpha")
+    right.plotly_chart(charts.acceptance_chart(panels, "beta"), key="beta")
     st.plotly_chart(charts.calibration_chart(panels, info.thresholds), key="calibration")
 
 st.header("Timings")

@@ -22,11 +22,12 @@ if not info.ranked:
 
 best = info.ranked[0]
 tuned = [s.result for s in cache.studies(sel.sources.storage_url) if s.result and s.result.run_id == sel.run.id]
+st.subheader(f"Best (predicted): {best.label}")
 cols = st.columns(4)
-cols[0].metric("Best configuration (predicted)", best.label)
-cols[1].metric("Predicted tokens/s", ui.fmt(best.tokens_per_s), help="end to end, prefill included")
-cols[2].metric("Predicted speedup", ui.fmt(best.speedup, 2, "×"))
-cols[3].metric("E[τ] tokens per cycle", ui.fmt(best.tokens_per_cycle, 2))
+cols[0].metric("Predicted tokens/s", ui.fmt(best.tokens_per_s), help="end to end, prefill included")
+cols[1].metric("Predicted speedup", ui.fmt(best.speedup, 2, "×"))
+cols[2].metric("E[τ] tokens per cycle", ui.fmt(best.tokens_per_cycle, 2))
+cols[3].metric("Plain decoding (predicted)", ui.fmt(info.baseline.tokens_per_s), help="tokens/s, end to end")
 for r in tuned:
     st.success(f"The tuner chose {r.candidate.label()} for {r.server}"
                + (f": measured speedup {r.speedup:.2f}× on held-out prompts" if r.speedup and r.heldout else ""))
