@@ -1,0 +1,170 @@
+"""``specdec-tune tune``: the main job. Profile, search a server's space, confirm by measurement,
+report the held-out speedup, export.
+
+Parses, calls :func:`specdec_tune.tuner.tune.run_tune` and prints; progress goes to stderr, the
+report (or with ``--json`` one object) to stdout.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from specdec_tune.cli._app import app, print_json, quiet_loading
+from specdec_tune.cli._options import DbOption
+from specdec_tune.cli.profile import THROUGHPUT_NOTE, _Bar, _bar, _int_list
+from specdec_tune.errors import InputError
+
+SERVER_HELP = "Deploy target: any (whole space, best per server side by side) | vllm | sglang | trtllm | llamacpp | hf."
+
+
+class _LazyBar(_Bar):
+    """A progress bar that appears with the first stage, so an early error stays one line."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.live = None
+        super().__init__(None)  # type: ignore[arg-type]
+
+    def stage(self, name: str, total: int) -> None:
+        if self.live is None:
+            self.live = _bar(self.console)
+            self.bar = self.live.__enter__()
+        super().stage(name, total)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+
+
+def _fmt_ci(ci) -> str:
+    return "–" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def _rate(x) -> str:
+    return "–" if x is None else f"{x:.1f}"
+
+
+def report_json(report) -> dict:
+    """The ``--json`` object: the winner (issue 10 §1 contract), then the evidence."""
+    r = report.result
+    c = r.candidate
+    return {
+        "drafter": c.drafter, "num_speculative_tokens": c.num_speculative_tokens, "threshold": c.threshold,
+        "threshold_rule": c.threshold_rule, "schedule": c.schedule, "server": r.server,
+        "measured_tokens_per_s": r.measured_tokens_per_s, "predicted_tokens_per_s": r.predicted_tokens_per_s,
+        "baseline_tokens_per_s": r.baseline_tokens_per_s, "speedup": r.speedup,
+        "speedup_ci": list(r.speedup_ci) if r.speedup_ci else None, "heldout": r.heldout, "study": report.study,
+        "exports": report.exports,
+        "per_batch_size": {str(b): n for b, n in r.per_batch_size.items()},
+        "best_per_server": r.best_per_server, "storage": report.storage, "run_id": report.run_id,
+        "profiled": report.profiled, "completed_trials": report.completed_trials, "new_trials": report.new_trials,
+        "sampler": report.sampler, "confirmation": report.confirmation, "pareto": report.pareto,
+        "notes": report.notes, "throughput": THROUGHPUT_NOTE,
+    }
+
+
+def _print(console: Console, report) -> None:
+    r = report.result
+    c = r.candidate
+    where = "held-out prompts" if r.heldout else "tuning prompts"
+    console.print(f"[bold]winner[/bold] ({r.server}): {c.label()}", highlight=False)
+    console.print(f"  measured on {where}: {_rate(r.measured_tokens_per_s)} tokens/s vs plain decoding "
+                  f"{_rate(r.baseline_tokens_per_s)} tokens/s: speedup {r.speedup:.2f}× (95% CI {_fmt_ci(r.speedup_ci)}); "
+                  f"predicted {_rate(r.predicted_tokens_per_s)} tokens/s", highlight=False)
+    if r.per_batch_size:
+        console.print("  best N per batch size (predicted, 0 = do not speculate): "
+                      + ", ".join(f"B={b}: {n}" for b, n in r.per_batch_size.items()), highlight=False)
+    table = Table(title="measured on the tuning prompts (interleaved)", title_justify="left")
+    for col in ("configuration", "measured tokens/s", "95% CI", "predicted tokens/s", "servers"):
+        table.add_column(col)
+    for row in report.confirmation:
+        table.add_row(("→ " if row["winner"] else "  ") + row["label"], _rate(row["measured_tokens_per_s"]),
+                      _fmt_ci(row["measured_ci"]), _rate(row["predicted_tokens_per_s"]), ", ".join(row["servers"]))
+    console.print(table)
+    if len(r.best_per_server) > 1:
+        table = Table(title="best inside each server's space (predicted; measured where it was)", title_justify="left")
+        for col in ("server", "configuration", "predicted tokens/s", "measured tokens/s"):
+            table.add_column(col)
+        from specdec_tune.tuner.configs import Candidate
+
+        for srv, d in r.best_per_server.items():
+            table.add_row(srv, Candidate.from_dict(d).label(), _rate(d["predicted_tokens_per_s"]),
+                          _rate(d.get("measured_tokens_per_s")))
+        console.print(table)
+    if len(report.pareto) > 1:
+        console.print("Pareto front (predicted tokens/s vs memory speculation adds): " + "; ".join(
+            f"{p['label']}: {p['predicted_tokens_per_s']:.1f} tokens/s, {p['memory_bytes'] / 2**20:.1f} MiB"
+            for p in report.pareto), highlight=False)
+    console.print(f"study {report.study!r} in {report.storage}: {report.completed_trials} completed trials "
+                  f"({report.new_trials} new, {report.sampler}); profile run {report.run_id}"
+                  f"{' (new)' if report.profiled else ' (reused)'}", highlight=False)
+    for note in report.notes:
+        console.print(f"note: {note}", highlight=False)
+    for path in report.exports:
+        console.print(f"exported: {path}", highlight=False)
+    console.print(f"throughput is {THROUGHPUT_NOTE}", highlight=False)
+
+
+@app.command()
+def tune(
+    target: str = typer.Option(..., "--target", help="Target model: bundled name, local folder or hub id."),
+    drafts: str = typer.Option(..., "--drafts", help="Candidate drafts, comma-separated: draft models and/or 'ngram'."),
+    workload: str = typer.Option(..., "--workload", help="Bundled workload name or a JSONL prompt file."),
+    server: str = typer.Option("any", "--server", help=SERVER_HELP),
+    trials: int = typer.Option(200, "--trials", help="Completed trials the study should hold (a rerun resumes)."),
+    measure_top: int = typer.Option(6, "--measure-top", help="Distinct configurations measured (plus plain decoding)."),
+    batch_sizes: str = typer.Option("1,4,16,64", "--batch-sizes", help="Batch sizes for the per-batch-size N schedule."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 tunes sampling at this temperature."),
+    objectives: str = typer.Option("throughput", "--objectives", help="throughput, or throughput,memory (Pareto front)."),
+    study: Optional[str] = typer.Option(None, "--study", help="Study name (default: derived from the inputs)."),
+    storage: Optional[str] = typer.Option(None, "--storage", metavar="URL", help="Optuna storage URL (default: a SQLite file beside --db; PostgreSQL for teams). Never the --db database."),
+    n_max: int = typer.Option(16, "--n-max", help="Largest N searched (1..16)."),
+    max_prompts: int = typer.Option(12, "--max-prompts", help="Tuning prompts profiled."),
+    max_new_tokens: int = typer.Option(48, "--max-new-tokens", help="New tokens per prompt (profile and measurements)."),
+    profile_repeats: int = typer.Option(10, "--profile-repeats", help="Timed repeats per micro-benchmark of the profile."),
+    measure_prompts: int = typer.Option(8, "--measure-prompts", help="Tuning prompts each confirmation candidate is measured on."),
+    heldout_prompts: int = typer.Option(16, "--heldout-prompts", help="Held-out prompts for the final measurement."),
+    repeats: int = typer.Option(3, "--repeats", help="Interleaved passes of each measurement."),
+    seed: int = typer.Option(0, "--seed", help="Sampler and sampling seed."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
+    export: Optional[str] = typer.Option(None, "--export", metavar="DIR", help="Write the server files for the winner here."),
+    formats: str = typer.Option("all", "--formats", help="Export formats: all or a comma list (vllm,sglang,trtllm,llamacpp,hf)."),
+    db: DbOption = None,
+    json_out: bool = typer.Option(False, "--json", help="End with one JSON object for the winner."),
+) -> None:
+    """Find the fastest speculative configuration for a server, confirmed on held-out prompts."""
+    from specdec_tune.db import open_database, resolve_url
+    from specdec_tune.tuner._study import check_storage, default_storage_url
+    from specdec_tune.tuner.tune import TuneRequest, run_tune
+
+    objective_list = tuple(o.strip() for o in objectives.split(",") if o.strip())
+    if objective_list not in (("throughput",), ("throughput", "memory")):
+        raise InputError(f"--objectives must be 'throughput' or 'throughput,memory', got {objectives!r}")
+    if not 0.0 <= temperature:
+        raise InputError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+    req = TuneRequest(
+        target=target, drafts=tuple(d.strip() for d in drafts.split(",") if d.strip()), workload=workload,
+        server=server, trials=trials, measure_top=measure_top, batch_sizes=_int_list(batch_sizes, "--batch-sizes"),
+        temperature=temperature, objectives=objective_list, study=study, n_max=n_max, max_prompts=max_prompts,
+        max_new_tokens=max_new_tokens, profile_repeats=profile_repeats, measure_prompts=measure_prompts,
+        heldout_prompts=heldout_prompts, repeats=repeats, seed=seed, device=device,
+    )
+    db_url = resolve_url(db)
+    storage_url = storage or default_storage_url(db_url)
+    check_storage(storage_url, db_url)
+    fmts = ["vllm", "sglang", "trtllm", "llamacpp", "hf"] if formats.strip() == "all" else \
+        [f.strip() for f in formats.split(",") if f.strip()]
+    database = open_database(db_url)
+    quiet_loading()
+    progress = _LazyBar(Console(stderr=True))
+    try:
+        report = run_tune(database, req, storage_url, progress, export=(export, fmts) if export else None)
+    finally:
+        progress.close()
+    if json_out:
+        print_json(report_json(report))
+        return
+    _print(Console(), report)

@@ -1,0 +1,126 @@
+"""`specdec-tune tune` end to end on tiny saved models: the --json contract, resume, bad input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specdec_tune.cli import main
+from specdec_tune.db import list_measured, list_runs, open_database
+
+TINY = ["--device", "cpu", "--max-prompts", "2", "--max-new-tokens", "8", "--profile-repeats", "2", "--n-max", "4",
+        "--measure-prompts", "2", "--heldout-prompts", "2", "--repeats", "1", "--measure-top", "2",
+        "--batch-sizes", "1,2"]
+KEYS = ("drafter", "num_speculative_tokens", "threshold", "schedule", "server", "measured_tokens_per_s",
+        "predicted_tokens_per_s", "baseline_tokens_per_s", "speedup", "speedup_ci", "heldout", "study", "exports")
+
+
+def run(args, capsys):
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tune_cli")
+    path = root / "w.jsonl"
+    prompts = ["def add(a, b):", "class Point:", "for i in range(10):", "print(i, i * i)", "def sub(a, b):",
+               "x = [i for i in range(3)]", "return a + b", "self.x = x"]
+    path.write_text("".join(json.dumps({"id": str(i), "prompt": p}) + "\n" for i, p in enumerate(prompts)))
+    return str(path)
+
+
+def _args(tiny_model_dirs, workload, tmp_path, *extra):
+    return ["tune", "--target", tiny_model_dirs["target"], "--drafts", f"{tiny_model_dirs['draft']},ngram",
+            "--workload", workload, "--db", f"sqlite:///{tmp_path / 'r.db'}", *TINY, *extra]
+
+
+def test_tune_json_contract_resume_and_export(tiny_model_dirs, workload, tmp_path, capsys):
+    import optuna
+
+    from specdec_tune.tuner._study import open_storage
+    from specdec_tune.tuner.configs import TuningResult
+
+    args = _args(tiny_model_dirs, workload, tmp_path, "--server", "any", "--trials", "12", "--json",
+                 "--export", str(tmp_path / "out"), "--formats", "vllm")
+    code, out, err = run(args, capsys)
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert len(lines) == 1
+    obj = json.loads(lines[0])
+    for key in KEYS:
+        assert key in obj, key
+    assert obj["server"] == "any" and set(obj["best_per_server"]) == {"vllm", "sglang", "trtllm", "llamacpp", "hf"}
+    assert obj["heldout"] is True and obj["profiled"] is True and obj["completed_trials"] == 12
+    assert obj["measured_tokens_per_s"] > 0 and obj["baseline_tokens_per_s"] > 0
+    assert obj["speedup"] == pytest.approx(obj["measured_tokens_per_s"] / obj["baseline_tokens_per_s"])
+    lo, hi = obj["speedup_ci"]
+    assert lo <= obj["speedup"] <= hi
+    assert obj["exports"] and all(Path(p).is_file() and Path(p).is_relative_to(tmp_path / "out") for p in obj["exports"])
+    assert any(p.endswith("README.md") for p in obj["exports"])
+    assert set(obj["per_batch_size"]) == {"1", "2"}
+    # the winner is the best *measured* of the confirmation set, plain decoding included
+    measured = {r["label"]: r["measured_tokens_per_s"] for r in obj["confirmation"]}
+    assert "plain decoding" in measured and len(measured) == 3
+    winner = next(r for r in obj["confirmation"] if r["winner"])
+    assert winner["measured_tokens_per_s"] == max(measured.values())
+    # the result is stored in the study for export --study and the dashboard
+    storage = open_storage(obj["storage"])
+    result = TuningResult.from_dict(optuna.load_study(study_name=obj["study"], storage=storage).user_attrs["result"])
+    assert result.candidate.drafter == obj["drafter"] and result.heldout
+    db = open_database(f"sqlite:///{tmp_path / 'r.db'}")
+    assert len(list_runs(db)) == 1 and list_measured(db)
+
+    # the same command resumes: the profile is reused, the study grows to the new budget
+    code, out, err = run([a if a != "12" else "20" for a in args], capsys)
+    assert code == 0, err
+    again = json.loads(out)
+    assert again["profiled"] is False and again["completed_trials"] == 20 and again["new_trials"] == 8
+    assert again["study"] == obj["study"] and len(list_runs(db)) == 1
+
+    # restricted to vLLM: no θ, constant schedule, in the winner and in every measured candidate
+    code, out, err = run([*args[:args.index("--server")], "--server", "vllm", "--trials", "50", "--json"], capsys)
+    assert code == 0, err
+    v = json.loads(out)
+    assert v["server"] == "vllm" and v["threshold"] == 0 and v["schedule"] == "constant" and v["study"] != obj["study"]
+    assert all(r["threshold"] == 0 and "vllm" in r["servers"] for r in v["confirmation"])
+    assert v["sampler"] == "bruteforce" and set(v["best_per_server"]) == {"vllm"}
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--server", "tgi"], "unknown --server 'tgi'"),
+    (["--n-max", "17"], "--n-max must be in 1..16"),
+    (["--trials", "0"], "--trials must be >= 1"),
+    (["--objectives", "memory"], "--objectives must be"),
+    (["--measure-top", "0"], "--measure-top must be >= 1"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--storage", "postgresql+psycopg://nobody@127.0.0.1:1/none"], "cannot open study storage"),
+])
+def test_bad_input_is_one_line_and_exit_2(tiny_model_dirs, workload, tmp_path, capsys, extra, message):
+    code, out, err = run(_args(tiny_model_dirs, workload, tmp_path, *extra), capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_bad_names_lose_nothing_stored(tiny_model_dirs, workload, tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    code, _, err = run(["profile", "--target", tiny_model_dirs["target"], "--draft", "ngram", "--workload", workload,
+                        "--db", url, "--device", "cpu", "--repeats", "1", "--k-max", "2", "--n-max", "2",
+                        "--max-prompts", "1", "--max-new-tokens", "4", "--context-lens", "8"], capsys)
+    assert code == 0, err
+    for args, message in [
+        (["--drafts", "no/such/draft"], "no/such/draft"),
+        (["--workload", "nosuchworkload"], "unknown workload 'nosuchworkload'"),
+        (["--storage", url], "is the results database"),
+    ]:
+        argv = _args(tiny_model_dirs, workload, tmp_path)
+        if args[0] in argv:
+            argv[argv.index(args[0]) + 1] = args[1]
+        else:
+            argv += args
+        code, out, err = run(argv, capsys)
+        assert code == 2 and err.count("\n") == 1 and message in err, err
+    db = open_database(url)
+    assert [r.status for r in list_runs(db)] == ["completed"]

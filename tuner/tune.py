@@ -1,0 +1,294 @@
+"""The ``tune`` job: profile (or reuse a profile), search, confirm by measurement, report held-out.
+
+1. Profile the target and drafts on the workload's *tuning* prompts, unless a completed run of the
+   same target, drafts, workload, split, decoding mode, limits and machine is stored (reused).
+2. Search the server's space with Optuna on the model's predicted end-to-end tokens/s
+   (:mod:`specdec_tune.tuner.search`).
+3. Measure the top ``measure_top`` distinct configurations and plain decoding, interleaved, on the
+   tuning prompts: the winner is the best *measured* one (the model ranks, the clock decides).
+4. Measure the winner and plain decoding, interleaved, on the *held-out* prompts: the reported
+   throughput and speedup (with its 95% CI) are these.
+5. Best N per batch size from T_v(B, k); the result goes into the study's user attributes
+   (``result``) for ``export --study`` and the dashboard, and to the exporters when asked.
+"""
+from __future__ import annotations
+
+import platform
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec_tune.db import Database, get_run, list_models, list_runs
+from specdec_tune.errors import InputError
+from specdec_tune.profiler.session import ProfileSettings, Progress, run_profile
+from specdec_tune.tuner import _measure
+from specdec_tune.tuner._space import ANY, N_LIMIT, check_server, server_search_space
+from specdec_tune.tuner._study import open_storage
+from specdec_tune.tuner.configs import NGRAM, Candidate, TuningResult
+from specdec_tune.tuner.search import (
+    Evaluator,
+    Scored,
+    best_per_server,
+    expressible_on,
+    per_batch_size,
+    run_search,
+)
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """Everything ``specdec-tune tune`` was asked (defaults: the README's main job on a 2-core CPU)."""
+
+    target: str
+    drafts: tuple[str, ...]
+    workload: str
+    server: str = ANY
+    trials: int = 200
+    measure_top: int = 6
+    batch_sizes: tuple[int, ...] = (1, 4, 16, 64)
+    temperature: float = 0.0
+    objectives: tuple[str, ...] = ("throughput",)
+    study: str | None = None
+    n_max: int = N_LIMIT
+    max_prompts: int = 12  # tuning prompts profiled
+    max_new_tokens: int = 48
+    profile_repeats: int = 10
+    measure_prompts: int = 8  # tuning prompts measured per candidate
+    heldout_prompts: int = 16
+    repeats: int = 3
+    seed: int = 0
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_server(self.server)
+        if not self.drafts:
+            raise InputError("--drafts needs at least one draft (a model, or 'ngram')")
+        if len(set(self.drafts)) != len(self.drafts):
+            raise InputError(f"--drafts lists a draft twice: {','.join(self.drafts)}")
+        if not 1 <= self.n_max <= N_LIMIT:
+            raise InputError(f"--n-max must be in 1..{N_LIMIT}, got {self.n_max}")
+        for flag, value in (("--trials", self.trials), ("--measure-top", self.measure_top),
+                            ("--repeats", self.repeats), ("--max-prompts", self.max_prompts),
+                            ("--measure-prompts", self.measure_prompts), ("--heldout-prompts", self.heldout_prompts),
+                            ("--max-new-tokens", self.max_new_tokens)):
+            if value < 1:
+                raise InputError(f"{flag} must be >= 1, got {value}")
+        if self.temperature < 0:
+            raise InputError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+            raise InputError(f"--batch-sizes must be integers >= 1, got {list(self.batch_sizes)}")
+
+    @property
+    def mode(self) -> str:
+        return "sampling" if self.temperature > 0 else "greedy"
+
+    def study_name(self) -> str:
+        """Default study name: what was tuned, so the same command resumes the same study."""
+        import hashlib
+        import json
+
+        key = json.dumps([self.target, list(self.drafts), self.workload, self.temperature, list(self.objectives),
+                          self.n_max, self.max_prompts, self.max_new_tokens], sort_keys=True)
+        short = lambda s: s.rstrip("/").rsplit("/", 1)[-1]  # noqa: E731
+        return f"tune-{short(self.target)}-{short(self.workload)}-{self.server}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
+@dataclass
+class TuneReport:
+    """What ``tune`` found: the result (stored in the study) and the evidence behind it."""
+
+    result: TuningResult
+    study: str
+    storage: str
+    run_id: int
+    profiled: bool
+    completed_trials: int
+    new_trials: int
+    sampler: str
+    confirmation: list[dict[str, Any]] = field(default_factory=list)  # measured on the tuning prompts
+    pareto: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    exports: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- profile reuse
+
+
+def _profile_settings(req: TuneRequest) -> ProfileSettings:
+    kwargs: dict[str, Any] = dict(
+        device=req.device, temperature=req.temperature, batch_sizes=tuple(sorted(set(req.batch_sizes))),
+        n_max=req.n_max, k_max=req.n_max + 1, repeats=req.profile_repeats, max_prompts=req.max_prompts,
+        max_new_tokens=req.max_new_tokens, seed=req.seed, label="tune",
+    )
+    if _measure.has_splits():
+        kwargs["split"] = "tune"
+    return ProfileSettings(**kwargs)
+
+
+def find_profile(db: Database, req: TuneRequest) -> int | None:
+    """A completed run that answers this request as a fresh profile would (newest first), or None."""
+    wanted = _profile_settings(req)
+    split = getattr(wanted, "split", None)
+    for run in list_runs(db, status="completed", target=req.target):
+        s = run.settings
+        ok = (
+            s.get("workload") == req.workload
+            and set(req.drafts) <= set(s.get("drafts", []))
+            and s.get("split") == split
+            and abs(float(s.get("temperature", 0.0)) - req.temperature) < 1e-9
+            and int(s.get("n_max", 0)) >= req.n_max
+            and set(req.batch_sizes) <= set(s.get("batch_sizes", []))
+            and int(s.get("max_new_tokens", 0)) == req.max_new_tokens
+            and int(s.get("max_prompts", 0)) == req.max_prompts
+            and run.hardware.hostname == (platform.node() or None)
+            and (req.device == "auto" or run.hardware.device == req.device)
+        )
+        if ok:
+            return run.id
+    return None
+
+
+# --------------------------------------------------------------------------- memory objective
+
+
+def memory_model(db: Database, run_id: int, max_context: int) -> Any:
+    """Bytes speculation adds for a candidate: draft weights + the draft's KV cache at the longest
+    context + the target's KV cache for the N extra verify positions (0 for plain decoding)."""
+    run = get_run(db, run_id)
+    models = {m.id: m for m in list_models(db)}
+
+    def kv_per_token(record: Any) -> float:
+        from transformers import AutoConfig
+
+        width = 2 if record.dtype in ("bfloat16", "float16") else 4
+        try:
+            cfg = AutoConfig.from_pretrained(record.extra.get("source") or record.name).get_text_config(decoder=True)
+        except Exception:  # no config at hand: count layers only, with the target's width unknown
+            return 0.0
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return 2.0 * cfg.num_hidden_layers * heads * head_dim * width
+
+    target_kv = kv_per_token(run.target)
+    drafts = {}
+    for d in run.drafts:
+        if d.model_id is not None and d.model_id in models:
+            rec = models[d.model_id]
+            width = 2 if rec.dtype in ("bfloat16", "float16") else 4
+            drafts[d.name] = ((rec.num_parameters or 0) * width, kv_per_token(rec))
+
+    def memory(c: Candidate) -> float:
+        if c.is_plain:
+            return 0.0
+        n = c.num_speculative_tokens
+        weights, kv = drafts.get(c.drafter, (0.0, 0.0))
+        return float(weights + kv * (max_context + n) + target_kv * n)
+
+    return memory
+
+
+# --------------------------------------------------------------------------- the job
+
+
+def _scored_dict(s: Scored) -> dict[str, Any]:
+    return {**s.candidate.to_dict(), "label": s.candidate.label(), "predicted_tokens_per_s": s.predicted_tokens_per_s,
+            "predicted_speedup": s.predicted_speedup, "memory_bytes": s.memory_bytes}
+
+
+def _distinct_top(ranked: Sequence[Scored], k: int) -> list[Scored]:
+    """Top ``k`` speculative candidates by prediction (plain decoding is measured anyway)."""
+    return [s for s in ranked if not s.candidate.is_plain][:k]
+
+
+def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progress | None = None,
+             export: tuple[str, Sequence[str]] | None = None) -> TuneReport:
+    """The whole job (module docstring). Every stage stores as it goes; an interrupt keeps it.
+
+    Raises:
+        InputError / NotFoundError / ModelLoadError / StorageError: one line each (the CLI exits 2).
+    """
+    from specdec_tune.engine.workloads import resolve_workload
+
+    progress = progress or Progress()
+    resolve_workload(req.workload)  # an unknown workload fails before anything is loaded
+    storage = open_storage(storage_url)  # an unreachable storage fails before profiling
+    notes: list[str] = []
+    run_id = find_profile(db, req)
+    profiled = run_id is None
+    if run_id is None:
+        run_id = run_profile(db, req.target, list(req.drafts), req.workload, _profile_settings(req), progress).run_id
+    else:
+        notes.append(f"reused profile run {run_id} (same target, drafts, workload, split, mode and machine)")
+    run = get_run(db, run_id)
+    model_drafts = [d for d in req.drafts if d != NGRAM]
+    n_max = min(req.n_max, int(run.settings.get("n_max", N_LIMIT)))
+    max_context = max(run.settings.get("prompt_tokens", [0]) or [0]) + req.max_new_tokens
+    memory = memory_model(db, run_id, max_context) if "memory" in req.objectives else None
+    evaluator = Evaluator(db, run_id, req.mode, memory)
+    space = server_search_space(req.server, model_drafts, n_max, NGRAM in req.drafts)
+    if NGRAM in req.drafts:
+        notes.append("n-gram lookup sizes are fixed at the engine's default (longest 3, shortest 1): the profile "
+                     "records one n-gram variant")
+    name = req.study or req.study_name()
+    attrs = {"target": req.target, "drafts": list(req.drafts), "workload": req.workload, "server": req.server,
+             "temperature": req.temperature, "run_id": run_id}
+    remaining = max(req.trials - _measure.completed_trials(storage, name), 0)
+    progress.stage(f"search ({req.server} space, {space.size} points)", remaining)
+    outcome = run_search(evaluator, space, storage=storage, study_name=name, trials=req.trials,
+                         objectives=req.objectives, attrs=attrs, seed=req.seed,
+                         on_trial=lambda _t: progress.advance())
+    notes += outcome.notes
+    pool = outcome.pareto if len(req.objectives) > 1 else outcome.ranked
+    top = _distinct_top(pool, req.measure_top)
+    plain = Candidate("none", 0)
+    confirm = _measure.measure(db, run_id, [s.candidate for s in top] + [plain], split="tune",
+                               max_prompts=req.measure_prompts, temperature=req.temperature, repeats=req.repeats,
+                               seed=req.seed, progress=progress)
+    winner = max(confirm, key=lambda m: m.tokens_per_s)
+    heldout = _measure.measure(db, run_id, [winner.candidate] + ([] if winner.candidate.is_plain else [plain]),
+                               split="holdout", max_prompts=req.heldout_prompts, temperature=req.temperature,
+                               repeats=req.repeats, seed=req.seed, progress=progress)
+    win_h = heldout[0]
+    base_h = heldout[-1]
+    notes += _measure.notes(heldout)
+    per_b = per_batch_size(evaluator, winner.candidate, sorted(set(req.batch_sizes)), n_max)
+    bests = best_per_server(evaluator, model_drafts, n_max, NGRAM in req.drafts) if req.server == ANY else {
+        req.server: evaluator.score(winner.candidate)}
+    measured_by = {m.candidate: m.tokens_per_s for m in confirm}
+    best_server = {srv: {**s.candidate.to_dict(), "predicted_tokens_per_s": s.predicted_tokens_per_s,
+                         **({"measured_tokens_per_s": measured_by[s.candidate], "measured_on": "tuning prompts"}
+                            if s.candidate in measured_by else {})}
+                   for srv, s in bests.items()}
+    sources = {m.draft: m.source for m in models_of(db, run_id)}
+    speedup, ci = _measure.speedup(win_h, base_h)
+    result = TuningResult(
+        candidate=winner.candidate, server=req.server, target=req.target, workload=req.workload,
+        hardware=run.hardware.device_name, draft_path=sources.get(winner.candidate.drafter),
+        target_path=run.target.extra.get("source"), per_batch_size=per_b,
+        measured_tokens_per_s=win_h.tokens_per_s, predicted_tokens_per_s=win_h.predicted_tokens_per_s,
+        baseline_tokens_per_s=base_h.tokens_per_s, speedup=speedup, speedup_ci=ci, heldout=win_h.heldout,
+        temperature=req.temperature, study=name, run_id=run_id, best_per_server=best_server,
+    )
+    outcome.study.set_user_attr("result", result.to_dict())
+    exports: list[str] = []
+    if export is not None:
+        exports = _measure.write_exports(result, export[1], export[0])
+    confirmation = [{**m.candidate.to_dict(), "label": m.candidate.label(), "measured_tokens_per_s": m.tokens_per_s,
+                     "measured_ci": m.ci, "predicted_tokens_per_s": m.predicted_tokens_per_s,
+                     "servers": expressible_on(m.candidate), "winner": m is winner} for m in confirm]
+    return TuneReport(result, name, storage_url, run_id, profiled, outcome.completed, outcome.new_trials,
+                      outcome.sampler, confirmation, [_scored_dict(s) for s in outcome.pareto], notes, exports)
+
+
+@dataclass(frozen=True)
+class _Source:
+    draft: str
+    source: str | None
+
+
+def models_of(db: Database, run_id: int) -> list[_Source]:
+    """Each model draft of the run with the folder it was loaded from."""
+    run = get_run(db, run_id)
+    models = {m.id: m for m in list_models(db)}
+    return [_Source(d.name, models[d.model_id].extra.get("source") if d.model_id in models else None)
+            for d in run.drafts if d.model_id is not None]
