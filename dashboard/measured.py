@@ -29,15 +29,11 @@ def measured_split(rec: MeasuredRecord) -> str:
 
 
 def measured_ci(rec: MeasuredRecord) -> tuple[float, float] | None:
-    """The measured 95% CI of tokens/s, if the row has one (columns of revision 0003 or the config)."""
-    low, high = getattr(rec, "ci_low", None), getattr(rec, "ci_high", None)
-    if low is None or high is None:
-        ci = rec.config.get("ci") or rec.config.get("tokens_per_s_ci")
-        if isinstance(ci, (list, tuple)) and len(ci) == 2:
-            low, high = ci
-    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+    """The measured 95% CI of tokens/s (revision 0003 columns; ``None`` for rows measured before)."""
+    ci = rec.ci95
+    if ci is None or not (math.isfinite(ci[0]) and math.isfinite(ci[1])):
         return None
-    return float(low), float(high)
+    return float(ci[0]), float(ci[1])
 
 
 def is_baseline(rec: MeasuredRecord) -> bool:

@@ -244,3 +244,29 @@ def test_export_downloads_are_the_exporters_files(urls):
 
     names = zipfile.ZipFile(io.BytesIO(zip_files(files))).namelist()
     assert sorted(names) == sorted(p for group in files.values() for p in group)
+
+
+def test_held_out_rows_with_cis(tmp_path):
+    """Rows measured on held-out prompts with a 95% CI: split apart, CI checked, like-for-like speedup."""
+    from specdec_tune.db import add_measured_run, create_run, get_or_create_hardware, get_or_create_model
+
+    db = open_database(f"sqlite:///{tmp_path / 'ci.db'}")
+    run = create_run(db, target_model_id=get_or_create_model(db, {"name": "t"}),
+                     hardware_id=get_or_create_hardware(db, {"device": "cpu", "device_name": "CPU"}), drafts=["d"])
+    held = {"num_speculative_tokens": 2, "threshold": 0.0, "split": "holdout"}
+    add_measured_run(db, run, draft=None, config={**held, "num_speculative_tokens": 0}, measured_tokens_per_s=100.0,
+                     seconds=1.0, new_tokens=100, ci=(95.0, 105.0))
+    add_measured_run(db, run, draft="d", config=held, measured_tokens_per_s=150.0, seconds=1.0, new_tokens=150,
+                     predicted_tokens_per_s=160.0, ci=(140.0, 165.0))
+    add_measured_run(db, run, draft="d", config={**held, "num_speculative_tokens": 4}, measured_tokens_per_s=140.0,
+                     seconds=1.0, new_tokens=140, predicted_tokens_per_s=120.0, ci=(135.0, 145.0))
+    add_measured_run(db, run, draft="d", config={"num_speculative_tokens": 3}, measured_tokens_per_s=200.0,
+                     seconds=1.0, new_tokens=200, predicted_tokens_per_s=210.0)  # in-sample, no CI
+    info = load_fidelity(db)
+    held_out = [p for p in info.points if p.split == HELD_OUT]
+    assert [(p.ci, p.inside_ci) for p in held_out] == [((140.0, 165.0), True), ((135.0, 145.0), False)]
+    summary = next(s for s in info.summaries if s.split == HELD_OUT)
+    assert summary.inside_ci == 0.5 and summary.with_ci == 2 and summary.regret == 1.0
+    (best,) = load_overview(db).best  # held-out rows win over a faster in-sample one
+    assert best.heldout is True and best.measured_tokens_per_s == 150.0 and best.tokens_ci == (140.0, 165.0)
+    assert best.speedup == pytest.approx(1.5)  # against plain decoding measured on the same held-out prompts
