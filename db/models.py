@@ -271,3 +271,81 @@ class Telemetry(Base):
     memory_used_mb: Mapped[float | None] = mapped_column(Float)
     sm_clock_mhz: Mapped[float | None] = mapped_column(Float)
     utilization_pct: Mapped[float | None] = mapped_column(Float)
+
+
+class RegressRun(Base):
+    """One ``specdec-tune regress`` run of a suite (or a ``--calibrate`` A/A run); added by 0004."""
+
+    __tablename__ = "regress_runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    suite: Mapped[str] = mapped_column(String(200), index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # run | calibration
+    status: Mapped[str] = mapped_column(String(16))  # running | completed | failed
+    verdict: Mapped[str | None] = mapped_column(String(16))  # baseline|pass|suspicious|regression|no_verdict
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    baseline_id: Mapped[int | None] = mapped_column(
+        ForeignKey("regress_runs.id", ondelete="SET NULL")
+    )
+    fingerprint: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    summary: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column()
+
+
+class RegressBenchmark(Base):
+    """One benchmark of a regression run: its resolved configuration and raw per-prompt samples."""
+
+    __tablename__ = "regress_benchmarks"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(
+        ForeignKey("regress_runs.id", ondelete="CASCADE"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(200))
+    config: Mapped[dict[str, Any]] = mapped_column()
+    samples: Mapped[list[Any]] = mapped_column()  # [prompt] PromptSample.to_json()
+
+
+class RegressCell(Base):
+    """The verdict on one (benchmark, metric) of a regression run, with its statistics."""
+
+    __tablename__ = "regress_cells"
+    __table_args__ = (Index("ix_regress_cells_benchmark_metric", "benchmark", "metric"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(
+        ForeignKey("regress_runs.id", ondelete="CASCADE"), index=True
+    )
+    benchmark: Mapped[str] = mapped_column(String(200))
+    metric: Mapped[str] = mapped_column(String(64))
+    verdict: Mapped[str] = mapped_column(String(16))
+    baseline_value: Mapped[float | None] = mapped_column(Float)
+    current_value: Mapped[float | None] = mapped_column(Float)
+    effect: Mapped[float | None] = mapped_column(Float)  # ratio current / baseline
+    ci_low: Mapped[float | None] = mapped_column(Float)
+    ci_high: Mapped[float | None] = mapped_column(Float)
+    p_value: Mapped[float | None] = mapped_column(Float)
+    q_value: Mapped[float | None] = mapped_column(Float)  # Benjamini-Hochberg adjusted
+    mdc: Mapped[float | None] = mapped_column(Float)  # minimum detectable change (relative)
+    explanation: Mapped[str | None] = mapped_column(Text)
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class RegressCalibration(Base):
+    """A metric's A/A spread measured by ``regress --calibrate`` (the noise floor)."""
+
+    __tablename__ = "regress_calibration"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(
+        ForeignKey("regress_runs.id", ondelete="CASCADE"), index=True
+    )
+    suite: Mapped[str] = mapped_column(String(200), index=True)
+    benchmark: Mapped[str] = mapped_column(String(200))
+    metric: Mapped[str] = mapped_column(String(64))
+    runs: Mapped[int] = mapped_column(Integer)
+    spread: Mapped[float | None] = mapped_column(Float)  # sd of log(ratio) over the A/A runs
+    max_abs_change: Mapped[float | None] = mapped_column(Float)
+    mdc: Mapped[float | None] = mapped_column(Float)
+    false_alarms: Mapped[int] = mapped_column(Integer, default=0)

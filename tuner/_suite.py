@@ -80,7 +80,7 @@ class Benchmark(BaseModel):
     study_storage: str | None = None
     backend: Literal["engine"] = "engine"  # vllm later (profiler server backends)
     repeats: int = Field(3, ge=1, le=50)
-    device: str = "cpu"
+    device: str = "auto"  # auto: the GPU when there is one
     dtype: str = "auto"
     forward: str = "auto"
     profile_run: int | None = Field(None, ge=1, description="profile run whose model predicts this benchmark")

@@ -1,0 +1,97 @@
+"""``specdec-tune regress``: nightly regression benchmarks (issue 13).
+
+Exit codes: 0 nothing regressed (suspicious cells included: one flagged run is not a regression),
+1 a regression (flagged in two consecutive runs) or a correctness failure, 2 an error (bad suite
+file, model, database: one line on stderr), 3 no verdict possible (no comparable baseline, which
+makes this run the baseline; too few samples).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from specdec_tune.cli._app import app, print_json, quiet_loading
+from specdec_tune.cli._options import DbOption
+from specdec_tune.errors import InputError
+
+
+class _Bar:
+    """The profiler's progress sink on a rich bar (stderr)."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar, self.task = bar, None
+
+    def stage(self, name: str, total: int) -> None:
+        self.task = self.bar.add_task(name, total=max(total, 1))
+
+    def advance(self, steps: int = 1) -> None:
+        if self.task is not None:
+            self.bar.advance(self.task, steps)
+
+
+def _write(path: Optional[Path], text: str) -> None:
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+@app.command()
+def regress(
+    suite: Optional[Path] = typer.Option(None, "--suite", help="Suite file (TOML or YAML); default: the bundled suite."),
+    baseline: str = typer.Option("auto", "--baseline", help="auto (newest passing run with a comparable environment), "
+                                 "latest (the previous run) or a run id."),
+    db: DbOption = None,
+    report_md: Optional[Path] = typer.Option(None, "--report-md", help="Write the markdown summary here."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Write JUnit XML here (one test case per benchmark and metric)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the summary."),
+    calibrate: bool = typer.Option(False, "--calibrate", help="Run the suite against itself (A/A) several times and "
+                                   "store each metric's spread (the noise floor behind the minimum detectable change)."),
+    rounds: Optional[int] = typer.Option(None, "--rounds", help="A/A rounds of --calibrate (default: the suite's rules.calibrate_runs)."),
+) -> int:
+    """Run a regression suite, compare with a baseline, say what regressed and why.
+
+    Exit codes: 0 nothing regressed, 1 regression, 2 error, 3 no verdict possible (no comparable
+    baseline: this run becomes the baseline; too few samples).
+    """
+    from specdec_tune.db import open_database
+    from specdec_tune.tuner._regress_report import to_json, to_junit, to_markdown
+    from specdec_tune.tuner._suite import default_suite_path, load_suite
+
+    if baseline not in ("auto", "latest") and not baseline.isdigit():
+        raise InputError(f"--baseline must be auto, latest or a run id, got {baseline!r}")
+    if rounds is not None and not 2 <= rounds <= 50:
+        raise InputError(f"--rounds must be in 2..50, got {rounds}")
+    spec = load_suite(suite or default_suite_path())  # a broken suite fails before anything runs
+    database = open_database(db)
+    quiet_loading()
+    import torch
+
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True, disable=json_out) as bar:
+        if calibrate:
+            from specdec_tune.tuner._regress_calibrate import run_calibration
+
+            report = run_calibration(spec, database, rounds=rounds, progress=_Bar(bar))
+        else:
+            from specdec_tune.tuner.regress import run_regress
+
+            report = run_regress(spec, database, baseline=baseline, progress=_Bar(bar))
+    markdown = to_markdown(report)
+    _write(report_md, markdown)
+    _write(junit, to_junit(report))
+    if json_out:
+        print_json(to_json(report))
+    else:
+        typer.echo(markdown)
+    return report.exit_code

@@ -1,0 +1,81 @@
+"""``regress --calibrate``: the suite against itself (A/A), the measured noise floor of every metric.
+
+Each calibration round measures every benchmark twice, interleaved (arms A and B, same code, same
+configuration), compares B with A exactly as a nightly run compares with its baseline, and counts
+the cells the rule would have flagged (false alarms). Over the rounds, each metric's spread is the
+standard deviation of log(B/A); its minimum detectable change (80 % power, 1 % two-sided test) is
+taken from the larger of that spread and the comparisons' own bootstrap standard error.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+
+from specdec_tune.db import Database
+from specdec_tune.db import regress as q
+from specdec_tune.profiler.suite_runs import environment_fingerprint, measure_arms
+from specdec_tune.tuner._regress_compare import FLAGGED, compare_benchmark, decide
+from specdec_tune.tuner._regress_stats import minimum_detectable_change, proportion_mdc
+from specdec_tune.tuner._suite import Suite
+from specdec_tune.tuner.regress import EXIT_OK, RegressReport, _arm, _cell_fields, resolve_config
+
+
+def aa_round(suite: Suite, configs: dict[str, dict], measure: Callable[..., dict] = measure_arms, progress=None):
+    """One A/A round: both arms of every benchmark measured interleaved; returns (cells, samples A)."""
+    arms = [_arm(c, f"{name}#{side}") for name, c in configs.items() for side in "AB"]
+    samples = measure(arms, progress=progress)
+    cells = []
+    for name, cfg in configs.items():
+        a = [s.to_json() for s in samples[f"{name}#A"]]
+        b = [s.to_json() for s in samples[f"{name}#B"]]
+        cells += compare_benchmark(name, a, b, cfg, suite.rules)
+    return decide(cells, suite.rules, {}), {name: samples[f"{name}#A"] for name in configs}
+
+
+def run_calibration(suite: Suite, db: Database, *, rounds: int | None = None, progress=None,
+                    measure: Callable[..., dict] = measure_arms) -> RegressReport:
+    """Run ``rounds`` (default ``rules.calibrate_runs``) A/A rounds; store each metric's spread."""
+    rounds = rounds or suite.rules.calibrate_runs
+    configs = {b.name: resolve_config(b) for b in suite.benchmark}
+    fp = environment_fingerprint(suite.benchmark[0].device, suite.benchmark[0].backend)
+    per_metric: dict[tuple[str, str], list] = {}
+    last_cells, last_samples = [], {}
+    for _ in range(rounds):
+        last_cells, last_samples = aa_round(suite, configs, measure, progress)
+        for c in last_cells:
+            if c.effect is not None and c.effect > 0 and math.isfinite(c.effect):
+                per_metric.setdefault((c.benchmark, c.metric), []).append(c)
+    run_id = q.create_regress_run(db, suite.name, kind="calibration", fingerprint=fp)
+    for name, cfg in configs.items():
+        q.add_regress_benchmark(db, run_id, name, cfg, [s.to_json() for s in last_samples[name]])
+    rows, table = [], []
+    for (bench, metric), cells in per_metric.items():
+        logs = [math.log(c.effect) for c in cells]
+        spread = statistics.stdev(logs) if len(logs) > 1 else math.nan
+        ses = [c.details.get("se_log") for c in cells if c.details.get("se_log") is not None]
+        if metric.startswith("acceptance@"):
+            k1, n1, *_ = cells[-1].details["counts"]
+            floor = proportion_mdc(k1 / n1 if n1 else math.nan, n1)
+            mdc = max(x for x in (floor, minimum_detectable_change(spread)) if not math.isnan(x)) \
+                if not (math.isnan(floor) and math.isnan(spread)) else math.nan
+        else:
+            se = max([s for s in ses if math.isfinite(s)] + ([spread] if math.isfinite(spread) else []), default=math.nan)
+            mdc = minimum_detectable_change(se)
+        alarms = sum(c.verdict in FLAGGED for c in cells)
+        rows.append(q.CalibrationRecord(run_id, suite.name, bench, metric, len(cells),
+                                        spread if math.isfinite(spread) else None,
+                                        max(abs(c.effect - 1) for c in cells), mdc if math.isfinite(mdc) else None,
+                                        alarms))
+        table.append({"benchmark": bench, "metric": metric, "runs": len(cells), "spread_log": spread,
+                      "max_abs_change": max(abs(c.effect - 1) for c in cells), "mdc": mdc, "false_alarms": alarms})
+    q.add_calibration(db, rows)
+    report = RegressReport(suite.name, "calibration", run_id, None, "calibration", EXIT_OK, fp, cells=last_cells,
+                           calibration=table)
+    alarms = sum(r["false_alarms"] for r in table)
+    report.notes.append(f"A/A calibration: {rounds} rounds; {alarms} cell(s) flagged by the rule in total "
+                        "(each is a false alarm: both sides ran the same code)")
+    q.add_regress_cells(db, [q.RegressCellRecord(run_id, **_cell_fields(c)) for c in last_cells])
+    q.finish_regress_run(db, run_id, status="completed", verdict="calibration", exit_code=EXIT_OK,
+                         summary={"calibration": table, "notes": report.notes})
+    return report
