@@ -14,7 +14,7 @@ from specdec_tune.cli._app import app
 from specdec_tune.errors import SpecdecError
 
 # Command modules, imported for their side effect of registering commands.
-_COMMAND_MODULES = ("generate", "zoo", "db", "profile", "bench", "dashboard", "tune", "export")
+_COMMAND_MODULES = ("generate", "zoo", "db", "profile", "bench", "dashboard", "regress", "tune", "export")
 for _name in _COMMAND_MODULES:
     importlib.import_module(f"specdec_tune.cli.{_name}")
 
