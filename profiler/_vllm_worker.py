@@ -116,11 +116,11 @@ class Worker:
         return {"start_seconds": time.perf_counter() - t0, "engine_args": {k: v for k, v in kwargs.items()}}
 
     def generate(self, op: dict) -> dict:
+        if self.llm is None:
+            raise RuntimeError("generate before start")
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if self.llm is None:
-            raise RuntimeError("generate before start")
         params = SamplingParams(temperature=0.0, max_tokens=int(op["max_tokens"]),
                                 ignore_eos=bool(op.get("ignore_eos", False)))
         prompts = [list(map(int, p)) for p in op["prompts"]]

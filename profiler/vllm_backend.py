@@ -228,8 +228,12 @@ class VllmWorker:
         threading.Thread(target=self._pump, daemon=True).start()
         self.versions: dict[str, Any] = {}
         self.start_seconds: float | None = None
-        self._call({"op": "ready"}, timeout=120.0, send=False)
-        self.versions = self._call({"op": "hello"}, timeout=120.0)["versions"]
+        try:
+            self._call({"op": "ready"}, timeout=120.0, send=False)
+            self.versions = self._call({"op": "hello"}, timeout=120.0)["versions"]
+        except BaseException:
+            self.close()
+            raise
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
