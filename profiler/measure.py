@@ -15,11 +15,14 @@ from dataclasses import dataclass, field
 
 from specdec_tune.db import Database, add_measured_run, get_run
 from specdec_tune.engine import DecodeConfig, LoadedModel, acceptance_per_position, check_compatible, load_model
-from specdec_tune.engine.workloads import load_workload
+from specdec_tune.engine.workloads import check_split, load_workload, split_prompts
 from specdec_tune.errors import InputError
 from specdec_tune.profiler.describe import tokenizer_hash
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
 from specdec_tune.profiler.session import Progress
+from specdec_tune.stats import RateSamples, tokens_per_s_ci
+
+PLAIN = "none"  # MeasureSpec.draft for plain decoding (or N = 0)
 
 
 @dataclass(frozen=True)
@@ -27,16 +30,23 @@ class MeasureSpec:
     """One configuration to measure (batch size 1: the engine decodes one sequence).
 
     Attributes:
-        draft: one of the run's drafts (``None``: its first).
-        num_speculative_tokens: N.
+        draft: one of the run's drafts (``None``: its first), or ``"none"`` for plain decoding.
+        num_speculative_tokens: N; 0 is plain decoding whatever ``draft`` says.
         threshold: θ (drafting stops when the draft's top probability is below it).
         schedule: ``constant`` or ``heuristic``.
+        threshold_rule: ``before`` (exact) or ``hf`` (transformers' rule).
     """
 
     draft: str | None
     num_speculative_tokens: int
     threshold: float = 0.0
     schedule: str = "constant"
+    threshold_rule: str = "before"
+
+    @property
+    def is_plain(self) -> bool:
+        """Plain (autoregressive) decoding: N = 0 or draft ``"none"``."""
+        return self.num_speculative_tokens == 0 or self.draft == PLAIN
 
 
 @dataclass
@@ -56,6 +66,17 @@ class Measurement:
     repeats: int
     per_repeat_tokens_per_s: list[float] = field(default_factory=list)
     measured_id: int | None = None
+    samples: RateSamples | None = None  # per prompt, per repeat tokens and seconds
+    ci95: tuple[float, float] | None = None  # 95% bootstrap CI of tokens_per_s (prompts, repeats)
+    split: str | None = None  # the prompt split measured (None: the run's profiled prompts)
+    prompt_ids: list[str] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)  # per prompt, its length in tokens
+    profiled: list[bool] = field(default_factory=list)  # per prompt: did the profile run it?
+
+    @property
+    def in_sample(self) -> bool:
+        """Every measured prompt was one the profile ran (its traces and timings are in the run)."""
+        return bool(self.profiled) and all(self.profiled)
 
 
 def _load(name: str, source: str | None, device: str, dtype: str, forward: str) -> LoadedModel:
@@ -83,29 +104,31 @@ def measure_config(
     run_id: int,
     config: MeasureSpec,
     *,
+    split: str | None = None,
     temperature: float = 0.0,
     max_prompts: int | None = None,
     repeats: int = 3,
     seed: int = 0,
     progress: Progress | None = None,
 ) -> Measurement:
-    """Decode the run's profiled prompts with ``config``, time it, and store the measurement.
+    """Decode a split of the run's workload with ``config``, time it, and store the measurement.
 
     Args:
         db: the results database holding the run.
-        run_id: the profile run (its prompts, max_new_tokens, device and dtype are reused).
+        run_id: the profile run (its workload, max_new_tokens, device and dtype are reused).
         config: draft, N, θ and schedule (batch size 1: the engine decodes one sequence).
+        split: which prompts (:func:`default_split`: ``holdout`` for a run profiled on ``tune``).
         temperature: 0 = greedy; otherwise the run must have a sampling profile at this temperature.
-        max_prompts: measure only the first prompts of the run.
+        max_prompts: measure only the first prompts of the split.
         repeats: decode the prompt set this many times; each prompt counts with its median time.
         seed: sampling seed.
         progress: progress sink.
 
     Raises:
         NotFoundError: unknown run or draft.
-        InputError: a configuration the engine cannot run.
+        InputError: a configuration the engine cannot run, or a bad split.
     """
-    return measure_configs(db, run_id, [config], temperature=temperature, max_prompts=max_prompts,
+    return measure_configs(db, run_id, [config], split=split, temperature=temperature, max_prompts=max_prompts,
                            repeats=repeats, seed=seed, progress=progress)[0]
 
 
@@ -113,13 +136,42 @@ def measure_config(
 class _Case:
     """One configuration being measured: what to run and what it has measured so far."""
 
-    draft: str
+    draft: str | None
     config: MeasureSpec
     spec: DraftSpec
     decode: DecodeConfig
     times: list[list[float]]  # [prompt][repeat] seconds
-    tokens: list[int]
+    tokens: list[list[int]]  # [prompt][repeat] new tokens
     cycles: list = field(default_factory=list)
+
+
+def default_split(settings: dict) -> str | None:
+    """``holdout`` for a run profiled on the ``tune`` split, else ``None`` (the run's own prompts)."""
+    return "holdout" if settings.get("split") == "tune" else None
+
+
+def chosen_prompts(run, split: str | None, max_prompts: int | None):
+    """The prompts a measurement of ``run`` decodes: ``(split, prompts)``; ``split`` None = the run's own."""
+    settings = run.settings
+    if max_prompts is not None and max_prompts < 1:
+        raise InputError(f"--max-prompts must be >= 1, got {max_prompts}")
+    if split is not None:
+        split = check_split(split)
+    workload = load_workload(settings.get("workload", run.workload.name if run.workload else ""))
+    if split is None:
+        by_id = {p.id: p for p in workload}
+        wanted = list(settings.get("prompt_ids", []))
+        missing = [i for i in wanted if i not in by_id]
+        if missing:
+            raise InputError(f"workload {settings.get('workload')!r} no longer has prompt(s) {missing[:3]} of run {run.id}")
+        prompts = [by_id[i] for i in wanted]
+    else:
+        prompts = split_prompts(workload, split)
+    if max_prompts is not None:
+        prompts = prompts[:max_prompts]
+    if not prompts:
+        raise InputError(f"run {run.id}: no prompts to measure (split {split or 'of the run'})")
+    return split, prompts
 
 
 def measure_configs(
@@ -127,6 +179,7 @@ def measure_configs(
     run_id: int,
     items: list[MeasureSpec],
     *,
+    split: str | None = None,
     temperature: float = 0.0,
     max_prompts: int | None = None,
     repeats: int = 3,
@@ -137,14 +190,16 @@ def measure_configs(
 
     The models are loaded once. Each repeat goes round every configuration (in a rotated order) and
     every prompt, so a slow minute of a shared machine is spread over all configurations instead of
-    landing on one: rankings and errors compare like with like (ARCHITECTURE §6).
+    landing on one: rankings and errors compare like with like (ARCHITECTURE §6). Plain decoding
+    (``MeasureSpec("none", 0)``) can be one of them, so a speedup and its paired CI come from the same
+    passes. Each measurement stores its 95% CI and the raw per-prompt, per-repeat samples.
 
     Args:
         items: the configurations. The other arguments are those of :func:`measure_config`.
 
     Raises:
         NotFoundError: unknown run or draft.
-        InputError: a configuration the engine cannot run.
+        InputError: a configuration the engine cannot run, or a bad split.
     """
     if not items:
         raise InputError("no configuration to measure")
@@ -156,7 +211,8 @@ def measure_configs(
     if sampling and abs(float(settings.get("temperature", 0.0)) - temperature) > 1e-9:
         raise InputError(f"run {run_id} was profiled at --temperature {settings.get('temperature', 0.0)}; "
                          f"measure at that temperature or 0 (greedy), not {temperature}")
-    planned = [(run.resolve_draft(item.draft), item) for item in items]
+    planned = [(None if item.is_plain else run.resolve_draft(item.draft), item) for item in items]
+    split, prompts = chosen_prompts(run, split, max_prompts)
 
     device, dtype = settings.get("device", "auto"), settings.get("dtype", "auto")
     forward = settings.get("forward", "hf")  # runs profiled before the lean forward existed used HF's
@@ -165,8 +221,8 @@ def measure_configs(
         torch.set_num_threads(int(settings["threads"]))
     target = _load(run.target.name, run.target.extra.get("source"), device, dtype, forward)
     _warn_if_changed(target, run.target.tokenizer_hash, run.target.num_parameters)
-    specs: dict[str, DraftSpec] = {}
-    for name in dict.fromkeys(n for n, _ in planned):
+    specs: dict[str | None, DraftSpec] = {None: DraftSpec("none")}
+    for name in dict.fromkeys(n for n, _ in planned if n is not None):
         if name == NGRAM:
             specs[name] = DraftSpec("ngram")
             continue
@@ -174,25 +230,19 @@ def measure_configs(
         check_compatible(target, loaded)
         specs[name] = DraftSpec("model", loaded)
 
-    wanted = list(settings.get("prompt_ids", []))
-    if max_prompts is not None:
-        wanted = wanted[:max_prompts]
-    by_id = {p.id: p for p in load_workload(settings.get("workload", run.workload.name if run.workload else ""))}
-    missing = [i for i in wanted if i not in by_id]
-    if missing:
-        raise InputError(f"workload {settings.get('workload')!r} no longer has prompt(s) {missing[:3]} of run {run_id}")
-    ids = [encode_prompt(target, by_id[i].prompt, i) for i in wanted]
+    wanted = [p.id for p in prompts]
+    ids = [encode_prompt(target, p.prompt, p.id) for p in prompts]
     max_new = int(settings.get("max_new_tokens", 64))
     cases = [
         _Case(draft=name, config=config, spec=specs[name],
-              decode=DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=config.num_speculative_tokens,
+              decode=DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=max(config.num_speculative_tokens, 1),
                                   threshold=config.threshold, schedule=config.schedule, temperature=temperature,
-                                  eos_token_id=target.eos_token_id),
-              times=[[] for _ in ids], tokens=[0] * len(ids))
+                                  eos_token_id=target.eos_token_id, threshold_rule=config.threshold_rule),
+              times=[[] for _ in ids], tokens=[[] for _ in ids])
         for name, config in planned
     ]
     progress = progress or Progress()
-    label = (f"measure {cases[0].draft} N={cases[0].config.num_speculative_tokens} θ={cases[0].config.threshold}"
+    label = (f"measure {cases[0].draft or 'plain'} N={cases[0].config.num_speculative_tokens} θ={cases[0].config.threshold}"
              if len(cases) == 1 else f"measure {len(cases)} configurations")
     progress.stage(label, len(cases) * (len(ids) * repeats + 1))
     for case in cases:
@@ -207,33 +257,47 @@ def measure_configs(
             for i, (pid, x) in enumerate(zip(wanted, ids)):
                 m = measure_prompt(target, case.spec, x, case.decode, prompt_id=pid, seed=seed + i)
                 case.times[i].append(m.seconds)
-                case.tokens[i] = m.new_tokens
+                case.tokens[i].append(m.new_tokens)
                 if r == 0 and m.result is not None:
                     case.cycles += m.result.cycles
                 progress.advance()
-    return [_store(db, run_id, case, temperature, repeats) for case in cases]
+    profiled = set(settings.get("prompt_ids", []))
+    flags = [pid in profiled for pid in wanted]
+    lengths = [int(x.shape[0]) for x in ids]
+    return [_store(db, run_id, case, temperature, repeats, split, wanted, flags, lengths) for case in cases]
 
 
-def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: int) -> Measurement:
+def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: int, split: str | None,
+           prompt_ids: list[str], profiled: list[bool], lengths: list[int]) -> Measurement:
+    samples = RateSamples(tuple(prompt_ids), tuple(tuple(float(t) for t in row) for row in case.tokens),
+                          tuple(tuple(row) for row in case.times))
     seconds = sum(statistics.median(t) for t in case.times)
-    new_tokens = sum(case.tokens)
-    tps = new_tokens / seconds if seconds > 0 else 0.0
-    per_repeat = [new_tokens / sum(t[r] for t in case.times) for r in range(repeats)]
+    new_tokens = int(round(sum(statistics.median(t) for t in case.tokens)))
+    tps = samples.tokens_per_s
+    ci = tokens_per_s_ci(samples)
+    per_repeat = [sum(t[r] for t in case.tokens) / sum(t[r] for t in case.times) for r in range(repeats)]
     cycles = case.cycles
-    tau = sum(c.accepted + 1 for c in cycles) / len(cycles) if cycles else None
+    tau = sum(c.accepted + 1 for c in cycles) / len(cycles) if cycles else (1.0 if case.config.is_plain else None)
     alpha, _ = acceptance_per_position(cycles) if cycles else ([], [])
     config = case.config
+    n = 0 if config.is_plain else config.num_speculative_tokens
     result = Measurement(
-        run_id=run_id, draft=case.draft, config=config, temperature=temperature, tokens_per_s=tps, seconds=seconds,
-        new_tokens=new_tokens, mean_tokens_per_cycle=tau, acceptance_per_position=alpha,
-        prompts=len(case.times), repeats=repeats, per_repeat_tokens_per_s=per_repeat,
+        run_id=run_id, draft=case.draft or PLAIN, config=config, temperature=temperature, tokens_per_s=tps,
+        seconds=seconds, new_tokens=new_tokens, mean_tokens_per_cycle=tau, acceptance_per_position=alpha,
+        prompts=len(case.times), repeats=repeats, per_repeat_tokens_per_s=per_repeat, samples=samples, ci95=ci,
+        split=split, prompt_ids=list(prompt_ids), prompt_tokens=list(lengths), profiled=list(profiled),
     )
     result.measured_id = add_measured_run(
         db, run_id, draft=case.draft,
-        config={"num_speculative_tokens": config.num_speculative_tokens, "threshold": config.threshold,
-                "schedule": config.schedule, "batch_size": 1, "temperature": temperature,
+        config={"num_speculative_tokens": n, "threshold": config.threshold if n else 0.0,
+                "schedule": config.schedule if n else "constant", "threshold_rule": config.threshold_rule,
+                "batch_size": 1, "temperature": temperature,
                 "max_new_tokens": case.decode.max_new_tokens, "prompts": len(case.times), "repeats": repeats,
+                "split": split or "profiled prompts", "prompt_ids": list(prompt_ids),
+                "prompt_tokens": list(lengths),
+                "in_sample": result.in_sample, "profiled_prompts": sum(profiled),
                 "measured_acceptance_per_position": alpha, "throughput": "end to end, prefill included"},
         measured_tokens_per_s=tps, seconds=seconds, new_tokens=new_tokens, measured_tau=tau,
+        ci=ci, samples=samples.to_json(),
     )
     return result

@@ -32,7 +32,7 @@ from specdec_tune.db import (
     get_or_create_workload,
 )
 from specdec_tune.engine import DecodeConfig, check_compatible, load_model
-from specdec_tune.engine.workloads import load_workload
+from specdec_tune.engine.workloads import check_split, load_workload, split_prompts
 from specdec_tune.errors import InputError
 from specdec_tune.profiler import acceptance as acc
 from specdec_tune.profiler import microbench as mb
@@ -63,8 +63,10 @@ class ProfileSettings:
     overhead_prompts: int = 8
     seed: int = 0
     label: str | None = None
+    split: str = "tune"  # which prompts of the workload (engine.workloads.split_prompts); then max_prompts
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "split", check_split(self.split))
         checks = [
             (self.k_max >= 2, f"--k-max must be >= 2, got {self.k_max}"),
             (1 <= self.n_max <= 64, f"--n-max must be in 1..64, got {self.n_max}"),
@@ -172,7 +174,8 @@ class ProfileSession:
             check_compatible(self.target, loaded)
             self.drafts.append(DraftSpec("model", loaded))
         all_prompts = load_workload(self.workload_name)
-        self.prompts = all_prompts[: s.max_prompts]
+        # Profile one split only (default: the tuning half), so measure can validate on the rest.
+        self.prompts = split_prompts(all_prompts, s.split)[: s.max_prompts]
         self.all_prompt_count = len(all_prompts)
         self.ids = [encode_prompt(self.target, p.prompt, p.id) for p in self.prompts]
         limit = int(getattr(self.target.model.config, "max_position_embeddings", 0) or 0)

@@ -1,11 +1,16 @@
 """Pure statistics helpers shared by the profiler (which measures) and the tuner (which predicts).
 
 Neither room may import the other (ARCHITECTURE §2), so what both need lives here: no torch, no
-database, no timing.
+database, no timing. numpy only.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 
 def trimmed_mean(values: Sequence[float], cut: float = 0.01) -> float:
@@ -17,3 +22,140 @@ def trimmed_mean(values: Sequence[float], cut: float = 0.01) -> float:
     xs = sorted(values)
     keep = max(1, len(xs) - int(len(xs) * cut))
     return sum(xs[:keep]) / keep
+
+
+# --------------------------------------------------------------------------- throughput CIs
+#
+# A measured throughput is Σ_p tokens_p / Σ_p seconds_p over prompts p, where seconds_p is the median
+# of that prompt's repeats (robust to a load burst on a shared machine). Its uncertainty comes from
+# which prompts were drawn and from timing noise, so the bootstrap resamples both levels: prompts
+# with replacement, then each drawn prompt's repeats with replacement, and recomputes the same
+# statistic (percentile interval). Resampling both levels is slightly conservative (it counts the
+# timing noise twice, once inside the prompts' spread); with few repeats that is the honest side.
+
+CONFIDENCE = 0.95
+RESAMPLES = 4000
+
+
+@dataclass(frozen=True)
+class RateSamples:
+    """Raw samples of one measured throughput: per prompt, per repeat, tokens and wall seconds.
+
+    Attributes:
+        prompt_ids: the prompts, in measurement order.
+        tokens: ``[prompt][repeat]`` new tokens.
+        seconds: ``[prompt][repeat]`` wall seconds of the whole decode call.
+    """
+
+    prompt_ids: tuple[str, ...]
+    tokens: tuple[tuple[float, ...], ...]
+    seconds: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not (len(self.prompt_ids) == len(self.tokens) == len(self.seconds)) or not self.prompt_ids:
+            raise ValueError("samples need the same number (>= 1) of prompt ids, token rows and second rows")
+        if any(len(t) != len(s) or not s for t, s in zip(self.tokens, self.seconds)):
+            raise ValueError("every prompt needs as many token as second samples (>= 1)")
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> RateSamples:
+        """Read back :meth:`to_json` (a stored measured run's ``samples``)."""
+        return cls(tuple(str(i) for i in obj["prompt_ids"]),
+                   tuple(tuple(float(x) for x in row) for row in obj["tokens"]),
+                   tuple(tuple(float(x) for x in row) for row in obj["seconds"]))
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain lists, for the database."""
+        return {"prompt_ids": list(self.prompt_ids), "tokens": [list(r) for r in self.tokens],
+                "seconds": [list(r) for r in self.seconds]}
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Σ_p median tokens / Σ_p median seconds (the point estimate the CI is about)."""
+        tok = sum(statistics.median(t) for t in self.tokens)
+        sec = sum(statistics.median(s) for s in self.seconds)
+        return tok / sec if sec > 0 else 0.0
+
+
+def _as_samples(x: Any) -> RateSamples:
+    """A :class:`RateSamples` from itself, a stored dict, or an object with a ``samples`` attribute."""
+    if isinstance(x, RateSamples):
+        return x
+    if isinstance(x, Mapping):
+        return RateSamples.from_json(x)
+    inner = getattr(x, "samples", None)
+    if inner is None:
+        raise TypeError(f"{type(x).__name__} carries no per-prompt samples")
+    return _as_samples(inner)
+
+
+def _resampled_medians(values: np.ndarray, prompts: np.ndarray, repeats: np.ndarray) -> np.ndarray:
+    """``[B, P]`` medians over resampled repeats of resampled prompts (``values`` is ``[P, R]``)."""
+    picked = values[prompts[:, :, None], repeats]  # [B, P, R]
+    return np.median(picked, axis=2)
+
+
+def _indices(p: int, r: int, resamples: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    prompts = rng.integers(0, p, size=(resamples, p))
+    repeats = rng.integers(0, r, size=(resamples, p, r))
+    return prompts, repeats
+
+
+def _arrays(s: RateSamples) -> tuple[np.ndarray, np.ndarray]:
+    r = min(len(row) for row in s.seconds)  # a ragged set keeps the repeats every prompt has
+    return (np.array([row[:r] for row in s.tokens], dtype=float), np.array([row[:r] for row in s.seconds], dtype=float))
+
+
+def _interval(stat: np.ndarray, confidence: float) -> tuple[float, float]:
+    alpha = (1.0 - confidence) / 2
+    lo, hi = np.quantile(stat, [alpha, 1.0 - alpha])
+    return float(lo), float(hi)
+
+
+def tokens_per_s_ci(samples: Any, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
+                    seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap CI of a measured tokens/s: prompts, then repeats within a prompt.
+
+    Args:
+        samples: a :class:`RateSamples`, its stored dict, or an object with ``samples``.
+        confidence: the interval's coverage (0.95).
+        resamples: bootstrap resamples.
+        seed: the resampling seed (the CI is reproducible).
+
+    Returns:
+        (low, high). One prompt with one repeat gives a zero-width interval at the point estimate.
+    """
+    s = _as_samples(samples)
+    tokens, seconds = _arrays(s)
+    prompts, repeats = _indices(*seconds.shape, resamples, np.random.default_rng(seed))
+    tok = _resampled_medians(tokens, prompts, repeats).sum(axis=1)
+    sec = _resampled_medians(seconds, prompts, repeats).sum(axis=1)
+    return _interval(tok / sec, confidence)
+
+
+def speedup_ci(a: Any, b: Any, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
+               seed: int = 0) -> tuple[float, float]:
+    """Paired bootstrap CI of (tokens/s of ``a``) ÷ (tokens/s of ``b``), measured on the same prompts.
+
+    Both were measured interleaved on the same prompts (repeat r of both in the same pass), so one
+    resample draws the same prompts and the same repeat indices for both: what the two share (a
+    prompt's length, a slow pass) cancels in the ratio instead of widening it.
+
+    Args:
+        a, b: :class:`RateSamples`, stored dicts, or objects with ``samples`` (e.g. two
+            ``profiler.measure.Measurement`` of one ``measure_configs`` call).
+
+    Raises:
+        ValueError: the two were not measured on the same prompts.
+    """
+    sa, sb = _as_samples(a), _as_samples(b)
+    if sa.prompt_ids != sb.prompt_ids:
+        raise ValueError("a speedup CI needs two measurements of the same prompts in the same order")
+    ta, xa = _arrays(sa)
+    tb, xb = _arrays(sb)
+    r = min(xa.shape[1], xb.shape[1])
+    ta, xa, tb, xb = ta[:, :r], xa[:, :r], tb[:, :r], xb[:, :r]
+    prompts, repeats = _indices(len(sa.prompt_ids), r, resamples, np.random.default_rng(seed))
+    rate_a = _resampled_medians(ta, prompts, repeats).sum(1) / _resampled_medians(xa, prompts, repeats).sum(1)
+    rate_b = _resampled_medians(tb, prompts, repeats).sum(1) / _resampled_medians(xb, prompts, repeats).sum(1)
+    return _interval(rate_a / rate_b, confidence)

@@ -93,9 +93,12 @@ def test_predict_json_contract(profiled, tiny_model_dirs, capsys):
 
 def test_measure_stores_measured_next_to_predicted(profiled, capsys):
     url, _ = profiled
-    code, out, _ = run(["measure", "--run", "1", "-N", "2", "--threshold", "0.3", "--db", url, "--json"], capsys)
+    # --split tune: the profiled prompts themselves (in-sample: their traces are replayed exactly)
+    code, out, _ = run(["measure", "--run", "1", "-N", "2", "--threshold", "0.3", "--split", "tune", "--db", url,
+                        "--json"], capsys)
     assert code == 0
     obj = json.loads(out)
+    assert obj["split"] == "tune" and obj["in_sample"] is True and obj["prompt_ids"] == ["a", "c"]
     assert obj["label"] == "measured" and obj["run_id"] == 1
     assert obj["tokens_per_s"] == pytest.approx(obj["new_tokens"] / obj["seconds"])
     assert obj["relative_error"] == pytest.approx((obj["predicted_tokens_per_s"] - obj["tokens_per_s"]) / obj["tokens_per_s"])
@@ -106,6 +109,40 @@ def test_measure_stores_measured_next_to_predicted(profiled, capsys):
     assert stored[0].config["num_speculative_tokens"] == 2 and stored[0].config["threshold"] == 0.3
     code, out, _ = run(["measure", "--run", "1", "-N", "1", "--draft", "ngram", "--db", url], capsys)
     assert code == 0 and "measured:" in out and "predicted:" in out
+
+
+def test_measure_defaults_to_held_out_prompts_with_a_ci(profiled, capsys):
+    url, _ = profiled
+    db = open_database(url)
+    assert get_run(db, 1).settings["split"] == "tune" and get_run(db, 1).settings["prompt_ids"] == ["a", "c"]
+    code, out, _ = run(["measure", "--run", "1", "-N", "2", "--repeats", "3", "--db", url, "--json"], capsys)
+    assert code == 0
+    obj = json.loads(out)
+    assert obj["split"] == "holdout" and obj["prompt_ids"] == ["b"] and obj["in_sample"] is False
+    lo, hi = obj["ci95"]
+    assert lo <= obj["tokens_per_s"] <= hi
+    assert obj["prediction_inside_ci"] == (lo <= obj["predicted_tokens_per_s"] <= hi)
+    (stored,) = [m for m in list_measured(db, 1) if m.id == obj["measured_id"]]
+    assert stored.ci95 == pytest.approx((lo, hi)) and stored.config["prompt_ids"] == ["b"]
+    assert stored.config["in_sample"] is False and stored.config["prediction_in_sample"] is False
+    assert len(stored.samples["seconds"]) == 1 and len(stored.samples["seconds"][0]) == 3
+    from specdec_tune.stats import tokens_per_s_ci
+
+    assert tokens_per_s_ci(stored.samples) == pytest.approx((lo, hi))  # recomputable from what is stored
+    code, out, _ = run(["measure", "--run", "1", "-N", "0", "--split", "0:3", "--repeats", "1", "--db", url], capsys)
+    assert code == 0 and "measured:" in out and "95% CI" in out and "inside" in out
+
+
+@pytest.mark.parametrize("split", ["50:10", "bogus", "3:3", "-1:2", "0:99"])
+@pytest.mark.parametrize("command", ["measure", "profile"])
+def test_bad_split_is_one_line_exit_2(profiled, tiny_model_dirs, command, split, capsys):
+    url, workload = profiled
+    args = (["measure", "--run", "1", "-N", "1"] if command == "measure" else
+            ["profile", "--target", tiny_model_dirs["target"], "--draft", "ngram", "--workload", workload, *TINY_FLAGS])
+    before = len(list_runs(open_database(url))), len(list_measured(open_database(url)))
+    code, out, err = run([*args, "--split", split, "--db", url], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "split" in err
+    assert (len(list_runs(open_database(url))), len(list_measured(open_database(url)))) == before
 
 
 def test_measure_configs_interleaved_store_each_with_its_prediction(profiled):

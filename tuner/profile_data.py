@@ -45,9 +45,9 @@ from specdec_tune.tuner.model import predict as model_predict
 
 NGRAM = "ngram"
 __all__ = [
-    "OverheadFit", "PositionTrace", "PromptInfo", "RunPrediction", "RunProfile", "best_configs",
+    "OverheadFit", "PositionTrace", "PromptInfo", "PromptSpec", "RunPrediction", "RunProfile", "best_configs",
     "build_run_profile", "fit_overhead", "load_run_profile", "position_traces", "predict_baseline",
-    "predict_config", "resolve_draft", "run_drafts", "simulate_prompt",
+    "predict_config", "predict_prompts", "profiled_specs", "resolve_draft", "run_drafts", "simulate_prompt",
 ]
 
 
@@ -147,6 +147,8 @@ class RunPrediction:
     acceptance_per_position: tuple[float, ...] = field(default=())
     source: str = "simulation"
     label: str = "predicted"
+    in_sample: bool = True  # every prompt predicted was one the profile ran
+    prompts: int = 0
 
 
 # --------------------------------------------------------------------------- building from the db
@@ -300,7 +302,7 @@ def greedy_prompts(db: Database, run_id: int) -> list[PromptInfo] | None:
     from specdec_tune.db import list_measured
 
     for m in list_measured(db, run_id):
-        if m.draft is None and "prompts" in m.config:
+        if m.draft is None and isinstance(m.config.get("prompts"), list):  # the profile's hooked baseline
             return [PromptInfo(int(p["prompt_tokens"]), int(p["new_tokens"])) for p in m.config["prompts"]]
     return None
 
@@ -341,11 +343,6 @@ def load_run_profile(
 # --------------------------------------------------------------------------- predictions
 
 
-def _cycle_time(rp: RunProfile, stats: ReplayStats, batch_size: int) -> float:
-    verify = sum(p * verify_time(rp.model, batch_size, length + 1) for length, p in stats.draft_length_dist.items())
-    return stats.mean_draft_forwards * draft_step_time(rp.model, batch_size) + verify + rp.cycle_overhead_s
-
-
 def _prompt_subset(rp: RunProfile, max_prompts: int | None) -> range:
     count = len(rp.prompts)
     if max_prompts is not None:
@@ -355,79 +352,222 @@ def _prompt_subset(rp: RunProfile, max_prompts: int | None) -> range:
     return range(count)
 
 
-def predict_baseline(rp: RunProfile, batch_size: int = 1, max_prompts: int | None = None) -> RunPrediction:
-    """Plain decoding end to end: Σ_p prefill(T_p - 1) + M_p·(T_ar + per-token overhead)."""
-    idx = _prompt_subset(rp, max_prompts)
+@dataclass(frozen=True)
+class PromptSpec:
+    """A prompt to predict: its length, its output length, and whether the profile ran it.
+
+    Attributes:
+        prompt_tokens: T_p, tokens of the prompt.
+        new_tokens: tokens it will produce (``None``: the run's ``max_new_tokens``; EOS is rare in 64
+            tokens on the bundled workloads and unknown for a prompt the profile did not decode).
+        profiled_index: its index among the run's profiled prompts (``None``: not profiled), so its
+            own traces and prefill timings are used instead of the pooled ones.
+    """
+
+    prompt_tokens: int
+    new_tokens: int | None = None
+    profiled_index: int | None = None
+
+
+def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of ys on xs; a constant when xs do not vary."""
+    if not xs:
+        return 0.0, 0.0
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return my, 0.0
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - slope * mx, slope
+
+
+def _prefill_fits(rp: RunProfile) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Prefill cost as a line in the prompt length, fitted to the profiled prompts' (calibrated) prefills.
+
+    Prefill of a short prompt on one sequence is close to linear in its length; a fitted line also
+    extrapolates to held-out prompts longer or shorter than every profiled one (interpolation between
+    measured lengths would clamp at the ends).
+    """
+    lengths = [p.prompt_tokens for p in rp.prompts]
+    target = _line([t - 1 for t in lengths], list(rp.prefill_target_s))
+    draft = _line(lengths, list(rp.prefill_draft_s))
+    return target, draft
+
+
+def _prefill(rp: RunProfile, spec: PromptSpec, fits) -> tuple[float, float]:
+    """(target prefill of T_p - 1 tokens, draft prefill of T_p tokens) of one prompt."""
+    i = spec.profiled_index
+    if i is not None:
+        return rp.prefill_target_s[i], rp.prefill_draft_s[i]
+    (at, bt), (ad, bd) = fits
+    draft = max(ad + bd * spec.prompt_tokens, 0.0) if any(rp.prefill_draft_s) else 0.0
+    return max(at + bt * (spec.prompt_tokens - 1), 0.0), draft
+
+
+def _check_specs(rp: RunProfile, specs: Sequence[PromptSpec]) -> list[PromptSpec]:
+    if not specs:
+        raise InputError("no prompts to predict")
+    out = []
+    for s in specs:
+        if s.profiled_index is not None and not 0 <= s.profiled_index < len(rp.prompts):
+            raise InputError(f"prompt index {s.profiled_index} is not one of the run's {len(rp.prompts)} profiled prompts")
+        if s.prompt_tokens < 1 or (s.new_tokens is not None and s.new_tokens < 1):
+            raise InputError(f"a prompt needs >= 1 prompt and new tokens, got {s}")
+        new = s.new_tokens
+        if new is None:
+            new = rp.prompts[s.profiled_index].new_tokens if s.profiled_index is not None else rp.max_new_tokens
+        out.append(PromptSpec(s.prompt_tokens, new, s.profiled_index))
+    return out
+
+
+def _baseline(rp: RunProfile, specs: Sequence[PromptSpec], batch_size: int) -> RunPrediction:
     forward = rp.ar_forward_s if batch_size == 1 and rp.ar_forward_s else verify_time(rp.model, batch_size, 1)
     step = forward + rp.model.ar_overhead_s
-    tokens = sum(rp.prompts[i].new_tokens for i in idx)
-    prefill = sum(rp.prefill_target_s[i] for i in idx) * batch_size  # B prompts prefill ~B times the work
+    fits = _prefill_fits(rp)
+    tokens = sum(s.new_tokens for s in specs)
+    prefill = sum(_prefill(rp, s, fits)[0] for s in specs) * batch_size  # B prompts prefill ~B times the work
     seconds = prefill + tokens * step
     tps = batch_size * tokens / seconds
     return RunPrediction(
         tokens_per_s=tps, decode_tokens_per_s=batch_size / step, speedup=1.0, baseline_tokens_per_s=tps,
         expected_tokens_per_cycle=1.0, expected_draft_length=0.0, expected_draft_forwards=0.0,
         cycle_time_s=step, seconds=seconds, new_tokens=batch_size * tokens, source="baseline",
+        in_sample=all(s.profiled_index is not None for s in specs), prompts=len(specs),
     )
+
+
+def _mix(groups: Sequence[tuple[ReplayStats, float]], n: int) -> tuple[float, float, float, tuple[float, ...]]:
+    """(E[τ], E[L], E[F], α_i) of cycles drawn from several groups, weighted by their cycle counts."""
+    total = sum(w for _, w in groups)
+    tau = sum(st.mean_tau * w for st, w in groups) / total
+    length = sum(st.mean_draft_length * w for st, w in groups) / total
+    forwards = sum(st.mean_draft_forwards * w for st, w in groups) / total
+    reached = [sum(st.reached[i] * w for st, w in groups) for i in range(n)]
+    accepted = [sum(st.accepted[i] * w for st, w in groups) for i in range(n)]
+    return tau, length, forwards, tuple(a / r if r > 0 else math.nan for a, r in zip(accepted, reached))
+
+
+def _predict(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) -> RunPrediction:
+    """Predict ``config`` end to end on ``specs`` (profiled prompts exactly, the others pooled)."""
+    if rp.draft is None:
+        raise InputError("a draft is needed to predict speculative decoding")
+    specs = _check_specs(rp, specs)
+    b = config.batch_size
+    base = _baseline(rp, specs, b)
+    if config.num_speculative_tokens == 0:
+        return base
+    n = config.num_speculative_tokens
+    n_max = int(rp.run.settings.get("n_max", 0)) or max((len(t.confidences) for t in rp.model.traces), default=0)
+    if n > n_max:
+        raise InputError(f"N={n} exceeds the run's N_max={n_max}; profile with a larger --n-max")
+    tokens = sum(s.new_tokens for s in specs)
+    in_sample = all(s.profiled_index is not None for s in specs)
+    if config.mode == "greedy" and rp.positions is not None:
+        def simulate(i: int) -> list[tuple[int, int, int]]:
+            return simulate_prompt(rp.positions[i], rp.prompts[i].new_tokens, rp.max_new_tokens, n, config.threshold,
+                                   config.schedule, rp.tail_rate(config.threshold), config.threshold_rule)
+
+        def cycle_s(cycles: Sequence[tuple[int, int, int]]) -> float:
+            return sum(f * draft_step_time(rp.model, b) + verify_time(rp.model, b, length + 1) + rp.cycle_overhead_s
+                       for length, _, f in cycles)
+
+        exact = [c for s in specs if s.profiled_index is not None for c in simulate(s.profiled_index)]
+        decode_s = cycle_s(exact)
+        groups: list[tuple[ReplayStats, float]] = [(stats_from_cycles(exact, n), len(exact))] if exact else []
+        pooled_tokens = sum(s.new_tokens for s in specs if s.profiled_index is None)
+        source = "simulation"
+        if pooled_tokens:
+            # A prompt the profile did not decode: the cycles of every profiled prompt, pooled. Seconds
+            # and cycles per emitted token are ratios over those prompts (end of sequence included).
+            pool = [c for i in range(len(rp.prompts)) for c in simulate(i)]
+            if not pool:
+                raise InputError(f"run {rp.run.id} has no greedy traces for draft {rp.draft!r}")
+            pool_tokens = sum(p.new_tokens for p in rp.prompts)
+            decode_s += pooled_tokens * cycle_s(pool) / pool_tokens
+            groups.append((stats_from_cycles(pool, n), pooled_tokens * len(pool) / pool_tokens))
+            source = f"simulation pooled over {len(rp.prompts)} profiled prompts"
+        if not groups:
+            raise InputError(f"run {rp.run.id} has no greedy traces for draft {rp.draft!r}")
+        cycles = sum(w for _, w in groups)
+        tau, length, forwards, alphas = _mix(groups, n)
+        cycle_time = decode_s / cycles
+    else:
+        p = model_predict(rp.model, config)
+        cycles = tokens / p.expected_tokens_per_cycle
+        cycle_time = p.cycle_time_s
+        decode_s = cycles * cycle_time
+        tau, length, forwards, alphas = (p.expected_tokens_per_cycle, p.expected_draft_length,
+                                         p.expected_draft_forwards, p.acceptance_per_position)
+        source = p.source
+    raw_step = rp.first_draft_step_s.get(b, 0.0)
+    fits = _prefill_fits(rp)
+    # The first draft forward of a sequence is the draft's prefill, which replaces one draft step.
+    prefill = sum(sum(_prefill(rp, s, fits)) - raw_step for s in specs) * b
+    setup = len(specs) * (rp.sequence_overhead_s - rp.cycle_overhead_s)
+    seconds = decode_s + prefill + setup
+    tps = b * tokens / seconds
+    return RunPrediction(
+        tokens_per_s=tps, decode_tokens_per_s=b * tokens / decode_s if decode_s > 0 else math.inf,
+        speedup=tps / base.tokens_per_s, baseline_tokens_per_s=base.tokens_per_s,
+        expected_tokens_per_cycle=tau, expected_draft_length=length, expected_draft_forwards=forwards,
+        cycle_time_s=cycle_time, seconds=seconds, new_tokens=b * tokens, acceptance_per_position=tuple(alphas),
+        source=source, in_sample=in_sample, prompts=len(specs),
+    )
+
+
+def profiled_specs(rp: RunProfile, max_prompts: int | None = None) -> list[PromptSpec]:
+    """The run's own profiled prompts (first ``max_prompts``) as :class:`PromptSpec` (exact replay)."""
+    return [PromptSpec(rp.prompts[i].prompt_tokens, rp.prompts[i].new_tokens, i) for i in _prompt_subset(rp, max_prompts)]
+
+
+def predict_baseline(rp: RunProfile, batch_size: int = 1, max_prompts: int | None = None) -> RunPrediction:
+    """Plain decoding end to end: Σ_p prefill(T_p - 1) + M_p·(T_ar + per-token overhead)."""
+    return _baseline(rp, _check_specs(rp, profiled_specs(rp, max_prompts)), batch_size)
 
 
 def predict_config(rp: RunProfile, config: SpecConfig, max_prompts: int | None = None) -> RunPrediction:
     """Predict one configuration end to end on the profiled prompts (first ``max_prompts``).
 
+    N = 0 is plain decoding (:func:`predict_baseline`). With a model draft in greedy mode every
+    profiled prompt's cycles are replayed exactly from its own traces.
+
     Raises:
         InputError: the run lacks what the configuration needs (batch size, N beyond N_max, traces).
     """
-    if rp.draft is None:
-        raise InputError("a draft is needed to predict speculative decoding")
-    base = predict_baseline(rp, config.batch_size, max_prompts)
+    return _predict(rp, config, profiled_specs(rp, max_prompts))
+
+
+def predict_prompts(
+    rp: RunProfile, config: SpecConfig, prompts: Sequence[PromptSpec | tuple[int, int | None]]
+) -> RunPrediction:
+    """Predict ``config`` end to end on any prompts, given their lengths (no model is run).
+
+    Prompts the profile did not decode (tuples, or a :class:`PromptSpec` without ``profiled_index``)
+    are predicted from the profiled ones, which is what makes a held-out prediction honest: no timing
+    or trace of those prompts is used.
+
+    - Cycles: greedy with a model draft, the exact cycle replays of all profiled prompts are pooled
+      into one cycle distribution; seconds and cycles per emitted token are its ratios (so the end of
+      sequence at ``max_new_tokens`` is included as the profiled prompts met it). Sampling and
+      n-gram: the i.i.d. trace replay, as for profiled prompts.
+    - Prefill: target (T_p - 1 tokens) and draft (T_p tokens) from a least-squares line in the prompt
+      length through the profiled prompts' calibrated prefill times.
+    - Output length: ``new_tokens``, or ``max_new_tokens`` of the run when ``None``.
+    - Per-call set-up and engine overheads: the profile's, as for profiled prompts.
+
+    Args:
+        rp: a run profile (:func:`load_run_profile`); for plain decoding any draft's will do.
+        config: the configuration (N = 0: plain decoding).
+        prompts: ``(prompt_tokens, new_tokens or None)`` pairs or :class:`PromptSpec`.
+
+    Raises:
+        InputError: empty or invalid prompts, or a configuration the run cannot predict.
+    """
+    specs = [p if isinstance(p, PromptSpec) else PromptSpec(int(p[0]), None if p[1] is None else int(p[1]))
+             for p in prompts]
     if config.num_speculative_tokens == 0:
-        return base
-    n_max = int(rp.run.settings.get("n_max", 0)) or max((len(t.confidences) for t in rp.model.traces), default=0)
-    if config.num_speculative_tokens > n_max:
-        raise InputError(f"N={config.num_speculative_tokens} exceeds the run's N_max={n_max}; profile with a larger --n-max")
-    b = config.batch_size
-    idx = _prompt_subset(rp, max_prompts)
-    tokens = sum(rp.prompts[i].new_tokens for i in idx)
-    if config.mode == "greedy" and rp.positions is not None:
-        cycles_per_prompt = [
-            simulate_prompt(rp.positions[i], rp.prompts[i].new_tokens, rp.max_new_tokens, config.num_speculative_tokens,
-                            config.threshold, config.schedule, rp.tail_rate(config.threshold),
-                            config.threshold_rule)
-            for i in idx
-        ]
-        flat = [c for cs in cycles_per_prompt for c in cs]
-        if not flat:
-            raise InputError(f"run {rp.run.id} has no greedy traces for draft {rp.draft!r}")
-        stats = stats_from_cycles(flat, config.num_speculative_tokens)
-        cycle_s = _cycle_time(rp, stats, b)
-        counts = [len(cs) for cs in cycles_per_prompt]
-        source = "simulation"
-    else:
-        p = model_predict(rp.model, config)
-        stats = None
-        cycle_s = p.cycle_time_s
-        counts = [rp.prompts[i].new_tokens / p.expected_tokens_per_cycle for i in idx]
-        source = p.source
-    decode_s = sum(counts) * cycle_s
-    raw_step = rp.first_draft_step_s.get(b, 0.0)
-    # The first draft forward of a sequence is the draft's prefill, which replaces one draft step.
-    prefill = sum(rp.prefill_target_s[i] + rp.prefill_draft_s[i] - raw_step for i in idx) * b
-    setup = len(idx) * (rp.sequence_overhead_s - rp.cycle_overhead_s)
-    seconds = decode_s + prefill + setup
-    tps = b * tokens / seconds
-    if stats is not None:
-        tau, length, forwards, alphas = (stats.mean_tau, stats.mean_draft_length, stats.mean_draft_forwards,
-                                         stats.acceptance_per_position)
-    else:
-        tau, length, forwards, alphas = (p.expected_tokens_per_cycle, p.expected_draft_length,
-                                         p.expected_draft_forwards, p.acceptance_per_position)
-    return RunPrediction(
-        tokens_per_s=tps, decode_tokens_per_s=b * tokens / decode_s if decode_s > 0 else math.inf,
-        speedup=tps / base.tokens_per_s, baseline_tokens_per_s=base.tokens_per_s,
-        expected_tokens_per_cycle=tau, expected_draft_length=length, expected_draft_forwards=forwards,
-        cycle_time_s=cycle_s, seconds=seconds, new_tokens=b * tokens, acceptance_per_position=tuple(alphas),
-        source=source,
-    )
+        return _baseline(rp, _check_specs(rp, specs), config.batch_size)
+    return _predict(rp, config, specs)
 
 
 THRESHOLD_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)

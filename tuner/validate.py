@@ -4,6 +4,12 @@ The profiler measures and never predicts; the tuner predicts and never times (AR
 command that wants the model's error asks for both here and stores the prediction beside the
 measurement through ``db``. Predictions are made first, so a configuration the profile cannot
 predict fails before anything runs.
+
+Honest validation: measure on prompts the profile did not run (``split="holdout"``, the default for
+a run profiled on ``tune``). Those prompts are predicted from the profiled ones only
+(``profile_data.predict_prompts``: pooled cycles, prefill fitted by prompt length, output length
+``max_new_tokens``), so the comparison is out of sample. Every measurement carries a 95% bootstrap
+CI and the prediction is reported as inside or outside it.
 """
 from __future__ import annotations
 
@@ -11,19 +17,29 @@ from dataclasses import dataclass
 
 from specdec_tune.db import Database, get_run, set_prediction
 from specdec_tune.errors import InputError
-from specdec_tune.profiler.measure import Measurement, MeasureSpec, measure_configs
+from specdec_tune.profiler.measure import PLAIN, Measurement, MeasureSpec, chosen_prompts, default_split, measure_configs
 from specdec_tune.profiler.session import Progress
 from specdec_tune.tuner.model import SpecConfig
-from specdec_tune.tuner.profile_data import RunPrediction, load_run_profile, predict_config
+from specdec_tune.tuner.profile_data import PromptSpec, RunPrediction, load_run_profile, predict_prompts
+
+_DEFAULT = "default"
 
 
 @dataclass
 class Validated:
-    """One configuration measured and predicted on the same prompts."""
+    """One configuration measured and predicted on the same prompts.
+
+    Attributes:
+        measurement: what the profiler measured (with ``ci95`` and raw ``samples``).
+        prediction: the model's prediction for exactly the measured prompts.
+        config: the configuration (N = 0: plain decoding).
+        in_sample: every measured prompt was one the profile ran (its traces were replayed).
+    """
 
     measurement: Measurement
     prediction: RunPrediction
     config: SpecConfig
+    in_sample: bool = False
 
     @property
     def relative_error(self) -> float | None:
@@ -31,12 +47,24 @@ class Validated:
         measured = self.measurement.tokens_per_s
         return None if measured <= 0 else (self.prediction.tokens_per_s - measured) / measured
 
+    @property
+    def ci95(self) -> tuple[float, float] | None:
+        """The measured tokens/s 95% CI."""
+        return self.measurement.ci95
+
+    @property
+    def inside_ci(self) -> bool | None:
+        """Whether the predicted tokens/s lies inside the measured 95% CI."""
+        ci = self.ci95
+        return None if ci is None else ci[0] <= self.prediction.tokens_per_s <= ci[1]
+
 
 def measure_predicted(
     db: Database,
     run_id: int,
     items: list[tuple[str | None, SpecConfig]],
     *,
+    split: str | None = _DEFAULT,
     temperature: float = 0.0,
     max_prompts: int | None = None,
     repeats: int = 3,
@@ -45,29 +73,69 @@ def measure_predicted(
 ) -> list[Validated]:
     """Predict, then measure (interleaved), each ``(draft, config)`` of run ``run_id``; store both.
 
+    Args:
+        db: the results database.
+        run_id: a profile run.
+        items: ``(draft, config)``; ``draft`` None is the run's first draft; a config with N = 0 (or
+            draft ``"none"``) is plain decoding, measured in the same interleaved passes.
+        split: ``tune`` | ``holdout`` | ``all`` | ``A:B`` (``engine.workloads.split_prompts``);
+            ``None`` is the run's own profiled prompts; the default is ``holdout`` for a run profiled
+            on ``tune``, else the run's own prompts.
+        temperature: 0 = greedy.
+        max_prompts: the first prompts of the split only.
+        repeats: interleaved passes.
+        seed: sampling seed.
+        progress: progress sink.
+
     Raises:
         NotFoundError: unknown run or draft.
-        InputError: a configuration the run cannot predict (batch size, N beyond N_max) or run.
+        InputError: a configuration the run cannot predict (batch size, N beyond N_max) or run, a bad split.
     """
     if not items:
         raise InputError("no configuration to measure")
     run = get_run(db, run_id)
+    if split == _DEFAULT:
+        split = default_split(run.settings)
+    split, prompts = chosen_prompts(run, split, max_prompts)  # a bad split fails before any model loads
     mode = "sampling" if temperature > 0 else "greedy"
+    # A held-out prompt's length in tokens needs the target's tokenizer, which the measurement loads;
+    # so the prediction for the measured prompts is made after it (from the profile only, below).
     planned = []
     for draft, config in items:
         if config.batch_size != 1:
             raise InputError(f"measure decodes one sequence at a time; --batch-size must be 1, got {config.batch_size}")
-        name = run.resolve_draft(draft)
-        config = SpecConfig(config.num_speculative_tokens, config.threshold, config.schedule, 1, mode)
-        planned.append((name, config, predict_config(load_run_profile(db, run_id, name), config, max_prompts)))
-    specs = [MeasureSpec(name, c.num_speculative_tokens, c.threshold, c.schedule) for name, c, _ in planned]
-    measured = measure_configs(db, run_id, specs, temperature=temperature, max_prompts=max_prompts,
+        plain = config.num_speculative_tokens == 0 or draft == PLAIN
+        name = run.resolve_draft(None if plain else draft)
+        config = SpecConfig(0 if plain else config.num_speculative_tokens, 0.0 if plain else config.threshold,
+                            "constant" if plain else config.schedule, 1, mode,
+                            "before" if plain else config.threshold_rule)
+        rp = load_run_profile(db, run_id, name)
+        # Fails now (N beyond N_max, no traces) rather than after minutes of measuring.
+        predict_prompts(rp, config, [(rp.prompts[0].prompt_tokens if rp.prompts else 8, None)])
+        planned.append((plain, rp, config))
+    specs = [MeasureSpec(PLAIN if plain else rp.draft, c.num_speculative_tokens, c.threshold, c.schedule,
+                         c.threshold_rule) for plain, rp, c in planned]
+    measured = measure_configs(db, run_id, specs, split=split, temperature=temperature, max_prompts=max_prompts,
                                repeats=repeats, seed=seed, progress=progress)
     out = []
-    for m, (_, config, prediction) in zip(measured, planned):
+    for m, (_, rp, config) in zip(measured, planned):
+        prediction = predict_prompts(rp, config, _prompt_specs(run, m))
         if m.measured_id is not None:
             set_prediction(db, m.measured_id, predicted_tokens_per_s=prediction.tokens_per_s,
                            predicted_tau=prediction.expected_tokens_per_cycle,
-                           extra={"prediction_source": prediction.source})
-        out.append(Validated(m, prediction, config))
+                           extra={"prediction_source": prediction.source, "prediction_in_sample": prediction.in_sample,
+                                  "prediction_inside_ci": None if m.ci95 is None else
+                                  m.ci95[0] <= prediction.tokens_per_s <= m.ci95[1]})
+        out.append(Validated(m, prediction, config, in_sample=m.in_sample))
     return out
+
+
+def _prompt_specs(run, m: Measurement) -> list[PromptSpec]:
+    """The measured prompts for the model: profiled ones by index (exact), the others by length only.
+
+    A held-out prompt contributes its length in tokens (the measurement tokenised it; a length is
+    not a timing) and nothing else: its output length is assumed to be ``max_new_tokens``.
+    """
+    index = {pid: i for i, pid in enumerate(run.settings.get("prompt_ids", []))}
+    lengths = m.prompt_tokens
+    return [PromptSpec(lengths[k], None, index.get(pid)) for k, pid in enumerate(m.prompt_ids)]

@@ -196,7 +196,8 @@ def profile(
     n_max: int = typer.Option(16, "--n-max", help="N_max: tokens drafted per cycle while recording acceptance traces."),
     k_max: int = typer.Option(17, "--k-max", help="Largest k for T_v(k)."),
     repeats: int = typer.Option(20, "--repeats", help="Timed repeats per micro-benchmark."),
-    max_prompts: int = typer.Option(16, "--max-prompts", help="Profile the first prompts of the workload only."),
+    max_prompts: int = typer.Option(16, "--max-prompts", help="Profile the first prompts of the split only."),
+    split: str = typer.Option("tune", "--split", help="Prompts to profile: tune (even positions of the workload), holdout (odd), all, or a range A:B; `measure` defaults to the other half."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="New tokens per prompt in the decoding passes."),
     context_lens: str = typer.Option("128,256,512", "--context-lens", help="Context lengths for T_s (the workload's typical one is added)."),
     seed: int = typer.Option(0, "--seed", help="Sampling seed."),
@@ -210,7 +211,7 @@ def profile(
 
     opt.check_temperature(temperature)
     drafts = [d.strip() for d in draft.split(",") if d.strip()]
-    settings = ProfileSettings(
+    settings = ProfileSettings(split=split,
         device=device, dtype=dtype, forward=forward, temperature=temperature, batch_sizes=_int_list(batch_sizes, "--batch-sizes"),
         k_max=k_max, n_max=n_max, repeats=repeats, max_prompts=max_prompts, max_new_tokens=max_new_tokens,
         context_lens=_int_list(context_lens, "--context-lens"), seed=seed, label=label,
@@ -287,32 +288,38 @@ def predict(
 @app.command()
 def measure(
     run: int = typer.Option(..., "--run", help="Profile run id: its prompts, max-new-tokens, device and dtype are reused."),
-    num_speculative_tokens: int = typer.Option(..., "--num-speculative-tokens", "-N", help="N: most tokens drafted per cycle."),
+    num_speculative_tokens: int = typer.Option(..., "--num-speculative-tokens", "-N", help="N: most tokens drafted per cycle (0 = plain decoding)."),
     threshold: float = typer.Option(0.0, "--threshold", help="θ: stop drafting below this draft confidence (0 disables)."),
     schedule: str = typer.Option("constant", "--schedule", help="constant | heuristic"),
     draft: Optional[str] = typer.Option(None, "--draft", help="Which of the run's drafts (default: its first)."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 must be the run's sampling temperature."),
-    max_prompts: Optional[int] = typer.Option(None, "--max-prompts", help="Measure the run's first prompts only."),
+    split: Optional[str] = typer.Option(None, "--split", help="Prompts to measure: tune | holdout | all | A:B (default: holdout for a run profiled on tune, else the run's own prompts)."),
+    max_prompts: Optional[int] = typer.Option(None, "--max-prompts", help="Measure the first prompts of the split only."),
     repeats: int = typer.Option(3, "--repeats", help="Decode the prompt set this many times; each prompt counts with its median time (robust to load bursts)."),
     seed: int = typer.Option(0, "--seed", help="Sampling seed."),
     db: DbOption = None,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Measure one configuration for real on the run's prompts; store it next to its prediction."""
-    from specdec_tune.db import open_database
+    """Measure one configuration for real (held-out prompts by default); store it next to its prediction."""
+    from specdec_tune.db import get_run, open_database
+    from specdec_tune.engine.workloads import check_split
     from specdec_tune.tuner.validate import measure_predicted
 
-    if num_speculative_tokens < 1:
-        opt.check_num_speculative_tokens(num_speculative_tokens)
     config = _spec_config(num_speculative_tokens, threshold, schedule, 1, temperature)
+    if split is not None:
+        split = check_split(split)
     database = open_database(db)
+    if split is None:
+        split = "holdout" if get_run(database, run).settings.get("split") == "tune" else None
     quiet_loading()
     console = Console(stderr=True)
     with _bar(console) as bar:
-        v = measure_predicted(database, run, [(draft, config)], temperature=temperature, max_prompts=max_prompts,
-                              repeats=repeats, seed=seed, progress=_Bar(bar))[0]
+        v = measure_predicted(database, run, [(draft, config)], split=split, temperature=temperature,
+                              max_prompts=max_prompts, repeats=repeats, seed=seed, progress=_Bar(bar))[0]
     m, p = v.measurement, v.prediction
     obj = {
+        "split": m.split or "profiled prompts", "in_sample": v.in_sample, "prompt_ids": m.prompt_ids,
+        "ci95": list(m.ci95) if m.ci95 else None, "prediction_inside_ci": v.inside_ci,
         "run_id": run, "draft": m.draft, "num_speculative_tokens": config.num_speculative_tokens,
         "threshold": config.threshold, "schedule": config.schedule, "batch_size": 1, "temperature": temperature,
         "tokens_per_s": m.tokens_per_s, "predicted_tokens_per_s": p.tokens_per_s if p else None,
@@ -326,10 +333,15 @@ def measure(
         print_json(obj)
         return
     err = v.relative_error
+    where = (f"{m.prompts} prompts of split {m.split}" if m.split else f"the run's {m.prompts} profiled prompts")
+    sample = "in-sample: the profile ran these prompts" if v.in_sample else "out-of-sample: held-out prompts"
+    ci = f"95% CI {m.ci95[0]:.1f}-{m.ci95[1]:.1f}" if m.ci95 else "no CI"
     typer.echo(
-        f"measured: {m.tokens_per_s:.1f} tokens/s ({m.new_tokens} new tokens in {m.seconds:.2f} s over {m.prompts} "
-        f"prompts), τ = {_rate(m.mean_tokens_per_cycle)}, α = {opt.format_alphas(m.acceptance_per_position)}"
+        f"measured: {m.tokens_per_s:.1f} tokens/s ({ci}; {m.new_tokens} new tokens in {m.seconds:.2f} s over {where}, "
+        f"{m.repeats} repeats), τ = {_rate(m.mean_tokens_per_cycle)}, α = {opt.format_alphas(m.acceptance_per_position)}"
     )
     if p is not None:
+        inside = {True: "inside", False: "outside", None: "no CI"}[v.inside_ci]
         typer.echo(f"predicted: {p.tokens_per_s:.1f} tokens/s, τ = {p.expected_tokens_per_cycle:.2f} "
-                   f"(error {err * 100:+.1f}% of measured) [run {run}, draft {m.draft}, stored as #{m.measured_id}]")
+                   f"(error {err * 100:+.1f}% of measured, {inside} the measured 95% CI; {sample}) "
+                   f"[run {run}, draft {m.draft}, stored as #{m.measured_id}]")
