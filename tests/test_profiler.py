@@ -302,3 +302,127 @@ def test_build_profile_without_timings_is_refused(tiny_model_dirs, workload, tmp
     run = get_run(db, session.run_id)
     with pytest.raises(Exception, match="no verify timings"):
         build_run_profile(run, "ngram", [], [], prompts=[PromptInfo(5, 8)])
+
+
+# --------------------------------------------------------------------------- prompt split, held-out predictions
+
+
+@pytest.mark.parametrize("name", ["functions", "docstrings", "tables"])
+def test_split_is_deterministic_disjoint_and_covers_the_workload(name):
+    from specdec_tune.engine.workloads import load_workload, split_prompts
+
+    prompts = load_workload(name)
+    tune, hold = split_prompts(prompts, "tune"), split_prompts(prompts, "holdout")
+    assert [p.id for p in tune] == [p.id for p in split_prompts(load_workload(name), "tune")]  # deterministic
+    assert not {p.id for p in tune} & {p.id for p in hold}
+    assert sorted(p.id for p in tune + hold) == sorted(p.id for p in prompts)
+    assert len(tune) == len(hold) == 20 and split_prompts(prompts, "all") == prompts
+    assert [p.id for p in tune] == [p.id for p in prompts if prompts.index(p) % 2 == 0]  # workload order kept
+    assert split_prompts(prompts, "5:9") == prompts[5:9]
+
+
+@pytest.mark.parametrize("bad", ["50:10", "bogus", "", "1:1", "a:b", "0:41", ":3"])
+def test_bad_split_is_an_input_error(bad):
+    from specdec_tune.engine.workloads import load_workload, split_prompts
+    from specdec_tune.errors import InputError
+
+    with pytest.raises(InputError, match="split"):
+        split_prompts(load_workload("functions"), bad)
+
+
+def test_held_out_prediction_uses_no_held_out_timing(tiny_model_dirs, workload, tmp_path):
+    from specdec_tune.tuner.profile_data import PromptSpec, predict_prompts
+
+    db = open_database(f"sqlite:///{tmp_path / 'r.db'}")
+    draft = tiny_model_dirs["draft"]
+    run_id = ProfileSession(db, tiny_model_dirs["target"], [draft], workload, TINY).run().run_id
+    settings = get_run(db, run_id).settings
+    assert settings["split"] == "tune" and settings["prompt_ids"] == ["p0", "p2"]  # p1 is held out
+    lengths = settings["prompt_tokens"]
+    # Nothing of the held-out prompt is in the run: traces of profiled prompts only, prefills at their lengths.
+    assert {t.prompt_index for t in load_traces(db, run_id, draft, "greedy")} <= {0, 1}
+    prefills = {(r.draft, r.k) for r in load_timings(db, run_id, kind="prefill")}
+    assert prefills == {(None, n - 1) for n in lengths} | {(draft, n) for n in lengths}
+    rp = load_run_profile(db, run_id, draft)
+    config = SpecConfig(3)
+    short, long = (predict_prompts(rp, config, [(n, None)]) for n in (min(lengths), 3 * max(lengths)))
+    assert not short.in_sample and short.source.startswith("simulation pooled") and short.new_tokens == 8
+    assert short.tokens_per_s > 0 and long.seconds >= short.seconds  # prefill: a line in the length, slope >= 0
+    pooled = predict_prompts(rp, config, [(n, 8) for n in lengths])
+    exact = predict_prompts(rp, config, [PromptSpec(n, None, i) for i, n in enumerate(lengths)])
+    assert exact.in_sample and exact.tokens_per_s == pytest.approx(predict_config(rp, config).tokens_per_s)
+    # Pooled over the same prompts with their output lengths, the cycles are the same ones.
+    if all(p.new_tokens == 8 for p in rp.prompts):
+        assert pooled.expected_tokens_per_cycle == pytest.approx(exact.expected_tokens_per_cycle)
+    plain = predict_prompts(rp, SpecConfig(0), [(n, None) for n in lengths])
+    assert plain.source == "baseline" and plain.tokens_per_s > 0
+
+
+def test_single_profiled_prompt_pooled_equals_exact(tiny_model_dirs, workload, tmp_path):
+    """With one profiled prompt the pool is that prompt and the prefill line is its prefill: a held-out
+    prompt of the same length and output length must be predicted exactly as the profiled one."""
+    from specdec_tune.tuner.profile_data import predict_prompts
+
+    db = open_database(f"sqlite:///{tmp_path / 'r.db'}")
+    settings = ProfileSettings(**{**TINY.__dict__, "max_prompts": 1})
+    run_id = ProfileSession(db, tiny_model_dirs["target"], [tiny_model_dirs["draft"]], workload, settings).run().run_id
+    rp = load_run_profile(db, run_id)
+    (info,) = rp.prompts
+    for config in (SpecConfig(1), SpecConfig(4, 0.3), SpecConfig(3, schedule="heuristic")):
+        exact = predict_config(rp, config)
+        pooled = predict_prompts(rp, config, [(info.prompt_tokens, info.new_tokens)])
+        assert not pooled.in_sample and exact.in_sample
+        assert pooled.tokens_per_s == pytest.approx(exact.tokens_per_s, rel=1e-9)
+        assert pooled.expected_tokens_per_cycle == pytest.approx(exact.expected_tokens_per_cycle, rel=1e-9)
+
+
+# --------------------------------------------------------------------------- confidence intervals
+
+
+def test_ci_of_constant_samples_has_zero_width():
+    from specdec_tune.stats import RateSamples, tokens_per_s_ci
+
+    s = RateSamples(("a", "b"), ((64, 64, 64), (64, 64, 64)), ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)))
+    assert s.tokens_per_s == 128.0 and tokens_per_s_ci(s) == (128.0, 128.0)
+    one = RateSamples(("a",), ((10,),), ((0.25,),))
+    assert tokens_per_s_ci(one) == (40.0, 40.0)
+    assert tokens_per_s_ci(one.to_json()) == (40.0, 40.0)  # the stored form reads back
+
+
+def test_ci_covers_the_true_rate_about_95_percent_of_the_time():
+    """Prompts with different speeds drawn from a known population: the interval must cover the true
+    tokens/s (64 / E[seconds]) near its nominal rate. A CI that resampled only the repeats (ignoring
+    which prompts were drawn) would cover far less often, so this has power."""
+    import numpy as np
+
+    from specdec_tune.stats import RateSamples, tokens_per_s_ci
+
+    rng = np.random.default_rng(1)
+    truth = 64 / 2.0  # seconds ~ Gamma(shape 8, scale 0.25): mean 2.0
+    covered, narrow_covered, sims = 0, 0, 200
+    for k in range(sims):
+        base = rng.gamma(8.0, 0.25, size=20)
+        secs = tuple(tuple(b * (1 + 0.01 * rng.standard_normal(3))) for b in base)
+        s = RateSamples(tuple(map(str, range(20))), tuple((64.0,) * 3 for _ in range(20)), secs)
+        lo, hi = tokens_per_s_ci(s, resamples=1000, seed=k)
+        covered += lo <= truth <= hi
+        # the wrong interval: repeats resampled within fixed prompts only
+        reps = np.array(secs)[:, rng.integers(0, 3, size=(1000, 3))].mean(axis=2)  # [20, 1000]
+        rates = 64 * 20 / reps.sum(axis=0)
+        narrow_covered += np.quantile(rates, 0.025) <= truth <= np.quantile(rates, 0.975)
+    assert 0.88 <= covered / sims <= 0.99
+    assert narrow_covered / sims < 0.5
+
+
+def test_speedup_ci_is_paired():
+    from specdec_tune.stats import RateSamples, speedup_ci, tokens_per_s_ci
+
+    base_secs = ((1.0, 1.1), (3.0, 2.9), (0.5, 0.6), (2.0, 2.2))
+    ids, tokens = ("a", "b", "c", "d"), tuple((64.0, 64.0) for _ in range(4))
+    base = RateSamples(ids, tokens, base_secs)
+    fast = RateSamples(ids, tokens, tuple(tuple(x / 2 for x in row) for row in base_secs))
+    lo, hi = tokens_per_s_ci(base)
+    assert hi / lo > 1.3  # prompts differ a lot ...
+    assert speedup_ci(fast, base) == pytest.approx((2.0, 2.0))  # ... but the pairing cancels it
+    with pytest.raises(ValueError, match="same prompts"):
+        speedup_ci(fast, RateSamples(("x", "b", "c", "d"), tokens, base_secs))

@@ -378,6 +378,8 @@ def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     if sxx == 0:
         return my, 0.0
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    if slope < 0:  # noise over similar lengths: a prefill does not get cheaper with a longer prompt
+        return my, 0.0
     return my - slope * mx, slope
 
 
