@@ -69,7 +69,7 @@ def trends(db_url: str) -> TrendsInfo:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def overview(db_url: str, storage_url: str | None) -> OverviewInfo:
-    return load_overview(database(db_url), studies(storage_url), trends(db_url).verdicts)
+    return load_overview(database(db_url), studies(storage_url), trends(db_url))
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -173,14 +173,20 @@ def fidelity_chart(info: FidelityInfo) -> go.Figure:
     return fig
 
 
-def trend_chart(points: Sequence[TrendPoint], metric: str, title: str) -> go.Figure:
-    """One metric per benchmark over time (CI bars where stored)."""
-    fig = _fig(title, "regression run", metric)
+def trend_chart(points: Sequence[TrendPoint], metric: str, title: str, unit: str) -> go.Figure:
+    """One metric per benchmark over the regression runs (CI bars where computed; red: flagged)."""
+    fig = _fig(title, "regression run (finished)", unit)
     benches = sorted({p.benchmark for p in points if p.metric == metric})
     for i, bench in enumerate(benches):
         series = sorted((p for p in points if p.metric == metric and p.benchmark == bench), key=lambda p: p.when)
         has_ci = any(p.ci for p in series)
         fig.add_scatter(x=[p.when for p in series], y=[p.value for p in series], mode="lines+markers", name=bench,
-                        line=dict(color=COLORS[i % len(COLORS)]),
+                        line=dict(color=COLORS[i % len(COLORS)]), customdata=[p.regress_run for p in series],
+                        hovertemplate="run %{customdata}: %{y:.3g}",
                         error_y=_errors([(p.value, *(p.ci or (p.value, p.value))) for p in series]) if has_ci else None)
+    hot = [p for p in points if p.metric == metric and p.verdict in ("flagged", "regression", "suspicious", "fail")]
+    if hot:
+        fig.add_scatter(x=[p.when for p in hot], y=[p.value for p in hot], mode="markers", name="flagged change",
+                        marker=dict(color="red", size=14, symbol="x-thin-open", line=dict(width=3)),
+                        text=[p.benchmark for p in hot], hovertemplate="%{text}: flagged in run")
     return fig

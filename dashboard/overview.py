@@ -22,7 +22,7 @@ from specdec_tune.dashboard.measured import (
     short_name,
 )
 from specdec_tune.dashboard.studies import StudyRow
-from specdec_tune.dashboard.trends import Verdict
+from specdec_tune.dashboard.trends import TrendsInfo, Verdict
 
 
 def hardware_label(h: HardwareRecord) -> str:
@@ -89,10 +89,11 @@ class OverviewInfo:
     studies: tuple[StudyRow, ...]
     best: tuple[BestRow, ...]
     verdicts: tuple[Verdict, ...]
+    regress_runs: int = 0
 
     @property
     def empty(self) -> bool:
-        return self.run_count == 0 and not self.studies
+        return self.run_count == 0 and not self.studies and self.regress_runs == 0
 
 
 def _best_from_studies(studies: Sequence[StudyRow]) -> list[BestRow]:
@@ -151,7 +152,7 @@ def _best_from_measured(runs: Sequence[RunRecord], measured: Sequence[MeasuredRe
     return rows
 
 
-def load_overview(db: Database, studies: Sequence[StudyRow] = (), verdicts: Sequence[Verdict] = (),
+def load_overview(db: Database, studies: Sequence[StudyRow] = (), trends: TrendsInfo | None = None,
                   latest: int = 20) -> OverviewInfo:
     """Everything the Overview page shows (studies and verdicts are read by their own loaders)."""
     runs = list_runs(db)
@@ -185,5 +186,5 @@ def load_overview(db: Database, studies: Sequence[StudyRow] = (), verdicts: Sequ
         hardware=tuple(hardware.values()), models=tuple(models.values()),
         workloads=tuple((name, n, count) for name, (n, count) in workloads.items()), runs=rows,
         run_count=len(runs), measured_count=len(measured), studies=tuple(studies), best=tuple(best),
-        verdicts=tuple(verdicts),
+        verdicts=trends.verdicts if trends else (), regress_runs=trends.runs if trends else 0,
     )

@@ -54,8 +54,10 @@ def test_overview_of_a_filled_database(db, urls, tiny_model_dirs):
     assert study_rows[0].config == result.candidate.label() and study_rows[0].speedup == pytest.approx(result.speedup)
     # without studies the best *measured* configuration stands in, labelled with its prompts
     (measured_row,) = load_overview(db).best
-    best = max((m for m in list_measured(db) if m.draft), key=lambda m: m.measured_tokens_per_s)
-    assert measured_row.measured_tokens_per_s == best.measured_tokens_per_s and measured_row.heldout is False
+    held = [m for m in list_measured(db) if m.draft and measured_split(m) == HELD_OUT]
+    best = max(held or [m for m in list_measured(db) if m.draft], key=lambda m: m.measured_tokens_per_s)
+    assert measured_row.measured_tokens_per_s == best.measured_tokens_per_s
+    assert measured_row.heldout is (measured_split(best) == HELD_OUT)
     assert measured_row.speedup is None  # only the profile's hooked baseline exists: no like-for-like speedup
 
 
@@ -137,9 +139,10 @@ def test_fidelity_on_the_fixture(db):
     assert len(info.points) == 2 and info.unpredicted == 1  # the profile's baseline has no prediction
     stored = {m.id: m for m in list_measured(db)}
     for p in info.points:
-        assert p.predicted == stored[p.measured_id].predicted_tokens_per_s and p.split == IN_SAMPLE
-    (summary,) = info.summaries
-    assert summary.count == 2 and summary.spearman is None  # two points carry no rank correlation
+        assert p.predicted == stored[p.measured_id].predicted_tokens_per_s
+        assert p.split == measured_split(stored[p.measured_id]) and p.ci == stored[p.measured_id].ci95
+    assert sum(s.count for s in info.summaries) == 2
+    assert all(s.spearman is None for s in info.summaries)  # two points carry no rank correlation
     assert load_fidelity(db, [], None).points == ()
 
 
@@ -270,3 +273,55 @@ def test_held_out_rows_with_cis(tmp_path):
     (best,) = load_overview(db).best  # held-out rows win over a faster in-sample one
     assert best.heldout is True and best.measured_tokens_per_s == 150.0 and best.tokens_ci == (140.0, 165.0)
     assert best.speedup == pytest.approx(1.5)  # against plain decoding measured on the same held-out prompts
+
+
+def _regress_db(tmp_path):
+    """Three regression runs stored through db.regress: a baseline, a pass, a flagged slowdown."""
+    import datetime as dt
+
+    q = pytest.importorskip("specdec_tune.db.regress", reason="regression tables not in this version")
+    db = open_database(f"sqlite:///{tmp_path / 'reg.db'}")
+    secs = [[0.10, 0.11, 0.12], [0.20, 0.19, 0.21], [0.05, 0.05, 0.06], [0.08, 0.09, 0.08]]
+
+    def samples(scale):
+        return [{"prompt_id": f"p{i}", "new_tokens": 32, "seconds": [x * scale for x in s], "cycles": 16}
+                for i, s in enumerate(secs)]
+
+    ids = []
+    for scale, verdict in ((1.0, "baseline"), (1.0, "pass"), (1.3, "regression")):
+        rid = q.create_regress_run(db, "default", fingerprint={"torch": "2.13"})
+        q.add_regress_benchmark(db, rid, "functions-1l", {"N": 4}, samples(scale))
+        if verdict != "baseline":
+            flagged = verdict == "regression"
+            q.add_regress_cells(db, [
+                q.RegressCellRecord(rid, "functions-1l", "tokens_per_s", "regression" if flagged else "ok",
+                                    effect=1 / scale, ci_low=0.72 if flagged else 0.95, ci_high=0.8 if flagged else 1.05,
+                                    p_value=0.001 if flagged else 0.6, q_value=0.003 if flagged else 0.6,
+                                    explanation="slower because the draft got slower" if flagged else None),
+                q.RegressCellRecord(rid, "functions-1l", "model_error", "ok", current_value=0.04)])
+        q.finish_regress_run(db, rid, status="completed", verdict=verdict, exit_code=1 if verdict == "regression" else 0)
+        ids.append(rid)
+    return db, ids, samples
+
+
+def test_trends_from_regression_runs(tmp_path):
+    import statistics as st
+
+    from specdec_tune.dashboard.trends import flagged, load_trends
+
+    db, ids, samples = _regress_db(tmp_path)
+    info = load_trends(db)
+    assert info.available and info.runs == 3 and info.benchmarks == ("functions-1l",)
+    tps = sorted((p for p in info.points if p.metric == "tokens_per_s"), key=lambda p: p.regress_run)
+    expected = [st.median(32 / st.median(s["seconds"]) for s in samples(k)) for k in (1.0, 1.0, 1.3)]
+    assert [p.value for p in tps] == pytest.approx(expected)
+    assert all(p.ci[0] <= p.value <= p.ci[1] for p in tps)
+    assert [p.verdict for p in tps] == ["", "", "flagged"]
+    assert [p.value for p in info.points if p.metric == "tau"] == [2.0, 2.0, 2.0]  # 4 × 32 tokens ÷ 4 × 16 cycles
+    assert [p.value for p in info.points if p.metric == "model_error"] == [0.04, 0.04]
+    (hot,) = flagged(info)
+    assert hot.regress_run == ids[2] and hot.verdict == "regression" and hot.p_value == 0.001
+    assert hot.change == pytest.approx(1 / 1.3 - 1) and hot.change_ci == pytest.approx((-0.28, -0.2))
+    assert "draft got slower" in hot.reason
+    empty = load_trends(open_database(f"sqlite:///{tmp_path / 'none.db'}"))
+    assert empty.runs == 0 and empty.points == ()

@@ -113,7 +113,11 @@ def test_fidelity_page_filled(monkeypatch, urls):
     at = render(monkeypatch, "fidelity", urls["db"], urls["storage"])
     assert charts(at) == 1
     table = at.dataframe[0].value
-    assert list(table["prompts"]) == ["in-sample"] and list(table["configurations"]) == [2]
+    from specdec_tune.dashboard.measured import measured_split
+    from specdec_tune.db import list_measured
+
+    splits = [measured_split(m) for m in list_measured(open_database(urls["db"])) if m.draft]
+    assert sorted(table["prompts"]) == sorted(set(splits)) and sum(table["configurations"]) == len(splits) == 2
 
 
 def test_study_page_filled(monkeypatch, urls):
@@ -138,3 +142,18 @@ def test_draft_filter_narrows_the_profile_page(monkeypatch, urls):
     at.sidebar.selectbox(key="sel_draft").set_value("ngram").run()
     assert not at.exception
     assert len([m for m in at.metric if m.label == "Acceptance rate"]) == 1
+
+
+def test_trends_and_overview_with_regression_runs(monkeypatch, tmp_path):
+    from tests.test_dashboard import _regress_db
+
+    db, ids, _ = _regress_db(tmp_path)
+    at = render(monkeypatch, "trends", db.url, None)
+    assert metric(at, "Regression runs") == "3" and metric(at, "Flagged changes") == "1"
+    assert charts(at) == 3  # tokens/s, τ, model error
+    flagged = at.dataframe[0].value
+    assert list(flagged["run"]) == [ids[2]] and list(flagged["verdict"]) == ["regression"]
+    at = render(monkeypatch, "overview", db.url, None)
+    assert metric(at, "Regression runs") == "3" and metric(at, "Profile runs") == "0"
+    tables = [d.value for d in at.dataframe if "verdict" in d.value.columns]
+    assert len(tables) == 1 and list(tables[0]["verdict"]) == ["regression"]

@@ -6,6 +6,7 @@ import streamlit as st
 from specdec_tune.dashboard import cache, ui
 from specdec_tune.dashboard.measured import short_name
 from specdec_tune.dashboard.sources import FIRST_COMMANDS
+from specdec_tune.dashboard.trends import FLAGGED
 
 sel = ui.selection()
 st.title("Overview")
@@ -16,11 +17,12 @@ if info.empty:
     st.code("\n".join(FIRST_COMMANDS[k] for k in ("profile", "measure", "tune")), language="bash")
     st.stop()
 
-cols = st.columns(4)
+cols = st.columns(5)
 cols[0].metric("Profile runs", info.run_count)
 cols[1].metric("Measured configurations", info.measured_count)
 cols[2].metric("Tuning studies", len(info.studies))
-cols[3].metric("Hardware", len(info.hardware))
+cols[3].metric("Regression runs", info.regress_runs)
+cols[4].metric("Hardware", len(info.hardware))
 
 st.header("Best configuration per target, hardware, workload and server")
 best = [b for b in info.best
@@ -58,12 +60,15 @@ else:
     st.code(FIRST_COMMANDS["tune"], language="bash")
 
 st.header("Regression verdicts")
-if info.verdicts:
+hot = [v for v in info.verdicts if v.verdict in FLAGGED]
+if hot:
     st.dataframe([{
-        "benchmark": v.benchmark, "metric": v.metric, "verdict": v.verdict, "change": ui.fmt(
-            None if v.change is None else 100 * v.change, 1, "%"), "p-value": ui.fmt(v.p_value, 4),
-        "when": v.when, "why": v.reason,
-    } for v in info.verdicts if v.verdict != "ok"] or [{"verdict": "no flagged change"}], hide_index=True)
+        "run": v.regress_run, "when": v.when, "benchmark": v.benchmark, "metric": v.metric, "verdict": v.verdict,
+        "change": ui.fmt(None if v.change is None else 100 * v.change, 1, "%"), "p-value": ui.fmt(v.p_value, 4),
+        "why": v.reason,
+    } for v in sorted(hot, key=lambda v: -v.regress_run)[:20]], hide_index=True)
+elif info.regress_runs:
+    st.success(f"No flagged change in {info.regress_runs} regression runs.")
 else:
     st.info("No regression runs yet: run `specdec-tune regress`.")
 
