@@ -120,34 +120,53 @@ def test_planted_acceptance_drop_is_explained_as_acceptance(tmp_path, capsys, ti
     assert _cells(report, ("ok",)).get("correctness")  # outputs still equal plain decoding's
 
 
-def test_different_fingerprint_gives_no_speed_verdict(tmp_path, capsys, tiny_model_dirs, workload):
+def test_different_fingerprint_gives_no_speed_verdict(tmp_path, capsys, tiny_model_dirs, workload, monkeypatch):
+    import specdec_tune.tuner.regress as regress
+
     db = f"sqlite:///{tmp_path / 'r.db'}"
     t = tiny_model_dirs["target"]
-    assert _run(capsys, _suite(tmp_path / "a.toml", workload, t, t, threads=1), db)[0] == 3
-    code, report, _ = _run(capsys, _suite(tmp_path / "b.toml", workload, t, t, threads=2, delay=10.0), db)
+    suite = _suite(tmp_path / "a.toml", workload, t, t)
+    assert _run(capsys, suite, db)[0] == 3
+    real = regress.environment_fingerprint
+    monkeypatch.setattr(regress, "environment_fingerprint", lambda *a: dict(real(*a), device_name="Other CPU"))
+    code, report, _ = _run(capsys, _suite(tmp_path / "b.toml", workload, t, t, delay=10.0), db)
     assert code == 3 and report["verdict"] == "baseline"
     speed = [c for c in report["cells"] if c["metric"] in ("tokens_per_s", "latency")]
-    assert speed and all(c["verdict"] == "no_verdict" for c in speed)
-    assert "threads: 1 → 2" in speed[0]["details"]["reason"]
-    assert any("no speed verdict" in n and "threads: 1 → 2" in n for n in report["notes"])
+    assert speed and all(c["verdict"] == "no_verdict" for c in speed)  # the delay goes unjudged
+    assert "device_name:" in speed[0]["details"]["reason"] and "'Other CPU'" in speed[0]["details"]["reason"]
+    assert any("no speed verdict" in n and "Other CPU" in n for n in report["notes"])
     assert _cells(report, ("ok",)).get("correctness")  # correctness is still checked
-    code = main(["regress", "--suite", str(tmp_path / "b.toml"), "--db", db])
+    assert main(["regress", "--suite", suite, "--db", db]) == 0
     assert "Run 3, baseline run 2" in capsys.readouterr().out  # the new environment's baseline
 
 
 def test_ten_aa_comparisons_raise_no_false_alarm(tiny_model_dirs, workload):
-    """Eleven identical arms measured interleaved; ten consecutive comparisons through the full rule."""
+    """Measure once, then ten consecutive A/A comparisons of runs drawn from that pool (exchangeable
+    by construction: the null hypothesis itself) through the full rule, persistence included."""
+    import random
+
     t = tiny_model_dirs["target"]
-    arms = [ArmSpec(key=f"a{i}", target=t, draft=t, workload=workload, prompts=8, max_new_tokens=24,
-                    num_speculative_tokens=4, repeats=3) for i in range(11)]
-    samples = {k: [s.to_json() for s in v] for k, v in measure_arms(arms).items()}
+    arm = ArmSpec(key="a", target=t, draft=t, workload=workload, prompts=8, max_new_tokens=24,
+                  num_speculative_tokens=4, repeats=12)
+    pool = [s.to_json() for s in measure_arms([arm])["a"]]
+
+    def run(k: int) -> list[dict]:
+        rng = random.Random(k)
+        out = []
+        for s in pool:
+            pick = rng.sample(range(len(s["seconds"])), 3)
+            out.append(dict(s, seconds=[s["seconds"][i] for i in pick], draft_seconds=[s["draft_seconds"][i] for i in pick]))
+        return out
+
+    runs = [run(k) for k in range(11)]
     config = {"num_speculative_tokens": 4, "draft": t}
 
     def alarms(rules: Rules) -> int:
         history: dict = {}
         count = 0
         for i in range(10):
-            cells = decide(compare_benchmark("b1", samples[f"a{i}"], samples[f"a{i + 1}"], config, rules), rules, history)
+            cells = decide(compare_benchmark("b1", runs[i], runs[i + 1], config, rules), rules, history)
+            assert {"tokens_per_s", "latency", "acceptance@1"} <= {c.metric for c in cells if c.verdict != "no_verdict"}
             flagged = {(c.benchmark, c.metric) for c in cells if c.verdict in FLAGGED}
             history = {k: history.get(k, 0) + 1 for k in flagged}
             count += len(flagged)

@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from specdec_tune.tuner._regress_compare import Cell, compare_benchmark, decide
-from specdec_tune.tuner._regress_stats import bh_adjust, minimum_detectable_change, speed_test, two_proportion
+from specdec_tune.tuner._regress_stats import align, bh_adjust, minimum_detectable_change, speed_test, two_proportion
 from specdec_tune.tuner._suite import Rules
 
 
@@ -122,3 +122,30 @@ def test_explanation_names_the_factor_that_changed():
     e = explain(base, SideTerms(bad, 0.001, 0.010, (1.0, 0.0, 0.0, 0.0), 2.0), 4, fallen_positions=[2, 3])
     assert "acceptance fell at positions 2-3" in e.text and e.shares["acceptance"] < 0
     assert e.shares["draft"] == pytest.approx(0.0, abs=1e-12) and e.model_ratio < 1
+
+
+def test_speed_test_keeps_its_false_positive_rate_on_aa_noise():
+    """Pure noise, 8 prompts x 3 repeats: p < 0.01 in about 1 % of A/A comparisons, not more."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+
+    def rate(repeats: int) -> float:
+        hits = 0
+        for _ in range(200):
+            base = {f"p{i}": list(t * np.exp(rng.normal(0, 0.05, repeats))) for i, t in enumerate(PROMPT_TIMES.values()) if i < 8}
+            cur = {p: list(PROMPT_TIMES[p] * np.exp(rng.normal(0, 0.05, repeats))) for p in base}
+            hits += speed_test(base, cur, resamples=200).p_value < 0.01
+        return hits / 200
+
+    assert rate(3) <= 0.03
+    assert rate(1) <= 0.03  # one value per side: the per-prompt U is a sign, the test a sign test
+    # Power of this test: pooling every prompt into one Mann-Whitney test (what the aligned values
+    # invite) treats values tied together by their prompt as independent and cries wolf.
+    pooled = 0
+    for _ in range(200):
+        base = {f"p{i}": [t * float(np.exp(rng.normal(0, 0.05)))] for i, t in enumerate(PROMPT_TIMES.values()) if i < 8}
+        cur = {p: [PROMPT_TIMES[p] * float(np.exp(rng.normal(0, 0.05)))] for p in base}
+        a, b = align(base, cur)
+        pooled += stats.mannwhitneyu(b.ravel(), a.ravel()).pvalue < 0.01
+    assert pooled / 200 > 0.04

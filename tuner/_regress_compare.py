@@ -52,14 +52,19 @@ class Cell:
         return self.metric != "latency" and self.metric != "model_error"
 
 
-def _per_prompt(samples: Sequence[dict], what: str) -> dict[str, float]:
-    out: dict[str, float] = {}
+def _per_prompt(samples: Sequence[dict], what: str) -> dict[str, list[float]]:
+    """prompt id -> one value per repeat (tokens/s, or latency in ms)."""
+    out: dict[str, list[float]] = {}
     for s in samples:
-        if not s.get("seconds") or not s.get("new_tokens"):
+        secs = [x for x in s.get("seconds") or [] if x > 0]
+        if not secs or not s.get("new_tokens"):
             continue
-        sec = statistics.median(s["seconds"])
-        out[s["prompt_id"]] = s["new_tokens"] / sec if what == "tokens_per_s" else 1e3 * sec
+        out[s["prompt_id"]] = [s["new_tokens"] / x if what == "tokens_per_s" else 1e3 * x for x in secs]
     return out
+
+
+def _median_of_prompts(values: dict[str, list[float]]) -> float | None:
+    return statistics.median(statistics.median(v) for v in values.values()) if values else None
 
 
 def _speed_cells(name: str, base: Sequence[dict], cur: Sequence[dict], rules: Rules, no_speed: str | None,
@@ -67,8 +72,7 @@ def _speed_cells(name: str, base: Sequence[dict], cur: Sequence[dict], rules: Ru
     cells = []
     for metric in SPEED_METRICS:
         b, c = _per_prompt(base, metric), _per_prompt(cur, metric)
-        bval = statistics.median(b.values()) if b else None
-        cval = statistics.median(c.values()) if c else None
+        bval, cval = _median_of_prompts(b), _median_of_prompts(c)
         if no_speed:
             cells.append(Cell(name, metric, "no_verdict", bval, cval, details={"reason": no_speed}))
             continue
@@ -190,8 +194,9 @@ def _persisted(c: Cell, rules: Rules, flagged_before: Mapping[tuple[str, str], i
 
 
 def explain_benchmark(cells: Sequence[Cell], base: Sequence[dict], cur: Sequence[dict], n: int) -> str | None:
-    """The model's explanation of a flagged speed change of one benchmark (None when none is flagged)."""
-    flagged = [c for c in cells if c.metric in SPEED_METRICS and c.verdict in FLAGGED]
+    """The model's explanation of a flagged speed or acceptance change (None when neither is flagged)."""
+    flagged = [c for c in cells if (c.metric in SPEED_METRICS or c.metric.startswith("acceptance@"))
+               and c.verdict in FLAGGED]
     if not flagged:
         return None
     if n <= 0:

@@ -1,10 +1,11 @@
 """Statistics of a regression comparison (scipy.stats; pure functions, no I/O).
 
-Speed metrics compare per-prompt samples. Prompts differ far more from each other (length,
-acceptance) than one prompt differs between two runs, so each prompt's values are first *aligned*:
-divided by that prompt's pooled median over both sides (Hodges & Lehmann's aligned ranks). The
-Mann-Whitney U test then sees only the within-prompt change, and the effect is the ratio of the
-medians of the aligned values with a bootstrap CI that resamples prompts (cluster bootstrap).
+Speed metrics compare per-prompt samples (one per prompt and repeat). Prompts differ far more from
+each other (length, acceptance) than one prompt differs between two runs, so each prompt's values
+are first *aligned*: divided by that prompt's pooled median over both sides' repeats (Hodges &
+Lehmann's aligned ranks). The Mann-Whitney U test then sees only the within-prompt change, and the
+effect is the ratio of the medians of the aligned values with a bootstrap CI that resamples prompts
+with all their repeats (cluster bootstrap).
 """
 from __future__ import annotations
 
@@ -31,37 +32,72 @@ class SpeedTest:
     se_log: float  # bootstrap standard error of log(ratio)
 
 
-def align(baseline: dict[str, float], current: dict[str, float]) -> tuple[list[float], list[float], list[str]]:
-    """Divide each prompt's value on both sides by the prompt's pooled median (prompts on both sides)."""
-    keys = [k for k in baseline if k in current and baseline[k] > 0 and current[k] > 0]
-    a = [2 * baseline[k] / (baseline[k] + current[k]) for k in keys]
-    b = [2 * current[k] / (baseline[k] + current[k]) for k in keys]
-    return a, b, keys
+def _as_lists(values: dict[str, float | Sequence[float]]) -> dict[str, list[float]]:
+    return {k: [float(x) for x in (v if isinstance(v, (list, tuple)) else [v]) if x > 0] for k, v in values.items()}
 
 
-def speed_test(baseline: dict[str, float], current: dict[str, float], *, resamples: int = 2000,
-               seed: int = 0) -> SpeedTest:
-    """Mann-Whitney U on aligned per-prompt values and a bootstrap CI of the ratio of medians.
+def align(baseline: dict[str, float | Sequence[float]], current: dict[str, float | Sequence[float]]
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """Per-prompt aligned samples, ``[prompts, repeats]`` per side.
+
+    Each prompt's values (one per repeat, both sides) are divided by that prompt's pooled median, so
+    only the within-prompt change remains. With one value per side the two aligned values would
+    mirror each other around 1 (b = 2 - a) and Mann-Whitney would treat a sign test as 2n
+    independent samples; several repeats per side keep the samples close to exchangeable.
+    """
+    b, c = _as_lists(baseline), _as_lists(current)
+    keys = [k for k in b if k in c and b[k] and c[k]]
+    if not keys:
+        return np.empty((0, 0)), np.empty((0, 0))
+    ra, rc = min(len(b[k]) for k in keys), min(len(c[k]) for k in keys)
+    xa = np.array([b[k][:ra] for k in keys])
+    xc = np.array([c[k][:rc] for k in keys])
+    med = np.median(np.concatenate([xa, xc], axis=1), axis=1, keepdims=True)
+    return xa / med, xc / med
+
+
+def stratified_u_pvalue(xa: np.ndarray, xb: np.ndarray) -> float:
+    """Two-sided p-value of the Mann-Whitney U statistics summed over prompts (van Elteren's test).
+
+    One U per prompt (``scipy.stats.mannwhitneyu`` on that prompt's repeats), standardised with the
+    exact null mean m·n/2 and variance m·n·(m+n+1)/12 (ties are measured times: negligible), summed
+    with van Elteren's weights 1/(m+n+1). Pooling all prompts into one Mann-Whitney test would treat
+    values tied together by their prompt as independent and give too small p-values.
+    """
+    m, n = xb.shape[1], xa.shape[1]
+    w = 1.0 / (m + n + 1)
+    num, var = 0.0, 0.0
+    for a_row, b_row in zip(xa, xb):
+        u = float(stats.mannwhitneyu(b_row, a_row, alternative="two-sided").statistic)
+        num += w * (u - m * n / 2)
+        var += w * w * m * n * (m + n + 1) / 12
+    if var <= 0:
+        return 1.0
+    return float(2 * stats.norm.sf(abs(num) / math.sqrt(var)))
+
+
+def speed_test(baseline: dict[str, float | Sequence[float]], current: dict[str, float | Sequence[float]], *,
+               resamples: int = 2000, seed: int = 0) -> SpeedTest:
+    """Mann-Whitney U per prompt (summed: :func:`stratified_u_pvalue`) and a bootstrap CI of the ratio
+    of the medians of the aligned samples.
 
     Args:
-        baseline: prompt id -> value (e.g. tokens/s, median over repeats) of the baseline.
+        baseline: prompt id -> value, or its values per repeat (e.g. tokens/s of each repeat).
         current: the same for the current run.
-        resamples: bootstrap resamples (prompts drawn with replacement, both sides together).
+        resamples: bootstrap resamples (prompts drawn with replacement with all their repeats, both
+            sides together: a cluster bootstrap).
         seed: bootstrap seed (fixed: the same data gives the same CI).
     """
-    a, b, _ = align(baseline, current)
-    n = len(a)
+    xa, xb = align(baseline, current)
+    n = xa.shape[0]
     if n < 2:
         return SpeedTest(math.nan, (math.nan, math.nan), math.nan, n, n, math.nan)
-    xa, xb = np.asarray(a), np.asarray(b)
-    ratio = float(np.median(xb) / np.median(xa))
-    if np.allclose(xa, xb):
-        p = 1.0
-    else:
-        p = float(stats.mannwhitneyu(xb, xa, alternative="two-sided").pvalue)
+    fa, fb = xa.ravel(), xb.ravel()
+    ratio = float(np.median(fb) / np.median(fa))
+    p = 1.0 if np.allclose(np.sort(fa), np.sort(fb)) else stratified_u_pvalue(xa, xb)
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, n, size=(resamples, n))
-    boot = np.median(xb[idx], axis=1) / np.median(xa[idx], axis=1)
+    boot = np.median(xb[idx].reshape(resamples, -1), axis=1) / np.median(xa[idx].reshape(resamples, -1), axis=1)
     lo, hi = np.quantile(boot, [0.025, 0.975])
     se = float(np.std(np.log(boot), ddof=1))
     return SpeedTest(ratio, (float(lo), float(hi)), p, n, n, se)
