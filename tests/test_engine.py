@@ -1,6 +1,7 @@
 """Engine correctness: greedy equality with the baseline, EOS/limit handling, KV rollback."""
 from __future__ import annotations
 
+import copy
 import itertools
 
 import pytest
@@ -27,22 +28,107 @@ def pair():
     return tiny_llama(VOCAB, layers=2, seed=0), tiny_llama(VOCAB, layers=1, seed=1)
 
 
-def _drafter(draft, theta, max_len=256):
-    return ModelDrafter(draft, max_len, threshold=theta)
+def perturbed(model: torch.nn.Module, scale: float, seed: int = 5) -> torch.nn.Module:
+    """``model`` with every weight perturbed by ``scale`` x its own std: a draft with mixed acceptance."""
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale * p.std())
+    return out
 
 
-@pytest.mark.parametrize("n,theta,schedule", list(itertools.product([1, 2, 4, 8], [0.0, 0.5], ["constant", "heuristic"])))
-def test_greedy_matches_baseline(pair, n, theta, schedule):
-    target, draft = pair
-    for prompt in PROMPTS:
-        base = autoregressive(target, prompt, DecodeConfig(max_new_tokens=30)).token_ids
-        cfg = DecodeConfig(max_new_tokens=30, num_speculative_tokens=n, threshold=theta, schedule=schedule)
-        out = speculative(target, _drafter(draft, theta), prompt, cfg)
-        assert out.token_ids == base
-        assert sum(c.emitted for c in out.cycles) == len(base)
-        assert all(c.drafted <= n for c in out.cycles)
-        if theta > 0:
-            assert all(min(c.confidences, default=1.0) >= theta for c in out.cycles)
+@pytest.fixture(scope="module")
+def mixed_pair():
+    """A peaked target (LM head x3: top probabilities spread over 0.2..1) and its own perturbed copy as
+    draft: about 60-75 % of drafted tokens accepted, so every verification path occurs."""
+    target = tiny_llama(VOCAB, layers=2, seed=0, sharpness=3.0)
+    return target, perturbed(target, 0.05)
+
+
+class Recorder:
+    """Wraps a drafter; records (tokens asked, tokens proposed, stopped by θ) per cycle."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.calls: list[tuple[int, int, bool]] = []
+
+    @property
+    def forwards(self) -> int:
+        return self.inner.forwards
+
+    def propose(self, context, max_tokens):
+        d = self.inner.propose(context, max_tokens)
+        self.calls.append((max_tokens, d.length, d.stopped_by_threshold))
+        return d
+
+    def observe(self, num_accepted):
+        self.inner.observe(num_accepted)
+
+
+def _drafter(draft, theta, max_len=256, rule="before"):
+    return ModelDrafter(draft, max_len, threshold=theta, threshold_rule=rule)
+
+
+@pytest.mark.parametrize("theta,schedule", list(itertools.product([0.0, 0.3, 0.5], ["constant", "heuristic"])))
+def test_greedy_matches_baseline(mixed_pair, theta, schedule):
+    """Outputs equal the baseline for N in {1, 2, 4, 8}, and every path of the cycle really ran."""
+    target, draft = mixed_pair
+    seen = {"L=0": 0, "A<L": 0, "0<A<L": 0, "A=L>0": 0, "grow": 0, "shrink": 0}
+    cut_at: set[int] = set()
+    drafted = accepted = 0
+    for n in (1, 2, 4, 8):
+        for prompt in PROMPTS:
+            base = autoregressive(target, prompt, DecodeConfig(max_new_tokens=30)).token_ids
+            cfg = DecodeConfig(max_new_tokens=30, num_speculative_tokens=n, threshold=theta, schedule=schedule)
+            rec = Recorder(_drafter(draft, theta))
+            out = speculative(target, rec, prompt, cfg)
+            assert out.token_ids == base
+            assert sum(c.emitted for c in out.cycles) == len(base)
+            assert all(c.drafted <= n for c in out.cycles)
+            if theta > 0:
+                assert all(min(c.confidences, default=1.0) >= theta for c in out.cycles)
+            for c, (asked, got, stopped) in zip(out.cycles, rec.calls):
+                drafted += c.drafted
+                accepted += c.accepted
+                seen["L=0"] += c.drafted == 0
+                seen["A<L"] += c.accepted < c.drafted
+                seen["0<A<L"] += 0 < c.accepted < c.drafted
+                seen["A=L>0"] += 0 < c.drafted == c.accepted
+                assert stopped == (got < asked)  # a model draft is short only when θ cut it
+                if stopped:
+                    cut_at.add(got)
+            asked = [a for a, _, _ in rec.calls[:-1]]  # the last cycle's budget is cut by the limit
+            seen["grow"] += sum(b > a for a, b in zip(asked, asked[1:]))
+            seen["shrink"] += sum(b < a for a, b in zip(asked, asked[1:]))
+    if theta == 0:  # (a threshold keeps the confident, mostly accepted, tokens)
+        assert 0.4 <= accepted / drafted <= 0.85, f"acceptance {accepted / drafted:.2f}: not a mixed pair"
+    assert seen["A<L"] > 0 and seen["A=L>0"] > 0, seen
+    if theta < 0.5:  # (above, a confident greedy token is rarely rejected after an accepted one)
+        assert seen["0<A<L"] > 0, seen
+    if theta > 0:
+        assert seen["L=0"] > 0 and len(cut_at) >= 3, (seen, cut_at)  # θ cuts at the first and later positions
+    else:
+        assert not cut_at and seen["L=0"] == 0
+    if schedule == "heuristic":
+        assert seen["grow"] > 0 and seen["shrink"] > 0, seen
+
+
+@pytest.mark.parametrize("theta", [0.3, 0.6])
+def test_hf_threshold_rule_greedy_identical(mixed_pair, theta):
+    """HF's rule (propose the token below θ, then stop) changes lengths, never greedy outputs."""
+    target, draft = mixed_pair
+    longer = 0
+    for n in (2, 8):
+        for prompt in PROMPTS:
+            cfg = DecodeConfig(max_new_tokens=30, num_speculative_tokens=n, threshold=theta, threshold_rule="hf")
+            before = speculative(target, _drafter(draft, theta), prompt, cfg)
+            hf = speculative(target, _drafter(draft, theta, rule="hf"), prompt, cfg)
+            assert hf.token_ids == before.token_ids
+            for c in hf.cycles:  # only the last proposed token may lie below θ
+                assert c.drafted > 0 and all(x >= theta for x in c.confidences[:-1])
+            longer += sum(c.drafted for c in hf.cycles) > sum(c.drafted for c in before.cycles)
+    assert longer > 0
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
@@ -59,9 +145,12 @@ def test_ngram_greedy_matches_baseline(pair, n):
 
 def test_identical_draft_accepts_everything(pair):
     target, _ = pair
-    out = speculative(target, _drafter(target, 0.0), PROMPTS[2], DecodeConfig(max_new_tokens=40, num_speculative_tokens=4))
-    full = [c for c in out.cycles if c.drafted == 4]
-    assert full and all(c.accepted == 4 and c.emitted == 5 for c in full)
+    prompt = PROMPTS[2]
+    base = autoregressive(target, prompt, DecodeConfig(max_new_tokens=40)).token_ids
+    out = speculative(target, _drafter(target, 0.0), prompt, DecodeConfig(max_new_tokens=40, num_speculative_tokens=4))
+    assert out.token_ids == base
+    assert len(out.cycles) == 8  # 40 tokens, 5 per cycle
+    assert all(c.drafted == c.accepted == 4 and c.emitted == 5 for c in out.cycles)
 
 
 def test_eos_inside_accepted_draft(pair):
