@@ -19,6 +19,13 @@ from optuna.distributions import json_to_distribution
 from optuna.trial import FrozenTrial, TrialState
 
 
+class _SharedTrial(FrozenTrial):
+    """A trial of a read-only snapshot: copying it returns itself (nothing ever mutates a snapshot)."""
+
+    def __deepcopy__(self, memo: dict) -> _SharedTrial:
+        return self
+
+
 class SnapshotStudy(optuna.Study):
     """An in-memory study whose trial reads return the stored objects without copying them."""
 
@@ -69,7 +76,7 @@ def _read_trials_fast(storage: Any, study_id: int) -> list[FrozenTrial]:
     out = []
     for tid, number, state, start, complete in trials:
         objectives = vals.get(tid)
-        out.append(FrozenTrial(
+        out.append(_SharedTrial(
             number=number, state=TrialState[state.name] if hasattr(state, "name") else TrialState[str(state)],
             value=None, values=[objectives[i] for i in sorted(objectives)] if objectives else None,
             datetime_start=start, datetime_complete=complete,
