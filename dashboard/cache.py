@@ -25,7 +25,7 @@ from specdec_tune.dashboard.studies import (
 )
 from specdec_tune.dashboard.study_charts import study_figures as build_study_figures
 from specdec_tune.dashboard.trends import TrendsInfo, load_trends
-from specdec_tune.dashboard.why import WhyInfo, load_why
+from specdec_tune.dashboard.why import CycleBudget, WhyInfo, chosen_budget, load_why
 from specdec_tune.db import Database, RunRecord, list_runs, open_database
 from specdec_tune.tuner.configs import TuningResult
 
@@ -80,6 +80,16 @@ def profile(db_url: str, run_id: int) -> ProfileInfo:
 @st.cache_data(ttl=TTL_S, show_spinner="Predicting the (N, θ) grid with the tuner's model ...")
 def why(db_url: str, run_id: int, batch_size: int) -> WhyInfo:
     return load_why(database(db_url), run_id, batch_size=batch_size)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def chosen(db_url: str, run_id: int, candidate_json: str, batch_size: int, temperature: float) -> CycleBudget | None:
+    import json
+
+    from specdec_tune.tuner.configs import Candidate
+
+    return chosen_budget(database(db_url), run_id, Candidate.from_dict(json.loads(candidate_json)), batch_size,
+                         temperature)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

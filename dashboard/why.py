@@ -10,7 +10,7 @@ splits as the model sums it: E[F]·T_s(B) (draft steps) + Σ P(L = l)·T_v(B, l 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specdec_tune.dashboard.measured import is_baseline, measured_ci, measured_split, short_name
 from specdec_tune.db import Database, MeasuredRecord, get_run, list_measured
@@ -23,7 +23,9 @@ from specdec_tune.tuner.profile_data import (
     best_configs,
     load_run_profile,
     predict_baseline,
+    predict_config,
 )
+from specdec_tune.tuner.configs import Candidate
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,28 @@ def budget(rp: RunProfile, config: SpecConfig, p: RunPrediction) -> CycleBudget:
         tokens_per_cycle=p.expected_tokens_per_cycle, draft_length=p.expected_draft_length,
         tokens_per_s=p.tokens_per_s, speedup=p.speedup, source=p.source,
     )
+
+
+def chosen_budget(db: Database, run_id: int, candidate: Candidate, batch_size: int = 1,
+                  temperature: float = 0.0) -> CycleBudget | None:
+    """The cycle budget of the configuration a tuning chose (``None`` if this run cannot predict it).
+
+    The candidate becomes the model's configuration through ``tuner.search.spec_config`` (schedule
+    and θ rule included), so the bar shows exactly what the tuner predicted for it.
+    """
+    from specdec_tune.tuner.search import spec_config
+
+    try:
+        mode = "sampling" if temperature > 0 else "greedy"
+        config = spec_config(candidate, mode, batch_size)
+        if candidate.is_plain:
+            rp = load_run_profile(db, run_id, baseline_only=True)
+            return budget(rp, config, predict_baseline(rp, batch_size))
+        rp = load_run_profile(db, run_id, candidate.drafter)
+        b = budget(rp, config, predict_config(rp, config))
+    except SpecdecError:
+        return None
+    return replace(b, label=f"tuner's choice: {candidate.label().replace(candidate.drafter, short_name(candidate.drafter))}")
 
 
 def _measured_points(records: Sequence[MeasuredRecord], draft: str, batch_size: int,

@@ -325,3 +325,18 @@ def test_trends_from_regression_runs(tmp_path):
     assert "draft got slower" in hot.reason
     empty = load_trends(open_database(f"sqlite:///{tmp_path / 'none.db'}"))
     assert empty.runs == 0 and empty.points == ()
+
+
+def test_chosen_budget_is_the_tuners_prediction(db, urls):
+    from specdec_tune.dashboard.why import chosen_budget
+    from specdec_tune.tuner.profile_data import load_run_profile, predict_config
+    from specdec_tune.tuner.search import spec_config
+
+    result = next(s.result for s in list_studies(open_storage(urls["storage"])) if s.result)
+    b = chosen_budget(db, 1, result.candidate)
+    p = predict_config(load_run_profile(db, 1, result.candidate.drafter), spec_config(result.candidate))
+    assert b.label.startswith("tuner's choice") and b.tokens_per_s == pytest.approx(p.tokens_per_s)
+    assert b.cycle_ms == pytest.approx(p.cycle_time_s * 1e3)
+    from specdec_tune.tuner.configs import Candidate
+
+    assert chosen_budget(db, 1, Candidate("not-a-draft", 2)) is None  # not in this run: no bar, no crash

@@ -99,6 +99,8 @@ def test_why_page_filled_shows_the_tuners_best(monkeypatch, urls):
     assert metric(at, "Predicted tokens/s") == ui.fmt(best[1].tokens_per_s)
     assert metric(at, "E[τ] tokens per cycle") == ui.fmt(best[1].expected_tokens_per_cycle, 2)
     assert any("The tuner chose" in s.value and "vllm" in s.value for s in at.success)
+    budget_table = next(d.value for d in at.dataframe if "E[τ] (tokens per cycle)" in d.value.columns)
+    assert budget_table["configuration"].iloc[0].startswith("tuner's choice")
     assert charts(at) == 1 + 2  # the cycle budget and one (N, θ) map per draft
 
 

@@ -1,6 +1,8 @@
 """Why it wins: where a cycle's time goes, the (N, θ) map per draft, what each server can express."""
 from __future__ import annotations
 
+import json
+
 import streamlit as st
 
 from specdec_tune.dashboard import cache, charts, ui
@@ -33,14 +35,20 @@ for r in tuned:
                + (f": measured speedup {r.speedup:.2f}× on held-out prompts" if r.speedup and r.heldout else ""))
 
 st.header("Where a cycle's time goes")
-st.plotly_chart(charts.budget_chart([*info.ranked, info.baseline]), key="budget")
+budgets = [*info.ranked, info.baseline]
+for r in tuned:
+    pick = cache.chosen(sel.sources.db_url, sel.run.id, json.dumps(r.candidate.to_dict()), info.batch_size,
+                        r.temperature)
+    if pick is not None:
+        budgets.insert(0, pick)
+st.plotly_chart(charts.budget_chart(budgets), key="budget")
 st.dataframe([{
     "configuration": b.label, "E[τ] (tokens per cycle)": ui.fmt(b.tokens_per_cycle, 2),
     "E[L] drafted": ui.fmt(b.draft_length, 2), "draft ms/cycle": ui.fmt(b.draft_ms, 2),
     "verify ms/cycle": ui.fmt(b.verify_ms, 2), "overhead ms/cycle": ui.fmt(b.overhead_ms, 2),
     "ms per token": ui.fmt(b.ms_per_token, 2), "tokens/s": ui.fmt(b.tokens_per_s), "speedup": ui.fmt(b.speedup, 2, "×"),
     "source": b.source,
-} for b in [*info.ranked, info.baseline]], hide_index=True)
+} for b in budgets], hide_index=True)
 st.caption("All predicted by the tuner's model from this run's measurements (B = "
            f"{info.batch_size}); tokens/s end to end, per-cycle times decode only.")
 
