@@ -1,8 +1,9 @@
-"""vLLM's side of ``bench --compare vllm``: a plain and a speculative engine, kept running together.
+"""Several vLLM engines kept running together, one per configuration (``bench --compare vllm``: a
+plain and a speculative one; ``measure --backend vllm`` would hold one per configuration).
 
-Two worker processes (one engine each: vLLM's counters are per process) so that bench can interleave
-vLLM's plain and speculative decoding with ours prompt by prompt. An idle vLLM engine waits on its
-input queue, so the engine not being timed does not run beside the one that is.
+One worker process per engine (vLLM's counters are per process), so calls can be interleaved prompt
+by prompt with each other and with our engine. An idle vLLM engine waits on its input queue (checked:
+no CPU time while idle), so the engines not being timed do not run beside the one that is.
 """
 from __future__ import annotations
 
@@ -11,26 +12,25 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from specdec_tune.profiler.vllm_backend import SpecCounters, VllmWorker
-
-KINDS = ("plain", "speculative")
+from specdec_tune.profiler.vllm_backend import SpecCounters, VllmOutput, VllmWorker
 
 
-class VllmPair:
-    """vLLM's plain and speculative decoding of one target, started once, timed per call.
+class VllmEngines:
+    """vLLM engines of one target, one per named configuration, started once, timed per call.
 
     Args:
         python: the vLLM venv's Python.
         target: the target model's folder (vLLM loads it itself).
-        speculative_config: the ``--speculative-config`` dict (e.g. the tuner's vLLM export).
+        configs: name -> ``--speculative-config`` dict (e.g. the tuner's vLLM export), ``None`` = plain.
         threads: OpenMP threads for vLLM's model runner (``VLLM_CPU_OMP_THREADS_BIND=0-<threads-1>``
             unless that variable is set): the same number our engine uses makes the comparison fair.
-        dtype, max_model_len, enforce_eager: passed to ``LLM(...)``.
+        dtype, max_model_len, enforce_eager, max_num_seqs: passed to ``LLM(...)``.
     """
 
-    def __init__(self, python: str | os.PathLike, target: str, speculative_config: dict[str, Any], *, threads: int = 1,
-                 dtype: str = "float32", max_model_len: int = 1024, enforce_eager: bool = False) -> None:
-        self.speculative_config = speculative_config
+    def __init__(self, python: str | os.PathLike, target: str, configs: dict[str, dict[str, Any] | None], *,
+                 threads: int = 1, dtype: str = "float32", max_model_len: int = 1024, enforce_eager: bool = False,
+                 max_num_seqs: int = 1) -> None:
+        self.configs = dict(configs)
         env = {}
         if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             env["VLLM_CPU_OMP_THREADS_BIND"] = "0" if threads <= 1 else f"0-{threads - 1}"
@@ -38,12 +38,11 @@ class VllmPair:
         self.workers: dict[str, VllmWorker] = {}
         self.start_seconds: dict[str, float] = {}
         try:
-            for kind in KINDS:
+            for name, cfg in self.configs.items():
                 w = VllmWorker(python, env=env)
-                self.workers[kind] = w
-                cfg = speculative_config if kind == "speculative" else None
-                self.start_seconds[kind] = w.start(str(Path(target)), cfg, dtype=dtype, max_model_len=max_model_len,
-                                                   max_num_seqs=1, enforce_eager=enforce_eager)
+                self.workers[name] = w
+                self.start_seconds[name] = w.start(str(Path(target)), cfg, dtype=dtype, max_model_len=max_model_len,
+                                                   max_num_seqs=max_num_seqs, enforce_eager=enforce_eager)
         except BaseException:
             self.close()
             raise
@@ -51,36 +50,43 @@ class VllmPair:
         self.reset_counts()
 
     def reset_counts(self) -> None:
-        """Forget counters and latencies so far (the warm-up's)."""
-        self.counters: SpecCounters | None = None
-        self.ttft: dict[str, list[float]] = {k: [] for k in KINDS}
-        self.itl: dict[str, list[float]] = {k: [] for k in KINDS}
+        """Forget counters, latencies and outputs so far (the warm-up's)."""
+        self.counters: dict[str, SpecCounters | None] = {k: None for k in self.configs}
+        self.ttft: dict[str, list[float]] = {k: [] for k in self.configs}
+        self.itl: dict[str, list[float]] = {k: [] for k in self.configs}
+        self.outputs: dict[str, list[VllmOutput]] = {k: [] for k in self.configs}
 
-    def run(self, kind: str, prompt: list[int], max_tokens: int) -> tuple[list[int], float]:
-        """One prompt, batch 1: (new token ids, seconds of the ``generate`` call in the worker)."""
-        res = self.workers[kind].generate([prompt], max_tokens)
+    def run(self, name: str, prompt: list[int], max_tokens: int) -> tuple[list[int], float]:
+        """One prompt, batch 1: (new token ids, seconds of the ``generate`` call in the worker).
+        The request's record (TTFT, per-step acceptance) is kept in ``outputs[name]``."""
+        res = self.workers[name].generate([prompt], max_tokens)
         out = res.outputs[0]
+        self.outputs[name].append(out)
         if out.ttft is not None:
-            self.ttft[kind].append(out.ttft)
+            self.ttft[name].append(out.ttft)
         if out.itl_mean is not None:
-            self.itl[kind].append(out.itl_mean)
-        if kind == "speculative" and res.counters is not None:
-            self.counters = res.counters if self.counters is None else self.counters + res.counters
+            self.itl[name].append(out.itl_mean)
+        if res.counters is not None:
+            prev = self.counters[name]
+            self.counters[name] = res.counters if prev is None else prev + res.counters
         return out.token_ids, res.seconds
+
+    @property
+    def versions(self) -> dict[str, Any]:
+        return next(iter(self.workers.values())).versions if self.workers else {}
 
     def summary(self) -> dict[str, Any]:
         """Versions, start cost, median latencies and the measured calls' counters, for the report."""
         med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
-        w = self.workers.get("plain")
         return {
-            "versions": w.versions if w else {},
-            "speculative_config": self.speculative_config,
+            "versions": self.versions,
+            "configs": self.configs,
             "start_seconds": self.start_seconds,
             "enforce_eager": self.enforce_eager,
             "omp_threads_bind": self.threads_bind,
             "ttft_median_s": {k: med(v) for k, v in self.ttft.items()},
             "itl_median_s": {k: med(v) for k, v in self.itl.items()},
-            "counters": self.counters.to_json() if self.counters else None,
+            "counters": {k: c.to_json() for k, c in self.counters.items() if c is not None},
         }
 
     def close(self) -> None:
@@ -88,8 +94,21 @@ class VllmPair:
             w.close()
         self.workers = {}
 
-    def __enter__(self) -> VllmPair:
+    def __enter__(self) -> VllmEngines:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class VllmPair(VllmEngines):
+    """vLLM's plain (``"plain"``) and speculative (``"speculative"``) decoding: bench's vLLM side."""
+
+    def __init__(self, python: str | os.PathLike, target: str, speculative_config: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(python, target, {"plain": None, "speculative": speculative_config}, **kwargs)
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
+        out["speculative_config"] = self.configs["speculative"]
+        out["counters"] = out["counters"].get("speculative")
+        return out

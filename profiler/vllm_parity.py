@@ -123,3 +123,15 @@ def fresh_drafter(kind: str, draft_model: torch.nn.Module | None, max_len: int, 
     if kind == "vllm-ngram":
         return VllmNgramDrafter(ngram_max=ngram_max, ngram_min=ngram_min)
     raise ValueError(f"drafter kind must be model, ngram or vllm-ngram, got {kind!r}")
+
+
+def cycles_from_vllm(outputs) -> list[CycleStats]:
+    """vLLM's per-request step records as our cycle records (drafted steps only: vLLM records no step
+    without draft tokens, and its first token comes from the prefill), so the engine's aggregations
+    (``acceptance_per_position``, tau) read vLLM measurements the same way as ours."""
+    cycles = []
+    for out in outputs:
+        for a, d in zip(out.steps_accepted or [], out.steps_drafted or []):
+            cycles.append(CycleStats(drafted=d, accepted=a, emitted=a + 1, confidences=(1.0,) * d,
+                                     outcomes=tuple(i < a for i in range(d)), target_positions=d + 1))
+    return cycles

@@ -173,3 +173,16 @@ def test_worker_that_dies_is_reported_with_its_log(tmp_path):
     with pytest.raises(VllmError, match="exited with code 3.*not a python"):
         VllmWorker(fake)
     assert os.access(fake, os.X_OK)
+
+
+@pytest.mark.parametrize("run", ["draft_model", "ngram"])
+def test_vllm_steps_as_cycles_give_the_counters_rates(run):
+    from specdec_tune.engine import acceptance_per_position
+    from specdec_tune.profiler.vllm_parity import cycles_from_vllm
+
+    res = parse_generate(RECORDED["runs"][run]["response"])
+    cycles = cycles_from_vllm(res.outputs)
+    assert len(cycles) == res.counters.drafts
+    alpha, beta = acceptance_per_position(cycles, K)
+    assert beta == pytest.approx(res.counters.per_position_rate)
+    assert alpha[0] == pytest.approx(beta[0]) and all(0 <= a <= 1 for a in alpha)
