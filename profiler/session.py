@@ -177,6 +177,9 @@ class ProfileSession:
         # Profile one split only (default: the tuning half), so measure can validate on the rest.
         self.prompts = split_prompts(all_prompts, s.split)[: s.max_prompts]
         self.all_prompt_count = len(all_prompts)
+        # Every workload prompt's length (a length, not a timing): predictions for prompts the profile
+        # does not run (the held-out split) need it without loading the tokenizer again.
+        self.workload_lengths = [[p.id, int(len(encode_prompt(self.target, p.prompt, p.id)))] for p in all_prompts]
         self.ids = [encode_prompt(self.target, p.prompt, p.id) for p in self.prompts]
         limit = int(getattr(self.target.model.config, "max_position_embeddings", 0) or 0)
         need = max(len(i) for i in self.ids) + s.max_new_tokens + s.n_max + 2
@@ -209,6 +212,7 @@ class ProfileSession:
             "draft_forwards": {d.model.name: d.model.forward for d in self.drafts if d.model is not None},
             "target": self.target_name, "drafts": self.draft_names, "workload": self.workload_name,
             "prompt_ids": [p.id for p in self.prompts], "prompt_tokens": [int(len(i)) for i in self.ids],
+            "workload_prompt_tokens": self.workload_lengths,
             "typical_context": self.typical_context, "context_lens": self.context_lens,
             "ks": list(range(1, s.k_max + 1)), "threads": torch.get_num_threads(),
             "throughput": "end to end: new tokens / wall seconds of whole decode calls, prefill included",

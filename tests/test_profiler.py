@@ -331,7 +331,7 @@ def test_bad_split_is_an_input_error(bad):
 
 
 def test_held_out_prediction_uses_no_held_out_timing(tiny_model_dirs, workload, tmp_path):
-    from specdec_tune.tuner.profile_data import PromptSpec, predict_prompts
+    from specdec_tune.tuner.profile_data import PromptSpec, predict_prompts, split_specs
 
     db = open_database(f"sqlite:///{tmp_path / 'r.db'}")
     draft = tiny_model_dirs["draft"]
@@ -356,6 +356,14 @@ def test_held_out_prediction_uses_no_held_out_timing(tiny_model_dirs, workload, 
         assert pooled.expected_tokens_per_cycle == pytest.approx(exact.expected_tokens_per_cycle)
     plain = predict_prompts(rp, SpecConfig(0), [(n, None) for n in lengths])
     assert plain.source == "baseline" and plain.tokens_per_s > 0
+    # Every workload prompt's length is stored, so any split can be predicted without a tokenizer.
+    stored = settings["workload_prompt_tokens"]
+    assert [pid for pid, _ in stored] == ["p0", "p1", "p2"] and [stored[0][1], stored[2][1]] == lengths
+    (held,) = split_specs(rp, "holdout")
+    assert held == PromptSpec(stored[1][1], None, None)
+    tune = predict_prompts(rp, config, split_specs(rp, "tune"))
+    assert tune.in_sample and tune.tokens_per_s == pytest.approx(exact.tokens_per_s)
+    assert not predict_prompts(rp, config, split_specs(rp, "all")).in_sample
 
 
 def test_single_profiled_prompt_pooled_equals_exact(tiny_model_dirs, workload, tmp_path):

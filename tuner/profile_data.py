@@ -47,7 +47,7 @@ NGRAM = "ngram"
 __all__ = [
     "OverheadFit", "PositionTrace", "PromptInfo", "PromptSpec", "RunPrediction", "RunProfile", "best_configs",
     "build_run_profile", "fit_overhead", "load_run_profile", "position_traces", "predict_baseline",
-    "predict_config", "predict_prompts", "profiled_specs", "resolve_draft", "run_drafts", "simulate_prompt",
+    "predict_config", "predict_prompts", "profiled_specs", "split_specs", "resolve_draft", "run_drafts", "simulate_prompt",
 ]
 
 
@@ -537,6 +537,28 @@ def predict_config(rp: RunProfile, config: SpecConfig, max_prompts: int | None =
         InputError: the run lacks what the configuration needs (batch size, N beyond N_max, traces).
     """
     return _predict(rp, config, profiled_specs(rp, max_prompts))
+
+
+def split_specs(rp: RunProfile, split: str, max_prompts: int | None = None) -> list[PromptSpec]:
+    """The prompts of ``split`` of the run's workload as :class:`PromptSpec`, without a tokenizer.
+
+    Uses the lengths the profile stored for every workload prompt (``workload_prompt_tokens``);
+    profiled prompts keep their index (exact replay), the others are predicted from the profiled ones.
+    Output lengths are left to :func:`predict_prompts` (``max_new_tokens`` for unprofiled prompts).
+
+    Raises:
+        InputError: a bad split, or a run profiled before prompt lengths were stored.
+    """
+    from specdec_tune.engine.workloads import split_prompts
+
+    stored = rp.run.settings.get("workload_prompt_tokens")
+    if not stored:
+        raise InputError(f"run {rp.run.id} does not store its workload's prompt lengths; profile it again")
+    index = {pid: i for i, pid in enumerate(rp.run.settings.get("prompt_ids", []))}
+    chosen = split_prompts([(str(pid), int(n)) for pid, n in stored], split)  # type: ignore[arg-type]
+    if max_prompts is not None:
+        chosen = chosen[:max_prompts]
+    return [PromptSpec(n, None, index.get(pid)) for pid, n in chosen]
 
 
 def predict_prompts(
