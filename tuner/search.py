@@ -45,16 +45,20 @@ class Scored:
     memory_bytes: float | None = None
 
     def attrs(self) -> dict[str, Any]:
-        """What a trial stores (Optuna user attributes)."""
-        return {"candidate": self.candidate.to_dict(), "predicted_tokens_per_s": self.predicted_tokens_per_s,
-                "predicted_speedup": self.predicted_speedup, "expected_tokens_per_cycle": self.expected_tokens_per_cycle,
-                "source": self.source, "memory_bytes": self.memory_bytes, "label": "predicted"}
+        """What a trial stores (Optuna user attributes; its value is the predicted tokens/s). Each
+        attribute is one storage commit, so only what readers need is stored."""
+        out = {"candidate": self.candidate.to_dict(), "predicted_speedup": self.predicted_speedup,
+               "expected_tokens_per_cycle": self.expected_tokens_per_cycle, "source": self.source}
+        if self.memory_bytes is not None:
+            out["memory_bytes"] = self.memory_bytes
+        return out
 
     @classmethod
-    def from_attrs(cls, a: dict[str, Any]) -> Scored:
-        return cls(Candidate.from_dict(a["candidate"]), float(a["predicted_tokens_per_s"]),
-                   float(a["predicted_speedup"]), float(a["expected_tokens_per_cycle"]), str(a["source"]),
-                   a.get("memory_bytes"))
+    def from_trial(cls, t: Any) -> Scored:
+        """Back from a completed trial (value 0 = predicted tokens/s)."""
+        a = t.user_attrs
+        return cls(Candidate.from_dict(a["candidate"]), float(t.values[0]), float(a["predicted_speedup"]),
+                   float(a["expected_tokens_per_cycle"]), str(a["source"]), a.get("memory_bytes"))
 
 
 def spec_config(c: Candidate, mode: str = "greedy", batch_size: int = 1) -> SpecConfig:
@@ -208,9 +212,12 @@ def run_search(
     directions = ["maximize"] + ["minimize"] * (len(objectives) - 1)
     study = load_or_create(storage, study_name, directions, {**(attrs or {}), "space": space.to_dict(),
                                                               "objectives": objectives}, sampler)
+    if "objectives" not in study.user_attrs:  # the dashboard names the study's values with these
+        study.set_user_attr("objectives", ["predicted_tokens_per_s" if o == "throughput" else "memory_bytes"
+                                           for o in objectives])
     for t in _completed(study):  # what earlier runs or other workers predicted is not predicted again
         if "candidate" in t.user_attrs:
-            s = Scored.from_attrs(t.user_attrs)
+            s = Scored.from_trial(t)
             evaluator.cache.setdefault(s.candidate, s)
 
     def objective(trial: Any) -> float | list[float]:
@@ -219,7 +226,6 @@ def run_search(
         if reason is not None:  # a guard: the space is built to hold only expressible points
             trial.set_user_attr("error", reason)
             raise optuna.TrialPruned(reason)
-        hit = c in evaluator.cache
         try:
             s = evaluator.score(c)
         except InputError as exc:  # the profile cannot predict this point: not a result
@@ -227,7 +233,6 @@ def run_search(
             raise optuna.TrialPruned(str(exc)) from None
         for key, value in s.attrs().items():
             trial.set_user_attr(key, value)
-        trial.set_user_attr("cached", hit)
         values = _values(s, objectives)
         return values[0] if len(values) == 1 else values
 
@@ -251,11 +256,11 @@ def run_search(
     by_candidate: dict[Candidate, Scored] = {}
     for t in done:
         if "candidate" in t.user_attrs:
-            s = Scored.from_attrs(t.user_attrs)
+            s = Scored.from_trial(t)
             by_candidate.setdefault(s.candidate, s)
     ranked = sorted(by_candidate.values(), key=lambda s: -s.predicted_tokens_per_s)
     if len(objectives) > 1:
-        front = [Scored.from_attrs(t.user_attrs) for t in study.best_trials if "candidate" in t.user_attrs]
+        front = [Scored.from_trial(t) for t in study.best_trials if "candidate" in t.user_attrs]
         front = sorted({s.candidate: s for s in front}.values(), key=lambda s: -s.predicted_tokens_per_s)
     else:
         front = ranked[:1]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specdec_tune.db import Database, get_run, list_models, list_runs
@@ -58,6 +58,7 @@ class TuneRequest:
     repeats: int = 3
     seed: int = 0
     device: str = "auto"
+    thresholds: tuple[float, ...] | None = None  # θ grid override (benchmarks); default: 0..0.95 step 0.05
 
     def __post_init__(self) -> None:
         check_server(self.server)
@@ -75,6 +76,8 @@ class TuneRequest:
                 raise InputError(f"{flag} must be >= 1, got {value}")
         if self.temperature < 0:
             raise InputError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.thresholds is not None and (not self.thresholds or any(not 0 <= t <= 0.95 for t in self.thresholds)):
+            raise InputError(f"thresholds must lie in [0, 0.95], got {list(self.thresholds)}")
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
             raise InputError(f"--batch-sizes must be integers >= 1, got {list(self.batch_sizes)}")
 
@@ -88,7 +91,8 @@ class TuneRequest:
         import json
 
         key = json.dumps([self.target, list(self.drafts), self.workload, self.temperature, list(self.objectives),
-                          self.n_max, self.max_prompts, self.max_new_tokens], sort_keys=True)
+                          self.n_max, self.max_prompts, self.max_new_tokens,
+                          list(self.thresholds) if self.thresholds is not None else None], sort_keys=True)
         short = lambda s: s.rstrip("/").rsplit("/", 1)[-1]  # noqa: E731
         return f"tune-{short(self.target)}-{short(self.workload)}-{self.server}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
@@ -109,6 +113,7 @@ class TuneReport:
     pareto: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     exports: list[str] = field(default_factory=list)
+    space: Any = None  # the SearchSpace searched
 
 
 # --------------------------------------------------------------------------- profile reuse
@@ -120,9 +125,7 @@ def _profile_settings(req: TuneRequest) -> ProfileSettings:
         n_max=req.n_max, k_max=req.n_max + 1, repeats=req.profile_repeats, max_prompts=req.max_prompts,
         max_new_tokens=req.max_new_tokens, seed=req.seed, label="tune",
     )
-    if _measure.has_splits():
-        kwargs["split"] = "tune"
-    return ProfileSettings(**kwargs)
+    return ProfileSettings(split="tune", **kwargs)
 
 
 def find_profile(db: Database, req: TuneRequest) -> int | None:
@@ -226,6 +229,8 @@ def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progres
     memory = memory_model(db, run_id, max_context) if "memory" in req.objectives else None
     evaluator = Evaluator(db, run_id, req.mode, memory)
     space = server_search_space(req.server, model_drafts, n_max, NGRAM in req.drafts)
+    if req.thresholds is not None and len(space.thresholds) > 1:
+        space = replace(space, thresholds=tuple(req.thresholds))
     if NGRAM in req.drafts:
         notes.append("n-gram lookup sizes are fixed at the engine's default (longest 3, shortest 1): the profile "
                      "records one n-gram variant")
@@ -277,7 +282,8 @@ def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progres
                      "measured_ci": m.ci, "predicted_tokens_per_s": m.predicted_tokens_per_s,
                      "servers": expressible_on(m.candidate), "winner": m is winner} for m in confirm]
     return TuneReport(result, name, storage_url, run_id, profiled, outcome.completed, outcome.new_trials,
-                      outcome.sampler, confirmation, [_scored_dict(s) for s in outcome.pareto], notes, exports)
+                      outcome.sampler, confirmation, [_scored_dict(s) for s in outcome.pareto], notes, exports,
+                      space)
 
 
 @dataclass(frozen=True)
