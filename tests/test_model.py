@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from specdec_tune.errors import InputError
+from specdec_tune.schedules import next_num_speculative
 from specdec_tune.tuner.model import (
     ModelProfile,
     SpecConfig,
@@ -195,7 +196,7 @@ def test_heuristic_markov_chain_matches_monte_carlo(n: int, theta: float) -> Non
         tau += a + 1
         length += d
         time += f * t_s + VERIFY[d + 1] + 0.001
-        n_cur = min(n, n_cur + 2) if a == d else max(1, n_cur - 1)
+        n_cur = next_num_speculative("heuristic", n_cur, n, d, a)  # the engine's rule, not a copy
     assert pred.tokens_per_s == pytest.approx(tau / time, rel=0.015)
     assert pred.expected_tokens_per_cycle == pytest.approx(tau / cycles, rel=0.015)
     assert pred.expected_draft_length == pytest.approx(length / cycles, rel=0.02)

@@ -152,15 +152,18 @@ def test_greedy_simulation_reproduces_the_engine(pair, draft_kind):
     conts = acc.bonus_continuations(draft.model, traces, prompts)
     if draft_kind == "identical":
         assert conts and all(ok for *_, ok in conts)
-    for n, theta, schedule in [(1, 0.0, "constant"), (3, 0.0, "constant"), (4, 0.5, "constant"),
-                               (6, 0.9, "constant"), (5, 0.0, "heuristic"), (4, 0.6, "heuristic")]:
-        config = DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=n, threshold=theta, schedule=schedule)
+    for n, theta, schedule, rule in [(1, 0.0, "constant", "before"), (3, 0.0, "constant", "before"),
+                                     (4, 0.5, "constant", "before"), (6, 0.9, "constant", "before"),
+                                     (5, 0.0, "heuristic", "before"), (4, 0.6, "heuristic", "before"),
+                                     (4, 0.5, "constant", "hf"), (5, 0.6, "heuristic", "hf")]:
+        config = DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=n, threshold=theta, schedule=schedule,
+                              threshold_rule=rule)
         for i, ids in enumerate(prompts):
             real = decode_once(target, DraftSpec("model", draft), ids, config)
             mine = [r for r in rows if r.prompt_index == i]
             pos = position_traces(mine, {c: (conf, ok) for p, c, conf, ok in conts if p == i}, cap=n_max)
-            sim = simulate_prompt(pos, real.new_tokens, max_new, n, theta, schedule)
-            assert sim == [(c.drafted, c.accepted, c.draft_forwards) for c in real.cycles], (n, theta, schedule, i)
+            sim = simulate_prompt(pos, real.new_tokens, max_new, n, theta, schedule, threshold_rule=rule)
+            assert sim == [(c.drafted, c.accepted, c.draft_forwards) for c in real.cycles], (n, theta, schedule, rule, i)
 
 
 def test_fit_overhead_separates_cycle_and_forward_costs():
