@@ -21,9 +21,12 @@ class Draft:
         tokens: proposed token ids, ``[L]`` (int64, on the decode device). L may be 0.
         probs: draft distribution q at each proposed position, ``[L, vocab]``, or ``None`` for drafters
             without a distribution (n-gram lookup; treated as a point mass in sampling mode).
-        confidence: draft's probability of its own proposed token, ``[L]`` (1.0 for n-gram).
-        stopped_by_threshold: drafting ended early because the next token's confidence was below the
-            threshold (that token was computed but not proposed).
+        confidence: the number compared with θ at each proposed position, ``[L]``: the draft's top
+            probability there (rule ``before``; in greedy mode that is the proposed token's
+            probability), or the proposed token's probability (rule ``hf``); 1.0 for n-gram.
+        stopped_by_threshold: θ ended drafting before the budget: rule ``before``, the next
+            position's top probability was below θ (its distribution was computed, no token drawn);
+            rule ``hf``, the last proposed token's probability was below θ.
     """
 
     tokens: torch.Tensor  # [L]
@@ -58,7 +61,7 @@ class CycleStats:
         accepted: tokens of the draft accepted (0..L).
         emitted: tokens appended to the output by this cycle (accepted + 1, fewer when EOS or the
             max_new_tokens limit cut the cycle short).
-        confidences: draft confidence of each proposed token, ``[L]``.
+        confidences: draft confidence of each proposed token (``Draft.confidence``), ``[L]``.
         outcomes: for each proposed token, True if accepted, ``[L]`` (accepted tokens form a prefix).
         draft_forwards: draft model forwards run in this cycle (0 for n-gram).
         target_positions: positions the target's verify forward processed (L + 1 normally).
