@@ -334,7 +334,9 @@ def measure(
         return
     err = v.relative_error
     where = (f"{m.prompts} prompts of split {m.split}" if m.split else f"the run's {m.prompts} profiled prompts")
-    sample = "in-sample: the profile ran these prompts" if v.in_sample else "out-of-sample: held-out prompts"
+    ran = sum(m.profiled)
+    sample = ("in-sample: the profile ran these prompts" if v.in_sample else
+              "out-of-sample: held-out prompts" if ran == 0 else f"partly in-sample: {ran} of {m.prompts} prompts profiled")
     ci = f"95% CI {m.ci95[0]:.1f}-{m.ci95[1]:.1f}" if m.ci95 else "no CI"
     typer.echo(
         f"measured: {m.tokens_per_s:.1f} tokens/s ({ci}; {m.new_tokens} new tokens in {m.seconds:.2f} s over {where}, "
