@@ -178,3 +178,21 @@ def test_threshold_decided_before_sampling_hand_built_case():
     print(f"\nhand-built case: new rule P(0)={new / samples:.4f} (p={p_new:.3g}); old rule P(0)={old / samples:.4f} (p={p_old:.3g})")
     assert p_new > 1e-3, f"new rule: P(first = 0) = {new / samples:.4f}, not 0.5"
     assert p_old < 1e-6 and abs(old / samples - 0.55) < 0.025, f"old rule: P(first = 0) = {old / samples:.4f}, not 0.55"
+
+
+@pytest.mark.parametrize("theta", [0.0, 0.3])
+def test_sampling_confidence_is_the_top_probability(pair, theta):
+    """What traces record is what θ is compared with: the top draft probability per position (rule
+    before), so the replay's cut at the first confidence below θ is the drafter's stop."""
+    _, draft, prompt, _ = pair
+    gen = torch.Generator().manual_seed(3)
+    lower = 0
+    for _ in range(50):
+        d = ModelDrafter(draft, 32, temperature=TEMP, threshold=theta, generator=gen).propose(prompt, 4)
+        top = d.probs.max(dim=-1).values.float()
+        torch.testing.assert_close(d.confidence, top)
+        lower += int((d.probs.gather(1, d.tokens[:, None])[:, 0].float() < top).sum())
+        assert bool((d.confidence >= theta).all())
+    assert lower > 0  # a drawn token's own probability often differs: the distinction matters
+    hf = ModelDrafter(draft, 32, temperature=TEMP, threshold=0.3, generator=gen, threshold_rule="hf").propose(prompt, 4)
+    torch.testing.assert_close(hf.confidence, hf.probs.gather(1, hf.tokens[:, None])[:, 0].float())

@@ -22,7 +22,8 @@ class Trace:
     """One speculative cycle recorded with θ = 0 and N = N_max.
 
     Attributes:
-        confidences: the draft's probability of each drafted token, ``[N_max]`` (shorter when the
+        confidences: the draft's top probability at each drafted position (the number θ is compared
+            with; in greedy mode the drafted token's probability), ``[N_max]`` (shorter when the
             sequence ended). Positions after the first rejection carry a confidence but no outcome.
         num_accepted: length of the accepted prefix, 0..len(confidences).
     """
