@@ -225,6 +225,15 @@ def trial_label(t: TrialRow) -> str:
     return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={short(v)}" for k, v in t.params.items())
 
 
+def objective_text(name: str, value: float | None) -> str:
+    """An objective value for a table: bytes as MiB, rates with one decimal."""
+    if value is None:
+        return "–"
+    if "bytes" in name or name == "memory":
+        return f"{value / 2**20:,.1f} MiB"
+    return f"{value:,.1f}"
+
+
 def short(value: object) -> str:
     text = str(value)
     return text.rstrip("/").rsplit("/", 1)[-1] if "/" in text else text

@@ -60,5 +60,6 @@ def schedule_chart(per_batch_size: dict[int, int]) -> go.Figure:
     fig = go.Figure(go.Bar(x=[str(b) for b in bs], y=[per_batch_size[b] for b in bs],
                            text=[str(per_batch_size[b]) for b in bs], textposition="outside"))
     fig.update_layout(title="Per-batch-size schedule: best N for each batch size (predicted; 0 = do not speculate)",
-                      xaxis_title="batch size B", yaxis_title="N", height=340, margin=dict(l=50, r=20, t=50, b=45))
+                      xaxis_title="batch size B", yaxis_title="N", height=340, margin=dict(l=50, r=20, t=50, b=45),
+                      xaxis_type="category")
     return fig

@@ -8,7 +8,7 @@ import streamlit as st
 from specdec_tune.dashboard import cache, ui
 from specdec_tune.dashboard.measured import short_name
 from specdec_tune.dashboard.study_charts import schedule_chart
-from specdec_tune.dashboard.studies import export_formats, trial_label, zip_files
+from specdec_tune.dashboard.studies import export_formats, objective_text, trial_label, zip_files
 from specdec_tune.errors import SpecdecError
 
 sel = ui.selection()
@@ -31,11 +31,14 @@ result = info.result
 cols = st.columns(4)
 cols[0].metric("Trials", info.row.trials)
 cols[1].metric("Completed", info.complete)
-cols[2].metric("Objectives", ", ".join(f"{n} ({d})" for n, d in zip(info.objective_names, info.row.directions)))
 if not info.row.multi_objective and info.best and info.best[0].values:
-    cols[3].metric(f"Best {info.objective_names[0]} (predicted)", ui.fmt(info.best[0].values[0]))
+    cols[2].metric(f"Best {info.objective_names[0]} (predicted)", ui.fmt(info.best[0].values[0]))
 else:
-    cols[3].metric("Pareto-optimal trials", len(info.best))
+    cols[2].metric("Pareto-optimal trials", len(info.best))
+cols[3].metric("Pruned or failed", info.states.get("PRUNED", 0) + info.states.get("FAIL", 0),
+               help="trials the model could not predict (pruned) or that raised")
+st.caption("Objectives: " + ", ".join(f"{n} ({d})" for n, d in zip(info.objective_names, info.row.directions))
+           + " · every trial value is predicted by the model")
 if result is not None:
     st.success(f"Winner for {result.server}: {result.candidate.label()} · measured "
                f"{ui.fmt(result.measured_tokens_per_s)} tokens/s ({'held-out' if result.heldout else 'in-sample'}) · "
@@ -58,7 +61,7 @@ if "pareto" in figs:
 
 st.header("Best configurations in the study")
 st.dataframe([{
-    "trial": t.number, **{n: ui.fmt(v, 1) for n, v in zip(info.objective_names, t.values or ())},
+    "trial": t.number, **{n: objective_text(n, v) for n, v in zip(info.objective_names, t.values or ())},
     "configuration": trial_label(t), "predicted speedup": ui.fmt(t.user_attrs.get("predicted_speedup"), 2, "×"),
     "E[τ]": ui.fmt(t.user_attrs.get("expected_tokens_per_cycle"), 2), "source": t.user_attrs.get("source", "–"),
 } for t in info.top], hide_index=True)
