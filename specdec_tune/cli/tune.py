@@ -155,8 +155,13 @@ def tune(
     db_url = resolve_url(db)
     storage_url = storage or default_storage_url(db_url)
     check_storage(storage_url, db_url)
-    fmts = ["vllm", "sglang", "trtllm", "llamacpp", "hf"] if formats.strip() == "all" else \
-        [f.strip() for f in formats.split(",") if f.strip()]
+    # "all" is passed through: the exporters then skip a server that cannot express the winner and say
+    # why in the README, while a format named explicitly must express it
+    fmts = [f.strip() for f in formats.split(",") if f.strip()]
+    if export:
+        from specdec_tune.tuner.exports import resolve_formats
+
+        resolve_formats(fmts)  # an unknown format fails before anything is measured
     database = open_database(db_url)
     quiet_loading()
     progress = _LazyBar(Console(stderr=True))
