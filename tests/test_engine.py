@@ -211,6 +211,7 @@ def test_cycle_stats_consistent(pair):
 def test_bad_decode_config():
     for kwargs in ({"max_new_tokens": 0}, {"max_new_tokens": 4, "num_speculative_tokens": 0},
                    {"max_new_tokens": 4, "num_speculative_tokens": 65}, {"max_new_tokens": 4, "threshold": 1.0},
-                   {"max_new_tokens": 4, "temperature": -1.0}, {"max_new_tokens": 4, "schedule": "wild"}):
+                   {"max_new_tokens": 4, "temperature": -1.0}, {"max_new_tokens": 4, "schedule": "wild"},
+                   {"max_new_tokens": 4, "threshold_rule": "after"}):
         with pytest.raises(ValueError):
             DecodeConfig(**kwargs)
