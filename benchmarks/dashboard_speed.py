@@ -30,6 +30,9 @@ PROFILE_FLAGS = ["--batch-sizes", "1,4", "--n-max", "8", "--k-max", "9", "--repe
                  "--max-new-tokens", "32", "--context-lens", "64,128"]
 PAGES = ("overview", "profile", "why", "fidelity", "study", "trends")
 STUDY = "speed-study"
+# Charts each page draws on the benchmark's data (2 drafts, a single-objective study): the browser
+# timing stops only once all of them are drawn.
+MIN_CHARTS = {"overview": 0, "profile": 6, "why": 3, "fidelity": 1, "study": 2, "trends": 0}
 
 
 def build(out: Path, runs: int, trials: int, source_db: str | None) -> dict[str, str]:
@@ -184,7 +187,7 @@ def time_browser(urls: dict[str, str]) -> dict[str, dict[str, float]] | None:
                     while True:
                         heads = [h.text for h in driver.find_elements(By.TAG_NAME, "h1")]
                         n, drawn = rendered_charts(driver)
-                        if title in heads and n == drawn and idle(driver) and time.perf_counter() - t0 > 0.3:
+                        if title in heads and n == drawn >= MIN_CHARTS[page] and idle(driver):
                             break
                         if time.perf_counter() - t0 > 120:
                             raise RuntimeError(f"{page} did not render in 120 s")
