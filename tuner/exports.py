@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -30,7 +31,8 @@ FORMATS = ("vllm", "sglang", "trtllm", "llamacpp", "hf")
 ALL = "all"
 Files = list[tuple[str, str]]  # (relative path, text)
 
-__all__ = ["ALL", "FORMATS", "batch_ranges", "build_exports", "model_path", "resolve_formats", "write_exports"]
+__all__ = ["ALL", "FORMATS", "batch_ranges", "build_exports", "model_path", "resolve_formats", "server_best",
+           "write_exports"]
 
 
 def resolve_formats(formats: Sequence[str]) -> tuple[list[str], bool]:
@@ -235,11 +237,31 @@ def _hf(result: TuningResult) -> Files:
 BUILDERS = {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm, "llamacpp": _llamacpp, "hf": _hf}
 
 
-def build_exports(result: TuningResult, formats: Sequence[str]) -> tuple[dict[str, Files], dict[str, str]]:
-    """Build (not write) every format: ``(files per format, refusal per skipped format)``.
+def server_best(result: TuningResult, fmt: str) -> TuningResult | None:
+    """The best configuration inside ``fmt``'s space (``result.best_per_server``) as a result of its own,
+    or ``None`` when the tuner recorded none. Its numbers are its own: measured only when the tuner
+    measured it (on the tuning prompts), otherwise predicted; its schedule is its own per-batch-size N."""
+    entry = result.best_per_server.get(fmt)
+    if not entry:
+        return None
+    c = Candidate.from_dict(entry)
+    if c == result.candidate:
+        return None
+    return replace(result, candidate=c, server=fmt, draft_path=None if c.drafter != result.candidate.drafter
+                   else result.draft_path, per_batch_size={int(b): int(n) for b, n in
+                                                           (entry.get("per_batch_size") or {}).items()},
+                   measured_tokens_per_s=entry.get("measured_tokens_per_s"),
+                   predicted_tokens_per_s=entry.get("predicted_tokens_per_s"), speedup=None, speedup_ci=None,
+                   heldout=False)
 
-    Named formats must all succeed; with ``all`` a format the server cannot express is skipped and its
-    reason returned (the README lists it).
+
+def build_exports(result: TuningResult, formats: Sequence[str]) -> tuple[dict[str, Files], dict[str, str], dict[str, str]]:
+    """Build (not write) every format: ``(files per format, refusal per skipped format, substitution
+    note per format that got its own server's best instead of the winner)``.
+
+    Named formats must all succeed. With ``all``, a server that cannot express the winner gets the best
+    configuration inside its own space (``result.best_per_server``, as ``tune --server any`` records it)
+    and the note says so; without such a record the format is skipped and its reason returned.
 
     Raises:
         InputError: an unknown format, or a named format that cannot express the configuration.
@@ -247,14 +269,23 @@ def build_exports(result: TuningResult, formats: Sequence[str]) -> tuple[dict[st
     fmts, every = resolve_formats(formats)
     built: dict[str, Files] = {}
     skipped: dict[str, str] = {}
+    substituted: dict[str, str] = {}
     for f in fmts:
         try:
             built[f] = BUILDERS[f](result)
         except InputError as exc:
             if not every:
                 raise
-            skipped[f] = str(exc)
-    return built, skipped
+            alt = server_best(result, f)
+            try:
+                if alt is None:
+                    raise exc
+                built[f] = BUILDERS[f](alt)
+                substituted[f] = (f"{exc}; wrote {SERVERS[f].title}'s best inside its own space instead: "
+                                  f"{alt.candidate.label()}")
+            except InputError as why:
+                skipped[f] = str(why)
+    return built, skipped, substituted
 
 
 def write_exports(result: TuningResult, formats: Sequence[str], out_dir: Path) -> dict[str, list[Path]]:
@@ -269,8 +300,8 @@ def write_exports(result: TuningResult, formats: Sequence[str], out_dir: Path) -
     """
     from specdec_tune.tuner._export_readme import render_readme
 
-    built, skipped = build_exports(result, formats)
-    readme = render_readme(result, built, skipped)
+    built, skipped, substituted = build_exports(result, formats)
+    readme = render_readme(result, built, skipped, substituted)
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir} exists and is not a folder")

@@ -261,6 +261,8 @@ def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progres
         req.server: evaluator.score(winner.candidate)}
     measured_by = {m.candidate: m.tokens_per_s for m in confirm}
     best_server = {srv: {**s.candidate.to_dict(), "predicted_tokens_per_s": s.predicted_tokens_per_s,
+                         "per_batch_size": (per_b if s.candidate == winner.candidate else
+                                            per_batch_size(evaluator, s.candidate, sorted(set(req.batch_sizes)), n_max)),
                          **({"measured_tokens_per_s": measured_by[s.candidate], "measured_on": "tuning prompts"}
                             if s.candidate in measured_by else {})}
                    for srv, s in bests.items()}

@@ -54,7 +54,7 @@ def _vllm_config(target: str, draft: str, n: int) -> dict:
     from specdec_tune.tuner.configs import Candidate, TuningResult
     from specdec_tune.tuner.exports import build_exports
 
-    files, _ = build_exports(TuningResult(candidate=Candidate(draft, n), server="vllm", target=target, workload=""), ["vllm"])
+    files, _, _ = build_exports(TuningResult(candidate=Candidate(draft, n), server="vllm", target=target, workload=""), ["vllm"])
     return json.loads(dict(files["vllm"])["vllm/speculative_config.json"])
 
 
