@@ -1,0 +1,108 @@
+"""Calibrate the throughput model to a server and predict configurations for it (issue 11 §2).
+
+Glue between the server's measurements (``profiler.vllm_measure.ServerMeasurement``), the engine
+profile's acceptance (E[τ] and E[L] per configuration, from the run's traces) and the pure
+calibration math (:mod:`specdec_tune.tuner.server_model`).
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from specdec_tune.profiler.vllm_measure import ServerMeasurement
+from specdec_tune.tuner.configs import NGRAM, Candidate
+from specdec_tune.tuner.profile_data import predict_config
+from specdec_tune.tuner.search import Evaluator, spec_config
+from specdec_tune.tuner.server_model import MODEL, NGRAM_KIND, PLAIN, ServerModel, ServerPoint, calibrate, point_from_counts
+
+__all__ = ["ServerPrediction", "acceptance_terms", "calibrate_from", "kind_of", "points_of", "predict_server"]
+
+
+def kind_of(drafter: str, n: int = 1) -> str:
+    """``plain``, ``ngram`` or ``model`` for a drafter name (``none`` or N = 0 is plain)."""
+    if drafter in ("none", "", None) or n == 0:
+        return PLAIN
+    return NGRAM_KIND if drafter == NGRAM else MODEL
+
+
+def points_of(m: ServerMeasurement) -> list[ServerPoint]:
+    """Each measured group of ``m`` as a calibration point (counts from vLLM's counters)."""
+    kind = kind_of(m.config.drafter, m.config.num_speculative_tokens)
+    out = []
+    for g in m.groups:
+        c = g.counters
+        out.append(point_from_counts(g.batch_size, kind, g.seconds, g.new_tokens,
+                                     accepted=c.accepted if c is not None and kind != PLAIN else 0,
+                                     draft_tokens=c.draft_tokens if c is not None and kind != PLAIN else 0,
+                                     prefill_s=max(g.ttft_s) if g.ttft_s else 0.0))
+    return out
+
+
+def calibrate_from(measurements: Iterable[ServerMeasurement], server: str = "vllm") -> ServerModel:
+    """The server model fitted to every group of ``measurements``."""
+    return calibrate([p for m in measurements for p in points_of(m)], server)
+
+
+def acceptance_terms(evaluator: Evaluator, c: Candidate) -> tuple[float, float]:
+    """(E[τ], E[L]) per decode step for ``c`` from the engine profile's traces (1, 0 for plain)."""
+    if c.is_plain:
+        return 1.0, 0.0
+    p = predict_config(evaluator.profile(c.drafter), spec_config(c, evaluator.mode))
+    return p.expected_tokens_per_cycle, p.expected_draft_length
+
+
+@dataclass(frozen=True)
+class ServerPrediction:
+    """A configuration's predicted server throughput at one batch size (labelled predicted)."""
+
+    candidate: Candidate
+    batch_size: int
+    tokens_per_s: float
+    tokens_per_step: float
+    draft_len: float
+    label: str = "predicted"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.candidate.to_dict(), "batch_size": self.batch_size, "tokens_per_s": self.tokens_per_s,
+                "tokens_per_step": self.tokens_per_step, "draft_len": self.draft_len, "label": self.label}
+
+
+def predict_server(model: ServerModel, evaluator: Evaluator, c: Candidate, batch_size: int,
+                   max_new_tokens: int) -> ServerPrediction:
+    """Predicted server tokens/s of ``c`` at ``batch_size`` (acceptance from the engine profile)."""
+    tau, length = acceptance_terms(evaluator, c)
+    kind = kind_of(c.drafter, c.num_speculative_tokens)
+    tps = model.predict(batch_size, kind, max_new_tokens, tau, length)
+    return ServerPrediction(c, batch_size, tps, tau, length)
+
+
+def best_n_per_batch_size(model: ServerModel, evaluator: Evaluator, drafter: str, ns: Sequence[int],
+                          batch_sizes: Sequence[int], max_new_tokens: int) -> dict[int, int]:
+    """For each batch size, the N in ``ns`` (or 0 = do not speculate) with the best predicted server
+    throughput: the per-batch-size schedule vLLM takes."""
+    out = {}
+    for b in batch_sizes:
+        plain = model.predict(b, PLAIN, max_new_tokens)
+        best_n, best = 0, plain
+        for n in ns:
+            p = predict_server(model, evaluator, Candidate(drafter, n), b, max_new_tokens).tokens_per_s
+            if p > best:
+                best_n, best = n, p
+        out[int(b)] = best_n
+    return out
+
+
+def measured_tokens_per_s(m: ServerMeasurement) -> float:
+    """Total tokens over total seconds of the measurement's groups (median over repeats per group)."""
+    by: dict[tuple, list] = {}
+    for g in m.groups:
+        by.setdefault(g.prompt_ids, []).append(g)
+    tokens = sum(statistics.median(x.new_tokens for x in gs) for gs in by.values())
+    seconds = sum(statistics.median(x.seconds for x in gs) for gs in by.values())
+    return tokens / seconds
+
+
+__all__ += ["best_n_per_batch_size", "measured_tokens_per_s"]
