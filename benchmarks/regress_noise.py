@@ -2,7 +2,10 @@
 
 On the bundled suite (or ``--suite``), mimicking nightly runs on one machine:
 
-1. Measure the suite once: the first baseline.
+1. Measure the suite once: the first baseline. Then ``--calib-runs`` further runs, each compared with
+   the one before, measure the run-to-run noise floor of every speed metric, as
+   ``regress --calibrate`` does (``tuner._regress_calibrate.noise_floor``); the comparisons below
+   use it (``--calib-runs 0``: no floor, only the rule's min_drop).
 2. A/A: ``--aa-runs`` further measurements of unchanged code, each compared with the newest passing
    run exactly as ``specdec-tune regress --baseline auto`` does (BH across all cells, persistence over
    consecutive runs). False-alarm rate = runs with at least one flagged cell; confirmed false alarms
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -29,7 +33,8 @@ from dataclasses import replace
 import torch
 
 from specdec_tune.profiler.suite_runs import measure_arms
-from specdec_tune.tuner._regress_compare import FLAGGED, compare_benchmark, decide
+from specdec_tune.tuner._regress_calibrate import noise_floor
+from specdec_tune.tuner._regress_compare import FLAGGED, SPEED_METRICS, compare_benchmark, decide
 from specdec_tune.tuner._suite import default_suite_path, load_suite
 from specdec_tune.tuner.regress import _arm, resolve_config
 
@@ -39,10 +44,10 @@ def measure(configs: dict[str, dict], delays: dict[str, float] | None = None) ->
     return {k: [s.to_json() for s in v] for k, v in measure_arms(arms).items()}
 
 
-def compare(suite, configs, base, cur, history):
+def compare(suite, configs, base, cur, history, calib=None):
     cells = []
     for name, cfg in configs.items():
-        cells += compare_benchmark(name, base[name], cur[name], cfg, suite.rules)
+        cells += compare_benchmark(name, base[name], cur[name], cfg, suite.rules, calib=calib)
     cells = decide(cells, suite.rules, history)
     flagged = {(c.benchmark, c.metric) for c in cells if c.verdict in FLAGGED}
     new_history = {k: history.get(k, 0) + 1 for k in flagged}
@@ -59,6 +64,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default=str(default_suite_path()))
     ap.add_argument("--aa-runs", type=int, default=20)
+    ap.add_argument("--calib-runs", type=int, default=3, help="runs measuring the run-to-run noise floor first")
     ap.add_argument("--slowdowns", default="5,10,20", help="planted per-cycle delays, percent")
     ap.add_argument("--runs-per-slowdown", type=int, default=10)
     ap.add_argument("--prompts", type=int, default=None, help="override every benchmark's prompt count")
@@ -82,16 +88,34 @@ def main() -> int:
                            "seconds": time.time() - start}, f, indent=1, default=float)
 
     baseline = measure(configs)
+    drift: dict = {}
+    ses: dict = {}
+    for i in range(args.calib_runs):
+        cur = measure(configs)
+        for name, cfg in configs.items():
+            for c in compare_benchmark(name, baseline[name], cur[name], cfg, suite.rules):
+                if c.metric in SPEED_METRICS and c.effect:
+                    drift.setdefault((name, c.metric), []).append(math.log(c.effect))
+                    ses.setdefault((name, c.metric), []).append(c.details.get("se_log", math.nan))
+        print(f"calibration {i + 1}/{args.calib_runs}: " + ", ".join(
+            f"{k[0]}/{k[1]} {math.exp(v[-1]):.3f}" for k, v in drift.items() if k[1] != "latency"), flush=True)
+        baseline = cur
+    calib = {k: noise_floor([], v, ses[k]) for k, v in drift.items()}
+    calib_out = {f"{k[0]}/{k[1]}": v for k, v in calib.items()}
+    print("noise floor (minimum detectable change): " + ", ".join(f"{k} {v:.1%}" for k, v in calib_out.items()), flush=True)
     history: dict = {}
     for i in range(args.aa_runs):
         cur = measure(configs)
-        cells, history = compare(suite, configs, baseline, cur, history)
+        cells, history = compare(suite, configs, baseline, cur, history, calib)
         flagged = sorted({f"{c.benchmark}/{c.metric}" for c in cells if c.verdict in FLAGGED})
         regressed = sorted({f"{c.benchmark}/{c.metric}" for c in cells if c.verdict == "regression"})
         ratios = {c.benchmark: c.effect for c in cells if c.metric == "tokens_per_s"}
-        aa.append({"run": i + 1, "flagged": flagged, "regression": regressed, "tokens_per_s_ratio": ratios})
+        speedups = {c.benchmark: c.effect for c in cells if c.metric == "speedup"}
+        aa.append({"run": i + 1, "flagged": flagged, "regression": regressed, "tokens_per_s_ratio": ratios,
+                   "speedup_ratio": speedups})
         print(f"A/A {i + 1}/{args.aa_runs}: flagged {flagged or 'none'}; tokens/s ratios "
-              + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()), flush=True)
+              + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()) + "; speedup ratios "
+              + ", ".join(f"{k} {v:.3f}" for k, v in speedups.items() if v), flush=True)
         if not flagged:
             baseline = cur  # --baseline auto: the newest passing run
         save(False)
@@ -101,15 +125,22 @@ def main() -> int:
         history, runs = {}, []
         for i in range(args.runs_per_slowdown):
             cur = measure(configs, delays)
-            cells, history = compare(suite, configs, baseline, cur, history)
+            cells, history = compare(suite, configs, baseline, cur, history, calib)
             per = {}
             for n in configs:
                 tps = next(c for c in cells if c.benchmark == n and c.metric == "tokens_per_s")
-                per[n] = {"ratio": tps.effect, "verdict": tps.verdict, "q": tps.q_value, "mdc": tps.mdc}
+                sp = next(c for c in cells if c.benchmark == n and c.metric == "speedup")
+                # detected = either speed cell of the benchmark flagged
+                verdict = next((c.verdict for c in (sp, tps) if c.verdict == "regression"),
+                               next((c.verdict for c in (sp, tps) if c.verdict in FLAGGED), tps.verdict))
+                per[n] = {"ratio": tps.effect, "verdict": verdict, "q": tps.q_value, "mdc": tps.mdc,
+                          "speedup_ratio": sp.effect, "speedup_verdict": sp.verdict, "speedup_mdc": sp.mdc,
+                          "tokens_per_s_verdict": tps.verdict}
             runs.append(per)
             save(False)
-            print(f"slowdown {pct:g}% run {i + 1}: " + ", ".join(f"{n} {v['ratio']:.3f} {v['verdict']}"
-                                                                   for n, v in per.items()), flush=True)
+            print(f"slowdown {pct:g}% run {i + 1}: " + ", ".join(
+                f"{n} tokens/s {v['ratio']:.3f} speedup {v['speedup_ratio']:.3f} {v['verdict']}" for n, v in per.items()),
+                flush=True)
         summary = {n: {"delay_ms": delays[n],
                        "detected": sum(r[n]["verdict"] in FLAGGED for r in runs),
                        "confirmed": sum(r[n]["verdict"] == "regression" for r in runs),
@@ -117,7 +148,8 @@ def main() -> int:
         planted.append({"slowdown_pct": pct, "runs": len(runs), "per_benchmark": summary, "detail": runs})
     fa = sum(bool(r["flagged"]) for r in aa)
     confirmed = sum(bool(r["regression"]) for r in aa)
-    result = {"suite": suite.name, "rules": suite.rules.model_dump(), "aa_runs": len(aa),
+    result = {"suite": suite.name, "rules": suite.rules.model_dump(), "aa_runs": len(aa), "noise_floor": calib_out,
+              "calib_runs": args.calib_runs,
               "false_alarm_runs": fa, "confirmed_false_alarm_runs": confirmed, "aa": aa, "planted": planted,
               "cycle_ms": base_cycle, "seconds": time.time() - start, "threads": torch.get_num_threads()}
     print(f"\nA/A: {fa}/{len(aa)} runs with a flagged cell, {confirmed}/{len(aa)} with a confirmed regression")

@@ -4,8 +4,13 @@ An *arm* is one benchmark configuration (target, draft, N, θ, schedule, tempera
 repeat goes round every arm (rotated order) and every prompt, so a burst of load on a shared machine
 lands on all arms alike. For every prompt the arm keeps its wall seconds per repeat, the time spent
 inside the drafter's ``propose`` (a timing wrapper around the engine's drafter: the engine itself is
-unchanged), the per-position acceptance counts, the cycle traces and the output tokens, plus the
-plain (non-speculative) greedy output of the same prompt for the correctness check.
+unchanged), the per-position acceptance counts, the cycle traces and the output tokens.
+
+A speculative arm also decodes every prompt plainly (greedy, no draft) right after its own decode of
+that prompt, in every repeat, and times it (``plain_seconds``): a paired reference measured within
+seconds of the speculative decode. Its output is the correctness reference (greedy speculative
+output must equal it) and the ratio of the two times is the prompt's speedup, a speed metric that a
+slower or faster machine moves far less than tokens/s (both sides of the ratio slow down together).
 
 ``draft_delay_ms`` is a test-only knob: it wraps the drafter with a sleep before each proposal, a
 planted slowdown of the draft that touches nothing in the engine.
@@ -91,6 +96,8 @@ class PromptSample:
     traces: list[list] = field(default_factory=list)  # [cycle] [confidences, num_accepted]
     token_ids: list[int] = field(default_factory=list)
     plain_token_ids: list[int] | None = None
+    plain_seconds: list[float] = field(default_factory=list)  # [repeat] the paired plain decode's wall seconds
+    plain_new_tokens: int = 0
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -125,8 +132,9 @@ class _Models:
 
 
 def _timed(target: LoadedModel, arm: ArmSpec, draft_model: LoadedModel | None, ids: torch.Tensor,
-           cfg: DecodeConfig, seed: int):
-    """One wall-clock timed decode; returns (result, seconds, seconds inside the drafter)."""
+           cfg: DecodeConfig, seed: int, plain: bool = False):
+    """One wall-clock timed decode (``plain``: without the draft, whatever the arm says); returns
+    (result, seconds, seconds inside the drafter)."""
     generator = None
     if arm.temperature > 0:
         generator = torch.Generator(device=target.device)
@@ -134,7 +142,7 @@ def _timed(target: LoadedModel, arm: ArmSpec, draft_model: LoadedModel | None, i
     watch = Stopwatch(target.device)
     synchronize(target.device)
     with torch.inference_mode():
-        if arm.plain:
+        if arm.plain or plain:
             watch.start()
             result = decode_once(target, DraftSpec("none"), ids, cfg, seed)
             return result, watch.stop(), 0.0
@@ -178,7 +186,7 @@ def measure_arms(arms: list[ArmSpec], *, seed: int = 0, progress=None) -> dict[s
         samples = [PromptSample(prompt_id=p.id, new_tokens=0) for p in prompts]
         plans.append((arm, target, draft_model, cfg, ids, samples))
         _timed(target, arm, draft_model, ids[0], cfg, seed)  # warm-up, untimed for the samples
-    total = sum(plan[0].repeats * len(plan[4]) for plan in plans)
+    total = sum(plan[0].repeats * len(plan[4]) for plan in plans)  # one step = a prompt (and its reference)
     if progress is not None:
         progress.stage(f"measure {len(arms)} benchmark(s)", total)
     for r in range(max(a.repeats for a in arms)):
@@ -190,6 +198,13 @@ def measure_arms(arms: list[ArmSpec], *, seed: int = 0, progress=None) -> dict[s
                 result, seconds, draft_s = _timed(target, arm, draft_model, x, cfg, seed + i)
                 s.seconds.append(seconds)
                 s.draft_seconds.append(draft_s)
+                if not arm.plain:  # the paired plain reference, right after (module docstring)
+                    ref, ref_seconds, _ = _timed(target, arm, None, x, cfg, seed + i, plain=True)
+                    s.plain_seconds.append(ref_seconds)
+                    if r == 0:
+                        s.plain_new_tokens = ref.new_tokens
+                        if arm.temperature == 0:
+                            s.plain_token_ids = list(ref.token_ids)
                 if r == 0:
                     s.new_tokens = result.new_tokens
                     s.token_ids = list(result.token_ids)
@@ -200,11 +215,6 @@ def measure_arms(arms: list[ArmSpec], *, seed: int = 0, progress=None) -> dict[s
                     s.traces = [[list(c.confidences), int(c.accepted)] for c in cyc]
                 if progress is not None:
                     progress.advance()
-    # The correctness reference: plain greedy decoding of the same prompts (untimed).
-    for arm, target, _d, cfg, ids, samples in plans:
-        if arm.temperature == 0 and not arm.plain:
-            for x, s in zip(ids, samples):
-                s.plain_token_ids = list(decode_once(target, DraftSpec("none"), x, cfg).token_ids)
     return {arm.key: samples for arm, *_rest, samples in plans}
 
 

@@ -155,7 +155,8 @@ def test_ten_aa_comparisons_raise_no_false_alarm(tiny_model_dirs, workload):
         out = []
         for s in pool:
             pick = rng.sample(range(len(s["seconds"])), 3)
-            out.append(dict(s, seconds=[s["seconds"][i] for i in pick], draft_seconds=[s["draft_seconds"][i] for i in pick]))
+            out.append(dict(s, seconds=[s["seconds"][i] for i in pick], draft_seconds=[s["draft_seconds"][i] for i in pick],
+                            plain_seconds=[s["plain_seconds"][i] for i in pick]))
         return out
 
     runs = [run(k) for k in range(11)]
@@ -166,7 +167,8 @@ def test_ten_aa_comparisons_raise_no_false_alarm(tiny_model_dirs, workload):
         count = 0
         for i in range(10):
             cells = decide(compare_benchmark("b1", runs[i], runs[i + 1], config, rules), rules, history)
-            assert {"tokens_per_s", "latency", "acceptance@1"} <= {c.metric for c in cells if c.verdict != "no_verdict"}
+            assert {"speedup", "tokens_per_s", "latency", "acceptance@1"} <= {
+                c.metric for c in cells if c.verdict != "no_verdict"}
             flagged = {(c.benchmark, c.metric) for c in cells if c.verdict in FLAGGED}
             history = {k: history.get(k, 0) + 1 for k in flagged}
             count += len(flagged)

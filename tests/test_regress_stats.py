@@ -149,3 +149,52 @@ def test_speed_test_keeps_its_false_positive_rate_on_aa_noise():
         a, b = align(base, cur)
         pooled += stats.mannwhitneyu(b.ravel(), a.ravel()).pvalue < 0.01
     assert pooled / 200 > 0.04
+
+
+def _paired(times: dict[str, float], seed: int, machine: float = 1.0, draft: float = 1.0, jitter: float = 0.02):
+    """Speculative samples with their paired plain reference: ``machine`` scales both decodes (a slower
+    machine), ``draft`` only the speculative one (speculation itself got slower)."""
+    rng = random.Random(seed)
+    out = []
+    for p, t in times.items():
+        m = [machine * (1 + rng.gauss(0, jitter)) for _ in range(3)]  # shared by the pair: seconds apart
+        out.append({"prompt_id": p, "new_tokens": 32, "plain_new_tokens": 32, "cycles": 0,
+                    "seconds": [t * draft * x * (1 + rng.gauss(0, jitter / 2)) for x in m],
+                    "plain_seconds": [2 * t * x * (1 + rng.gauss(0, jitter / 2)) for x in m]})
+    return out
+
+
+def _decide_spec(base, cur, calib=None, rules=Rules()):
+    cfg = {"num_speculative_tokens": 0, "draft": "d"}
+    return {c.metric: c for c in decide(compare_benchmark("b", base, cur, cfg, rules, calib=calib), rules, {})}
+
+
+def test_speedup_ignores_a_slower_machine_that_tokens_per_s_sees():
+    base = _paired(PROMPT_TIMES, 1)
+    cells = _decide_spec(base, _paired(PROMPT_TIMES, 2, machine=1.2))
+    assert cells["tokens_per_s"].verdict == "suspicious"  # the machine drifted: absolute speed fell
+    assert cells["speedup"].verdict == "ok" and abs(cells["speedup"].effect - 1) < 0.03
+
+
+def test_speedup_catches_speculation_getting_slower():
+    cells = _decide_spec(_paired(PROMPT_TIMES, 1), _paired(PROMPT_TIMES, 2, draft=1.15))
+    assert cells["speedup"].verdict == "suspicious" and cells["speedup"].effect == pytest.approx(1 / 1.15, rel=0.03)
+
+
+def test_calibrated_noise_floor_silences_drift_inside_it_not_beyond():
+    base = _paired(PROMPT_TIMES, 1)
+    floor = {("b", "tokens_per_s"): 0.25, ("b", "latency"): 0.25}
+    inside = _decide_spec(base, _paired(PROMPT_TIMES, 2, machine=1.2), calib=floor)
+    assert inside["tokens_per_s"].verdict == "ok" and inside["tokens_per_s"].mdc == 0.25
+    beyond = _decide_spec(base, _paired(PROMPT_TIMES, 2, machine=1.6), calib=floor)
+    assert beyond["tokens_per_s"].verdict == "suspicious"
+
+
+def test_noise_floor_takes_the_run_to_run_drift():
+    from specdec_tune.tuner._regress_calibrate import noise_floor, noise_spread
+
+    assert noise_spread([0.01, -0.01, 0.0], [0.2, -0.2]) == pytest.approx(0.2)  # drift dominates
+    assert noise_spread([0.1, -0.1], []) == pytest.approx(math.sqrt(0.02))
+    assert math.isnan(noise_spread([], []))
+    assert noise_floor([], [0.2, -0.2]) == pytest.approx(minimum_detectable_change(0.2))
+    assert noise_floor([], [0.01], [0.05]) == pytest.approx(minimum_detectable_change(0.05))

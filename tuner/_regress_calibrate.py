@@ -2,9 +2,13 @@
 
 Each calibration round measures every benchmark twice, interleaved (arms A and B, same code, same
 configuration), compares B with A exactly as a nightly run compares with its baseline, and counts
-the cells the rule would have flagged (false alarms). Over the rounds, each metric's spread is the
-standard deviation of log(B/A); its minimum detectable change (80 % power, 1 % two-sided test) is
-taken from the larger of that spread and the comparisons' own bootstrap standard error.
+the cells the rule would have flagged (false alarms). Rounds run one after another, so each round's
+A arm is also compared with the previous round's: the run-to-run drift a nightly comparison sees (a
+shared machine's speed wanders by more than one run's own noise). Each metric's spread is the larger
+of the standard deviation of log(B/A) within rounds and the root mean square of log(A_i/A_{i-1})
+between rounds; its minimum detectable change (80 % power, 1 % two-sided test) comes from the
+larger of that spread and the comparisons' own bootstrap standard error, and is the floor below
+which ``decide`` gives a speed change no verdict (:func:`noise_floor`).
 """
 from __future__ import annotations
 
@@ -19,6 +23,21 @@ from specdec_tune.tuner._regress_compare import FLAGGED, compare_benchmark, deci
 from specdec_tune.tuner._regress_stats import minimum_detectable_change, proportion_mdc
 from specdec_tune.tuner._suite import Suite
 from specdec_tune.tuner.regress import EXIT_OK, RegressReport, _arm, _cell_fields, resolve_config
+
+
+def noise_spread(within_logs: list[float], between_logs: list[float]) -> float:
+    """The larger of the within-round spread (stdev of log(B/A)) and the run-to-run drift (RMS of
+    log(A_i/A_{i-1}), whose expectation is 0 for unchanged code); NaN when neither is known."""
+    within = statistics.stdev(within_logs) if len(within_logs) > 1 else math.nan
+    drift = math.sqrt(statistics.fmean(x * x for x in between_logs)) if between_logs else math.nan
+    known = [x for x in (within, drift) if math.isfinite(x)]
+    return max(known) if known else math.nan
+
+
+def noise_floor(within_logs: list[float], between_logs: list[float], se_logs: list[float] = ()) -> float:
+    """Minimum detectable change of a speed metric from its measured spreads (see module docstring)."""
+    se = max([x for x in se_logs if math.isfinite(x)] + [noise_spread(within_logs, between_logs)], default=math.nan)
+    return minimum_detectable_change(se) if math.isfinite(se) else math.nan
 
 
 def aa_round(suite: Suite, configs: dict[str, dict], measure: Callable[..., dict] = measure_arms, progress=None):
@@ -40,19 +59,26 @@ def run_calibration(suite: Suite, db: Database, *, rounds: int | None = None, pr
     configs = {b.name: resolve_config(b) for b in suite.benchmark}
     fp = environment_fingerprint(suite.benchmark[0].device, suite.benchmark[0].backend)
     per_metric: dict[tuple[str, str], list] = {}
+    between: dict[tuple[str, str], list] = {}
     last_cells, last_samples = [], {}
     for _ in range(rounds):
+        previous = last_samples
         last_cells, last_samples = aa_round(suite, configs, measure, progress)
         for c in last_cells:
             if c.effect is not None and c.effect > 0 and math.isfinite(c.effect):
                 per_metric.setdefault((c.benchmark, c.metric), []).append(c)
+        for name, cfg in configs.items() if previous else ():
+            for c in compare_benchmark(name, [s.to_json() for s in previous[name]],
+                                       [s.to_json() for s in last_samples[name]], cfg, suite.rules):
+                if c.effect is not None and c.effect > 0 and math.isfinite(c.effect):
+                    between.setdefault((c.benchmark, c.metric), []).append(math.log(c.effect))
     run_id = q.create_regress_run(db, suite.name, kind="calibration", fingerprint=fp)
     for name, cfg in configs.items():
         q.add_regress_benchmark(db, run_id, name, cfg, [s.to_json() for s in last_samples[name]])
     rows, table = [], []
     for (bench, metric), cells in per_metric.items():
         logs = [math.log(c.effect) for c in cells]
-        spread = statistics.stdev(logs) if len(logs) > 1 else math.nan
+        spread = noise_spread(logs, between.get((bench, metric), []))
         ses = [c.details.get("se_log") for c in cells if c.details.get("se_log") is not None]
         if metric.startswith("acceptance@"):
             k1, n1, *_ = cells[-1].details["counts"]

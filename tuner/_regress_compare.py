@@ -1,11 +1,15 @@
 """Compare one run's per-prompt samples with a baseline's: the cells of a regression verdict.
 
-A *cell* is one (benchmark, metric): ``tokens_per_s`` and ``latency`` (speed, per-prompt samples,
+A *cell* is one (benchmark, metric): ``speedup`` (per prompt, speculative tokens/s over the paired
+plain decode's, measured seconds apart: what speculation buys, robust to a slower or faster
+machine), ``tokens_per_s`` and ``latency`` (absolute speed; all three on per-prompt samples,
 Mann-Whitney U + bootstrap CI of the ratio of medians), ``acceptance@i`` (per-position accepted /
 reached counts, two-proportion test), ``correctness`` (greedy output equals plain decoding's) and
 ``model_error`` (prediction vs measurement, when the benchmark names a profile run). :func:`decide`
-applies the rule across all cells of a run: a drop larger than ``min_drop`` whose Benjamini-Hochberg
-adjusted p-value is at most ``q`` is flagged; flagged in ``persist`` consecutive runs = regression.
+applies the rule across all cells of a run: a drop larger than ``min_drop`` (and, for a speed metric
+with a calibrated noise floor, larger than that floor: the minimum detectable change that
+``regress --calibrate`` measured between runs) whose Benjamini-Hochberg adjusted p-value is at most
+``q`` is flagged; flagged in ``persist`` consecutive runs = regression.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from specdec_tune.tuner._regress_stats import (
 )
 from specdec_tune.tuner._suite import Rules
 
-SPEED_METRICS = ("tokens_per_s", "latency")
+SPEED_METRICS = ("speedup", "tokens_per_s", "latency")
 FLAGGED = ("suspicious", "regression")
 
 
@@ -56,6 +60,11 @@ def _per_prompt(samples: Sequence[dict], what: str) -> dict[str, list[float]]:
     """prompt id -> one value per repeat (tokens/s, or latency in ms)."""
     out: dict[str, list[float]] = {}
     for s in samples:
+        if what == "speedup":  # paired per repeat: the plain decode ran right after the speculative one
+            pairs = [(x, y) for x, y in zip(s.get("seconds") or [], s.get("plain_seconds") or []) if x > 0 and y > 0]
+            if pairs and s.get("new_tokens") and s.get("plain_new_tokens"):
+                out[s["prompt_id"]] = [(s["new_tokens"] / x) / (s["plain_new_tokens"] / y) for x, y in pairs]
+            continue
         secs = [x for x in s.get("seconds") or [] if x > 0]
         if not secs or not s.get("new_tokens"):
             continue
@@ -73,6 +82,10 @@ def _speed_cells(name: str, base: Sequence[dict], cur: Sequence[dict], rules: Ru
     for metric in SPEED_METRICS:
         b, c = _per_prompt(base, metric), _per_prompt(cur, metric)
         bval, cval = _median_of_prompts(b), _median_of_prompts(c)
+        if metric == "speedup" and not (b and c):
+            cells.append(Cell(name, metric, "no_verdict", bval, cval, details={"reason": (
+                "no paired plain reference: a plain-decoding benchmark, or a side measured before references")}))
+            continue
         if no_speed:
             cells.append(Cell(name, metric, "no_verdict", bval, cval, details={"reason": no_speed}))
             continue
@@ -86,7 +99,8 @@ def _speed_cells(name: str, base: Sequence[dict], cur: Sequence[dict], rules: Ru
             mdc, src = minimum_detectable_change(t.se_log), "this run's bootstrap"
         cells.append(Cell(name, metric, "pending", bval, cval, t.ratio, t.ci[0], t.ci[1], t.p_value, mdc=mdc,
                           details={"n": t.n_current, "se_log": t.se_log, "mdc_source": src,
-                                   "unit": "tokens/s" if metric == "tokens_per_s" else "ms per prompt"}))
+                                   "unit": {"tokens_per_s": "tokens/s", "speedup": "× plain decoding"}.get(
+                                       metric, "ms per prompt")}))
     return cells
 
 
@@ -175,8 +189,11 @@ def decide(cells: Sequence[Cell], rules: Rules, flagged_before: Mapping[tuple[st
     out = list(cells)
     for i, q in zip(testable, qs):
         c = cells[i]
-        worse = c.effect < 1 - rules.min_drop if c.higher_is_better else c.effect > 1 + rules.min_drop
-        better = c.effect > 1 + rules.min_drop if c.higher_is_better else c.effect < 1 - rules.min_drop
+        floor = rules.min_drop
+        if c.metric in SPEED_METRICS and c.details.get("mdc_source") == "calibration" and c.mdc and math.isfinite(c.mdc):
+            floor = max(floor, c.mdc)  # a change inside the measured run-to-run noise is not a verdict
+        worse = c.effect < 1 - floor if c.higher_is_better else c.effect > 1 + floor
+        better = c.effect > 1 + floor if c.higher_is_better else c.effect < 1 - floor
         significant = not math.isnan(q) and q <= rules.q
         if worse and significant:
             verdict = _persisted(c, rules, flagged_before)
