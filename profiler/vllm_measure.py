@@ -2,10 +2,11 @@
 
 The profile run supplies the target, the workload's prompts (the token ids our engine decodes) and
 ``max_new_tokens``; vLLM runs them through ``profiler/_vllm_worker.py`` in its own venv. One worker
-serves the whole call; each configuration is one engine start (vLLM fixes its speculative config at
-start; the start's seconds are kept), one untimed warm-up request, then ``repeats`` passes, each
-going over every batch size: prompts in groups of B sent together (one ``generate`` call, the
-group's wall seconds, prefill included), so batch sizes are interleaved inside one start.
+holds one engine (vLLM fixes its speculative config at start; the start's seconds are kept); all
+engines of a call are started first, each with an untimed warm-up request, then ``repeats`` passes
+go over every batch size and, inside it, over every configuration in a rotated order (an idle vLLM
+engine uses no CPU, so the others do not disturb the one being timed): prompts in groups of B sent
+together (one ``generate`` call, the group's wall seconds, prefill included).
 
 Per group: tokens, seconds, each request's TTFT and mean inter-token latency (vLLM's engine
 timestamps), and the deltas of vLLM's ``spec_decode`` counters over the call.
@@ -200,9 +201,10 @@ def _prompts(db: Database, run_id: int, split: str | None, max_prompts: int | No
 def measure_on_server(db: Database, run_id: int, configs: list[ServerConfig], *, batch_sizes=(1,),
                       split: str | None = None, max_prompts: int | None = None, repeats: int = 3,
                       vllm_python: str | None = None, threads: int = 1, progress: Progress | None = None,
-                      store: bool = True) -> list[ServerMeasurement]:
+                      store: bool = True, max_engines: int = 6) -> list[ServerMeasurement]:
     """Run every configuration on vLLM (module docstring); one measurement per (configuration, B),
-    in the order configurations × batch sizes.
+    in the order configurations × batch sizes. Up to ``max_engines`` engines are held at once and
+    measured interleaved (about 2 GB of memory each); more configurations are taken in chunks.
 
     Raises:
         InputError: no vLLM environment, no configuration, bad repeats or batch sizes, or a batch size
@@ -228,27 +230,46 @@ def measure_on_server(db: Database, run_id: int, configs: list[ServerConfig], *,
     progress = progress or Progress()
     progress.stage(f"vLLM: {len(configs)} configuration(s) × batch sizes {bs}", len(configs) * (1 + repeats * len(bs)))
     out: list[ServerMeasurement] = []
-    with VllmWorker(python, env=env) as worker:
-        for cfg in configs:
-            start = worker.start(folder, cfg.speculative_config, max_num_seqs=max(bs))
-            spec = cfg.speculative_config is not None
-            worker.generate([ids[0]], max_new, ignore_eos=True)  # warm-up, untimed
-            progress.advance()
-            groups: dict[int, list[ServerGroup]] = {b: [] for b in bs}
-            for r in range(repeats):
-                for b in (bs if r % 2 == 0 else bs[::-1]):  # alternate the order of batch sizes
-                    res = worker.generate(ids, max_new, concurrency=b, ignore_eos=True)
-                    for g in res.groups:
-                        chunk = type(res)([res.outputs[i] for i in g.prompts], [g])
-                        groups[b].append(group_from_result(chunk, r, b, tuple(pids[i] for i in g.prompts),
-                                                           tuple(lengths[i] for i in g.prompts), spec))
-                    progress.advance()
-            for b in bs:
-                m = ServerMeasurement(cfg, b, split, groups[b], start, dict(worker.versions))
-                if store:
-                    m.measured_id = _store(db, run_id, m, max_new, pids, lengths)
-                out.append(m)
+    for first in range(0, len(configs), max_engines):
+        out += _interleaved(configs[first:first + max_engines], python, env, folder, ids, pids, lengths, max_new, bs,
+                            repeats, split, progress)
+    if store:
+        for m in out:
+            m.measured_id = _store(db, run_id, m, max_new, pids, lengths)
     return out
+
+
+def _interleaved(configs, python, env, folder, ids, pids, lengths, max_new, bs, repeats, split, progress):
+    """One engine per configuration, all started first (an idle engine uses no CPU), then every pass
+    goes round the batch sizes and, inside each, round the configurations in a rotated order: a slow
+    minute of a shared machine is spread over all of them instead of landing on one."""
+    workers: list[VllmWorker] = []
+    starts: list[float] = []
+    try:
+        for cfg in configs:
+            w = VllmWorker(python, env=env)
+            workers.append(w)
+            starts.append(w.start(folder, cfg.speculative_config, max_num_seqs=max(bs)))
+            w.generate([ids[0]], max_new, ignore_eos=True)  # warm-up, untimed
+            progress.advance()
+        groups = {(i, b): [] for i in range(len(configs)) for b in bs}
+        for r in range(repeats):
+            for b in (bs if r % 2 == 0 else bs[::-1]):  # alternate the order of batch sizes
+                order = list(range(len(configs)))
+                shift = (r * len(bs) + bs.index(b)) % len(order)
+                for i in order[shift:] + order[:shift]:
+                    res = workers[i].generate(ids, max_new, concurrency=b, ignore_eos=True)
+                    spec = configs[i].speculative_config is not None
+                    for g in res.groups:
+                        chunk = type(res)([res.outputs[j] for j in g.prompts], [g])
+                        groups[(i, b)].append(group_from_result(chunk, r, b, tuple(pids[j] for j in g.prompts),
+                                                                tuple(lengths[j] for j in g.prompts), spec))
+                    progress.advance()
+        return [ServerMeasurement(cfg, b, split, groups[(i, b)], starts[i], dict(workers[i].versions))
+                for i, cfg in enumerate(configs) for b in bs]
+    finally:
+        for w in workers:
+            w.close()
 
 
 def _store(db: Database, run_id: int, m: ServerMeasurement, max_new: int, pids: list[str], lengths: list[int]) -> int:

@@ -49,10 +49,7 @@ class FakeWorker:
             groups.append(VllmGroup(idx, seconds, counters))
         return VllmGenerateResult(outs, groups)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
+    def close(self):
         pass
 
 

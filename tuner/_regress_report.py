@@ -3,7 +3,9 @@
 JUnit: one ``testcase`` per (benchmark, metric) (classname = suite.benchmark, name = metric) with
 effect size, CI, p-value, q-value, minimum detectable change and verdict as ``properties``; a
 regression or a correctness failure is a ``failure``, no verdict is ``skipped``, a suspicious cell
-passes with its verdict in the properties (it becomes a failure only when it persists).
+passes with its verdict in the properties (it becomes a failure only when it persists). With
+``--retune`` one more ``testcase`` per re-tuned benchmark (name ``tuning_drift``; properties moved,
+old, new, loss, ci, new_study): informational, it always passes.
 """
 from __future__ import annotations
 
@@ -69,6 +71,17 @@ def to_markdown(r: RegressReport) -> str:
             lines.append(f"| {row['benchmark']} | {row['metric']} | {row['runs']} | {_num(row['spread_log'])} | "
                          f"{100 * row['max_abs_change']:.1f}% | {_num(100 * row['mdc'] if row['mdc'] == row['mdc'] else None)}% "
                          f"| {row['false_alarms']} |")
+    if r.drift:
+        lines += ["", "## Tuning drift (informational: never a failure, never changes the exit code)", "",
+                  "Each study re-tuned now on a fresh profile, warm-started from its best trials; old winner, new "
+                  "winner and plain decoding measured interleaved on the tuning prompts.", "",
+                  "| benchmark | old winner | new winner | moved | old, measured | new, measured | "
+                  "old loses now (95% CI) | predicted old / new | new study |", "|---|---|---|---|---|---|---|---|---|"]
+        for d in r.drift:
+            lines.append(f"| {d['benchmark']} | {d['old_label']} | {d['new_label']} | {'yes' if d['moved'] else 'no'} | "
+                         f"{_num(d['old_measured_tokens_per_s'], 4)} | {_num(d['new_measured_tokens_per_s'], 4)} | "
+                         f"{d['loss_text']} | {_num(d['old_predicted_tokens_per_s'], 4)} / "
+                         f"{_num(d['new_predicted_tokens_per_s'], 4)} | `{d['new_study']}` |")
     lines += ["", "## Cells", "", "| benchmark | metric | verdict | baseline | current | change | 95% CI | p | q (BH) | "
               "min. detectable change |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in r.cells:
@@ -109,6 +122,16 @@ def to_junit(r: RegressReport) -> str:
             ET.SubElement(case, "skipped", message=text or "no verdict")
         elif c.verdict == "suspicious":
             ET.SubElement(case, "system-out").text = f"suspicious (first flagged run): {_change(c)} {text}"
+    for d in r.drift:  # informational: never a failure (regress --retune)
+        case = ET.SubElement(suite, "testcase", classname=f"{r.suite}.{d['benchmark']}", name="tuning_drift", time="0")
+        cp = ET.SubElement(case, "properties")
+        ci = d["loss_ci"]
+        values = {"moved": d["moved"], "old": d["old_label"], "new": d["new_label"], "loss": f"{100 * d['loss']:+.1f}%",
+                  "ci": f"{100 * ci[0]:+.1f}..{100 * ci[1]:+.1f}%" if ci else None, "new_study": d["new_study"]}
+        for k, v in values.items():
+            ET.SubElement(cp, "property", name=k, value="" if v is None else str(v))
+        ET.SubElement(case, "system-out").text = d["text"]
+    suite.set("tests", str(len(r.cells) + len(r.drift)))
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
@@ -119,6 +142,7 @@ def to_json(r: RegressReport) -> dict[str, Any]:
         "suite": r.suite, "kind": r.kind, "run_id": r.run_id, "baseline_id": r.baseline_id, "verdict": r.verdict,
         "exit_code": r.exit_code, "exit_meaning": EXIT_MEANING.get(r.exit_code), "fingerprint": r.fingerprint,
         "changes": r.changes, "notes": r.notes, "explanations": r.explanations, "calibration": r.calibration,
+        "drift": r.drift,
         "cells": [{"benchmark": c.benchmark, "metric": c.metric, "verdict": c.verdict, "baseline": c.baseline_value,
                    "current": c.current_value, "effect": c.effect, "ci": [c.ci_low, c.ci_high], "p_value": c.p_value,
                    "q_value": c.q_value, "min_detectable_change": c.mdc, "explanation": c.explanation,

@@ -138,7 +138,7 @@ def load_or_create(storage: Any, name: str, directions: list[str], attrs: dict[s
         study.set_user_attr("tune", attrs)
         return study
     old = stored["tune"]
-    diff = [k for k in attrs if k in old and old[k] != attrs[k] and k != "run_id"]
+    diff = [k for k in attrs if k in old and old[k] != attrs[k] and k not in ("run_id", "request")]
     if diff or [d.name for d in study.directions] != [d.upper() for d in directions]:
         what = ", ".join(f"{k} {old[k]!r} (now {attrs[k]!r})" for k in diff) or "its objectives"
         raise InputError(f"study {name!r} was made for other settings: {what}; give another --study to start a new one")

@@ -45,6 +45,7 @@ class RegressReport:
     explanations: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     calibration: list[dict[str, Any]] = field(default_factory=list)
+    drift: list[dict[str, Any]] = field(default_factory=list)  # regress --retune (informational)
 
 
 def resolve_config(b: Benchmark) -> dict[str, Any]:

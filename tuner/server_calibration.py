@@ -29,15 +29,24 @@ def kind_of(drafter: str, n: int = 1) -> str:
 
 
 def points_of(m: ServerMeasurement) -> list[ServerPoint]:
-    """Each measured group of ``m`` as a calibration point (counts from vLLM's counters)."""
+    """Each measured group of ``m`` as a calibration point (counts from vLLM's counters).
+
+    A draft model drafts at every decode step, so vLLM's ``num_drafts`` counts the steps exactly (its
+    accepted count can run past ``max_tokens``: it drafts K whatever is left). n-gram steps without a
+    match are not drafts, so there the steps are the tokens after the first minus the accepted ones,
+    and at least the drafts.
+    """
     kind = kind_of(m.config.drafter, m.config.num_speculative_tokens)
     out = []
     for g in m.groups:
         c = g.counters
-        out.append(point_from_counts(g.batch_size, kind, g.seconds, g.new_tokens,
-                                     accepted=c.accepted if c is not None and kind != PLAIN else 0,
-                                     draft_tokens=c.draft_tokens if c is not None and kind != PLAIN else 0,
-                                     prefill_s=max(g.ttft_s) if g.ttft_s else 0.0))
+        prefill = max(g.ttft_s) if g.ttft_s else 0.0
+        if kind == PLAIN or c is None or not c.drafts:
+            out.append(point_from_counts(g.batch_size, kind, g.seconds, g.new_tokens, prefill_s=prefill))
+            continue
+        steps = c.drafts if kind == MODEL else max(c.drafts, g.new_tokens - g.batch_size - c.accepted)
+        out.append(ServerPoint(g.batch_size, kind, g.seconds, steps / g.batch_size, c.draft_tokens / steps,
+                               g.new_tokens, prefill))
     return out
 
 

@@ -18,7 +18,7 @@ import statistics
 
 import platform
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from specdec_tune.db import Database, get_run, list_models, list_runs
@@ -62,6 +62,7 @@ class TuneRequest:
     seed: int = 0
     device: str = "auto"
     thresholds: tuple[float, ...] | None = None  # θ grid override (benchmarks); default: 0..0.95 step 0.05
+    reprofile: bool = False  # profile afresh even when a matching profile is stored (regress --retune)
     backend: str = "engine"  # engine | vllm: where the confirmation and held-out measurements run
     vllm_python: str | None = None  # the vLLM venv's Python (--backend vllm; else $SPECDEC_VLLM_PYTHON)
 
@@ -235,7 +236,7 @@ def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progres
     resolve_workload(req.workload)  # an unknown workload fails before anything is loaded
     storage = open_storage(storage_url)  # an unreachable storage fails before profiling
     notes: list[str] = []
-    run_id = find_profile(db, req)
+    run_id = None if req.reprofile else find_profile(db, req)
     profiled = run_id is None
     if run_id is None:
         run_id = run_profile(db, req.target, list(req.drafts), req.workload, _profile_settings(req), progress).run_id
@@ -254,8 +255,10 @@ def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progres
         notes.append("n-gram lookup sizes are fixed at the engine's default (longest 3, shortest 1): the profile "
                      "records one n-gram variant")
     name = req.study or req.study_name()
+    request = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(req).items()
+               if k not in ("study", "vllm_python", "reprofile")}
     attrs = {"target": req.target, "drafts": list(req.drafts), "workload": req.workload, "server": req.server,
-             "temperature": req.temperature, "run_id": run_id}
+             "temperature": req.temperature, "run_id": run_id, "request": request}
     remaining = max(req.trials - _measure.completed_trials(storage, name), 0)
     progress.stage(f"search ({req.server} space, {space.size} points)", remaining)
     outcome = run_search(evaluator, space, storage=storage, study_name=name, trials=req.trials,

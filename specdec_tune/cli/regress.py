@@ -3,7 +3,8 @@
 Exit codes: 0 nothing regressed (suspicious cells included: one flagged run is not a regression),
 1 a regression (flagged in two consecutive runs) or a correctness failure, 2 an error (bad suite
 file, model, database: one line on stderr), 3 no verdict possible (no comparable baseline, which
-makes this run the baseline; too few samples).
+makes this run the baseline; too few samples). ``--retune`` (tuning drift) is informational: it
+never changes the exit code.
 """
 from __future__ import annotations
 
@@ -55,6 +56,11 @@ def regress(
     calibrate: bool = typer.Option(False, "--calibrate", help="Run the suite against itself (A/A) several times and "
                                    "store each metric's spread (the noise floor behind the minimum detectable change)."),
     rounds: Optional[int] = typer.Option(None, "--rounds", help="A/A rounds of --calibrate (default: the suite's rules.calibrate_runs)."),
+    retune: bool = typer.Option(False, "--retune", help="Tuning drift: re-tune each benchmark's study on this machine now "
+                                "(fresh profile, warm-started from the study) and report whether the best configuration "
+                                "moved and what the old one loses now. Informational: the exit code is unchanged."),
+    retune_trials: int = typer.Option(60, "--retune-trials", help="Trials of each re-tune, the old study's "
+                                      "best ones (enqueued first) included."),
 ) -> int:
     """Run a regression suite, compare with a baseline, say what regressed and why.
 
@@ -67,6 +73,8 @@ def regress(
 
     if baseline not in ("auto", "latest") and not baseline.isdigit():
         raise InputError(f"--baseline must be auto, latest or a run id, got {baseline!r}")
+    if retune_trials < 1:
+        raise InputError(f"--retune-trials must be >= 1, got {retune_trials}")
     if rounds is not None and not 2 <= rounds <= 50:
         raise InputError(f"--rounds must be in 2..50, got {rounds}")
     spec = load_suite(suite or default_suite_path())  # a broken suite fails before anything runs
@@ -87,6 +95,11 @@ def regress(
             from specdec_tune.tuner.regress import run_regress
 
             report = run_regress(spec, database, baseline=baseline, progress=_Bar(bar))
+        if retune:
+            from specdec_tune.tuner._regress_drift import run_drift
+
+            report.drift, notes = run_drift(spec, database, retune_trials, run_id=report.run_id, progress=_Bar(bar))
+            report.notes += notes
     markdown = to_markdown(report)
     _write(report_md, markdown)
     _write(junit, to_junit(report))
