@@ -147,7 +147,8 @@ def retune(db: Database, benchmark: str, study_name: str, storage_url: str, tria
     except KeyError as exc:
         raise NotFoundError(f"--retune: cannot load study {study_name!r} from {storage_url}: {exc}") from None
     if "result" not in old_study.user_attrs or "tune" not in old_study.user_attrs:
-        raise NotFoundError(f"--retune: study {study_name!r} has no stored winner (user attr 'result')")
+        raise NotFoundError(f"--retune: study {study_name!r} has no stored winner or tune settings (user attrs "
+                            "'result', 'tune')")
     old = TuningResult.from_dict(old_study.user_attrs["result"]).candidate
     known = {f.name for f in fields(TuneRequest)}
     asked = {k: (tuple(v) if isinstance(v, list) else v)
@@ -182,10 +183,15 @@ def run_drift(suite: Any, db: Database, trials: int, *, run_id: int | None = Non
               progress: Any = None) -> tuple[list[dict[str, Any]], list[str]]:
     """Re-tune every benchmark of ``suite`` that names a study: (drift rows, notes).
 
-    A suite without a study is a one-line note, not an error.
+    A suite without a study is a one-line note, not an error; benchmarks naming the same study share
+    one re-tune.
     """
     studies = [b for b in suite.benchmark if b.study is not None]
     if not studies:
         return [], ["--retune: no benchmark of the suite names a study (study = ...): nothing to re-tune"]
-    return [retune(db, b.name, b.study, b.study_storage, trials, run_id=run_id, progress=progress).to_dict()
-            for b in studies], []
+    done: dict[tuple[str, str], dict[str, Any]] = {}
+    for b in studies:
+        key = (b.study, b.study_storage)
+        if key not in done:
+            done[key] = retune(db, b.name, b.study, b.study_storage, trials, run_id=run_id, progress=progress).to_dict()
+    return [{**done[(b.study, b.study_storage)], "benchmark": b.name} for b in studies], []

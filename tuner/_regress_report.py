@@ -75,8 +75,8 @@ def to_markdown(r: RegressReport) -> str:
         lines += ["", "## Tuning drift (informational: never a failure, never changes the exit code)", "",
                   "Each study re-tuned now on a fresh profile, warm-started from its best trials; old winner, new "
                   "winner and plain decoding measured interleaved on the tuning prompts.", "",
-                  "| benchmark | old winner | new winner | moved | old, measured | new, measured | "
-                  "old loses now (95% CI) | predicted old / new | new study |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| benchmark | old winner | new winner | moved | old tokens/s, measured | new tokens/s, measured | "
+                  "old loses now (95% CI) | old / new tokens/s, predicted | new study |", "|---|---|---|---|---|---|---|---|---|"]
         for d in r.drift:
             lines.append(f"| {d['benchmark']} | {d['old_label']} | {d['new_label']} | {'yes' if d['moved'] else 'no'} | "
                          f"{_num(d['old_measured_tokens_per_s'], 4)} | {_num(d['new_measured_tokens_per_s'], 4)} | "
