@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", default="functions")
     ap.add_argument("--calib-ns", default="2,5")
     ap.add_argument("--validate-ns", default="1,3,4,6,8")
-    ap.add_argument("--calib-ngram", default="3", help="n-gram N calibrated on ('' = no n-gram)")
-    ap.add_argument("--validate-ngram", default="2,5")
+    ap.add_argument("--calib-ngram", default="", help="n-gram N calibrated on ('' = no n-gram)")
+    ap.add_argument("--validate-ngram", default="")
     ap.add_argument("--batch-sizes", default="1,4")
     ap.add_argument("--prompts", type=int, default=8, help="prompts per split (a multiple of every batch size)")
     ap.add_argument("--max-new-tokens", type=int, default=48)
@@ -160,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines)
     print(text)
     Path(args.out + ".json").write_text(json.dumps(out, indent=1, default=str) + "\n")
+    Path(args.out + "_measurements.json").write_text(json.dumps(
+        {"note": "ServerMeasurement.to_json() of every vLLM run of benchmarks/server_fidelity.py",
+         "measurements": [m.to_json() for m in fitted_on + checked]}) + "\n")
     Path(args.out + ".txt").write_text(text + "\n")
     return 0
 

@@ -41,8 +41,20 @@ def is_baseline(rec: MeasuredRecord) -> bool:
     return rec.draft is None or int(rec.config.get("num_speculative_tokens", 1) or 0) == 0
 
 
+def backend_of(rec: MeasuredRecord) -> str:
+    """Who ran the measurement: ``engine`` (ours) or a server (``vllm``)."""
+    return str(rec.config.get("backend") or "engine")
+
+
 def config_label(rec: MeasuredRecord) -> str:
-    """``mini-draft-1l N=4 θ=0.3`` (draft shown by its last path part)."""
+    """``mini-draft-1l N=4 θ=0.3`` (draft shown by its last path part); a server-backed run is
+    labelled with its backend and batch size: ``mini-draft-1l N=4 [vllm, B=4]``."""
+    backend = backend_of(rec)
+    tag = "" if backend == "engine" else f" [{backend}, B={rec.config.get('batch_size', 1)}]"
+    return _label(rec) + tag
+
+
+def _label(rec: MeasuredRecord) -> str:
     if is_baseline(rec):
         return "plain decoding" + (" (hooked profile pass)" if rec.config.get("hooked") else "")
     c = rec.config

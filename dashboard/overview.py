@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from specdec_tune.db import Database, HardwareRecord, MeasuredRecord, RunRecord, list_measured, list_models, list_runs
 from specdec_tune.dashboard.measured import (
     HELD_OUT,
+    backend_of,
     config_label,
     is_baseline,
     measured_ci,
@@ -128,22 +129,25 @@ def _best_from_measured(runs: Sequence[RunRecord], measured: Sequence[MeasuredRe
     by_run: dict[int, list[MeasuredRecord]] = defaultdict(list)
     for m in measured:
         by_run[m.run_id].append(m)
-    groups: dict[tuple[str, str, str], list[tuple[RunRecord, MeasuredRecord]]] = defaultdict(list)
+    groups: dict[tuple, list[tuple[RunRecord, MeasuredRecord]]] = defaultdict(list)
     for run in runs:
         key = (short_name(run.target.name), hardware_label(run.hardware), short_name(run.workload.name if run.workload else None))
-        groups[key].extend((run, m) for m in by_run.get(run.id, []) if not is_baseline(m))
+        for m in by_run.get(run.id, []):
+            if not is_baseline(m):  # a server's batch-B totals are compared only with the same server and B
+                groups[(*key, backend_of(m), int(m.config.get("batch_size", 1) or 1))].append((run, m))
     rows = []
-    for (target, hw, workload), cands in sorted(groups.items()):
+    for (target, hw, workload, backend, batch), cands in sorted(groups.items()):
         if not cands:
             continue
         held = [c for c in cands if measured_split(c[1]) == HELD_OUT]
         run, best = max(held or cands, key=lambda c: c[1].measured_tokens_per_s)
         split = measured_split(best)
         # Speedup only against plain decoding measured the same way (not the profile's hooked pass).
-        bases = [m for m in by_run[run.id] if is_baseline(m) and not m.config.get("hooked") and measured_split(m) == split]
+        bases = [m for m in by_run[run.id] if is_baseline(m) and not m.config.get("hooked") and measured_split(m) == split
+                 and backend_of(m) == backend and int(m.config.get("batch_size", 1) or 1) == batch]
         base = bases[-1] if bases else None
         rows.append(BestRow(
-            target=target, hardware=hw, workload=workload, server="engine (measured)", config=config_label(best),
+            target=target, hardware=hw, workload=workload, server=f"{backend} (measured)", config=config_label(best),
             measured_tokens_per_s=best.measured_tokens_per_s, predicted_tokens_per_s=best.predicted_tokens_per_s,
             speedup=best.measured_tokens_per_s / base.measured_tokens_per_s if base else None,
             speedup_ci=None, tokens_ci=measured_ci(best), heldout=split == HELD_OUT,

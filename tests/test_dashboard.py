@@ -340,3 +340,17 @@ def test_chosen_budget_is_the_tuners_prediction(db, urls):
     from specdec_tune.tuner.configs import Candidate
 
     assert chosen_budget(db, 1, Candidate("not-a-draft", 2)) is None  # not in this run: no bar, no crash
+
+
+def test_server_backed_runs_are_labelled_by_backend_and_batch_size():
+    from types import SimpleNamespace
+
+    from dashboard.measured import backend_of, config_label
+
+    engine = SimpleNamespace(draft="/m/mini-draft-1l", config={"num_speculative_tokens": 4})
+    vllm = SimpleNamespace(draft="/m/mini-draft-1l", config={"num_speculative_tokens": 4, "backend": "vllm",
+                                                              "batch_size": 4})
+    plain = SimpleNamespace(draft=None, config={"num_speculative_tokens": 0, "backend": "vllm", "batch_size": 1})
+    assert config_label(engine) == "mini-draft-1l N=4" and backend_of(engine) == "engine"
+    assert config_label(vllm) == "mini-draft-1l N=4 [vllm, B=4]"
+    assert config_label(plain) == "plain decoding [vllm, B=1]"

@@ -90,23 +90,27 @@ def test_round_trips_through_json():
 RECORDED = Path(__file__).parent / "data" / "vllm_recorded_measure.json"
 
 
-@pytest.mark.skipif(not RECORDED.exists(), reason="no recorded vLLM run (benchmarks/record_vllm_fixture.py makes it)")
+@pytest.mark.skipif(not RECORDED.exists(), reason="no recorded vLLM run (benchmarks/server_fidelity.py makes it)")
 def test_recorded_vllm_run_out_of_sample():
-    """A real vLLM run recorded on this CPU: calibrate on plain + N = 2 and 6, predict N = 4 from
-    its measured acceptance (so this checks the time terms, not the acceptance) within 10%."""
+    """Real vLLM runs recorded on this CPU by benchmarks/server_fidelity.py: calibrate on plain decoding
+    and two values of N on the tuning prompts, predict the other values of N on the held-out prompts
+    from their measured acceptance (so this checks the time terms, not the acceptance): within 15%
+    each, median within 8%."""
     from specdec_tune.profiler.vllm_measure import ServerMeasurement
     from specdec_tune.tuner.server_calibration import measured_tokens_per_s, points_of
 
     data = json.loads(RECORDED.read_text())
     ms = [ServerMeasurement.from_json(d) for d in data["measurements"]]
-    held = [m for m in ms if m.config.num_speculative_tokens == 4]
-    fit = [m for m in ms if m.config.num_speculative_tokens != 4]
-    assert held and fit
+    fit = [m for m in ms if m.split == "tune"]
+    held = [m for m in ms if m.split == "holdout" and m.config.num_speculative_tokens > 0]
+    assert fit and held
     model = calibrate([p for m in fit for p in points_of(m)])
+    errors = []
     for m in held:
         pts = points_of(m)
         tau = sum(p.new_tokens - p.batch_size for p in pts) / sum(p.steps * p.batch_size for p in pts)
         length = sum(p.draft_len * p.steps for p in pts) / sum(p.steps for p in pts)
         max_new = max(p.new_tokens for p in pts) // m.batch_size
-        predicted = model.predict(m.batch_size, "model", max_new, tau, length)
-        assert predicted == pytest.approx(measured_tokens_per_s(m), rel=0.10), m.batch_size
+        errors.append(model.predict(m.batch_size, "model", max_new, tau, length) / measured_tokens_per_s(m) - 1)
+    assert max(abs(e) for e in errors) < 0.15, errors
+    assert sorted(abs(e) for e in errors)[len(errors) // 2] < 0.08, errors
