@@ -19,8 +19,8 @@ from specdec_tune.profiler.vllm_measure import ServerConfig, ServerMeasurement, 
 
 
 class FakeWorker:
-    """Answers like VllmWorker: every request gets max_tokens tokens; a speculative one accepts 2 of
-    3 draft tokens per step; a group of B takes 0.1 + 0.05·B seconds."""
+    """Answers like VllmWorker: every request gets max_tokens tokens; a speculative one accepts
+    min(2, K) of its K draft tokens per step; a group of B takes 0.1 + 0.05·B + 0.01·K seconds."""
 
     started: list = []
 
@@ -34,18 +34,20 @@ class FakeWorker:
         return 2.5
 
     def generate(self, prompts, max_tokens, concurrency=1, ignore_eos=False):
+        k = int(self.spec["num_speculative_tokens"]) if self.spec else 0
+        a = min(2, k)  # accepted per step
         outs, groups = [], []
         for g in range(0, len(prompts), concurrency):
             idx = list(range(g, min(g + concurrency, len(prompts))))
-            seconds = 0.1 + 0.05 * len(idx)
+            seconds = 0.1 + 0.05 * len(idx) + 0.01 * k
             counters = None
             for _ in idx:
-                acc = [2] * ((max_tokens - 1) // 3) if self.spec else None
+                acc = [a] * ((max_tokens - 1) // (a + 1)) if self.spec else None
                 outs.append(VllmOutput(list(range(max_tokens)), seconds, "length", 0.01, 0.002, acc,
-                                       [3] * len(acc) if acc else None))
+                                       [k] * len(acc) if acc else None))
             if self.spec:
-                steps = len(idx) * ((max_tokens - 1) // 3)
-                counters = SpecCounters(steps, 3 * steps, 2 * steps, (steps, steps, 0))
+                steps = len(idx) * ((max_tokens - 1) // (a + 1))
+                counters = SpecCounters(steps, k * steps, a * steps, tuple(steps if i < a else 0 for i in range(k)))
             groups.append(VllmGroup(idx, seconds, counters))
         return VllmGenerateResult(outs, groups)
 
@@ -81,7 +83,7 @@ def test_groups_steps_ci_and_storage_on_a_fake_server(profiled, monkeypatch):
     assert [s[1] for s in FakeWorker.started] == [None, spec] and FakeWorker.started[0][2]["max_num_seqs"] == 2
     plain1, _, spec1, spec2 = ms
     assert len(plain1.groups) == 4 * 2 and len(spec2.groups) == 2 * 2  # groups x repeats
-    assert plain1.tokens_per_s == pytest.approx(8 / 0.15) and spec2.tokens_per_s == pytest.approx(16 / 0.2)
+    assert plain1.tokens_per_s == pytest.approx(8 / 0.15) and spec2.tokens_per_s == pytest.approx(16 / 0.23)
     assert plain1.groups[0].decode_steps == 7  # 8 tokens: one from the prefill, then one per step
     assert spec1.groups[0].decode_steps == 7 - 4  # two accepted draft tokens per step: 4 accepted in 2 steps
     assert spec1.mean_acceptance_length == pytest.approx(3.0) and spec1.counters.accepted_per_pos[:2] == (16, 16)  # 8 groups x 2 steps
@@ -134,3 +136,37 @@ def test_a_server_that_fails_to_start_shows_its_last_log_line(profiled, tmp_path
     with pytest.raises(VllmError):
         vllm_measure.VllmWorker(str(fake))
     assert os.path.exists(fake)
+
+
+def test_tune_backend_vllm_end_to_end_on_a_fake_server(tiny_model_dirs, tmp_path, capsys, monkeypatch):
+    """``tune --server vllm --backend vllm``: calibration, confirmation, per-B schedule and held-out runs
+    all go to the server (a fake one here); the report has one row per batch size with plain decoding,
+    the winner's constant N and (when N varies) the schedule as a whole; measured rows are stored with
+    backend vllm; the export is the vLLM config that was measured."""
+    from tests.test_tune_cli import TINY
+
+    monkeypatch.setattr(vllm_measure, "VllmWorker", FakeWorker)
+    wl = tmp_path / "w.jsonl"
+    prompts = ["def add(a, b):", "class Point:", "for i in range(10):", "print(i, i * i)", "def sub(a, b):",
+               "x = [i for i in range(3)]", "return a + b", "self.x = x"]
+    wl.write_text("".join(json.dumps({"id": str(i), "prompt": p}) + "\n" for i, p in enumerate(prompts)))
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    sizes = [x for x in TINY]
+    sizes[sizes.index("--heldout-prompts") + 1] = "4"
+    code = main(["tune", "--target", tiny_model_dirs["target"], "--drafts", tiny_model_dirs["draft"], "--workload",
+                 str(wl), "--db", url, *sizes, "--server", "vllm", "--backend", "vllm", "--vllm-python", sys.executable,
+                 "--trials", "5", "--json", "--export", str(tmp_path / "out"), "--formats", "vllm"])
+    cap = capsys.readouterr()
+    assert code == 0, cap.err[-1500:]
+    obj = json.loads(cap.out.strip().splitlines()[-1])
+    sr = obj["server_report"]
+    assert obj["backend"] == "vllm" and obj["server"] == "vllm" and obj["heldout"] is True
+    assert [r["batch_size"] for r in sr["heldout"]] == [1, 2]
+    for row in sr["heldout"]:
+        assert row["plain"]["measured_tokens_per_s"] > 0
+    assert set(sr["server_model"]["times"]) == {"1", "2"} and sr["calibration"]
+    assert any(r["winner"] for r in sr["confirmation"])
+    db = open_database(url)
+    backends = {m.config.get("backend") for m in list_measured(db)}
+    assert "vllm" in backends
+    assert (tmp_path / "out" / "README.md").exists()

@@ -103,8 +103,10 @@ def run_server_tune(db: Database, run_id: int, evaluator: Evaluator, *, target: 
     if not drafts:
         raise InputError("--backend vllm needs at least one drafter")
     common = dict(vllm_python=vllm_python, threads=threads, progress=progress, repeats=repeats)
-    calib_c = [Candidate("none", 0)] + [Candidate(d, n) for d in drafts if d != NGRAM
-                                        for n in CALIBRATION_NS if n <= n_max]
+    ns = sorted({min(n, n_max) for n in CALIBRATION_NS})
+    if len(ns) < 2 and n_max >= 2:
+        ns = [1, n_max]
+    calib_c = [Candidate("none", 0)] + [Candidate(d, n) for d in drafts if d != NGRAM for n in ns]
     if NGRAM in drafts:
         calib_c.append(Candidate(NGRAM, min(NGRAM_CALIBRATION_N, n_max)))
     cal = measure_on_server(db, run_id, [vllm_config(target, c) for c in calib_c], batch_sizes=bs, split="tune",
