@@ -108,7 +108,8 @@ def test_resume_and_interrupt_keep_completed_trials(profile_db, tmp_path):
     url, run_id, _, _ = profile_db
     space, storage = _space(profile_db), _storage(tmp_path)
     first = run_search(Evaluator(open_database(url), run_id), space, storage=storage, study_name="r", trials=8)
-    kept = {t.number: (t.params, t.value) for t in first.study.get_trials()}
+    # completed trials only: a trial that repeats an earlier point is pruned (it is not re-evaluated)
+    kept = {t.number: (t.params, t.value) for t in first.study.get_trials() if t.state.name == "COMPLETE"}
     seen = []
 
     def interrupt(trial):  # Ctrl-C after the 4th trial of the second run was stored
