@@ -46,3 +46,17 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def vllm_python():
+    """The vLLM venv's Python (``SPECDEC_VLLM_PYTHON``); the test skips, saying why, without one."""
+    from specdec_tune.profiler.vllm_backend import resolve_vllm_python
+
+    try:
+        python = resolve_vllm_python(None)
+    except Exception as exc:  # noqa: BLE001 - a broken configuration is a skip reason here
+        pytest.skip(f"vLLM environment misconfigured: {exc}")
+    if python is None:
+        pytest.skip("no vLLM environment configured: run scripts/setup_vllm_env.sh and set SPECDEC_VLLM_PYTHON")
+    return python

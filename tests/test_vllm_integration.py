@@ -20,23 +20,12 @@ import json
 import pytest
 import torch
 
-from specdec_tune.profiler.vllm_backend import SpecCounters, counters_from_steps, resolve_vllm_python
+from specdec_tune.profiler.vllm_backend import SpecCounters, counters_from_steps
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 MAX_TOKENS = 40
 HELD_OUT = 3  # the workload's last prompts: never in a profile of its first prompts
-
-
-@pytest.fixture(scope="module")
-def vllm_python():
-    try:
-        python = resolve_vllm_python(None)
-    except Exception as exc:  # noqa: BLE001 - a broken configuration is a skip reason here
-        pytest.skip(f"vLLM environment misconfigured: {exc}")
-    if python is None:
-        pytest.skip("no vLLM environment configured: run scripts/setup_vllm_env.sh and set SPECDEC_VLLM_PYTHON")
-    return python
 
 
 @pytest.fixture(scope="module")

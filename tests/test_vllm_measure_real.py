@@ -12,21 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_tune.profiler.vllm_backend import SpecCounters, VllmWorker, counters_from_steps, resolve_vllm_python
+from specdec_tune.profiler.vllm_backend import SpecCounters, VllmWorker, counters_from_steps
 
 MAX_NEW = 16
 N = 3
-
-
-@pytest.fixture(scope="module")
-def vllm_python():
-    try:
-        python = resolve_vllm_python(None)
-    except Exception as exc:  # noqa: BLE001 - a broken configuration is a skip reason here
-        pytest.skip(f"vLLM environment misconfigured: {exc}")
-    if python is None:
-        pytest.skip("no vLLM environment configured: run scripts/setup_vllm_env.sh and set SPECDEC_VLLM_PYTHON")
-    return python
 
 
 @pytest.fixture(scope="module")
