@@ -32,15 +32,9 @@ import sys
 import time
 from pathlib import Path
 
+from specdec_tune.profiler.session import StageLog
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class _Log:
-    def stage(self, name: str, total: int) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {name} ({total} steps)", file=sys.stderr, flush=True)
-
-    def advance(self, steps: int = 1) -> None:
-        pass
 
 
 def _ints(text: str) -> list[int]:
@@ -69,11 +63,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from specdec_tune.db import open_database
     from specdec_tune.profiler.session import ProfileSettings, run_profile
-    from specdec_tune.profiler.vllm_measure import ServerConfig, measure_on_server
-    from specdec_tune.tuner.configs import NGRAM, Candidate, TuningResult
-    from specdec_tune.tuner.exports import build_exports
+    from specdec_tune.profiler.vllm_measure import measure_on_server
+    from specdec_tune.tuner.configs import NGRAM, Candidate
     from specdec_tune.tuner.search import Evaluator
     from specdec_tune.tuner.server_calibration import calibrate_from, predict_server
+    from specdec_tune.tuner.server_tune import vllm_config
 
     batch_sizes = _ints(args.batch_sizes)
     use_ngram = bool(args.calib_ngram.strip())
@@ -83,23 +77,18 @@ def main(argv: list[str] | None = None) -> int:
     settings = ProfileSettings(split="tune", max_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                                n_max=n_max, k_max=n_max + 1, repeats=5, label="server-fidelity")
     drafts = [args.draft] + ([NGRAM] if use_ngram else [])
-    run_id = run_profile(db, args.target, drafts, args.workload, settings, _Log()).run_id
+    run_id = run_profile(db, args.target, drafts, args.workload, settings, StageLog()).run_id
     profile_s = time.perf_counter() - t0
 
-    def config(drafter: str, n: int) -> ServerConfig:
-        if n == 0:
-            return ServerConfig("plain", "none", 0, None)
-        files, _, _ = build_exports(TuningResult(candidate=Candidate(drafter, n), server="vllm", target=args.target,
-                                                 workload=args.workload), ["vllm"])
-        spec = json.loads(dict(files["vllm"])["vllm/speculative_config.json"])
-        return ServerConfig(f"{drafter} N={n}", drafter, n, spec)
+    def config(drafter: str, n: int):
+        return vllm_config(args.target, Candidate(drafter, n if drafter != "none" else 0))
 
     calib = [config("none", 0)] + [config(args.draft, n) for n in _ints(args.calib_ns)] + \
         [config(NGRAM, n) for n in _ints(args.calib_ngram)]
     valid = [config("none", 0)] + [config(args.draft, n) for n in _ints(args.validate_ns)] + \
         [config(NGRAM, n) for n in _ints(args.validate_ngram)]
     common = dict(batch_sizes=batch_sizes, max_prompts=args.prompts, repeats=args.repeats,
-                  vllm_python=args.vllm_python, threads=int(os.environ.get("OMP_NUM_THREADS", "1")), progress=_Log())
+                  vllm_python=args.vllm_python, threads=int(os.environ.get("OMP_NUM_THREADS", "1")), progress=StageLog())
     t1 = time.perf_counter()
     fitted_on = measure_on_server(db, run_id, calib, split="tune", **common)
     checked = measure_on_server(db, run_id, valid, split="holdout", **common)

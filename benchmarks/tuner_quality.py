@@ -30,17 +30,9 @@ import sys
 import time
 from pathlib import Path
 
+from specdec_tune.profiler.session import StageLog
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class _Quiet:
-    """Progress sink printing one line per stage (a benchmark log, not a live bar)."""
-
-    def stage(self, name: str, total: int) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {name} ({total} steps)", file=sys.stderr, flush=True)
-
-    def advance(self, steps: int = 1) -> None:
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                       server=args.server, trials=args.trials, **sizes)
     db = open_database(args.db)
     t0 = time.perf_counter()
-    report = run_tune(db, req, default_storage_url(db.url), _Quiet())
+    report = run_tune(db, req, default_storage_url(db.url), StageLog())
     tune_s = time.perf_counter() - t0
     space = report.space
     grid = list(space.candidates())
@@ -85,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t1 = time.perf_counter()
     timed = _measure.measure(db, report.run_id, grid, split="holdout", max_prompts=req.heldout_prompts,
-                             temperature=0.0, repeats=req.repeats, seed=0, progress=_Quiet())
+                             temperature=0.0, repeats=req.repeats, seed=0, progress=StageLog())
     grid_s = time.perf_counter() - t1
     by = dict(zip(grid, timed))
 
@@ -151,7 +143,7 @@ def reconfirm(args) -> int:
     cands = [tuned] + [grid[lbl] for lbl in top if lbl in grid and grid[lbl] != tuned] + [Candidate("none", 0)]
     t0 = time.perf_counter()
     got = _measure.measure(db, out["run_id"], cands, split="holdout", max_prompts=out["heldout_prompts"],
-                           temperature=0.0, repeats=args.passes, seed=1, progress=_Quiet())
+                           temperature=0.0, repeats=args.passes, seed=1, progress=StageLog())
     by = dict(zip(cands, got))
     best_grid = grid.get(top[0], tuned)
     q = by[tuned].tokens_per_s / by[best_grid].tokens_per_s

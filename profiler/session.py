@@ -95,6 +95,16 @@ class Progress:
         """Steps of the current stage finished."""
 
 
+class StageLog(Progress):
+    """Progress sink printing one timestamped line per stage on stderr (a benchmark's log, not a bar)."""
+
+    def stage(self, name: str, total: int) -> None:
+        import sys
+        import time
+
+        print(f"[{time.strftime('%H:%M:%S')}] {name} ({total} steps)", file=sys.stderr, flush=True)
+
+
 @dataclass
 class ProfileResult:
     """What a finished profile run produced (the rest is in the database)."""

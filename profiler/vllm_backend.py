@@ -165,8 +165,21 @@ class VllmGenerateResult:
     @property
     def counters(self) -> SpecCounters | None:
         """Counters summed over the groups (``None`` without speculative decoding)."""
-        parts = [g.counters for g in self.groups if g.counters is not None]
-        return sum(parts[1:], parts[0]) if parts else None
+        return total_counters(g.counters for g in self.groups)
+
+
+def total_counters(parts) -> SpecCounters | None:
+    """The sum of the counters given (``None`` entries skipped; ``None`` when there are none)."""
+    parts = [c for c in parts if c is not None]
+    return sum(parts[1:], parts[0]) if parts else None
+
+
+def omp_bind_env(threads: int) -> dict[str, str]:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for as many cores as our engine's torch threads (``0`` or ``0-T-1``),
+    unless the caller's environment already sets it: the same thread count keeps comparisons fair."""
+    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return {}
+    return {"VLLM_CPU_OMP_THREADS_BIND": "0" if threads <= 1 else f"0-{threads - 1}"}
 
 
 def parse_generate(resp: dict[str, Any]) -> VllmGenerateResult:

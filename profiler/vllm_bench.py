@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from specdec_tune.profiler.vllm_backend import SpecCounters, VllmOutput, VllmWorker
+from specdec_tune.profiler.vllm_backend import SpecCounters, VllmOutput, VllmWorker, omp_bind_env
 
 
 class VllmEngines:
@@ -31,9 +31,7 @@ class VllmEngines:
                  threads: int = 1, dtype: str = "float32", max_model_len: int = 1024, enforce_eager: bool = False,
                  max_num_seqs: int = 1) -> None:
         self.configs = dict(configs)
-        env = {}
-        if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = "0" if threads <= 1 else f"0-{threads - 1}"
+        env = omp_bind_env(threads)
         self.threads_bind = env.get("VLLM_CPU_OMP_THREADS_BIND", os.environ.get("VLLM_CPU_OMP_THREADS_BIND"))
         self.workers: dict[str, VllmWorker] = {}
         self.start_seconds: dict[str, float] = {}

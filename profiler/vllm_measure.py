@@ -32,7 +32,6 @@ API is used: no port is opened, so a port in use cannot get in the way.
 """
 from __future__ import annotations
 
-import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -40,7 +39,13 @@ from typing import Any
 from specdec_tune.db import Database, add_measured_run, get_run
 from specdec_tune.errors import InputError
 from specdec_tune.profiler.session import Progress
-from specdec_tune.profiler.vllm_backend import SpecCounters, VllmWorker, require_vllm_python
+from specdec_tune.profiler.vllm_backend import (
+    SpecCounters,
+    VllmWorker,
+    omp_bind_env,
+    require_vllm_python,
+    total_counters,
+)
 from specdec_tune.stats import RateSamples, tokens_per_s_ci
 
 __all__ = ["ServerConfig", "ServerGroup", "ServerMeasurement", "measure_on_server"]
@@ -133,8 +138,7 @@ class ServerMeasurement:
 
     @property
     def counters(self) -> SpecCounters | None:
-        parts = [g.counters for g in self.groups if g.counters is not None]
-        return sum(parts[1:], parts[0]) if parts else None
+        return total_counters(g.counters for g in self.groups)
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -225,8 +229,7 @@ def measure_on_server(db: Database, run_id: int, configs: list[ServerConfig], *,
         raise InputError(f"batch size(s) {bad} do not divide the {len(ids)} prompts measured; pick --max-prompts "
                          f"as a multiple of every batch size")
     lengths = [len(x) for x in ids]
-    env = {} if "VLLM_CPU_OMP_THREADS_BIND" in os.environ else {
-        "VLLM_CPU_OMP_THREADS_BIND": "0" if threads <= 1 else f"0-{threads - 1}"}
+    env = omp_bind_env(threads)
     progress = progress or Progress()
     progress.stage(f"vLLM: {len(configs)} configuration(s) × batch sizes {bs}", len(configs) * (1 + repeats * len(bs)))
     out: list[ServerMeasurement] = []

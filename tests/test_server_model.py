@@ -102,7 +102,7 @@ def test_recorded_vllm_run_out_of_sample():
     from their measured acceptance (so this checks the time terms, not the acceptance): within 15%
     each, median within 8%."""
     from specdec_tune.profiler.vllm_measure import ServerMeasurement
-    from specdec_tune.tuner.server_calibration import measured_tokens_per_s, points_of
+    from specdec_tune.tuner.server_calibration import points_of
 
     data = json.loads(RECORDED.read_text())
     ms = [ServerMeasurement.from_json(d) for d in data["measurements"]]
@@ -116,6 +116,6 @@ def test_recorded_vllm_run_out_of_sample():
         tau = sum(p.new_tokens - p.batch_size for p in pts) / sum(p.steps * p.batch_size for p in pts)
         length = sum(p.draft_len * p.steps for p in pts) / sum(p.steps for p in pts)
         max_new = max(p.new_tokens for p in pts) // m.batch_size
-        errors.append(model.predict(m.batch_size, "model", max_new, tau, length) / measured_tokens_per_s(m) - 1)
+        errors.append(model.predict(m.batch_size, "model", max_new, tau, length) / m.tokens_per_s - 1)
     assert max(abs(e) for e in errors) < 0.15, errors
     assert sorted(abs(e) for e in errors)[len(errors) // 2] < 0.08, errors

@@ -6,7 +6,6 @@ calibration math (:mod:`specdec_tune.tuner.server_model`).
 """
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -104,14 +103,4 @@ def best_n_per_batch_size(model: ServerModel, evaluator: Evaluator, drafter: str
     return out
 
 
-def measured_tokens_per_s(m: ServerMeasurement) -> float:
-    """Total tokens over total seconds of the measurement's groups (median over repeats per group)."""
-    by: dict[tuple, list] = {}
-    for g in m.groups:
-        by.setdefault(g.prompt_ids, []).append(g)
-    tokens = sum(statistics.median(x.new_tokens for x in gs) for gs in by.values())
-    seconds = sum(statistics.median(x.seconds for x in gs) for gs in by.values())
-    return tokens / seconds
-
-
-__all__ += ["best_n_per_batch_size", "measured_tokens_per_s"]
+__all__ += ["best_n_per_batch_size"]

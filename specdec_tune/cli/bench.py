@@ -49,13 +49,10 @@ def _parse_compare(compare: str) -> set[str]:
 
 def _vllm_config(target: str, draft: str, n: int) -> dict:
     """The vLLM ``--speculative-config`` the tuner's exporter writes for (draft, N), constant N."""
-    import json
+    from specdec_tune.tuner.configs import Candidate
+    from specdec_tune.tuner.server_tune import vllm_config
 
-    from specdec_tune.tuner.configs import Candidate, TuningResult
-    from specdec_tune.tuner.exports import build_exports
-
-    files, _, _ = build_exports(TuningResult(candidate=Candidate(draft, n), server="vllm", target=target, workload=""), ["vllm"])
-    return json.loads(dict(files["vllm"])["vllm/speculative_config.json"])
+    return vllm_config(target, Candidate(draft, n)).speculative_config
 
 
 @app.command()

@@ -364,6 +364,8 @@ def measure(
 def _measure_vllm(database, run: int, draft, config, temperature: float, split, max_prompts, repeats: int,
                   batch_sizes, vllm_python, json_out: bool) -> None:
     """``measure --backend vllm``: the configuration as the tuner exports it for vLLM, run in vLLM."""
+    import torch
+
     from specdec_tune.db import get_run
     from specdec_tune.profiler.vllm_backend import require_vllm_python
     from specdec_tune.profiler.vllm_measure import measure_on_server
@@ -383,7 +385,7 @@ def _measure_vllm(database, run: int, draft, config, temperature: float, split, 
     console = Console(stderr=True)
     with _bar(console) as bar:
         ms = measure_on_server(database, run, [cfg], batch_sizes=batch_sizes, split=split, max_prompts=max_prompts,
-                               repeats=repeats, vllm_python=vllm_python, threads=int(torch_threads()),
+                               repeats=repeats, vllm_python=vllm_python, threads=torch.get_num_threads(),
                                progress=_Bar(bar))
     rows = [{"batch_size": m.batch_size, "tokens_per_s": m.tokens_per_s, "ci95": list(m.ci95) if m.ci95 else None,
              "mean_acceptance_length": m.mean_acceptance_length, "acceptance_per_position": m.acceptance_per_position,
@@ -408,8 +410,3 @@ def _measure_vllm(database, run: int, draft, config, temperature: float, split, 
                    f"{row['mean_acceptance_length']:.2f}, {lat} [stored as #{row['measured_id']}]")
     typer.echo("predicted: – (tune --backend vllm calibrates the model to the server; see README)")
 
-
-def torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
