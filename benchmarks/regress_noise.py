@@ -15,6 +15,11 @@ On the bundled suite (or ``--suite``), mimicking nightly runs on one machine:
    cycle takes about x % longer), each compared with the last passing A/A run. Detected = the
    benchmark's tokens/s cell flagged; confirmed = regression (flagged in two consecutive runs).
 
+Every comparison is made twice on the same measurements: with the machine probe divided out of
+tokens/s and latency (the default rule, ``profiler.machine_probe``) and on raw absolute speed, each
+with its own noise floor, persistence and newest passing baseline; so the probe's effect on false
+alarms and on detection is measured paired, not across two stretches of machine time.
+
 No database is touched: the comparison is the library's (``tuner._regress_compare``), the
 measurement the profiler's (``profiler.suite_runs``). Results go to ``--out`` (JSON) and stdout.
 
@@ -44,14 +49,27 @@ def measure(configs: dict[str, dict], delays: dict[str, float] | None = None) ->
     return {k: [s.to_json() for s in v] for k, v in measure_arms(arms).items()}
 
 
-def compare(suite, configs, base, cur, history, calib=None):
+def compare(suite, configs, base, cur, history, calib=None, machine=True):
     cells = []
     for name, cfg in configs.items():
-        cells += compare_benchmark(name, base[name], cur[name], cfg, suite.rules, calib=calib)
+        cells += compare_benchmark(name, base[name], cur[name], cfg, suite.rules, calib=calib, machine=machine)
     cells = decide(cells, suite.rules, history)
     flagged = {(c.benchmark, c.metric) for c in cells if c.verdict in FLAGGED}
     new_history = {k: history.get(k, 0) + 1 for k in flagged}
     return cells, new_history
+
+
+class Rule:
+    """One way of comparing (machine probe divided out, or raw absolute speed), with its own noise
+    floor, persistence history and newest passing run, all fed the same measurements."""
+
+    def __init__(self, name: str, machine: bool) -> None:
+        self.name, self.machine = name, machine
+        self.baseline, self.history, self.calib = None, {}, None
+        self.drift: dict = {}
+        self.ses: dict = {}
+        self.aa: list = []
+        self.planted: list = []
 
 
 def cycle_ms(samples: list[dict]) -> float:
@@ -78,86 +96,101 @@ def main() -> int:
     for c in configs.values():
         c.update({k: v for k, v in (("prompts", args.prompts), ("repeats", args.repeats)) if v is not None})
     start = time.time()
-    aa: list = []
-    planted: list = []
+    rules = [Rule("machine", True), Rule("raw", False)]
 
-    def save(done: bool) -> None:  # after every run: a killed benchmark keeps what it measured
+    def save(done: bool, extra=None) -> None:  # after every run: a killed benchmark keeps what it measured
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({"suite": suite.name, "complete": done, "aa": aa, "planted": planted,
-                           "seconds": time.time() - start}, f, indent=1, default=float)
+                json.dump({"suite": suite.name, "complete": done, "seconds": time.time() - start,
+                           **{r.name: {"aa": r.aa, "planted": r.planted} for r in rules}, **(extra or {})},
+                          f, indent=1, default=float)
 
-    baseline = measure(configs)
-    drift: dict = {}
-    ses: dict = {}
+    first = measure(configs)
+    for r in rules:
+        r.baseline = first
     for i in range(args.calib_runs):
         cur = measure(configs)
-        for name, cfg in configs.items():
-            for c in compare_benchmark(name, baseline[name], cur[name], cfg, suite.rules):
-                if c.metric in SPEED_METRICS and c.effect:
-                    drift.setdefault((name, c.metric), []).append(math.log(c.effect))
-                    ses.setdefault((name, c.metric), []).append(c.details.get("se_log", math.nan))
-        print(f"calibration {i + 1}/{args.calib_runs}: " + ", ".join(
-            f"{k[0]}/{k[1]} {math.exp(v[-1]):.3f}" for k, v in drift.items() if k[1] != "latency"), flush=True)
-        baseline = cur
-    calib = {k: noise_floor([], v, ses[k]) for k, v in drift.items()}
-    calib_out = {f"{k[0]}/{k[1]}": v for k, v in calib.items()}
-    print("noise floor (minimum detectable change): " + ", ".join(f"{k} {v:.1%}" for k, v in calib_out.items()), flush=True)
-    history: dict = {}
+        for r in rules:
+            for name, cfg in configs.items():
+                for c in compare_benchmark(name, r.baseline[name], cur[name], cfg, suite.rules, machine=r.machine):
+                    if c.metric in SPEED_METRICS and c.effect:
+                        r.drift.setdefault((name, c.metric), []).append(math.log(c.effect))
+                        r.ses.setdefault((name, c.metric), []).append(c.details.get("se_log", math.nan))
+            r.baseline = cur
+        print(f"calibration {i + 1}/{args.calib_runs}: " + "; ".join(
+            r.name + " " + ", ".join(f"{k[0]}/{k[1]} {math.exp(v[-1]):.3f}" for k, v in r.drift.items()
+                                     if k[1] == "tokens_per_s") for r in rules), flush=True)
+    for r in rules:
+        r.calib = {k: noise_floor([], v, r.ses[k]) for k, v in r.drift.items()}
+        print(f"noise floor ({r.name}): " + ", ".join(f"{k[0]}/{k[1]} {v:.1%}" for k, v in r.calib.items()), flush=True)
     for i in range(args.aa_runs):
         cur = measure(configs)
-        cells, history = compare(suite, configs, baseline, cur, history, calib)
-        flagged = sorted({f"{c.benchmark}/{c.metric}" for c in cells if c.verdict in FLAGGED})
-        regressed = sorted({f"{c.benchmark}/{c.metric}" for c in cells if c.verdict == "regression"})
-        ratios = {c.benchmark: c.effect for c in cells if c.metric == "tokens_per_s"}
-        speedups = {c.benchmark: c.effect for c in cells if c.metric == "speedup"}
-        aa.append({"run": i + 1, "flagged": flagged, "regression": regressed, "tokens_per_s_ratio": ratios,
-                   "speedup_ratio": speedups})
-        print(f"A/A {i + 1}/{args.aa_runs}: flagged {flagged or 'none'}; tokens/s ratios "
-              + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()) + "; speedup ratios "
-              + ", ".join(f"{k} {v:.3f}" for k, v in speedups.items() if v), flush=True)
-        if not flagged:
-            baseline = cur  # --baseline auto: the newest passing run
+        line = []
+        for r in rules:
+            cells, r.history = compare(suite, configs, r.baseline, cur, r.history, r.calib, r.machine)
+            flagged = sorted({f"{c.benchmark}/{c.metric}" for c in cells if c.verdict in FLAGGED})
+            regressed = sorted({f"{c.benchmark}/{c.metric}" for c in cells if c.verdict == "regression"})
+            tps = {c.benchmark: c for c in cells if c.metric == "tokens_per_s"}
+            r.aa.append({"run": i + 1, "flagged": flagged, "regression": regressed,
+                         "tokens_per_s_ratio": {k: c.effect for k, c in tps.items()},
+                         "machine_ratio": {k: c.details.get("machine_ratio") for k, c in tps.items()},
+                         "speedup_ratio": {c.benchmark: c.effect for c in cells if c.metric == "speedup"}})
+            if not flagged:
+                r.baseline = cur  # --baseline auto: the newest passing run
+            line.append(f"{r.name}: flagged {flagged or 'none'}, tokens/s "
+                        + ", ".join("-" if v is None else f"{v:.3f}" for v in r.aa[-1]["tokens_per_s_ratio"].values()))
+        machine = [v for v in rules[0].aa[-1]["machine_ratio"].values() if v]
+        print(f"A/A {i + 1}/{args.aa_runs}: " + "; ".join(line)
+              + (f"; probe current/baseline {statistics.median(machine):.3f}" if machine else ""), flush=True)
         save(False)
-    base_cycle = {n: cycle_ms(baseline[n]) for n in configs}
     for pct in [float(x) for x in args.slowdowns.split(",") if x]:
-        delays = {n: base_cycle[n] * pct / 100 for n in configs}
-        history, runs = {}, []
+        ref = rules[0].baseline
+        delays = {n: cycle_ms(ref[n]) * pct / 100 for n in configs}
+        runs = {r.name: [] for r in rules}
+        history = {r.name: {} for r in rules}
         for i in range(args.runs_per_slowdown):
             cur = measure(configs, delays)
-            cells, history = compare(suite, configs, baseline, cur, history, calib)
-            per = {}
-            for n in configs:
-                tps = next(c for c in cells if c.benchmark == n and c.metric == "tokens_per_s")
-                sp = next(c for c in cells if c.benchmark == n and c.metric == "speedup")
-                # detected = either speed cell of the benchmark flagged
-                verdict = next((c.verdict for c in (sp, tps) if c.verdict == "regression"),
-                               next((c.verdict for c in (sp, tps) if c.verdict in FLAGGED), tps.verdict))
-                per[n] = {"ratio": tps.effect, "verdict": verdict, "q": tps.q_value, "mdc": tps.mdc,
-                          "speedup_ratio": sp.effect, "speedup_verdict": sp.verdict, "speedup_mdc": sp.mdc,
-                          "tokens_per_s_verdict": tps.verdict}
-            runs.append(per)
+            for r in rules:
+                cells, history[r.name] = compare(suite, configs, r.baseline, cur, history[r.name], r.calib, r.machine)
+                per = {}
+                for n in configs:
+                    tps = next(c for c in cells if c.benchmark == n and c.metric == "tokens_per_s")
+                    sp = next(c for c in cells if c.benchmark == n and c.metric == "speedup")
+                    # detected = either speed cell of the benchmark flagged
+                    verdict = next((c.verdict for c in (sp, tps) if c.verdict == "regression"),
+                                   next((c.verdict for c in (sp, tps) if c.verdict in FLAGGED), tps.verdict))
+                    per[n] = {"ratio": tps.effect, "verdict": verdict, "q": tps.q_value, "mdc": tps.mdc,
+                              "speedup_ratio": sp.effect, "speedup_verdict": sp.verdict, "speedup_mdc": sp.mdc,
+                              "tokens_per_s_verdict": tps.verdict}
+                runs[r.name].append(per)
             save(False)
-            print(f"slowdown {pct:g}% run {i + 1}: " + ", ".join(
-                f"{n} tokens/s {v['ratio']:.3f} speedup {v['speedup_ratio']:.3f} {v['verdict']}" for n, v in per.items()),
-                flush=True)
-        summary = {n: {"delay_ms": delays[n],
-                       "detected": sum(r[n]["verdict"] in FLAGGED for r in runs),
-                       "confirmed": sum(r[n]["verdict"] == "regression" for r in runs),
-                       "median_ratio": statistics.median(r[n]["ratio"] for r in runs)} for n in configs}
-        planted.append({"slowdown_pct": pct, "runs": len(runs), "per_benchmark": summary, "detail": runs})
-    fa = sum(bool(r["flagged"]) for r in aa)
-    confirmed = sum(bool(r["regression"]) for r in aa)
-    result = {"suite": suite.name, "rules": suite.rules.model_dump(), "aa_runs": len(aa), "noise_floor": calib_out,
-              "calib_runs": args.calib_runs,
-              "false_alarm_runs": fa, "confirmed_false_alarm_runs": confirmed, "aa": aa, "planted": planted,
-              "cycle_ms": base_cycle, "seconds": time.time() - start, "threads": torch.get_num_threads()}
-    print(f"\nA/A: {fa}/{len(aa)} runs with a flagged cell, {confirmed}/{len(aa)} with a confirmed regression")
-    for p in planted:
-        for n, s in p["per_benchmark"].items():
-            print(f"+{p['slowdown_pct']:g}% cycle time ({s['delay_ms']:.2f} ms/proposal) {n}: detected "
-                  f"{s['detected']}/{p['runs']}, confirmed {s['confirmed']}/{p['runs']}, median tokens/s ratio "
-                  f"{s['median_ratio']:.3f}")
+            print(f"slowdown {pct:g}% run {i + 1}: " + "; ".join(r.name + " " + ", ".join(
+                f"{n} tokens/s {v['ratio']:.3f} speedup {v['speedup_ratio']:.3f} {v['verdict']}"
+                for n, v in runs[r.name][-1].items()) for r in rules), flush=True)
+        for r in rules:
+            rs = runs[r.name]
+            summary = {n: {"delay_ms": delays[n], "detected": sum(x[n]["verdict"] in FLAGGED for x in rs),
+                           "detected_by_tokens_per_s": sum(x[n]["tokens_per_s_verdict"] in FLAGGED for x in rs),
+                           "confirmed": sum(x[n]["verdict"] == "regression" for x in rs),
+                           "median_ratio": statistics.median(x[n]["ratio"] for x in rs)} for n in configs}
+            r.planted.append({"slowdown_pct": pct, "runs": len(rs), "per_benchmark": summary, "detail": rs})
+    result = {"suite": suite.name, "rules": suite.rules.model_dump(), "aa_runs": args.aa_runs,
+              "calib_runs": args.calib_runs, "seconds": time.time() - start, "threads": torch.get_num_threads(),
+              "comparisons": {}}
+    print()
+    for r in rules:
+        fa = sum(bool(x["flagged"]) for x in r.aa)
+        confirmed = sum(bool(x["regression"]) for x in r.aa)
+        result["comparisons"][r.name] = {
+            "machine_probe_divided_out": r.machine, "noise_floor": {f"{k[0]}/{k[1]}": v for k, v in r.calib.items()},
+            "false_alarm_runs": fa, "confirmed_false_alarm_runs": confirmed, "aa": r.aa, "planted": r.planted}
+        print(f"{r.name}: A/A {fa}/{len(r.aa)} runs with a flagged cell, {confirmed}/{len(r.aa)} with a confirmed "
+              f"regression")
+        for p in r.planted:
+            for n, x in p["per_benchmark"].items():
+                print(f"  +{p['slowdown_pct']:g}% cycle time ({x['delay_ms']:.2f} ms/proposal) {n}: detected "
+                      f"{x['detected']}/{p['runs']} (tokens/s cell {x['detected_by_tokens_per_s']}), confirmed "
+                      f"{x['confirmed']}/{p['runs']}, median tokens/s ratio {x['median_ratio']:.3f}")
     print(f"total {result['seconds']:.0f} s")
     if args.out:
         with open(args.out, "w") as f:

@@ -12,6 +12,11 @@ seconds of the speculative decode. Its output is the correctness reference (gree
 output must equal it) and the ratio of the two times is the prompt's speedup, a speed metric that a
 slower or faster machine moves far less than tokens/s (both sides of the ratio slow down together).
 
+After each prompt's decodes, in every repeat, the machine probe (:mod:`profiler.machine_probe`: a
+fixed synthetic decoder step that none of our code or models can touch) is timed too
+(``probe_seconds``): how fast the machine itself was at that moment, which the comparison divides
+out of the absolute speed metrics.
+
 ``draft_delay_ms`` is a test-only knob: it wraps the drafter with a sleep before each proposal, a
 planted slowdown of the draft that touches nothing in the engine.
 """
@@ -26,6 +31,7 @@ import torch
 from specdec_tune.engine import DecodeConfig, Draft, LoadedModel, build_drafter, check_compatible, load_model, speculative
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.errors import InputError
+from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
 from specdec_tune.profiler.timers import Stopwatch, synchronize
 
@@ -98,6 +104,7 @@ class PromptSample:
     plain_token_ids: list[int] | None = None
     plain_seconds: list[float] = field(default_factory=list)  # [repeat] the paired plain decode's wall seconds
     plain_new_tokens: int = 0
+    probe_seconds: list[float] = field(default_factory=list)  # [repeat] the machine probe's seconds, right after
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -166,6 +173,7 @@ def measure_arms(arms: list[ArmSpec], *, seed: int = 0, progress=None) -> dict[s
     if not arms:
         raise InputError("no benchmark to measure")
     models = _Models()
+    probes: dict[str, MachineProbe] = {}
     plans = []
     for arm in arms:
         target = models.get(arm.target, arm.device, arm.dtype, arm.forward)
@@ -186,6 +194,9 @@ def measure_arms(arms: list[ArmSpec], *, seed: int = 0, progress=None) -> dict[s
         samples = [PromptSample(prompt_id=p.id, new_tokens=0) for p in prompts]
         plans.append((arm, target, draft_model, cfg, ids, samples))
         _timed(target, arm, draft_model, ids[0], cfg, seed)  # warm-up, untimed for the samples
+        if str(target.device) not in probes:
+            probes[str(target.device)] = MachineProbe(target.device)
+            probes[str(target.device)].run()  # warm-up
     total = sum(plan[0].repeats * len(plan[4]) for plan in plans)  # one step = a prompt (and its reference)
     if progress is not None:
         progress.stage(f"measure {len(arms)} benchmark(s)", total)
@@ -205,6 +216,7 @@ def measure_arms(arms: list[ArmSpec], *, seed: int = 0, progress=None) -> dict[s
                         s.plain_new_tokens = ref.new_tokens
                         if arm.temperature == 0:
                             s.plain_token_ids = list(ref.token_ids)
+                s.probe_seconds.append(probes[str(target.device)].run())
                 if r == 0:
                     s.new_tokens = result.new_tokens
                     s.token_ids = list(result.token_ids)

@@ -48,7 +48,7 @@ from specdec_tune.profiler.vllm_backend import (
 )
 from specdec_tune.stats import RateSamples, tokens_per_s_ci
 
-__all__ = ["ServerConfig", "ServerGroup", "ServerMeasurement", "measure_on_server"]
+__all__ = ["ServerConfig", "ServerGroup", "ServerMeasurement", "measure_on_server", "measure_plan"]
 
 
 @dataclass(frozen=True)
@@ -206,16 +206,36 @@ def measure_on_server(db: Database, run_id: int, configs: list[ServerConfig], *,
                       split: str | None = None, max_prompts: int | None = None, repeats: int = 3,
                       vllm_python: str | None = None, threads: int = 1, progress: Progress | None = None,
                       store: bool = True, max_engines: int = 6) -> list[ServerMeasurement]:
-    """Run every configuration on vLLM (module docstring); one measurement per (configuration, B),
-    in the order configurations × batch sizes. Up to ``max_engines`` engines are held at once and
-    measured interleaved (about 2 GB of memory each); more configurations are taken in chunks.
+    """Run every configuration on vLLM on one split's prompts (module docstring); one measurement per
+    (configuration, B), in the order configurations × batch sizes. Up to ``max_engines`` engines are
+    held at once and measured interleaved (about 2 GB of memory each); more configurations are taken
+    in chunks. :func:`measure_plan` does the same for several splits in one session.
 
     Raises:
         InputError: no vLLM environment, no configuration, bad repeats or batch sizes, or a batch size
             that does not divide the number of prompts.
         VllmError: vLLM failed to start or to run (the message ends with its last log line).
     """
-    if not configs:
+    return measure_plan(db, run_id, [(split, list(configs))], batch_sizes=batch_sizes, max_prompts=max_prompts,
+                        repeats=repeats, vllm_python=vllm_python, threads=threads, progress=progress, store=store,
+                        max_engines=max_engines)
+
+
+def measure_plan(db: Database, run_id: int, plan: list[tuple[str | None, list[ServerConfig]]], *, batch_sizes=(1,),
+                 max_prompts: int | None = None, repeats: int = 3, vllm_python: str | None = None, threads: int = 1,
+                 progress: Progress | None = None, store: bool = True,
+                 max_engines: int = 6) -> list[ServerMeasurement]:
+    """Measure ``(split, configurations)`` pairs in one interleaved session: each distinct
+    configuration gets one engine, and every pass goes round all (configuration, split) jobs, so a
+    calibration on one split and a check on another see the same stretch of machine time (a model
+    calibrated in one stretch and checked in another mistakes the machine's drift for its own error).
+    Returns the measurements in plan order (configurations × batch sizes within each split).
+
+    Raises:
+        InputError / VllmError: as :func:`measure_on_server`.
+    """
+    plan = [(split, list(cfgs)) for split, cfgs in plan if cfgs]
+    if not plan:
         raise InputError("no configuration to measure")
     if repeats < 1:
         raise InputError(f"--repeats must be >= 1, got {repeats}")
@@ -223,55 +243,78 @@ def measure_on_server(db: Database, run_id: int, configs: list[ServerConfig], *,
     if not bs or bs[0] < 1:
         raise InputError(f"--batch-sizes must be integers >= 1, got {list(batch_sizes)}")
     python = require_vllm_python(vllm_python)
-    split, pids, ids, max_new, folder = _prompts(db, run_id, split, max_prompts)
-    bad = [b for b in bs if len(ids) % b]
-    if bad:
-        raise InputError(f"batch size(s) {bad} do not divide the {len(ids)} prompts measured; pick --max-prompts "
-                         f"as a multiple of every batch size")
-    lengths = [len(x) for x in ids]
+    prompts: dict[str | None, _Split] = {}
+    for split, _ in plan:
+        name, pids, ids, max_new, folder = _prompts(db, run_id, split, max_prompts)
+        bad = [b for b in bs if len(ids) % b]
+        if bad:
+            raise InputError(f"batch size(s) {bad} do not divide the {len(ids)} prompts measured; pick --max-prompts "
+                             f"as a multiple of every batch size")
+        prompts[split] = _Split(name, pids, ids, [len(x) for x in ids])
+    distinct: list[ServerConfig] = []  # ServerConfig holds a dict: compared with ==, not hashed
+    for _, cfgs in plan:
+        distinct += [c for c in cfgs if c not in distinct]
     env = omp_bind_env(threads)
     progress = progress or Progress()
-    progress.stage(f"vLLM: {len(configs)} configuration(s) × batch sizes {bs}", len(configs) * (1 + repeats * len(bs)))
-    out: list[ServerMeasurement] = []
-    for first in range(0, len(configs), max_engines):
-        out += _interleaved(configs[first:first + max_engines], python, env, folder, ids, pids, lengths, max_new, bs,
-                            repeats, split, progress)
+    jobs = [(distinct.index(cfg), split) for split, cfgs in plan for cfg in cfgs]
+    progress.stage(f"vLLM: {len(distinct)} configuration(s) × batch sizes {bs}"
+                   + (f" × {len(plan)} prompt sets" if len(plan) > 1 else ""),
+                   len(distinct) + len(jobs) * repeats * len(bs))
+    got: dict[tuple[int, str | None, int], ServerMeasurement] = {}
+    for first in range(0, len(distinct), max_engines):
+        chunk = range(first, min(first + max_engines, len(distinct)))
+        got.update(_interleaved({i: distinct[i] for i in chunk}, [j for j in jobs if j[0] in chunk], prompts, python,
+                                env, folder, max_new, bs, repeats, progress))
+    out = [(split, got[(i, split, b)]) for i, split in jobs for b in bs]
     if store:
-        for m in out:
-            m.measured_id = _store(db, run_id, m, max_new, pids, lengths)
-    return out
+        for split, m in out:
+            m.measured_id = _store(db, run_id, m, max_new, prompts[split].pids, prompts[split].lengths)
+    return [m for _, m in out]
 
 
-def _interleaved(configs, python, env, folder, ids, pids, lengths, max_new, bs, repeats, split, progress):
+@dataclass(frozen=True)
+class _Split:
+    name: str | None  # the split actually measured (chosen_prompts resolves None)
+    pids: list[str]
+    ids: list[list[int]]
+    lengths: list[int]
+
+
+def _interleaved(configs: dict[int, ServerConfig], jobs: list[tuple[int, str | None]], prompts, python, env, folder,
+                 max_new, bs, repeats, progress):
     """One engine per configuration, all started first (an idle engine uses no CPU), then every pass
-    goes round the batch sizes and, inside each, round the configurations in a rotated order: a slow
-    minute of a shared machine is spread over all of them instead of landing on one."""
-    workers: list[VllmWorker] = []
-    starts: list[float] = []
+    goes round the batch sizes and, inside each, round the (configuration, prompt set) jobs in a
+    rotated order: a slow minute of a shared machine is spread over all of them instead of landing
+    on one. Returns ``{(configuration index, split, B): measurement}``."""
+    workers: dict[int, VllmWorker] = {}
+    starts: dict[int, float] = {}
     try:
-        for cfg in configs:
+        first_ids = next(iter(prompts.values())).ids[0]
+        for i, cfg in configs.items():
             w = VllmWorker(python, env=env)
-            workers.append(w)
-            starts.append(w.start(folder, cfg.speculative_config, max_num_seqs=max(bs)))
-            w.generate([ids[0]], max_new, ignore_eos=True)  # warm-up, untimed
+            workers[i] = w
+            starts[i] = w.start(folder, cfg.speculative_config, max_num_seqs=max(bs))
+            w.generate([first_ids], max_new, ignore_eos=True)  # warm-up, untimed
             progress.advance()
-        groups = {(i, b): [] for i in range(len(configs)) for b in bs}
+        groups = {(i, split, b): [] for i, split in jobs for b in bs}
         for r in range(repeats):
             for b in (bs if r % 2 == 0 else bs[::-1]):  # alternate the order of batch sizes
-                order = list(range(len(configs)))
-                shift = (r * len(bs) + bs.index(b)) % len(order)
-                for i in order[shift:] + order[:shift]:
-                    res = workers[i].generate(ids, max_new, concurrency=b, ignore_eos=True)
+                shift = (r * len(bs) + bs.index(b)) % len(jobs)
+                for i, split in jobs[shift:] + jobs[:shift]:
+                    p = prompts[split]
+                    res = workers[i].generate(p.ids, max_new, concurrency=b, ignore_eos=True)
                     spec = configs[i].speculative_config is not None
                     for g in res.groups:
                         chunk = type(res)([res.outputs[j] for j in g.prompts], [g])
-                        groups[(i, b)].append(group_from_result(chunk, r, b, tuple(pids[j] for j in g.prompts),
-                                                                tuple(lengths[j] for j in g.prompts), spec))
+                        groups[(i, split, b)].append(group_from_result(
+                            chunk, r, b, tuple(p.pids[j] for j in g.prompts), tuple(p.lengths[j] for j in g.prompts),
+                            spec))
                     progress.advance()
-        return [ServerMeasurement(cfg, b, split, groups[(i, b)], starts[i], dict(workers[i].versions))
-                for i, cfg in enumerate(configs) for b in bs]
+        return {(i, split, b): ServerMeasurement(configs[i], b, prompts[split].name, groups[(i, split, b)], starts[i],
+                                                 dict(workers[i].versions))
+                for i, split in jobs for b in bs}
     finally:
-        for w in workers:
+        for w in workers.values():
             w.close()
 
 

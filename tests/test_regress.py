@@ -156,7 +156,8 @@ def test_ten_aa_comparisons_raise_no_false_alarm(tiny_model_dirs, workload):
         for s in pool:
             pick = rng.sample(range(len(s["seconds"])), 3)
             out.append(dict(s, seconds=[s["seconds"][i] for i in pick], draft_seconds=[s["draft_seconds"][i] for i in pick],
-                            plain_seconds=[s["plain_seconds"][i] for i in pick]))
+                            plain_seconds=[s["plain_seconds"][i] for i in pick],
+                            probe_seconds=[s["probe_seconds"][i] for i in pick]))
         return out
 
     runs = [run(k) for k in range(11)]

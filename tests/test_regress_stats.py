@@ -151,16 +151,21 @@ def test_speed_test_keeps_its_false_positive_rate_on_aa_noise():
     assert pooled / 200 > 0.04
 
 
-def _paired(times: dict[str, float], seed: int, machine: float = 1.0, draft: float = 1.0, jitter: float = 0.02):
-    """Speculative samples with their paired plain reference: ``machine`` scales both decodes (a slower
-    machine), ``draft`` only the speculative one (speculation itself got slower)."""
+def _paired(times: dict[str, float], seed: int, machine: float = 1.0, draft: float = 1.0, jitter: float = 0.02,
+            plain: float = 1.0, probe: bool = False):
+    """Speculative samples with their paired plain reference: ``machine`` scales both decodes and the
+    machine probe (a slower machine), ``draft`` only the speculative decode (speculation itself got
+    slower), ``plain`` both decodes but not the probe (the code got slower everywhere)."""
     rng = random.Random(seed)
     out = []
     for p, t in times.items():
         m = [machine * (1 + rng.gauss(0, jitter)) for _ in range(3)]  # shared by the pair: seconds apart
-        out.append({"prompt_id": p, "new_tokens": 32, "plain_new_tokens": 32, "cycles": 0,
-                    "seconds": [t * draft * x * (1 + rng.gauss(0, jitter / 2)) for x in m],
-                    "plain_seconds": [2 * t * x * (1 + rng.gauss(0, jitter / 2)) for x in m]})
+        s = {"prompt_id": p, "new_tokens": 32, "plain_new_tokens": 32, "cycles": 0,
+             "seconds": [t * draft * plain * x * (1 + rng.gauss(0, jitter / 2)) for x in m],
+             "plain_seconds": [2 * t * plain * x * (1 + rng.gauss(0, jitter / 2)) for x in m]}
+        if probe:
+            s["probe_seconds"] = [0.02 * x * (1 + rng.gauss(0, jitter / 2)) for x in m]
+        out.append(s)
     return out
 
 
@@ -198,3 +203,32 @@ def test_noise_floor_takes_the_run_to_run_drift():
     assert math.isnan(noise_spread([], []))
     assert noise_floor([], [0.2, -0.2]) == pytest.approx(minimum_detectable_change(0.2))
     assert noise_floor([], [0.01], [0.05]) == pytest.approx(minimum_detectable_change(0.05))
+
+
+def test_machine_probe_divides_a_slower_machine_out_of_absolute_speed():
+    base = _paired(PROMPT_TIMES, 1, probe=True)
+    slower_machine = _paired(PROMPT_TIMES, 2, machine=1.2, probe=True)
+    cells = _decide_spec(base, slower_machine)
+    assert cells["tokens_per_s"].verdict == "ok" and abs(cells["tokens_per_s"].effect - 1) < 0.03
+    assert cells["latency"].verdict == "ok" and abs(cells["latency"].effect - 1) < 0.03
+    assert cells["tokens_per_s"].details["machine_ratio"] == pytest.approx(1.2, rel=0.03)
+    assert cells["tokens_per_s"].details["raw_ratio"] == pytest.approx(1 / 1.2, rel=0.03)
+    # Power: the same samples compared raw flag the machine's drift as a regression.
+    raw = {c.metric: c for c in decide(compare_benchmark("b", base, slower_machine, {"num_speculative_tokens": 0,
+                                                                                   "draft": "d"}, Rules(),
+                                                         machine=False), Rules(), {})}
+    assert raw["tokens_per_s"].verdict == "suspicious" and raw["latency"].verdict == "suspicious"
+
+
+def test_machine_probe_keeps_a_slowdown_of_the_code():
+    cells = _decide_spec(_paired(PROMPT_TIMES, 1, probe=True), _paired(PROMPT_TIMES, 2, plain=1.15, probe=True))
+    assert cells["tokens_per_s"].verdict == "suspicious"
+    assert cells["tokens_per_s"].effect == pytest.approx(1 / 1.15, rel=0.03)
+    assert cells["latency"].verdict == "suspicious"
+    assert cells["speedup"].verdict == "ok"  # both decodes slowed alike: speculation buys the same
+
+
+def test_samples_without_probe_timings_are_compared_raw_and_say_so():
+    cells = _decide_spec(_paired(PROMPT_TIMES, 1), _paired(PROMPT_TIMES, 2, machine=1.2, probe=True))
+    assert cells["tokens_per_s"].verdict == "suspicious"
+    assert "no machine-probe" in cells["tokens_per_s"].details["machine"]

@@ -97,6 +97,48 @@ def test_groups_steps_ci_and_storage_on_a_fake_server(profiled, monkeypatch):
     assert again.tokens_per_s == pytest.approx(spec2.tokens_per_s) and again.counters == spec2.counters
 
 
+def test_plan_measures_calibration_and_validation_splits_in_one_interleaved_session(profiled, monkeypatch):
+    """measure_plan: one engine per distinct configuration (plain shared by both splits), every
+    repeat visits every (configuration, split) job before the next repeat starts, each split on its
+    own prompts, stored with its split."""
+    db, _url, run_id, dirs = profiled
+    calls = []
+
+    class Logged(FakeWorker):
+        def generate(self, prompts, max_tokens, concurrency=1, ignore_eos=False):
+            calls.append((None if self.spec is None else self.spec["num_speculative_tokens"], tuple(map(tuple, prompts)),
+                          concurrency))
+            return super().generate(prompts, max_tokens, concurrency, ignore_eos)
+
+    monkeypatch.setattr(vllm_measure, "VllmWorker", Logged)
+    FakeWorker.started = []
+
+    def spec(n):
+        return ServerConfig(f"d N={n}", dirs["draft"], n, {"method": "draft_model", "model": dirs["draft"],
+                                                            "num_speculative_tokens": n})
+
+    plain = ServerConfig("plain", "none", 0, None)
+    ms = vllm_measure.measure_plan(db, run_id, [("tune", [plain, spec(2)]), ("holdout", [plain, spec(3)])],
+                                   batch_sizes=(1, 2), max_prompts=2, repeats=2, vllm_python=sys.executable)
+    assert len(FakeWorker.started) == 3  # plain, N=2, N=3: plain's engine serves both splits
+    assert [(m.config.label, m.split, m.batch_size) for m in ms] == [
+        ("plain", "tune", 1), ("plain", "tune", 2), ("d N=2", "tune", 1), ("d N=2", "tune", 2),
+        ("plain", "holdout", 1), ("plain", "holdout", 2), ("d N=3", "holdout", 1), ("d N=3", "holdout", 2)]
+    timed = calls[3:]  # after one warm-up per engine
+    assert len(timed) == 2 * 2 * 4  # repeats x batch sizes x jobs
+    for r in range(2):  # every pass covers all four jobs at both batch sizes before the next one
+        one = timed[r * 8:(r + 1) * 8]
+        assert {(n, c) for n, _p, c in one} == {(n, c) for n in (None, 2, 3) for c in (1, 2)}
+        assert len({(n, p) for n, p, _c in one}) == 4
+    tune_prompts = {p for n, p, _c in timed if n == 2}
+    held_prompts = {p for n, p, _c in timed if n == 3}
+    assert tune_prompts and held_prompts and tune_prompts.isdisjoint(held_prompts)
+    assert {p for n, p, _c in timed if n is None} == tune_prompts | held_prompts
+    stored = {m.id: m for m in list_measured(db, run_id)}
+    assert stored[ms[0].measured_id].config["split"] == "tune" and stored[ms[4].measured_id].config["split"] == "holdout"
+    assert ms[0].groups[0].prompt_ids != ms[4].groups[0].prompt_ids
+
+
 def test_batch_size_must_divide_the_prompts(profiled, monkeypatch):
     db, _url, run_id, _dirs = profiled
     monkeypatch.setattr(vllm_measure, "VllmWorker", FakeWorker)

@@ -5,7 +5,11 @@ plain decode's, measured seconds apart: what speculation buys, robust to a slowe
 machine), ``tokens_per_s`` and ``latency`` (absolute speed; all three on per-prompt samples,
 Mann-Whitney U + bootstrap CI of the ratio of medians), ``acceptance@i`` (per-position accepted /
 reached counts, two-proportion test), ``correctness`` (greedy output equals plain decoding's) and
-``model_error`` (prediction vs measurement, when the benchmark names a profile run). :func:`decide`
+``model_error`` (prediction vs measurement, when the benchmark names a profile run). The absolute
+cells divide out the machine's own speed: each side's samples are scaled by the machine probe timed
+in the same repeat (``profiler.machine_probe``: a fixed synthetic decoder step that neither our code
+nor a model can move; :func:`machine_factors`), so a night on which the whole machine ran 8 % slower
+moves the probe and the decode alike and leaves the cell's ratio at 1. :func:`decide`
 applies the rule across all cells of a run: a drop larger than ``min_drop`` (and, for a speed metric
 with a calibrated noise floor, larger than that floor: the minimum detectable change that
 ``regress --calibrate`` measured between runs) whose Benjamini-Hochberg adjusted p-value is at most
@@ -56,6 +60,25 @@ class Cell:
         return self.metric != "latency" and self.metric != "model_error"
 
 
+def machine_factors(samples: Sequence[dict]) -> list[float] | None:
+    """Per repeat, the median over the benchmark's prompts of the machine probe's seconds (the
+    machine's speed during that pass); None unless every prompt has one probe timing per repeat."""
+    if not samples or any(len(s.get("probe_seconds") or []) != len(s.get("seconds") or []) for s in samples):
+        return None  # no probe, or not one per repeat: cannot be paired with the decodes
+    n = len(samples[0]["probe_seconds"])
+    if n == 0 or any(len(s["probe_seconds"]) != n for s in samples):
+        return None
+    return [statistics.median(s["probe_seconds"][i] for s in samples) for i in range(n)]
+
+
+def _adjusted(values: dict[str, list[float]], factors: list[float], ref: float, what: str) -> dict[str, list[float]]:
+    """Values in the reference machine speed ``ref`` (seconds of the probe): tokens/s scale with the
+    probe's seconds, latency against them."""
+    if what == "latency":
+        return {k: [v * ref / f for v, f in zip(vs, factors)] for k, vs in values.items()}
+    return {k: [v * f / ref for v, f in zip(vs, factors)] for k, vs in values.items()}
+
+
 def _per_prompt(samples: Sequence[dict], what: str) -> dict[str, list[float]]:
     """prompt id -> one value per repeat (tokens/s, or latency in ms)."""
     out: dict[str, list[float]] = {}
@@ -77,11 +100,22 @@ def _median_of_prompts(values: dict[str, list[float]]) -> float | None:
 
 
 def _speed_cells(name: str, base: Sequence[dict], cur: Sequence[dict], rules: Rules, no_speed: str | None,
-                 calib: Mapping[tuple[str, str], float]) -> list[Cell]:
+                 calib: Mapping[tuple[str, str], float], machine: bool = True) -> list[Cell]:
     cells = []
+    fb, fc = (machine_factors(base), machine_factors(cur)) if machine else (None, None)
     for metric in SPEED_METRICS:
         b, c = _per_prompt(base, metric), _per_prompt(cur, metric)
         bval, cval = _median_of_prompts(b), _median_of_prompts(c)
+        extra: dict[str, Any] = {}
+        if metric != "speedup":  # the speedup is a ratio of two decodes on the same machine already
+            if fb and fc:
+                ref = statistics.median(fb)
+                raw = speed_test(b, c, resamples=200).ratio if b and c else None
+                b, c = _adjusted(b, fb, ref, metric), _adjusted(c, fc, ref, metric)
+                extra = {"machine_ratio": statistics.median(fc) / ref, "raw_ratio": raw,
+                         "machine": "divided out (probe seconds current/baseline = machine_ratio)"}
+            else:
+                extra = {"machine": "not divided out: " + ("off" if not machine else "a side has no machine-probe timings")}
         if metric == "speedup" and not (b and c):
             cells.append(Cell(name, metric, "no_verdict", bval, cval, details={"reason": (
                 "no paired plain reference: a plain-decoding benchmark, or a side measured before references")}))
@@ -100,7 +134,7 @@ def _speed_cells(name: str, base: Sequence[dict], cur: Sequence[dict], rules: Ru
         cells.append(Cell(name, metric, "pending", bval, cval, t.ratio, t.ci[0], t.ci[1], t.p_value, mdc=mdc,
                           details={"n": t.n_current, "se_log": t.se_log, "mdc_source": src,
                                    "unit": {"tokens_per_s": "tokens/s", "speedup": "× plain decoding"}.get(
-                                       metric, "ms per prompt")}))
+                                       metric, "ms per prompt"), **extra}))
     return cells
 
 
@@ -144,7 +178,7 @@ def compare_benchmark(name: str, base: Sequence[dict] | None, cur: Sequence[dict
                       rules: Rules, *, no_speed: str | None = None,
                       calib: Mapping[tuple[str, str], float] | None = None,
                       model_error: Callable[[], tuple[float, float] | str] | None = None,
-                      missing: str = "the baseline has no such benchmark") -> list[Cell]:
+                      missing: str = "the baseline has no such benchmark", machine: bool = True) -> list[Cell]:
     """Cells of one benchmark (verdicts of testable cells stay ``pending`` until :func:`decide`).
 
     Args:
@@ -155,6 +189,8 @@ def compare_benchmark(name: str, base: Sequence[dict] | None, cur: Sequence[dict
         calib: calibrated minimum detectable changes by (benchmark, metric).
         model_error: returns (predicted, measured) tokens/s, or a reason why no prediction exists.
         missing: the reason speed cells give when ``base`` is None.
+        machine: divide the machine probe's speed out of tokens/s and latency (when both sides
+            have probe timings); False compares raw absolute speed.
     """
     calib = calib or {}
     cells = [_correctness_cell(name, cur, float(config.get("temperature", 0.0)))]
@@ -171,7 +207,7 @@ def compare_benchmark(name: str, base: Sequence[dict] | None, cur: Sequence[dict
                 "tolerance": rules.model_error_tolerance}))
     if base is None:
         return cells + [Cell(name, m, "no_verdict", details={"reason": missing}) for m in SPEED_METRICS]
-    cells += _speed_cells(name, base, cur, rules, no_speed, calib)
+    cells += _speed_cells(name, base, cur, rules, no_speed, calib, machine)
     n = int(config.get("num_speculative_tokens") or 0)
     if config.get("draft", "none") != "none" and n > 0:
         cells += _acceptance_cells(name, base, cur, n, rules, calib)

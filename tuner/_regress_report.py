@@ -35,7 +35,19 @@ def _change(c: Cell) -> str:
         return f"{c.details.get('differing_prompts') and len(c.details['differing_prompts']) or 0} prompt(s) differ"
     if c.metric == "model_error":
         return "—" if c.current_value is None else f"{100 * c.current_value:+.1f}% error"
-    return _pct(c.effect)
+    raw = c.details.get("raw_ratio")
+    return _pct(c.effect) + (f" (raw {_pct(raw)})" if raw is not None else "")
+
+
+def _machine_line(r: RegressReport) -> list[str]:
+    ratios = [c.details["machine_ratio"] for c in r.cells if c.details.get("machine_ratio") is not None]
+    if not ratios:
+        return []
+    lo, hi = min(ratios), max(ratios)
+    span = f"{lo:.3f}" if abs(hi - lo) < 5e-4 else f"{lo:.3f}-{hi:.3f}"
+    return ["", f"Machine speed: the machine probe (a fixed synthetic decoder step no code change can move) took "
+                f"{span}× its baseline seconds in this run; tokens/s and latency are compared with the machine "
+                "divided out (the raw change is shown beside each)."]
 
 
 def _ci(c: Cell) -> str:
@@ -58,6 +70,7 @@ def to_markdown(r: RegressReport) -> str:
                  f" @ {r.fingerprint.get('git_revision')}.")
     for note in r.notes:
         lines += ["", f"**Note:** {note}"]
+    lines += _machine_line(r)
     if r.changes:
         lines += ["", "Changed since the baseline:", *[f"- {c}" for c in r.changes]]
     if r.explanations:
@@ -112,7 +125,8 @@ def to_junit(r: RegressReport) -> str:
         cp = ET.SubElement(case, "properties")
         values: dict[str, Any] = {"verdict": c.verdict, "effect_size": c.effect, "ci_low": c.ci_low, "ci_high": c.ci_high,
                                   "p_value": c.p_value, "q_value": c.q_value, "min_detectable_change": c.mdc,
-                                  "baseline": c.baseline_value, "current": c.current_value}
+                                  "baseline": c.baseline_value, "current": c.current_value,
+                                  **{k: c.details[k] for k in ("machine_ratio", "raw_ratio") if k in c.details}}
         for k, v in values.items():
             ET.SubElement(cp, "property", name=k, value="" if v is None else str(v))
         text = c.explanation or c.details.get("reason") or ""
