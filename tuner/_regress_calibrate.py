@@ -22,7 +22,7 @@ from specdec_tune.profiler.suite_runs import environment_fingerprint, measure_ar
 from specdec_tune.tuner._regress_compare import FLAGGED, compare_benchmark, decide
 from specdec_tune.tuner._regress_stats import minimum_detectable_change, proportion_mdc
 from specdec_tune.tuner._suite import Suite
-from specdec_tune.tuner.regress import EXIT_OK, RegressReport, _arm, _cell_fields, resolve_config
+from specdec_tune.tuner.regress import EXIT_OK, RegressReport, _arm, _cell_fields, resolve_config, suite_backend
 
 
 def noise_spread(within_logs: list[float], between_logs: list[float]) -> float:
@@ -53,11 +53,13 @@ def aa_round(suite: Suite, configs: dict[str, dict], measure: Callable[..., dict
 
 
 def run_calibration(suite: Suite, db: Database, *, rounds: int | None = None, progress=None,
-                    measure: Callable[..., dict] = measure_arms) -> RegressReport:
+                    measure: Callable[..., dict] | None = None, vllm_python: str | None = None) -> RegressReport:
     """Run ``rounds`` (default ``rules.calibrate_runs``) A/A rounds; store each metric's spread."""
     rounds = rounds or suite.rules.calibrate_runs
     configs = {b.name: resolve_config(b) for b in suite.benchmark}
-    fp = environment_fingerprint(suite.benchmark[0].device, suite.benchmark[0].backend)
+    default_measure, server = suite_backend(suite, vllm_python)
+    measure = measure or default_measure
+    fp = environment_fingerprint(suite.benchmark[0].device, suite.benchmark[0].backend, server)
     per_metric: dict[tuple[str, str], list] = {}
     between: dict[tuple[str, str], list] = {}
     last_cells, last_samples = [], {}

@@ -190,7 +190,7 @@ def compare_benchmark(name: str, base: Sequence[dict] | None, cur: Sequence[dict
         model_error: returns (predicted, measured) tokens/s, or a reason why no prediction exists.
         missing: the reason speed cells give when ``base`` is None.
         machine: divide the machine probe's speed out of tokens/s and latency (when both sides
-            have probe timings); False compares raw absolute speed.
+            have probe timings and ``rules.machine_probe`` is on); False compares raw absolute speed.
     """
     calib = calib or {}
     cells = [_correctness_cell(name, cur, float(config.get("temperature", 0.0)))]
@@ -207,7 +207,7 @@ def compare_benchmark(name: str, base: Sequence[dict] | None, cur: Sequence[dict
                 "tolerance": rules.model_error_tolerance}))
     if base is None:
         return cells + [Cell(name, m, "no_verdict", details={"reason": missing}) for m in SPEED_METRICS]
-    cells += _speed_cells(name, base, cur, rules, no_speed, calib, machine)
+    cells += _speed_cells(name, base, cur, rules, no_speed, calib, machine and rules.machine_probe)
     n = int(config.get("num_speculative_tokens") or 0)
     if config.get("draft", "none") != "none" and n > 0:
         cells += _acceptance_cells(name, base, cur, n, rules, calib)

@@ -35,6 +35,7 @@ class SideTerms:
     verify_overhead_s: float
     alphas: tuple[float, ...]
     mean_tau: float
+    draft_timed: bool = True  # False: a server backend (vLLM), whose draft time cannot be told from its step
 
 
 def side_terms(samples: Sequence[dict], positions: int) -> SideTerms | None:
@@ -50,7 +51,8 @@ def side_terms(samples: Sequence[dict], positions: int) -> SideTerms | None:
     accepted = [sum(s["accepted"][i] for s in samples if len(s.get("accepted", [])) > i) for i in range(positions)]
     alphas = tuple(a / r if r else math.nan for a, r in zip(accepted, reached))
     tau = sum(t.num_accepted + 1 for t in traces) / len(traces)
-    return SideTerms(tuple(traces), draft / drafted if drafted else 0.0, max((wall - draft) / cycles, 1e-9), alphas, tau)
+    return SideTerms(tuple(traces), draft / drafted if drafted else 0.0, max((wall - draft) / cycles, 1e-9), alphas, tau,
+                     draft_timed=any(s.get("draft_seconds") for s in samples))
 
 
 def _throughput(acc: SideTerms, draft: SideTerms, verify: SideTerms, n: int) -> float:
@@ -127,6 +129,10 @@ def _sentence(factor: str, shares: dict[str, float], base: SideTerms, cur: SideT
     elif factor == "draft":
         why = f"the draft got {'slower' if total < 0 else 'faster'} (T_s {1e3 * base.draft_step_s:.3f} → " \
               f"{1e3 * cur.draft_step_s:.3f} ms per drafted token)"
+    elif not (base.draft_timed or cur.draft_timed):
+        why = f"the server's decode step (draft + verify + overhead: not separable from outside the server) got " \
+              f"{'slower' if total < 0 else 'faster'} ({1e3 * base.verify_overhead_s:.3f} → " \
+              f"{1e3 * cur.verify_overhead_s:.3f} ms per step)"
     else:
         why = f"the target's verify step / engine overhead got {'slower' if total < 0 else 'faster'} " \
               f"(T_v + overhead {1e3 * base.verify_overhead_s:.3f} → {1e3 * cur.verify_overhead_s:.3f} ms per cycle)"

@@ -30,7 +30,7 @@ from specdec_tune.errors import InputError
 #: Fingerprint fields whose change makes a baseline's timings incomparable (speed verdicts need the
 #: same machine and thread count). Software versions are recorded and reported as "what changed"
 #: instead: catching a library, driver or code change is what a nightly regression run is for.
-DEFAULT_MUST_MATCH = ("device", "device_name", "device_count", "threads", "backend")
+DEFAULT_MUST_MATCH = ("device", "device_name", "device_count", "threads", "backend", "server")
 
 
 class Rules(BaseModel):
@@ -46,6 +46,8 @@ class Rules(BaseModel):
     model_error_tolerance: float = Field(0.10, gt=0.0, description="allowed |predicted/measured - 1|")
     bootstrap: int = Field(2000, ge=200, le=100000, description="bootstrap resamples for the CI")
     calibrate_runs: int = Field(3, ge=2, le=50, description="A/A runs of --calibrate")
+    machine_probe: bool = Field(True, description="divide the machine probe's speed (profiler.machine_probe) out of "
+                                                  "tokens/s and latency; false compares raw absolute speed")
 
 
 class Fingerprint(BaseModel):
@@ -78,7 +80,8 @@ class Benchmark(BaseModel):
     temperature: float = Field(0.0, ge=0.0, le=10.0)
     study: str | None = Field(None, description="take the configuration from this study's winner")
     study_storage: str | None = None
-    backend: Literal["engine"] = "engine"  # vllm later (profiler server backends)
+    backend: Literal["engine", "vllm"] = Field("engine", description="engine: ours; vllm: vLLM itself (greedy, θ = 0, "
+                                                                   "constant N)")
     repeats: int = Field(3, ge=1, le=50)
     device: str = "auto"  # auto: the GPU when there is one
     dtype: str = "auto"
@@ -94,6 +97,8 @@ class Benchmark(BaseModel):
             raise ValueError("give num_speculative_tokens or study, not both")
         if self.study is not None and not self.study_storage:
             raise ValueError("study needs study_storage (the Optuna storage URL)")
+        if self.backend == "vllm" and (self.temperature > 0 or self.threshold > 0 or self.schedule != "constant"):
+            raise ValueError("backend vllm runs greedy decoding with threshold 0 and a constant schedule")
         return self
 
 
@@ -107,6 +112,14 @@ class Suite(BaseModel):
     rules: Rules = Field(default_factory=Rules)
     fingerprint: Fingerprint = Field(default_factory=Fingerprint)
     benchmark: list[Benchmark] = Field(min_length=1)
+    vllm_python: str | None = Field(None, description="Python of the vLLM environment (default: --vllm-python or "
+                                                      "SPECDEC_VLLM_PYTHON)")
+
+    @model_validator(mode="after")
+    def _one_backend(self) -> Suite:
+        if len({b.backend for b in self.benchmark}) > 1:
+            raise ValueError("all benchmarks of a suite use one backend (a baseline is per backend)")
+        return self
 
     @model_validator(mode="after")
     def _unique_names(self) -> Suite:

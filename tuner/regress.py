@@ -75,11 +75,37 @@ def resolve_config(b: Benchmark) -> dict[str, Any]:
 
 
 def _arm(cfg: Mapping[str, Any], key: str) -> ArmSpec:
+    backend = cfg.get("backend", "engine")
+    server_config = None
+    if backend == "vllm" and cfg["draft"] != "none" and int(cfg["num_speculative_tokens"]) > 0:
+        from specdec_tune.tuner.configs import Candidate
+        from specdec_tune.tuner.server_tune import vllm_config
+
+        server_config = vllm_config(cfg["target"], Candidate(cfg["draft"], int(cfg["num_speculative_tokens"]))
+                                    ).speculative_config
     return ArmSpec(key=key, target=cfg["target"], draft=cfg["draft"], workload=cfg["workload"], prompts=cfg["prompts"],
                    prompt_offset=cfg["prompt_offset"], max_new_tokens=cfg["max_new_tokens"],
                    num_speculative_tokens=int(cfg["num_speculative_tokens"]), threshold=cfg["threshold"],
                    schedule=cfg["schedule"], temperature=cfg["temperature"], repeats=cfg["repeats"],
-                   device=cfg["device"], dtype=cfg["dtype"], forward=cfg["forward"], draft_delay_ms=cfg["draft_delay_ms"])
+                   device=cfg["device"], dtype=cfg["dtype"], forward=cfg["forward"], draft_delay_ms=cfg["draft_delay_ms"],
+                   backend=backend, server_config=server_config)
+
+
+def suite_backend(suite: Suite, vllm_python: str | None = None) -> tuple[Callable[..., dict], str | None]:
+    """(how the suite's benchmarks are measured, the server's name and version or None for our engine).
+
+    Raises:
+        InputError: a vllm suite without a vLLM environment.
+    """
+    if suite.benchmark[0].backend != "vllm":
+        return measure_arms, None
+    from functools import partial
+
+    from specdec_tune.profiler.suite_runs_vllm import measure_arms_vllm
+    from specdec_tune.profiler.vllm_backend import server_version
+
+    python = vllm_python or suite.vllm_python
+    return partial(measure_arms_vllm, vllm_python=python, threads=suite.threads or 1), server_version(python)
 
 
 def fingerprint_changes(old: Mapping[str, Any], new: Mapping[str, Any], keys=None) -> list[str]:
@@ -131,6 +157,9 @@ def _calibrated_mdc(db: Database, suite: str) -> dict[tuple[str, str], float]:
 def _model_error(db: Database, cfg: Mapping[str, Any], samples: list[dict]) -> Callable[[], tuple[float, float] | str] | None:
     if cfg.get("profile_run") is None:
         return None
+    if cfg.get("backend") == "vllm":
+        return lambda: ("the engine model predicts our engine, not vLLM (calibrate the server model with "
+                        "`tune --backend vllm`)")
 
     def get() -> tuple[float, float] | str:
         from specdec_tune.errors import SpecdecError
@@ -154,14 +183,19 @@ def _model_error(db: Database, cfg: Mapping[str, Any], samples: list[dict]) -> C
 
 
 def run_regress(suite: Suite, db: Database, *, baseline: str = "auto", progress=None,
-                measure: Callable[..., dict] = measure_arms) -> RegressReport:
+                measure: Callable[..., dict] | None = None, vllm_python: str | None = None) -> RegressReport:
     """Measure the suite, compare with a baseline, store everything, return the report.
+
+    Args:
+        measure: how arms are measured (default: by the suite's backend, :func:`suite_backend`).
 
     Raises:
         SpecdecError: bad suite content, a model that does not load, a database error.
     """
     configs = {b.name: resolve_config(b) for b in suite.benchmark}
-    fp = environment_fingerprint(suite.benchmark[0].device, suite.benchmark[0].backend)
+    default_measure, server = suite_backend(suite, vllm_python)
+    measure = measure or default_measure
+    fp = environment_fingerprint(suite.benchmark[0].device, suite.benchmark[0].backend, server)
     samples = measure([_arm(c, name) for name, c in configs.items()], progress=progress)
     run_id = q.create_regress_run(db, suite.name, fingerprint=fp)
     try:

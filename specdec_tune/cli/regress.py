@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specdec_tune.cli._app import app, print_json, quiet_loading
-from specdec_tune.cli._options import DbOption
+from specdec_tune.cli._options import DbOption, VllmPythonOption
 from specdec_tune.errors import InputError
 
 
@@ -61,6 +61,7 @@ def regress(
                                 "moved and what the old one loses now. Informational: the exit code is unchanged."),
     retune_trials: int = typer.Option(60, "--retune-trials", help="Trials of each re-tune, the old study's "
                                       "best ones (enqueued first) included."),
+    vllm_python: VllmPythonOption = None,
 ) -> int:
     """Run a regression suite, compare with a baseline, say what regressed and why.
 
@@ -90,11 +91,11 @@ def regress(
         if calibrate:
             from specdec_tune.tuner._regress_calibrate import run_calibration
 
-            report = run_calibration(spec, database, rounds=rounds, progress=_Bar(bar))
+            report = run_calibration(spec, database, rounds=rounds, progress=_Bar(bar), vllm_python=vllm_python)
         else:
             from specdec_tune.tuner.regress import run_regress
 
-            report = run_regress(spec, database, baseline=baseline, progress=_Bar(bar))
+            report = run_regress(spec, database, baseline=baseline, progress=_Bar(bar), vllm_python=vllm_python)
         if retune:
             from specdec_tune.tuner._regress_drift import run_drift
 

@@ -1,0 +1,132 @@
+"""Regression benchmarks on vLLM itself (a suite with ``backend = "vllm"``): the same per-prompt
+samples as :mod:`profiler.suite_runs`, measured on the server a team deploys.
+
+Each arm carries the exact ``speculative_config`` vLLM gets (built by the tuner, as its vLLM export
+writes it). One engine per distinct (target, speculative config), plus one plain engine per target,
+all started first (an idle engine uses no CPU; the start's seconds are reported). Every repeat goes
+round every arm (rotated order) and every prompt: the speculative request, then the same prompt on
+the plain engine right after (the paired reference: its output is the correctness reference and the
+ratio of the two times the prompt's speedup), then the machine probe (:mod:`profiler.machine_probe`)
+in this process. Prompts are our tokenizer's token ids, so vLLM decodes what our engine decodes.
+
+From vLLM's per-request record (``per_step_accepted`` / ``per_step_drafted``: one entry per decode
+step that had draft tokens) come the cycles, the per-position reached / accepted counts and the
+traces. vLLM reports no draft confidences, so each drafted token's confidence is stored as 1.0: the
+vLLM backend runs θ = 0, which never reads them. Nor can the draft's time be told apart from the
+verify step's from outside the server: ``draft_seconds`` stays empty and an explanation speaks of
+the server's step as a whole.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from specdec_tune.errors import InputError
+from specdec_tune.profiler.machine_probe import MachineProbe
+from specdec_tune.profiler.runs import encode_prompt
+from specdec_tune.profiler.suite_runs import ArmSpec, PromptSample, _Models
+from specdec_tune.profiler.vllm_backend import VllmWorker, omp_bind_env, require_vllm_python
+
+__all__ = ["measure_arms_vllm", "step_counts"]
+
+
+def step_counts(accepted: list[int], drafted: list[int], positions: int) -> tuple[list[int], list[int]]:
+    """Per-position (reached, accepted) counts from per-step records: a step with d draft tokens of
+    which a were accepted reaches positions 1..min(a + 1, d) and accepts positions 1..a."""
+    reached, acc = [0] * positions, [0] * positions
+    for a, d in zip(accepted, drafted):
+        for i in range(min(a + 1, d, positions)):
+            reached[i] += 1
+        for i in range(min(a, positions)):
+            acc[i] += 1
+    return reached, acc
+
+
+def _folder(name: str) -> str:
+    from specdec_tune.engine.loading import _resolve_source as resolve_source
+
+    try:
+        return str(resolve_source(name))
+    except Exception:  # a hub id: vLLM resolves it itself
+        return name
+
+
+def measure_arms_vllm(arms: list[ArmSpec], *, vllm_python: str | None = None, threads: int = 1, progress=None,
+                      worker=None) -> dict[str, list[PromptSample]]:
+    """Measure every arm on vLLM (module docstring); ``{arm key: [PromptSample per prompt]}``.
+
+    Raises:
+        InputError: no vLLM environment, an arm without its speculative config, sampling or θ > 0.
+        VllmError: vLLM failed to start or to run (the message ends with its last log line).
+    """
+    if not arms:
+        raise InputError("no benchmark to measure")
+    for arm in arms:
+        if arm.temperature > 0 or arm.threshold > 0 or arm.schedule != "constant":
+            raise InputError(f"benchmark {arm.key!r}: the vllm backend runs greedy decoding with θ = 0 and a constant "
+                             "N (vLLM's draft-model and n-gram methods have no confidence threshold)")
+        if not arm.plain and arm.server_config is None:
+            raise InputError(f"benchmark {arm.key!r}: no speculative config for vLLM")
+    python = require_vllm_python(vllm_python)
+    env = omp_bind_env(threads)
+    models = _Models()
+    plans = []
+    for arm in arms:
+        from specdec_tune.engine.workloads import load_workload
+
+        target = models.get(arm.target, "cpu", "auto", "auto")  # the tokenizer: vLLM decodes our token ids
+        prompts = load_workload(arm.workload)[arm.prompt_offset: arm.prompt_offset + arm.prompts]
+        if not prompts:
+            raise InputError(f"workload {arm.workload!r} has no prompts from {arm.prompt_offset} on")
+        ids = [[int(t) for t in encode_prompt(target, p.prompt, p.id).tolist()] for p in prompts]
+        plans.append((arm, ids, [PromptSample(prompt_id=p.id, new_tokens=0) for p in prompts]))
+    keys = {}
+    for arm, _ids, _s in plans:
+        keys.setdefault(("plain", arm.target), (arm.target, None))
+        if not arm.plain:
+            keys.setdefault((json.dumps(arm.server_config, sort_keys=True), arm.target), (arm.target, arm.server_config))
+    total = len(keys) + sum(a.repeats * len(ids) for a, ids, _s in plans)
+    if progress is not None:
+        progress.stage(f"vLLM: {len(keys)} engine(s), {len(arms)} benchmark(s)", total)
+    workers: dict[Any, Any] = {}
+    try:
+        for key, (target, spec) in keys.items():
+            w = (worker or VllmWorker)(python, env=env)
+            workers[key] = w
+            w.start(_folder(target), spec, max_num_seqs=1)
+            w.generate([plans[0][1][0]], 4)  # warm-up, untimed
+            if progress is not None:
+                progress.advance()
+        from specdec_tune.engine.loading import resolve_device
+
+        probe = MachineProbe(resolve_device(arms[0].device))  # the device the server decodes on
+        probe.run()
+        for r in range(max(a.repeats for a, _i, _s in plans)):
+            shift = r % len(plans)
+            for arm, ids, samples in plans[shift:] + plans[:shift]:
+                if r >= arm.repeats:
+                    continue
+                plain = workers[("plain", arm.target)]
+                spec_w = plain if arm.plain else workers[(json.dumps(arm.server_config, sort_keys=True), arm.target)]
+                for x, s in zip(ids, samples):
+                    out = spec_w.generate([x], arm.max_new_tokens).outputs[0]
+                    s.seconds.append(out.seconds)
+                    if not arm.plain:
+                        ref = plain.generate([x], arm.max_new_tokens).outputs[0]
+                        s.plain_seconds.append(ref.seconds)
+                        if r == 0:
+                            s.plain_new_tokens, s.plain_token_ids = len(ref.token_ids), list(ref.token_ids)
+                    s.probe_seconds.append(probe.run())
+                    if r == 0:
+                        s.new_tokens, s.token_ids = len(out.token_ids), list(out.token_ids)
+                        acc, drafted = list(out.steps_accepted or []), list(out.steps_drafted or [])
+                        positions = 0 if arm.plain else arm.num_speculative_tokens
+                        s.cycles, s.drafted = len(acc), sum(drafted)
+                        s.reached, s.accepted = step_counts(acc, drafted, positions)
+                        s.traces = [[[1.0] * d, a] for a, d in zip(acc, drafted)]
+                    if progress is not None:
+                        progress.advance()
+    finally:
+        for w in workers.values():
+            w.close()
+    return {arm.key: samples for arm, _ids, samples in plans}
