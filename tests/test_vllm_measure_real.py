@@ -127,3 +127,37 @@ def test_plain_and_draft_on_vllm_match_our_engine_and_are_stored(vllm_python, pr
         assert row.config["speculative_config"] == m.config.speculative_config
         assert row.draft == (None if m.config.num_speculative_tokens == 0 else "mini-draft-1l")
         assert row.measured_tokens_per_s == pytest.approx(m.tokens_per_s)
+
+
+def test_regress_vllm_arm_on_real_vllm(vllm_python):
+    """A ``backend = "vllm"`` regression arm on real vLLM (eager starts): the speculative engine's
+    greedy output equals the plain engine's and our engine's, the per-position counts come from
+    vLLM's step records, and every repeat has its timings and machine probe."""
+    from specdec_tune.engine import DecodeConfig, load_model, speculative
+    from specdec_tune.engine.drafters import build_drafter
+    from specdec_tune.engine.workloads import load_workload
+    from specdec_tune.profiler.runs import encode_prompt
+    from specdec_tune.profiler.suite_runs_vllm import measure_arms_vllm
+    from specdec_tune.tuner._suite import Benchmark
+    from specdec_tune.tuner.regress import _arm, resolve_config
+
+    class Eager(VllmWorker):
+        def start(self, model, speculative_config=None, **kw):
+            return super().start(model, speculative_config, **{**kw, "enforce_eager": True})
+
+    bench = Benchmark(name="v", target="mini-target", draft="mini-draft-1l", workload="functions", prompts=3,
+                      max_new_tokens=MAX_NEW, num_speculative_tokens=N, repeats=2, backend="vllm")
+    arm = _arm(resolve_config(bench), "v")
+    assert arm.server_config["num_speculative_tokens"] == N
+    samples = measure_arms_vllm([arm], vllm_python=str(vllm_python), worker=Eager)["v"]
+    target, draft = load_model("mini-target", "cpu"), load_model("mini-draft-1l", "cpu")
+    for s, p in zip(samples, load_workload("functions")[:3]):
+        assert s.token_ids == s.plain_token_ids and len(s.token_ids) == MAX_NEW
+        ids = encode_prompt(target, p.prompt, p.id)
+        ours = speculative(target.model, build_drafter(draft.model, max_len=ids.shape[0] + MAX_NEW + N + 2), ids,
+                           DecodeConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=N,
+                                        eos_token_id=target.eos_token_id))
+        assert s.token_ids == list(ours.token_ids)
+        assert len(s.seconds) == len(s.plain_seconds) == len(s.probe_seconds) == 2
+        assert s.cycles > 0 and s.reached[0] == s.cycles and sum(s.accepted) <= s.drafted
+        assert 1 + sum(a + 1 for _c, a in s.traces) >= MAX_NEW  # every step of a draft model is recorded
