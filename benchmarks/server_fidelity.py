@@ -60,22 +60,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-engines", type=int, default=8, help="engines held at once (about 2 GB each)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "server_fidelity_vllm_cpu"))
+    ap.add_argument("--measurements", default=None,
+                    help="re-analyse the vLLM measurements an earlier run saved (OUT_measurements.json) against the "
+                         "profile run in --db, without running vLLM")
     args = ap.parse_args(argv)
-
-    from scipy.stats import spearmanr
 
     from specdec_tune.db import open_database
     from specdec_tune.profiler.session import ProfileSettings, run_profile
     from specdec_tune.profiler.vllm_measure import measure_plan
     from specdec_tune.tuner.configs import NGRAM, Candidate
-    from specdec_tune.tuner.search import Evaluator
-    from specdec_tune.tuner.server_calibration import calibrate_from, predict_server
     from specdec_tune.tuner.server_tune import vllm_config
 
     batch_sizes = _ints(args.batch_sizes)
     use_ngram = bool(args.calib_ngram.strip())
     db = open_database(args.db)
     t0 = time.perf_counter()
+    if args.measurements:
+        from specdec_tune.db import list_runs
+        from specdec_tune.profiler.vllm_measure import ServerMeasurement
+
+        saved = json.loads(Path(args.measurements).read_text())
+        measured = [ServerMeasurement.from_json(m) for m in saved["measurements"]]
+        run_id = saved.get("run_id") or max(r.id for r in list_runs(db))
+        fitted_on = [m for m in measured if m.split == "tune"]
+        checked = [m for m in measured if m.split == "holdout"]
+        calib = list(dict.fromkeys(m.config.label for m in fitted_on))
+        valid = list(dict.fromkeys(m.config.label for m in checked))
+        return _report(args, db, run_id, fitted_on, checked, calib, valid, batch_sizes, saved.get("profile_s", 0.0),
+                       saved.get("server_s", 0.0))
     n_max = max(_ints(args.calib_ns) + _ints(args.validate_ns) + _ints(args.calib_ngram) + _ints(args.validate_ngram))
     settings = ProfileSettings(split="tune", max_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                                n_max=n_max, k_max=n_max + 1, repeats=5, label="server-fidelity")
@@ -96,6 +108,17 @@ def main(argv: list[str] | None = None) -> int:
     measured = measure_plan(db, run_id, [("tune", calib), ("holdout", valid)], max_engines=args.max_engines, **common)
     fitted_on, checked = measured[:len(calib) * len(batch_sizes)], measured[len(calib) * len(batch_sizes):]
     server_s = time.perf_counter() - t1
+    return _report(args, db, run_id, fitted_on, checked, [c.label for c in calib], [c.label for c in valid], batch_sizes,
+                   profile_s, server_s)
+
+
+def _report(args, db, run_id, fitted_on, checked, calib, valid, batch_sizes, profile_s, server_s) -> int:
+    from scipy.stats import spearmanr
+
+    from specdec_tune.tuner.configs import Candidate
+    from specdec_tune.tuner.search import Evaluator
+    from specdec_tune.tuner.server_calibration import calibrate_from, predict_server
+
     model = calibrate_from(fitted_on)
     ev = Evaluator(db, run_id)
 
@@ -126,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                     "regret": 1 - pick["measured_tokens_per_s"] / best["measured_tokens_per_s"]}
     engine_errs = [abs(r["engine_model_error"]) for r in rows if r["engine_model_error"] is not None]
     out = {"hardware": "this CPU", "threads": os.environ.get("OMP_NUM_THREADS"), "target": args.target,
-           "draft": args.draft, "workload": args.workload, "calibrated_on": [c.label for c in calib],
-           "validated_on": [c.label for c in valid], "prompts_per_split": args.prompts,
+           "draft": args.draft, "workload": args.workload, "calibrated_on": calib,
+           "validated_on": valid, "run_id": run_id, "prompts_per_split": args.prompts,
            "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "versions": checked[0].versions,
            "server_model": model.to_dict(), "rows": rows, "per_batch_size": per_b,
            "engine_model_median_abs_error_b1": statistics.median(engine_errs) if engine_errs else None,
@@ -154,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out + ".json").write_text(json.dumps(out, indent=1, default=str) + "\n")
     Path(args.out + "_measurements.json").write_text(json.dumps(
         {"note": "ServerMeasurement.to_json() of every vLLM run of benchmarks/server_fidelity.py",
+         "run_id": run_id, "profile_s": profile_s, "server_s": server_s,
          "measurements": [m.to_json() for m in fitted_on + checked]}) + "\n")
     Path(args.out + ".txt").write_text(text + "\n")
     return 0

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 from specdec_tune.tuner.configs import NGRAM, Candidate
 from specdec_tune.tuner.profile_data import predict_config
 from specdec_tune.tuner.search import Evaluator, spec_config
-from specdec_tune.tuner.server_model import MODEL, NGRAM_KIND, PLAIN, ServerModel, ServerPoint, calibrate, point_from_counts
+from specdec_tune.tuner.server_model import MODEL, NGRAM_KIND, PLAIN, ServerModel, ServerPoint, calibrate
 
 __all__ = ["ServerPrediction", "acceptance_terms", "calibrate_from", "kind_of", "points_of", "predict_server"]
 
@@ -28,29 +28,44 @@ def kind_of(drafter: str, n: int = 1) -> str:
 
 
 def points_of(m: ServerMeasurement) -> list[ServerPoint]:
-    """Each measured group of ``m`` as a calibration point (counts from vLLM's counters).
+    """The measurement as one calibration point: its *mean group*, aggregated the way its measured
+    tokens/s is (each group's median seconds over the repeats, summed over groups), so the fitted
+    time terms reproduce that number and a group's heavy-tailed repeats (a shared machine's slow
+    seconds) weigh as they do in it, not once per group. Counts come from vLLM's counters.
 
     A draft model drafts at every decode step, so vLLM's ``num_drafts`` counts the steps exactly (its
     accepted count can run past ``max_tokens``: it drafts K whatever is left). n-gram steps without a
     match are not drafts, so there the steps are the tokens after the first minus the accepted ones,
-    and at least the drafts.
+    and at least the drafts. Returns [] for a measurement without groups.
     """
+    import statistics
+
     kind = kind_of(m.config.drafter, m.config.num_speculative_tokens)
-    out = []
+    by_group: dict[tuple[str, ...], list] = {}
     for g in m.groups:
+        by_group.setdefault(g.prompt_ids, []).append(g)
+    if not by_group:
+        return []
+    seconds = prefill = steps = draft_tokens = tokens = 0.0
+    for gs in by_group.values():
+        g = gs[0]  # greedy: every repeat of a group decodes the same tokens with the same counts
+        seconds += statistics.median(x.seconds for x in gs)
+        prefill += statistics.median(max(x.ttft_s) if x.ttft_s else 0.0 for x in gs)
+        tokens += g.new_tokens
         c = g.counters
-        prefill = max(g.ttft_s) if g.ttft_s else 0.0
         if kind == PLAIN or c is None or not c.drafts:
-            out.append(point_from_counts(g.batch_size, kind, g.seconds, g.new_tokens, prefill_s=prefill))
+            steps += g.new_tokens - g.batch_size
             continue
-        steps = c.drafts if kind == MODEL else max(c.drafts, g.new_tokens - g.batch_size - c.accepted)
-        out.append(ServerPoint(g.batch_size, kind, g.seconds, steps / g.batch_size, c.draft_tokens / steps,
-                               g.new_tokens, prefill))
-    return out
+        n = c.drafts if kind == MODEL else max(c.drafts, g.new_tokens - g.batch_size - c.accepted)
+        steps += n
+        draft_tokens += c.draft_tokens
+    k, b = len(by_group), m.batch_size
+    return [ServerPoint(b, kind, seconds / k, steps / (k * b), draft_tokens / steps if steps and kind != PLAIN else 0.0,
+                        round(tokens / k), prefill / k)]
 
 
 def calibrate_from(measurements: Iterable[ServerMeasurement], server: str = "vllm") -> ServerModel:
-    """The server model fitted to every group of ``measurements``."""
+    """The server model fitted to ``measurements`` (one point per configuration and batch size)."""
     return calibrate([p for m in measurements for p in points_of(m)], server)
 
 
