@@ -5,7 +5,8 @@ a verify step yields, E[τ], and the draft length E[L] come from the engine prof
 does not. So a few server runs (plain decoding and two or three values of N, at each batch size)
 fit the server's own time terms, and every other configuration is predicted from them.
 
-One ``generate`` call of B requests (a *group*) is modelled as
+One ``generate`` call of B requests (a *group*; a calibration point is a configuration's mean group,
+``server_calibration.points_of``) is modelled as
 
     seconds = P_d + S̄·(T + [spec]·(O_d + s_d·L̄))
 
