@@ -3,7 +3,8 @@ samples as :mod:`profiler.suite_runs`, measured on the server a team deploys.
 
 Each arm carries the exact ``speculative_config`` vLLM gets (built by the tuner, as its vLLM export
 writes it). One engine per distinct (target, speculative config), plus one plain engine per target,
-all started first (an idle engine uses no CPU; the start's seconds are reported). Every repeat goes
+all started first and frozen between their requests (an idle vLLM engine still polls:
+``VllmWorker.pause``). Every repeat goes
 round every arm (rotated order) and every prompt: the speculative request, then the same prompt on
 the plain engine right after (the paired reference: its output is the correctness reference and the
 ratio of the two times the prompt's speedup), then the machine probe (:mod:`profiler.machine_probe`)
@@ -40,6 +41,15 @@ def step_counts(accepted: list[int], drafted: list[int], positions: int) -> tupl
         for i in range(min(a, positions)):
             acc[i] += 1
     return reached, acc
+
+
+def _run(worker, ids: list[int], max_new: int):
+    """One timed request on a paused engine, which is paused again afterwards."""
+    worker.resume()
+    try:
+        return worker.generate([ids], max_new).outputs[0]
+    finally:
+        worker.pause()
 
 
 def _folder(name: str) -> str:
@@ -95,6 +105,7 @@ def measure_arms_vllm(arms: list[ArmSpec], *, vllm_python: str | None = None, th
             workers[key] = w
             w.start(_folder(target), spec, max_num_seqs=1)
             w.generate([plans[0][1][0]], 4)  # warm-up, untimed
+            w.pause()  # an idle engine still polls: frozen until its turn (VllmWorker.pause)
             if progress is not None:
                 progress.advance()
         from specdec_tune.engine.loading import resolve_device
@@ -109,10 +120,10 @@ def measure_arms_vllm(arms: list[ArmSpec], *, vllm_python: str | None = None, th
                 plain = workers[("plain", arm.target)]
                 spec_w = plain if arm.plain else workers[(json.dumps(arm.server_config, sort_keys=True), arm.target)]
                 for x, s in zip(ids, samples):
-                    out = spec_w.generate([x], arm.max_new_tokens).outputs[0]
+                    out = _run(spec_w, x, arm.max_new_tokens)
                     s.seconds.append(out.seconds)
                     if not arm.plain:
-                        ref = plain.generate([x], arm.max_new_tokens).outputs[0]
+                        ref = _run(plain, x, arm.max_new_tokens)
                         s.plain_seconds.append(ref.seconds)
                         if r == 0:
                             s.plain_new_tokens, s.plain_token_ids = len(ref.token_ids), list(ref.token_ids)

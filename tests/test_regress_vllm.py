@@ -49,10 +49,12 @@ class FakeServer:
 
     def start(self, model, spec, **kw):
         FakeServer.started.append((model, spec))
+        FakeServer.running.add(id(self))  # a started engine runs (polls) until paused
         self.spec = spec
         return 1.0
 
     def generate(self, prompts, max_tokens, concurrency=1, ignore_eos=False):
+        assert len(FakeServer.running) <= 1, "another engine was left running while this one was timed"
         outs = []
         for p in prompts:
             tokens = [(sum(p) + i) % 97 for i in range(max_tokens)]
@@ -68,8 +70,16 @@ class FakeServer:
             outs.append(VllmOutput(tokens, seconds, "length", 0.001, 0.002, acc, drafted))
         return VllmGenerateResult(outs, [VllmGroup(list(range(len(prompts))), outs[-1].seconds, None)])
 
+    running: set = set()  # engines not paused: at most the one being timed
+
+    def pause(self):
+        type(self).running.discard(id(self))
+
+    def resume(self):
+        type(self).running.add(id(self))
+
     def close(self):
-        pass
+        self.pause()
 
 
 @pytest.fixture

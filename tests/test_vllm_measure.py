@@ -30,6 +30,7 @@ class FakeWorker:
 
     def start(self, model, spec, **kw):
         FakeWorker.started.append((model, spec, kw))
+        FakeWorker.running.add(id(self))  # a started engine runs (polls) until paused
         self.spec = spec
         return 2.5
 
@@ -37,6 +38,7 @@ class FakeWorker:
         k = int(self.spec["num_speculative_tokens"]) if self.spec else 0
         a = min(2, k)  # accepted per step
         outs, groups = [], []
+        assert len(FakeWorker.running) <= 1, "another engine was left running while this one was timed"
         for g in range(0, len(prompts), concurrency):
             idx = list(range(g, min(g + concurrency, len(prompts))))
             seconds = 0.1 + 0.05 * len(idx) + 0.01 * k
@@ -51,8 +53,16 @@ class FakeWorker:
             groups.append(VllmGroup(idx, seconds, counters))
         return VllmGenerateResult(outs, groups)
 
+    running: set = set()  # engines not paused: at most the one being timed
+
+    def pause(self):
+        type(self).running.discard(id(self))
+
+    def resume(self):
+        type(self).running.add(id(self))
+
     def close(self):
-        pass
+        self.pause()
 
 
 @pytest.fixture(scope="module")
