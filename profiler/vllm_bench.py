@@ -41,6 +41,7 @@ class VllmEngines:
                 self.workers[name] = w
                 self.start_seconds[name] = w.start(str(Path(target)), cfg, dtype=dtype, max_model_len=max_model_len,
                                                    max_num_seqs=max_num_seqs, enforce_eager=enforce_eager)
+                w.pause()  # an idle engine still polls (VllmWorker.pause): frozen except in its own run()
         except BaseException:
             self.close()
             raise
@@ -57,7 +58,12 @@ class VllmEngines:
     def run(self, name: str, prompt: list[int], max_tokens: int) -> tuple[list[int], float]:
         """One prompt, batch 1: (new token ids, seconds of the ``generate`` call in the worker).
         The request's record (TTFT, per-step acceptance) is kept in ``outputs[name]``."""
-        res = self.workers[name].generate([prompt], max_tokens)
+        worker = self.workers[name]
+        worker.resume()
+        try:
+            res = worker.generate([prompt], max_tokens)
+        finally:
+            worker.pause()
         out = res.outputs[0]
         self.outputs[name].append(out)
         if out.ttft is not None:
