@@ -242,7 +242,11 @@ class VllmWorker:
                  env: dict[str, str] | None = None) -> None:
         self.python = Path(python)
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="specdec-vllm-", suffix=".log")[1])
-        full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), **(env or {})}
+        full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+                    # pause() may freeze the engine while its bookkeeping step after a request is in
+                    # flight; the monotonic clock runs on, and vLLM's 300 s RPC deadline would kill it
+                    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": os.environ.get("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "86400"),
+                    **(env or {})}
         for var in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):  # our venv's paths must not leak in
             full_env.pop(var, None)
         self._log = open(self.log_path, "ab")
@@ -327,7 +331,11 @@ class VllmWorker:
         """Freeze the worker and its engine (SIGSTOP to its process group). An idle vLLM engine is not
         idle: it polls, about 5 % of a core each on vllm-cpu 0.32.0 (measured over 30 s), so several
         engines held for an interleaved measurement steal the measured one's core at random moments.
-        A paused engine uses none; :meth:`resume` before the next call."""
+        A paused engine uses none; :meth:`resume` before the next call. The engine's own step after a
+        finished request gets a moment to end first, and the worker is started with vLLM's
+        execute-model deadline at a day (``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``): a step frozen in
+        flight for minutes otherwise times out on resume and kills the engine (seen here)."""
+        time.sleep(0.05)
         self._signal(signal.SIGSTOP)
 
     def resume(self) -> None:
