@@ -92,13 +92,14 @@ RECORDED = Path(__file__).parent / "data" / "vllm_recorded_measure.json"
 
 @pytest.mark.skipif(not RECORDED.exists(), reason="no recorded vLLM run (benchmarks/server_fidelity.py makes it)")
 def test_recorded_vllm_run_out_of_sample():
-    """Real vLLM runs recorded on this CPU by benchmarks/server_fidelity.py in one interleaved session:
-    calibrate on plain decoding and N = 2, 5 on the tuning prompts, predict N = 1, 3, 4, 6, 8 at
-    batch size 1 on the held-out prompts from their *measured* acceptance (so this checks the time
-    terms alone). Measured: errors +4, -9, -10, -11, -10 %; the held-out prompts are 17 % shorter, so
-    their steps are cheaper than the calibration's and the model has no context-length term (README
-    'vLLM server fidelity'). A model that ignores the drafting cost (spec step = plain step) misses by
-    35-79 % on the same data: the bound has that power."""
+    """Real vLLM runs recorded on this CPU by benchmarks/server_fidelity.py in one interleaved session
+    (idle engines frozen): calibrate on plain decoding and N = 2, 5 on the tuning prompts, predict
+    N = 1, 3, 4, 6, 8 at batch sizes 1 and 4 on the held-out prompts from their *measured* acceptance
+    (so this checks the time terms alone). Recorded errors: B = 1 +1, -9, -7, -8, -7 %; B = 4 -9, -4,
+    -5, -2, -1 %. The held-out prompts are 17 % shorter, so their steps are cheaper than the
+    calibration's, and the model has no context-length term (README 'vLLM server fidelity'). A model
+    that ignores the drafting cost (spec step = plain step) misses by 26-140 % on the same data: the
+    bounds have that power."""
     from dataclasses import replace
 
     from specdec_tune.profiler.vllm_measure import ServerMeasurement
@@ -107,8 +108,8 @@ def test_recorded_vllm_run_out_of_sample():
     data = json.loads(RECORDED.read_text())
     ms = [ServerMeasurement.from_json(d) for d in data["measurements"]]
     fit = [m for m in ms if m.split == "tune"]
-    held = [m for m in ms if m.split == "holdout" and m.config.num_speculative_tokens > 0 and m.batch_size == 1]
-    assert fit and len(held) == 5
+    held = [m for m in ms if m.split == "holdout" and m.config.num_speculative_tokens > 0]
+    assert fit and len(held) == 10
     model = calibrate([p for m in fit for p in points_of(m)])
     free = ServerModel({b: replace(t, spec_step_s={k: 0.0 for k in t.spec_step_s},
                                    per_draft_token_s={k: 0.0 for k in t.per_draft_token_s})
@@ -119,10 +120,11 @@ def test_recorded_vllm_run_out_of_sample():
         for m in held:
             (p,) = points_of(m)
             tau = (p.new_tokens - p.batch_size) / (p.steps * p.batch_size)
-            out.append(mdl.predict(1, "model", p.new_tokens, tau, p.draft_len) / m.tokens_per_s - 1)
+            out.append(mdl.predict(m.batch_size, "model", p.new_tokens // m.batch_size, tau, p.draft_len)
+                       / m.tokens_per_s - 1)
         return out
 
     got = errors(model)
-    assert max(abs(e) for e in got) < 0.12, got
-    assert sorted(abs(e) for e in got)[len(got) // 2] < 0.11, got
-    assert min(abs(e) for e in errors(free)) > 0.12  # power: the drafting cost matters
+    assert max(abs(e) for e in got) < 0.10, got
+    assert sorted(abs(e) for e in got)[len(got) // 2] < 0.08, got
+    assert min(abs(e) for e in errors(free)) > 0.2  # power: the drafting cost matters
