@@ -127,6 +127,29 @@ def _counts(cycles, positions: int) -> tuple[list[int], list[int]]:
     return reached, accepted
 
 
+def arm_prompts(arm: ArmSpec, target: LoadedModel) -> tuple[list, list[torch.Tensor]]:
+    """(the arm's prompts, their token ids with ``target``'s tokenizer).
+
+    Raises:
+        InputError: the workload has no prompts from the arm's offset on.
+    """
+    prompts = load_workload(arm.workload)[arm.prompt_offset: arm.prompt_offset + arm.prompts]
+    if not prompts:
+        raise InputError(f"workload {arm.workload!r} has no prompts from {arm.prompt_offset} on")
+    return prompts, [encode_prompt(target, p.prompt, p.id) for p in prompts]
+
+
+def model_source(name: str) -> str:
+    """Where a model name resolves (a bundled name's folder); the name itself when it cannot be
+    resolved here (a hub id)."""
+    try:
+        from specdec_tune.engine.loading import _resolve_source as resolve_source
+
+        return str(resolve_source(name))
+    except Exception:  # a hub id or an older engine: the name is all we know
+        return name
+
+
 class _Models:
     """Loads each model once per measurement (cache keyed by name, device, dtype, forward)."""
 
@@ -183,16 +206,13 @@ def measure_arms(arms: list[ArmSpec], *, seed: int = 0, progress=None) -> dict[s
         if not arm.plain and arm.draft != NGRAM:
             draft_model = models.get(arm.draft, arm.device, arm.dtype, arm.forward)
             check_compatible(target, draft_model)
-        prompts = load_workload(arm.workload)[arm.prompt_offset: arm.prompt_offset + arm.prompts]
-        if not prompts:
-            raise InputError(f"workload {arm.workload!r} has no prompts from {arm.prompt_offset} on")
+        prompts, ids = arm_prompts(arm, target)
         try:
             cfg = DecodeConfig(max_new_tokens=arm.max_new_tokens, num_speculative_tokens=max(1, arm.num_speculative_tokens),
                                threshold=arm.threshold, schedule=arm.schedule, temperature=arm.temperature,
                                eos_token_id=target.eos_token_id)
         except ValueError as exc:
             raise InputError(f"benchmark {arm.key!r}: {exc}") from None
-        ids = [encode_prompt(target, p.prompt, p.id) for p in prompts]
         samples = [PromptSample(prompt_id=p.id, new_tokens=0) for p in prompts]
         plans.append((arm, target, draft_model, cfg, ids, samples))
         _timed(target, arm, draft_model, ids[0], cfg, seed)  # warm-up, untimed for the samples
@@ -272,12 +292,7 @@ def model_identity(name: str) -> dict[str, Any]:
 
     if name in ("none", NGRAM):
         return {"name": name}
-    try:
-        from specdec_tune.engine.loading import _resolve_source as resolve_source
-
-        source = str(resolve_source(name))
-    except Exception:  # a hub id or an older engine: the name is all we know
-        source = name
+    source = model_source(name)
     folder = Path(source)
     digest = None
     if folder.is_dir():

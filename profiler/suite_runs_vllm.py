@@ -24,8 +24,7 @@ from typing import Any
 
 from specdec_tune.errors import InputError
 from specdec_tune.profiler.machine_probe import MachineProbe
-from specdec_tune.profiler.runs import encode_prompt
-from specdec_tune.profiler.suite_runs import ArmSpec, PromptSample, _Models
+from specdec_tune.profiler.suite_runs import ArmSpec, PromptSample, _Models, arm_prompts, model_source
 from specdec_tune.profiler.vllm_backend import VllmWorker, omp_bind_env, require_vllm_python
 
 __all__ = ["measure_arms_vllm", "step_counts"]
@@ -45,20 +44,8 @@ def step_counts(accepted: list[int], drafted: list[int], positions: int) -> tupl
 
 def _run(worker, ids: list[int], max_new: int):
     """One timed request on a paused engine, which is paused again afterwards."""
-    worker.resume()
-    try:
+    with worker.awake():
         return worker.generate([ids], max_new).outputs[0]
-    finally:
-        worker.pause()
-
-
-def _folder(name: str) -> str:
-    from specdec_tune.engine.loading import _resolve_source as resolve_source
-
-    try:
-        return str(resolve_source(name))
-    except Exception:  # a hub id: vLLM resolves it itself
-        return name
 
 
 def measure_arms_vllm(arms: list[ArmSpec], *, vllm_python: str | None = None, threads: int = 1, progress=None,
@@ -82,14 +69,10 @@ def measure_arms_vllm(arms: list[ArmSpec], *, vllm_python: str | None = None, th
     models = _Models()
     plans = []
     for arm in arms:
-        from specdec_tune.engine.workloads import load_workload
-
         target = models.get(arm.target, "cpu", "auto", "auto")  # the tokenizer: vLLM decodes our token ids
-        prompts = load_workload(arm.workload)[arm.prompt_offset: arm.prompt_offset + arm.prompts]
-        if not prompts:
-            raise InputError(f"workload {arm.workload!r} has no prompts from {arm.prompt_offset} on")
-        ids = [[int(t) for t in encode_prompt(target, p.prompt, p.id).tolist()] for p in prompts]
-        plans.append((arm, ids, [PromptSample(prompt_id=p.id, new_tokens=0) for p in prompts]))
+        prompts, ids = arm_prompts(arm, target)
+        plans.append((arm, [[int(t) for t in x.tolist()] for x in ids],
+                      [PromptSample(prompt_id=p.id, new_tokens=0) for p in prompts]))
     keys = {}
     for arm, _ids, _s in plans:
         keys.setdefault(("plain", arm.target), (arm.target, None))
@@ -103,7 +86,7 @@ def measure_arms_vllm(arms: list[ArmSpec], *, vllm_python: str | None = None, th
         for key, (target, spec) in keys.items():
             w = (worker or VllmWorker)(python, env=env)
             workers[key] = w
-            w.start(_folder(target), spec, max_num_seqs=1)
+            w.start(model_source(target), spec, max_num_seqs=1)
             w.generate([plans[0][1][0]], 4)  # warm-up, untimed
             w.pause()  # an idle engine still polls: frozen until its turn (VllmWorker.pause)
             if progress is not None:

@@ -23,6 +23,8 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -341,6 +343,15 @@ class VllmWorker:
     def resume(self) -> None:
         """Undo :meth:`pause` (SIGCONT)."""
         self._signal(signal.SIGCONT)
+
+    @contextmanager
+    def awake(self) -> Iterator[VllmWorker]:
+        """Resume a paused worker for the block, pause it again afterwards (also on an error)."""
+        self.resume()
+        try:
+            yield self
+        finally:
+            self.pause()
 
     def _signal(self, sig: int) -> None:
         if self.proc.poll() is None:

@@ -58,12 +58,8 @@ class VllmEngines:
     def run(self, name: str, prompt: list[int], max_tokens: int) -> tuple[list[int], float]:
         """One prompt, batch 1: (new token ids, seconds of the ``generate`` call in the worker).
         The request's record (TTFT, per-step acceptance) is kept in ``outputs[name]``."""
-        worker = self.workers[name]
-        worker.resume()
-        try:
+        with self.workers[name].awake() as worker:
             res = worker.generate([prompt], max_tokens)
-        finally:
-            worker.pause()
         out = res.outputs[0]
         self.outputs[name].append(out)
         if out.ttft is not None:

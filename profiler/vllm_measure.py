@@ -190,18 +190,21 @@ def group_from_result(res, repeat: int, batch_size: int, ids: tuple[str, ...], l
                        tuple(o.itl_mean for o in res.outputs if o.itl_mean is not None))
 
 
-def _prompts(db: Database, run_id: int, split: str | None, max_prompts: int | None):
-    """(split, prompt ids, token-id lists, max_new_tokens, target folder) of the profile run: the same
-    token ids our engine decodes (its tokenizer, loaded with the target)."""
+def _prompts(db: Database, run_id: int, splits: list[str | None], max_prompts: int | None):
+    """(``{split: (split measured, prompt ids, token-id lists)}``, max_new_tokens, target folder) of the
+    profile run: the same token ids our engine decodes (its tokenizer, loaded once with the target)."""
     from specdec_tune.profiler.measure import _load, chosen_prompts
     from specdec_tune.profiler.runs import encode_prompt
 
     run = get_run(db, run_id)
-    split, prompts = chosen_prompts(run, split, max_prompts)
     source = run.target.extra.get("source")
     target = _load(run.target.name, source, "cpu", "auto", "hf")
-    ids = [[int(t) for t in encode_prompt(target, p.prompt, p.id).tolist()] for p in prompts]
-    return split, [p.id for p in prompts], ids, int(run.settings.get("max_new_tokens", 64)), source or run.target.name
+    out = {}
+    for split in splits:
+        name, prompts = chosen_prompts(run, split, max_prompts)
+        out[split] = (name, [p.id for p in prompts],
+                      [[int(t) for t in encode_prompt(target, p.prompt, p.id).tolist()] for p in prompts])
+    return out, int(run.settings.get("max_new_tokens", 64)), source or run.target.name
 
 
 def measure_on_server(db: Database, run_id: int, configs: list[ServerConfig], *, batch_sizes=(1,),
@@ -246,8 +249,8 @@ def measure_plan(db: Database, run_id: int, plan: list[tuple[str | None, list[Se
         raise InputError(f"--batch-sizes must be integers >= 1, got {list(batch_sizes)}")
     python = require_vllm_python(vllm_python)
     prompts: dict[str | None, _Split] = {}
-    for split, _ in plan:
-        name, pids, ids, max_new, folder = _prompts(db, run_id, split, max_prompts)
+    chosen, max_new, folder = _prompts(db, run_id, [split for split, _ in plan], max_prompts)
+    for split, (name, pids, ids) in chosen.items():
         bad = [b for b in bs if len(ids) % b]
         if bad:
             raise InputError(f"batch size(s) {bad} do not divide the {len(ids)} prompts measured; pick --max-prompts "
@@ -306,9 +309,8 @@ def _interleaved(configs: dict[int, ServerConfig], jobs: list[tuple[int, str | N
                 shift = (r * len(bs) + bs.index(b)) % len(jobs)
                 for i, split in jobs[shift:] + jobs[:shift]:
                     p = prompts[split]
-                    workers[i].resume()
-                    res = workers[i].generate(p.ids, max_new, concurrency=b, ignore_eos=True)
-                    workers[i].pause()
+                    with workers[i].awake() as w:
+                        res = w.generate(p.ids, max_new, concurrency=b, ignore_eos=True)
                     spec = configs[i].speculative_config is not None
                     for g in res.groups:
                         chunk = type(res)([res.outputs[j] for j in g.prompts], [g])

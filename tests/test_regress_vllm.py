@@ -15,6 +15,7 @@ from specdec_tune.profiler import suite_runs_vllm, vllm_backend
 from specdec_tune.profiler.suite_runs_vllm import step_counts
 from specdec_tune.profiler.vllm_backend import VllmGenerateResult, VllmGroup, VllmOutput, counters_from_steps
 from specdec_tune.tuner._regress_compare import FLAGGED
+from tests.fake_vllm import PausableFake
 
 PROMPTS = ["def add(a, b):", "class Point:", "for i in range(10):", "def __init__(self, x, y):",
            "print(i, i * i)", "return a + b", "self.x = x", "self.y = y"]
@@ -33,7 +34,7 @@ def test_step_counts_agree_with_vllms_per_position_counter():
     assert step_counts([2, 0, 3], [3, 3, 3], 3) == ([3, 2, 2], [2, 2, 1])
 
 
-class FakeServer:
+class FakeServer(PausableFake):
     """Answers like VllmWorker, greedily: the same tokens with or without speculation; a speculative
     engine accepts 2 of its K draft tokens per step. Seconds: 2 ms per step plus ``spec_cost`` ms per
     draft token, with 1 % noise; ``slow`` scales the speculative engine's time (a planted slowdown)."""
@@ -49,7 +50,7 @@ class FakeServer:
 
     def start(self, model, spec, **kw):
         FakeServer.started.append((model, spec))
-        FakeServer.running.add(id(self))  # a started engine runs (polls) until paused
+        self.mark_started()
         self.spec = spec
         return 1.0
 
@@ -71,15 +72,6 @@ class FakeServer:
         return VllmGenerateResult(outs, [VllmGroup(list(range(len(prompts))), outs[-1].seconds, None)])
 
     running: set = set()  # engines not paused: at most the one being timed
-
-    def pause(self):
-        type(self).running.discard(id(self))
-
-    def resume(self):
-        type(self).running.add(id(self))
-
-    def close(self):
-        self.pause()
 
 
 @pytest.fixture

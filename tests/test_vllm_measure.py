@@ -16,9 +16,10 @@ from specdec_tune.errors import InputError
 from specdec_tune.profiler import vllm_measure
 from specdec_tune.profiler.vllm_backend import SpecCounters, VllmError, VllmGenerateResult, VllmGroup, VllmOutput
 from specdec_tune.profiler.vllm_measure import ServerConfig, ServerMeasurement, measure_on_server
+from tests.fake_vllm import PausableFake
 
 
-class FakeWorker:
+class FakeWorker(PausableFake):
     """Answers like VllmWorker: every request gets max_tokens tokens; a speculative one accepts
     min(2, K) of its K draft tokens per step; a group of B takes 0.1 + 0.05·B + 0.01·K seconds."""
 
@@ -30,7 +31,7 @@ class FakeWorker:
 
     def start(self, model, spec, **kw):
         FakeWorker.started.append((model, spec, kw))
-        FakeWorker.running.add(id(self))  # a started engine runs (polls) until paused
+        self.mark_started()
         self.spec = spec
         return 2.5
 
@@ -54,15 +55,6 @@ class FakeWorker:
         return VllmGenerateResult(outs, groups)
 
     running: set = set()  # engines not paused: at most the one being timed
-
-    def pause(self):
-        type(self).running.discard(id(self))
-
-    def resume(self):
-        type(self).running.add(id(self))
-
-    def close(self):
-        self.pause()
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from typing import Any
 from specdec_tune.tuner._regress_explain import explain, side_terms
 from specdec_tune.tuner._regress_stats import (
     bh_adjust,
+    median_ratio,
     minimum_detectable_change,
     proportion_mdc,
     speed_test,
@@ -110,7 +111,7 @@ def _speed_cells(name: str, base: Sequence[dict], cur: Sequence[dict], rules: Ru
         if metric != "speedup":  # the speedup is a ratio of two decodes on the same machine already
             if fb and fc:
                 ref = statistics.median(fb)
-                raw = speed_test(b, c, resamples=200).ratio if b and c else None
+                raw = median_ratio(b, c) if b and c else None
                 b, c = _adjusted(b, fb, ref, metric), _adjusted(c, fc, ref, metric)
                 extra = {"machine_ratio": statistics.median(fc) / ref, "raw_ratio": raw,
                          "machine": "divided out (probe seconds current/baseline = machine_ratio)"}

@@ -76,6 +76,15 @@ def stratified_u_pvalue(xa: np.ndarray, xb: np.ndarray) -> float:
     return float(2 * stats.norm.sf(abs(num) / math.sqrt(var)))
 
 
+def median_ratio(baseline: dict[str, float | Sequence[float]], current: dict[str, float | Sequence[float]]) -> float:
+    """Ratio current/baseline of the medians of the prompt-aligned samples (:func:`align`); NaN with
+    fewer than two prompts on both sides."""
+    xa, xb = align(baseline, current)
+    if xa.shape[0] < 2:
+        return math.nan
+    return float(np.median(xb.ravel()) / np.median(xa.ravel()))
+
+
 def speed_test(baseline: dict[str, float | Sequence[float]], current: dict[str, float | Sequence[float]], *,
                resamples: int = 2000, seed: int = 0) -> SpeedTest:
     """Mann-Whitney U per prompt (summed: :func:`stratified_u_pvalue`) and a bootstrap CI of the ratio
