@@ -12,7 +12,7 @@ stderr, which the caller keeps as the log). With ``--request FILE`` the ops are 
 Ops:
     ``{"op": "hello"}`` -> versions (vllm, torch, transformers, python) and the worker's pid.
     ``{"op": "start", "model": PATH, "speculative_config": {...} | null, "dtype", "max_model_len",
-    "seed", "max_num_seqs", "enforce_eager"}`` -> ``start_seconds``: the ``LLM(...)`` construction
+    "seed", "max_num_seqs", "enforce_eager", "enable_prefix_caching"}`` -> ``start_seconds``: the ``LLM(...)`` construction
     (engine processes, weight loading, compilation or its cache, KV-cache allocation). One LLM at a
     time: vLLM's Prometheus counters live in one process-wide registry that a new engine resets.
     ``{"op": "generate", "prompts": [[ids], ...], "max_tokens": M, "concurrency": B,
@@ -104,6 +104,7 @@ class Worker:
             seed=int(op.get("seed", 0)),
             max_num_seqs=int(op.get("max_num_seqs", 16)),
             enforce_eager=bool(op.get("enforce_eager", False)),
+            enable_prefix_caching=bool(op.get("enable_prefix_caching", False)),
             disable_log_stats=False,  # get_metrics() needs the stat loggers
             speculative_config=spec,
         )

@@ -311,12 +311,16 @@ class VllmWorker:
 
     def start(self, model: str, speculative_config: dict[str, Any] | None = None, *, dtype: str = "float32",
               max_model_len: int = 1024, seed: int = 0, max_num_seqs: int = 16, enforce_eager: bool = False,
-              timeout: float = START_TIMEOUT_S) -> float:
+              prefix_caching: bool = False, timeout: float = START_TIMEOUT_S) -> float:
         """(Re)start the engine with a configuration; returns the seconds the start took (also kept in
-        ``start_seconds``). ``enforce_eager`` skips vLLM's compilation: a faster start, a slower decode."""
+        ``start_seconds``). ``enforce_eager`` skips vLLM's compilation: a faster start, a slower decode.
+        ``prefix_caching`` is off unless asked for (vLLM turns it on by default): a measurement sends
+        the same prompts again and again (warm-up, repeats, interleaved configurations), and a cached
+        prefix would time a prefill that a user's fresh requests do not get; our engine prefills
+        every request in full too."""
         resp = self._call({"op": "start", "model": str(model), "speculative_config": speculative_config, "dtype": dtype,
                            "max_model_len": max_model_len, "seed": seed, "max_num_seqs": max_num_seqs,
-                           "enforce_eager": enforce_eager}, timeout=timeout)
+                           "enforce_eager": enforce_eager, "enable_prefix_caching": prefix_caching}, timeout=timeout)
         self.start_seconds = float(resp["start_seconds"])
         return self.start_seconds
 

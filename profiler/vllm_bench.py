@@ -83,6 +83,7 @@ class VllmEngines:
             "configs": self.configs,
             "start_seconds": self.start_seconds,
             "enforce_eager": self.enforce_eager,
+            "prefix_caching": False,
             "omp_threads_bind": self.threads_bind,
             "ttft_median_s": {k: med(v) for k, v in self.ttft.items()},
             "itl_median_s": {k: med(v) for k, v in self.itl.items()},

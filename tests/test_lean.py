@@ -134,3 +134,30 @@ def test_lean_follows_weight_edits_in_place() -> None:
         ref = model(input_ids=ids).logits
     out = lean(input_ids=ids, past_key_values=make_cache(lean, 8), use_cache=True).logits
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_packed_multi_token_forward_matches_hf_in_float32(name: str) -> None:
+    """On a CPU in float32 a forward of several tokens runs on oneDNN-packed, concatenated q/k/v and
+    gate/up weights (biases, GQA included); its logits match HF's to float32 rounding, and a weight
+    edited in place is seen by the next forward (the packed copy is rebuilt, not stale)."""
+    model = MODELS[name]().float()
+    lean = wrap_forward(model, "lean")
+    if not lean.packing:
+        pytest.skip("this torch build has no oneDNN linear packing")
+    seq = torch.randint(0, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))
+
+    def check() -> None:
+        with torch.no_grad():
+            full = model(input_ids=seq).logits
+        cache = make_cache(lean, 16)
+        out = lean(input_ids=seq[:, :7], past_key_values=cache, use_cache=True, logits_to_keep=7).logits
+        out2 = lean(input_ids=seq[:, 7:12], past_key_values=cache, use_cache=True, logits_to_keep=5).logits
+        torch.testing.assert_close(torch.cat([out, out2], 1), full, rtol=1e-4, atol=1e-4)
+
+    check()
+    assert lean._packed is not None  # the multi-token forwards used the packed weights
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(3.0)
+        model.model.layers[-1].self_attn.q_proj.weight.add_(0.5)
+    check()

