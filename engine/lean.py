@@ -14,17 +14,17 @@ residual -> RMSNorm -> SiLU-gated MLP -> residual, final norm and ``lm_head`` on
 profiler's timers) see it; any call it does not handle (no preallocated cache, an attention mask,
 extra arguments) goes to the wrapped HF model unchanged.
 
-Several tokens at once (a verify step, a prefill) on a CPU in float32 run their matrix products on
-weights repacked once into oneDNN's blocked layout (``torch.ops.mkldnn``, what vLLM's CPU backend and
-inductor's CPU freezing use), with q/k/v and gate/up each concatenated into one product (oneDNN's fused post-ops for the residual
-adds and SiLU measured slower here): measured on
-this project's 2-core CPU VM, a 5-token verify of the bundled 16-layer target went from 9.4 to 7.6 ms
-(the weights stream from memory either way; the blocked kernels stream them better). One token (a
-plain decode step, a draft step) keeps the model's own weights: there the packed kernels are slower.
-The packed copy costs the model's weight memory once more (so models over ``PACK_MAX_BYTES`` are not
-packed); it is rebuilt when a weight changes in
-place or moves (``_version``/``data_ptr``), and never written back. Results agree with the unpacked
-products to float32 rounding (the greedy outputs the tests compare are unchanged).
+A few tokens at once (a verify step, a short prefill: 2 to 128 tokens) on a CPU in float32 run their
+matrix products on weights repacked once into oneDNN's blocked layout (``torch.ops.mkldnn``, what
+vLLM's CPU backend and inductor's CPU freezing use), q/k/v and gate/up each concatenated into one
+product. Measured on this project's 2-core CPU VM: a 5-token verify of the bundled 16-layer target
+went from 9.4 to 7.7 ms (the weights stream from memory either way; the blocked kernels stream them
+better). One token (a plain decode step, a draft step) and long prefills keep the model's own
+weights, and the residual adds and SiLU stay separate operators: packed kernels at one token, MKL's
+GEMM at ~200 tokens and oneDNN's fused post-ops all measured slower. The packed copy costs the
+model's weight memory once more (models over ``PACK_MAX_BYTES`` are not packed); it is rebuilt when
+a weight changes in place or moves (``_version``/``data_ptr``) and never written back. Results agree
+with the unpacked products to float32 rounding (the greedy outputs the tests compare are unchanged).
 
 Supported: ``llama``, ``mistral`` without a sliding window and ``qwen2`` without a sliding window, with
 position-only RoPE (``default``, ``linear``, ``llama3``). :func:`lean_unsupported` names the reason for
@@ -43,7 +43,8 @@ FORWARDS = ("auto", "lean", "hf")
 _MODEL_TYPES = ("llama", "mistral", "qwen2")
 _ROPE_TYPES = ("default", "linear", "llama3")
 _GQA_ARG = torch.__version__ >= "2.5"  # scaled_dot_product_attention(enable_gqa=...) appeared in torch 2.5
-PACKED_MIN_TOKENS = 2  # forwards of at least this many tokens use the packed weights (CPU, float32)
+PACKED_MIN_TOKENS = 2  # forwards of 2..128 tokens use the packed weights (CPU, float32); measured here:
+PACKED_MAX_TOKENS = 128  # slower than the model's own weights at 1 token and from about 200 tokens (MKL's GEMM)
 PACK_MAX_BYTES = 1 << 30  # a larger model is not packed: its second copy would cost too much memory
 
 
@@ -219,7 +220,7 @@ class LeanCausalLM(torch.nn.Module):
             mask = pos[None, :] <= pos[start:, None]  # [k, start + k]
         hq, hkv, d, eps = self.num_heads, self.num_kv_heads, self.head_dim, self.eps
         gqa = {"enable_gqa": True} if hq != hkv and _GQA_ARG else {}
-        packed = self._packed_weights(x) if k >= PACKED_MIN_TOKENS else None
+        packed = self._packed_weights(x) if PACKED_MIN_TOKENS <= k <= PACKED_MAX_TOKENS else None
         if packed is not None:
             x = self._packed_layers(x, cache, packed[1], cos, sin, mask, start == 0, gqa)
             if logits_to_keep:
