@@ -117,7 +117,8 @@ def _report(args, db, run_id, fitted_on, checked, calib, valid, batch_sizes, pro
 
     from specdec_tune.tuner.configs import Candidate
     from specdec_tune.tuner.search import Evaluator
-    from specdec_tune.tuner.server_calibration import calibrate_from, predict_server
+    from specdec_tune.tuner.server_calibration import (calibrate_from, kind_of, mean_prompt_tokens, points_of,
+                                                       predict_server)
 
     model = calibrate_from(fitted_on)
     ev = Evaluator(db, run_id)
@@ -125,12 +126,19 @@ def _report(args, db, run_id, fitted_on, checked, calib, valid, batch_sizes, pro
     rows = []
     for m in checked:
         c = Candidate(m.config.drafter, m.config.num_speculative_tokens)
-        pred = predict_server(model, ev, c, m.batch_size, args.max_new_tokens).tokens_per_s
+        # the held-out prompts' lengths are inputs (known before the requests run), not outcomes
+        pred = predict_server(model, ev, c, m.batch_size, args.max_new_tokens, mean_prompt_tokens(m)).tokens_per_s
+        # The time terms alone: the same prediction with the acceptance vLLM measured on these prompts
+        # (what is left of the error is the engine profile's acceptance for unseen prompts).
+        (point,) = points_of(m)
+        timing = model.predict(m.batch_size, kind_of(c.drafter, c.num_speculative_tokens), args.max_new_tokens,
+                               m.mean_acceptance_length, point.draft_len, mean_prompt_tokens(m))
         engine = ev.score(c).predicted_tokens_per_s if m.batch_size == 1 else None
         ci = m.ci95
         rows.append({"config": m.config.label, "batch_size": m.batch_size, "measured_tokens_per_s": m.tokens_per_s,
                      "ci95": list(ci) if ci else None, "predicted_tokens_per_s": pred,
                      "error": pred / m.tokens_per_s - 1, "inside_ci": bool(ci and ci[0] <= pred <= ci[1]),
+                     "error_with_measured_acceptance": timing / m.tokens_per_s - 1,
                      "engine_model_tokens_per_s": engine,
                      "engine_model_error": engine / m.tokens_per_s - 1 if engine else None,
                      "measured_acceptance_length": m.mean_acceptance_length,
@@ -146,7 +154,9 @@ def _report(args, db, run_id, fitted_on, checked, calib, valid, batch_sizes, pro
                     "inside_ci": sum(r["inside_ci"] for r in rs) / len(rs),
                     "spearman": None if math.isnan(rho) else float(rho),
                     "picked": pick["config"], "best_measured": best["config"],
-                    "regret": 1 - pick["measured_tokens_per_s"] / best["measured_tokens_per_s"]}
+                    "regret": 1 - pick["measured_tokens_per_s"] / best["measured_tokens_per_s"],
+                    "median_abs_error_with_measured_acceptance":
+                        statistics.median(abs(r["error_with_measured_acceptance"]) for r in rs)}
     engine_errs = [abs(r["engine_model_error"]) for r in rows if r["engine_model_error"] is not None]
     out = {"hardware": "this CPU", "threads": os.environ.get("OMP_NUM_THREADS"), "target": args.target,
            "draft": args.draft, "workload": args.workload, "calibrated_on": calib,
@@ -164,11 +174,14 @@ def _report(args, db, run_id, fitted_on, checked, calib, valid, batch_sizes, pro
         lines.append(f"  B={r['batch_size']} {r['config']:<22} measured {r['measured_tokens_per_s']:7.1f} "
                      f"(CI {ci[0]:.1f}-{ci[1]:.1f})  predicted {r['predicted_tokens_per_s']:7.1f}  "
                      f"error {r['error']:+.1%}{'' if r['inside_ci'] else ' (outside CI)'}"
+                     f" (time terms alone {r['error_with_measured_acceptance']:+.1%})"
                      + (f"  engine model {r['engine_model_error']:+.1%}" if r["engine_model_error"] is not None else ""))
     for b, s in per_b.items():
         lines.append(f"B={b}: median |error| {s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}, inside CI "
                      f"{s['inside_ci']:.0%}, Spearman {s['spearman'] if s['spearman'] is None else round(s['spearman'], 2)}, "
-                     f"picked {s['picked']}, best measured {s['best_measured']}, regret {s['regret']:.1%}")
+                     f"picked {s['picked']}, best measured {s['best_measured']}, regret {s['regret']:.1%}; "
+                     f"time terms alone (measured acceptance): median |error| "
+                     f"{s['median_abs_error_with_measured_acceptance']:.1%}")
     if engine_errs:
         lines.append(f"uncalibrated engine model vs vLLM at B=1: median |error| {out['engine_model_median_abs_error_b1']:.1%}")
     lines.append(f"profile {profile_s:.0f} s, vLLM runs {server_s:.0f} s (engine start median {out['start_seconds_median']:.0f} s)")

@@ -128,3 +128,59 @@ def test_recorded_vllm_run_out_of_sample():
     assert max(abs(e) for e in got) < 0.10, got
     assert sorted(abs(e) for e in got)[len(got) // 2] < 0.08, got
     assert min(abs(e) for e in errors(free)) > 0.2  # power: the drafting cost matters
+
+
+def _context_groups(rng: random.Random, gamma: float, c0: float = 300.0) -> list[ServerPoint]:
+    """B = 1 groups at contexts 150-450 tokens whose decode time grows by ``gamma`` per context token."""
+    t, out = TRUE[1], []
+    for n in (0, 2, 5):
+        for _ in range(8):
+            prompt = rng.uniform(130, 430)
+            ctx = prompt + MAX_NEW / 2
+            steps = (MAX_NEW - 1) / _tau(rng, n)
+            step = t["T"] if n == 0 else t["T"] + t["O"] + t["s"] * n
+            prefill = t["P"] if n == 0 else t["Pd"]
+            seconds = prefill + steps * step * (1 + gamma * (ctx - c0)) * rng.uniform(0.99, 1.01)
+            out.append(ServerPoint(1, "plain" if n == 0 else "model", seconds, steps, float(n), MAX_NEW, prefill, ctx))
+    return out
+
+
+def _points(groups: list[ServerPoint]) -> list[ServerPoint]:
+    """One aggregated point per configuration, as ``points_of`` makes (mean group, mean context)."""
+    out = []
+    for kind, n in (("plain", 0.0), ("model", 2.0), ("model", 5.0)):
+        gs = [g for g in groups if g.kind == kind and g.draft_len == n]
+        mean = lambda f: sum(f(g) for g in gs) / len(gs)  # noqa: E731
+        out.append(ServerPoint(1, kind, mean(lambda g: g.seconds), mean(lambda g: g.steps), n, MAX_NEW,
+                               mean(lambda g: g.prefill_s), mean(lambda g: g.context)))
+    return out
+
+
+def test_context_slope_is_fitted_from_the_groups_and_predicts_shorter_prompts():
+    """Decode steps cost more with a longer context: γ is recovered from calibration groups of varied
+    prompt lengths, and prompts 100 tokens shorter than the calibration's are predicted faster, as
+    they run. Power: the same model without the groups (γ = 0) misses them by more than 7%."""
+    gamma = 0.0015
+    groups = _context_groups(random.Random(5), gamma)
+    points = _points(groups)
+    model = calibrate(points, groups=groups)
+    flat = calibrate(points)
+    fit = model.times[1]
+    assert fit.context_slope == pytest.approx(gamma, rel=0.2)
+    assert flat.times[1].context_slope == 0.0
+    t = TRUE[1]
+    prompt = fit.context_ref - MAX_NEW / 2 - 100  # mean context 100 tokens below the calibration's
+    for n, tau in ((3, 2.2), (8, 3.5)):
+        scale = 1 + gamma * (prompt + MAX_NEW / 2 - 300.0)
+        truth = MAX_NEW / (t["Pd"] + (MAX_NEW - 1) / tau * (t["T"] + t["O"] + t["s"] * n) * scale)
+        assert model.predict(1, "model", MAX_NEW, tau, n, prompt_tokens=prompt) == pytest.approx(truth, rel=0.03)
+        assert flat.predict(1, "model", MAX_NEW, tau, n, prompt_tokens=prompt) / truth - 1 < -0.07
+
+
+def test_context_slope_needs_spread_and_never_goes_negative():
+    groups = _context_groups(random.Random(6), 0.0)
+    same = [ServerPoint(g.batch_size, g.kind, g.seconds, g.steps, g.draft_len, g.new_tokens, g.prefill_s, 300.0)
+            for g in groups]
+    assert calibrate(_points(same), groups=same).times[1].context_slope == 0.0  # no spread: nothing to fit
+    shrinking = _context_groups(random.Random(7), -0.001)  # a longer context cannot make a step cheaper
+    assert calibrate(_points(shrinking), groups=shrinking).times[1].context_slope == 0.0

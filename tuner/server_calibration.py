@@ -6,8 +6,9 @@ calibration math (:mod:`specdec_tune.tuner.server_model`).
 """
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -15,9 +16,11 @@ if TYPE_CHECKING:
 from specdec_tune.tuner.configs import NGRAM, Candidate
 from specdec_tune.tuner.profile_data import predict_config
 from specdec_tune.tuner.search import Evaluator, spec_config
-from specdec_tune.tuner.server_model import MODEL, NGRAM_KIND, PLAIN, ServerModel, ServerPoint, calibrate
+from specdec_tune.tuner.server_model import (MODEL, NGRAM_KIND, PLAIN, ServerModel, ServerPoint, calibrate,
+                                             context_tokens)
 
-__all__ = ["ServerPrediction", "acceptance_terms", "calibrate_from", "kind_of", "points_of", "predict_server"]
+__all__ = ["ServerPrediction", "acceptance_terms", "calibrate_from", "group_points_of", "kind_of", "mean_prompt_tokens",
+           "points_of", "predict_server"]
 
 
 def kind_of(drafter: str, n: int = 1) -> str:
@@ -38,8 +41,6 @@ def points_of(m: ServerMeasurement) -> list[ServerPoint]:
     match are not drafts, so there the steps are the tokens after the first minus the accepted ones,
     and at least the drafts. Returns [] for a measurement without groups.
     """
-    import statistics
-
     kind = kind_of(m.config.drafter, m.config.num_speculative_tokens)
     by_group: dict[tuple[str, ...], list] = {}
     for g in m.groups:
@@ -60,13 +61,37 @@ def points_of(m: ServerMeasurement) -> list[ServerPoint]:
         steps += n
         draft_tokens += c.draft_tokens
     k, b = len(by_group), m.batch_size
+    context = statistics.mean(_group_context(gs[0]) for gs in by_group.values())
     return [ServerPoint(b, kind, seconds / k, steps / (k * b), draft_tokens / steps if steps and kind != PLAIN else 0.0,
-                        round(tokens / k), prefill / k)]
+                        round(tokens / k), prefill / k, context)]
+
+
+def _group_context(g) -> float:
+    return context_tokens(sum(g.prompt_tokens) / len(g.prompt_tokens), g.new_tokens / g.batch_size) \
+        if g.prompt_tokens else 0.0
+
+
+def group_points_of(m: ServerMeasurement) -> list[ServerPoint]:
+    """The measurement one point per group of prompts (median seconds over its repeats), each with its
+    own context: what the context slope γ is fitted on (``server_model``)."""
+    by_group: dict[tuple[str, ...], list] = {}
+    for g in m.groups:
+        by_group.setdefault(g.prompt_ids, []).append(g)
+    sub = [replace(m, groups=gs) for gs in by_group.values()]
+    return [p for s in sub for p in points_of(s)]
+
+
+def mean_prompt_tokens(m: ServerMeasurement) -> float | None:
+    """The measured prompts' mean length (an input of the requests, known before they run)."""
+    lengths = [t for g in m.groups for t in g.prompt_tokens]
+    return sum(lengths) / len(lengths) if lengths else None
 
 
 def calibrate_from(measurements: Iterable[ServerMeasurement], server: str = "vllm") -> ServerModel:
-    """The server model fitted to ``measurements`` (one point per configuration and batch size)."""
-    return calibrate([p for m in measurements for p in points_of(m)], server)
+    """The server model fitted to ``measurements`` (one point per configuration and batch size; the
+    context slope from their groups)."""
+    ms = list(measurements)
+    return calibrate([p for m in ms for p in points_of(m)], server, groups=[g for m in ms for g in group_points_of(m)])
 
 
 def acceptance_terms(evaluator: Evaluator, c: Candidate) -> tuple[float, float]:
@@ -94,11 +119,12 @@ class ServerPrediction:
 
 
 def predict_server(model: ServerModel, evaluator: Evaluator, c: Candidate, batch_size: int,
-                   max_new_tokens: int) -> ServerPrediction:
-    """Predicted server tokens/s of ``c`` at ``batch_size`` (acceptance from the engine profile)."""
+                   max_new_tokens: int, prompt_tokens: float | None = None) -> ServerPrediction:
+    """Predicted server tokens/s of ``c`` at ``batch_size`` (acceptance from the engine profile) on
+    prompts of mean length ``prompt_tokens`` (None: the calibration prompts')."""
     tau, length = acceptance_terms(evaluator, c)
     kind = kind_of(c.drafter, c.num_speculative_tokens)
-    tps = model.predict(batch_size, kind, max_new_tokens, tau, length)
+    tps = model.predict(batch_size, kind, max_new_tokens, tau, length, prompt_tokens)
     return ServerPrediction(c, batch_size, tps, tau, length)
 
 

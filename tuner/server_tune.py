@@ -32,7 +32,8 @@ from specdec_tune.errors import InputError
 from specdec_tune.stats import speedup_ci
 from specdec_tune.tuner.configs import NGRAM, Candidate, TuningResult
 from specdec_tune.tuner.search import Evaluator
-from specdec_tune.tuner.server_calibration import best_n_per_batch_size, calibrate_from, predict_server
+from specdec_tune.tuner.server_calibration import (best_n_per_batch_size, calibrate_from, mean_prompt_tokens,
+                                                   predict_server)
 from specdec_tune.tuner.server_model import ServerModel
 
 CALIBRATION_NS = (2, 5)  # per model draft; n-gram at NGRAM_CALIBRATION_N
@@ -143,8 +144,8 @@ def run_server_tune(db: Database, run_id: int, evaluator: Evaluator, *, target: 
             if label is None:
                 continue
             m = at[label]
-            row[key] = {**_row(m, predict_server(model, evaluator, winner, b, max_new_tokens).tokens_per_s
-                               if key == "constant" else None),
+            row[key] = {**_row(m, predict_server(model, evaluator, winner, b, max_new_tokens,
+                                                 mean_prompt_tokens(m)).tokens_per_s if key == "constant" else None),
                         "speedup": m.tokens_per_s / plain.tokens_per_s, "speedup_ci": list(speedup_ci(m.samples, plain.samples))}
         rows.append(row)
     all_m = cal + conf + held
