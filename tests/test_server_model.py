@@ -184,3 +184,15 @@ def test_context_slope_needs_spread_and_never_goes_negative():
     assert calibrate(_points(same), groups=same).times[1].context_slope == 0.0  # no spread: nothing to fit
     shrinking = _context_groups(random.Random(7), -0.001)  # a longer context cannot make a step cheaper
     assert calibrate(_points(shrinking), groups=shrinking).times[1].context_slope == 0.0
+
+
+def test_schedule_takes_the_best_measured_n_at_each_batch_size():
+    """§3: the model proposes, the server's measurements decide; the smallest batch size keeps the
+    measured winner, and a batch size without measurements keeps the proposal."""
+    from specdec_tune.tuner.server_tune import schedule_from_measured
+
+    proposed = {1: 5, 4: 2, 16: 1}
+    measured = {1: {5: 200.0, 6: 250.0}, 4: {0: 369.7, 2: 428.9, 5: 449.6}}
+    assert schedule_from_measured(proposed, measured, b0=1) == {1: 5, 4: 5, 16: 1}
+    assert schedule_from_measured(proposed, {4: {0: 500.0, 2: 428.9}}, b0=1)[4] == 0  # plain when it measured best
+    assert schedule_from_measured(proposed, {4: {2: 400.0, 5: 400.0}}, b0=1)[4] == 2  # a tie: the shorter draft

@@ -189,7 +189,19 @@ def test_tune_backend_vllm_end_to_end_on_a_fake_server(tiny_model_dirs, tmp_path
     backend vllm; the export is the vLLM config that was measured."""
     from tests.test_tune_cli import TINY
 
-    monkeypatch.setattr(vllm_measure, "VllmWorker", FakeWorker)
+    class SpeculationPays(FakeWorker):
+        """Seconds grow with the decode steps (so drafting pays) and with K × B (so the best N falls
+        with the batch size): the winner speculates and B = 2 has its own best N."""
+
+        def generate(self, prompts, max_tokens, concurrency=1, ignore_eos=False):
+            res = super().generate(prompts, max_tokens, concurrency, ignore_eos)
+            k = int(self.spec["num_speculative_tokens"]) if self.spec else 0
+            steps = (max_tokens - 1) // (min(2, k) + 1)
+            groups = [VllmGroup(g.prompts, 0.01 * steps + 0.004 * k * len(g.prompts) ** 2, g.counters)
+                      for g in res.groups]
+            return VllmGenerateResult(res.outputs, groups)
+
+    monkeypatch.setattr(vllm_measure, "VllmWorker", SpeculationPays)
     wl = tmp_path / "w.jsonl"
     prompts = ["def add(a, b):", "class Point:", "for i in range(10):", "print(i, i * i)", "def sub(a, b):",
                "x = [i for i in range(3)]", "return a + b", "self.x = x"]
@@ -210,6 +222,9 @@ def test_tune_backend_vllm_end_to_end_on_a_fake_server(tiny_model_dirs, tmp_path
         assert row["plain"]["measured_tokens_per_s"] > 0
     assert set(sr["server_model"]["times"]) == {"1", "2"} and sr["calibration"]
     assert any(r["winner"] for r in sr["confirmation"])
+    assert sr["winner"]["drafter"] != "none"  # B = 2 takes the best N measured there (tuning prompts)
+    by_n = sr["schedule_measured"]["2"]
+    assert len(by_n) >= 3 and str(sr["schedule"]["2"]) == max(by_n, key=lambda n: (by_n[n], -int(n)))
     db = open_database(url)
     backends = {m.config.get("backend") for m in list_measured(db)}
     assert "vllm" in backends

@@ -9,8 +9,10 @@ After the engine profile (acceptance: E[τ], E[L] per configuration from its tra
    prediction at the smallest batch size; brute force, since the space is small.
 3. **Confirm**: the top ``measure_top`` not measured yet run on vLLM on the tuning prompts; the winner
    is the best *measured* (calibration runs count too).
-4. **Schedule**: the best N per batch size from the calibrated server model (0 = do not speculate)
-   becomes ``num_speculative_tokens_per_batch_size``.
+4. **Schedule**: the calibrated server model proposes the best N per batch size (0 = do not
+   speculate); at every batch size above the smallest, the proposals and the winner's N run on vLLM
+   (tuning prompts) beside the calibration runs, and the best *measured* N there becomes that batch
+   size's entry of ``num_speculative_tokens_per_batch_size`` (:func:`schedule_from_measured`).
 5. **Held out**: on the held-out prompts, at every batch size, vLLM runs plain decoding, the winner
    at its constant N and the schedule *as a whole* (one server with the schedule: a server's
    behaviour under a schedule is not the sum of its constant-N runs). Reported per batch size.
@@ -39,7 +41,7 @@ from specdec_tune.tuner.server_model import ServerModel
 CALIBRATION_NS = (2, 5)  # per model draft; n-gram at NGRAM_CALIBRATION_N
 NGRAM_CALIBRATION_N = 3
 
-__all__ = ["CALIBRATION_NS", "ServerTuneReport", "run_server_tune", "vllm_config"]
+__all__ = ["CALIBRATION_NS", "ServerTuneReport", "run_server_tune", "schedule_from_measured", "vllm_config"]
 
 
 def vllm_config(target: str, c: Candidate, per_batch_size: dict[int, int] | None = None):
@@ -64,6 +66,7 @@ class ServerTuneReport:
     model: ServerModel
     winner: Candidate
     schedule: dict[int, int]
+    schedule_measured: dict[int, dict[int, float]] = field(default_factory=dict)  # B -> N -> measured tokens/s
     calibration: list[dict[str, Any]] = field(default_factory=list)
     ranked: list[dict[str, Any]] = field(default_factory=list)
     confirmation: list[dict[str, Any]] = field(default_factory=list)
@@ -74,6 +77,8 @@ class ServerTuneReport:
     def to_dict(self) -> dict[str, Any]:
         return {"backend": "vllm", "versions": self.versions, "server_model": self.model.to_dict(),
                 "winner": self.winner.to_dict(), "schedule": {str(b): n for b, n in self.schedule.items()},
+                "schedule_measured": {str(b): {str(n): v for n, v in by_n.items()}
+                                      for b, by_n in self.schedule_measured.items()},
                 "calibration": self.calibration, "ranked": self.ranked, "confirmation": self.confirmation,
                 "heldout": self.heldout, "start_seconds": self.start_seconds}
 
@@ -82,6 +87,17 @@ def _row(m, predicted: float | None = None) -> dict[str, Any]:
     return {"config": m.config.label, "batch_size": m.batch_size, "measured_tokens_per_s": m.tokens_per_s,
             "ci95": list(m.ci95) if m.ci95 else None, "predicted_tokens_per_s": predicted,
             "mean_acceptance_length": m.mean_acceptance_length, "measured_id": m.measured_id}
+
+
+def schedule_from_measured(proposed: dict[int, int], measured: dict[int, dict[int, float]], b0: int) -> dict[int, int]:
+    """The per-batch-size N: at every batch size but ``b0`` (where the measured winner holds) the N
+    (0 = plain decoding) with the best measured tokens/s; the model's proposal where nothing was
+    measured."""
+    out = dict(proposed)
+    for b, by_n in measured.items():
+        if b != b0 and by_n:
+            out[b] = max(by_n, key=lambda n: (by_n[n], -n))
+    return out
 
 
 def _space(drafts: Sequence[str], n_max: int) -> list[Candidate]:
@@ -125,8 +141,27 @@ def run_server_tune(db: Database, run_id: int, evaluator: Evaluator, *, target: 
     winner = max(measured, key=lambda c: measured[c].tokens_per_s)
     schedule = ({b: 0 for b in bs} if winner.is_plain else
                 best_n_per_batch_size(model, evaluator, winner.drafter, range(1, n_max + 1), bs, max_new_tokens))
+    schedule_measured: dict[int, dict[int, float]] = {}
     if not winner.is_plain:
         schedule[b0] = winner.num_speculative_tokens  # the measured winner holds at the smallest batch size
+        if len(bs) > 1:
+            # §3: the schedule comes from server measurements. The model proposes an N per batch size;
+            # the proposals and the winner's N not measured yet run at the larger batch sizes on the
+            # tuning prompts, and each batch size takes the best *measured* N (plain decoding included).
+            at_b = {m.batch_size: {} for m in cal}
+            for c, m in zip([c for c in calib_c for _ in bs], cal):
+                if c.is_plain or c.drafter == winner.drafter:
+                    at_b[m.batch_size][c.num_speculative_tokens] = m
+            extra = sorted({n for b, n in schedule.items() if b != b0 and n} | {winner.num_speculative_tokens}
+                           - {n for b in bs[1:] for n in at_b.get(b, {})})
+            more = measure_on_server(db, run_id, [vllm_config(target, Candidate(winner.drafter, n)) for n in extra],
+                                     batch_sizes=bs[1:], split="tune", max_prompts=measure_prompts,
+                                     **common) if extra else []
+            conf += more
+            for c, m in zip([n for n in extra for _ in bs[1:]], more):
+                at_b.setdefault(m.batch_size, {})[c] = m
+            schedule_measured = {b: {n: m.tokens_per_s for n, m in at_b.get(b, {}).items()} for b in bs[1:]}
+            schedule = schedule_from_measured(schedule, schedule_measured, b0)
     held_c = [vllm_config(target, Candidate("none", 0))]
     if not winner.is_plain:
         held_c.append(vllm_config(target, winner))
@@ -150,7 +185,7 @@ def run_server_tune(db: Database, run_id: int, evaluator: Evaluator, *, target: 
         rows.append(row)
     all_m = cal + conf + held
     return ServerTuneReport(
-        model=model, winner=winner, schedule=schedule,
+        model=model, winner=winner, schedule=schedule, schedule_measured=schedule_measured,
         calibration=[_row(m) for m in cal],
         ranked=[p.to_dict() for p in preds[: max(measure_top, 10)]],
         confirmation=[{**_row(measured[c], by_pred.get(c)), "candidate": c.to_dict(), "winner": c == winner}

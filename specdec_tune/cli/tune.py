@@ -126,6 +126,10 @@ def _print_server(console: Console, sr: dict) -> None:
         table.add_row(str(row["batch_size"]), str(row["schedule_n"]), cell(sch) if sch else "(= constant)",
                       cell(const), cell(plain), ratio(sch), ratio(const))
     console.print(table)
+    for b, by_n in sr.get("schedule_measured", {}).items():
+        console.print(f"schedule at B={b} chosen from measured tokens/s (tuning prompts): " + ", ".join(
+            f"{'plain' if n == '0' else 'N=' + n} {v:.1f}" for n, v in sorted(by_n.items(), key=lambda x: int(x[0]))),
+            highlight=False)
     model = sr["server_model"]["times"]
     console.print("server model (calibrated on vLLM, tuning prompts): " + "; ".join(
         f"B={b}: step {t['step_s'] * 1e3:.2f} ms" + "".join(
