@@ -42,9 +42,7 @@ def points_of(m: ServerMeasurement) -> list[ServerPoint]:
     and at least the drafts. Returns [] for a measurement without groups.
     """
     kind = kind_of(m.config.drafter, m.config.num_speculative_tokens)
-    by_group: dict[tuple[str, ...], list] = {}
-    for g in m.groups:
-        by_group.setdefault(g.prompt_ids, []).append(g)
+    by_group = _repeats_by_group(m)
     if not by_group:
         return []
     seconds = prefill = steps = draft_tokens = tokens = 0.0
@@ -71,14 +69,18 @@ def _group_context(g) -> float:
         if g.prompt_tokens else 0.0
 
 
-def group_points_of(m: ServerMeasurement) -> list[ServerPoint]:
-    """The measurement one point per group of prompts (median seconds over its repeats), each with its
-    own context: what the context slope γ is fitted on (``server_model``)."""
+def _repeats_by_group(m: ServerMeasurement) -> dict[tuple[str, ...], list]:
+    """A measurement's groups of prompts, each with its repeats."""
     by_group: dict[tuple[str, ...], list] = {}
     for g in m.groups:
         by_group.setdefault(g.prompt_ids, []).append(g)
-    sub = [replace(m, groups=gs) for gs in by_group.values()]
-    return [p for s in sub for p in points_of(s)]
+    return by_group
+
+
+def group_points_of(m: ServerMeasurement) -> list[ServerPoint]:
+    """The measurement one point per group of prompts (median seconds over its repeats), each with its
+    own context: what the context slope γ is fitted on (``server_model``)."""
+    return [p for gs in _repeats_by_group(m).values() for p in points_of(replace(m, groups=gs))]
 
 
 def mean_prompt_tokens(m: ServerMeasurement) -> float | None:
