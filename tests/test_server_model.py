@@ -196,3 +196,22 @@ def test_schedule_takes_the_best_measured_n_at_each_batch_size():
     assert schedule_from_measured(proposed, measured, b0=1) == {1: 5, 4: 5, 16: 1}
     assert schedule_from_measured(proposed, {4: {0: 500.0, 2: 428.9}}, b0=1)[4] == 0  # plain when it measured best
     assert schedule_from_measured(proposed, {4: {2: 400.0, 5: 400.0}}, b0=1)[4] == 2  # a tie: the shorter draft
+
+
+def test_close_calls_name_what_the_winner_does_not_beat_measurably():
+    """A winner 2 % ahead on noisy prompts is a close call; one 50 % ahead on every prompt is not."""
+    from specdec_tune.stats import RateSamples
+    from specdec_tune.tuner.server_tune import close_calls
+
+    ids, tokens = ("a", "b", "c", "d"), ((48.0, 48.0),) * 4
+    rng = random.Random(3)
+
+    def samples(scale: float, noise: float) -> RateSamples:
+        return RateSamples(ids, tokens, tuple(tuple(scale * rng.uniform(1 - noise, 1 + noise) for _ in range(2))
+                                              for _ in ids))
+
+    winner = samples(0.30, 0.3)
+    out = close_calls(winner, {"near": samples(0.306, 0.3), "slow": samples(0.45, 0.01),
+                               "elsewhere": RateSamples(("x",), ((48.0,),), ((0.3,),))})
+    assert [r["config"] for r in out] == ["near"]
+    assert out[0]["ci95"][0] <= 1.0 <= out[0]["ci95"][1]

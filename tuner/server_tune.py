@@ -8,7 +8,8 @@ After the engine profile (acceptance: E[τ], E[L] per configuration from its tra
 2. **Rank** every configuration of vLLM's space (drafter × N, constant, θ = 0) by the *server*
    prediction at the smallest batch size; brute force, since the space is small.
 3. **Confirm**: the top ``measure_top`` not measured yet run on vLLM on the tuning prompts; the winner
-   is the best *measured* (calibration runs count too).
+   is the best *measured* (calibration runs count too). Configurations it is not measurably faster
+   than (paired CI of the ratio reaching 1) are reported as close calls (:func:`close_calls`).
 4. **Schedule**: the calibrated server model proposes the best N per batch size (0 = do not
    speculate); at every batch size above the smallest, the proposals and the winner's N run on vLLM
    (tuning prompts) beside the calibration runs, and the best *measured* N there becomes that batch
@@ -31,7 +32,7 @@ from typing import Any
 
 from specdec_tune.db import Database
 from specdec_tune.errors import InputError
-from specdec_tune.stats import speedup_ci
+from specdec_tune.stats import RateSamples, speedup_ci
 from specdec_tune.tuner.configs import NGRAM, Candidate, TuningResult
 from specdec_tune.tuner.search import Evaluator
 from specdec_tune.tuner.server_calibration import (best_n_per_batch_size, calibrate_from, mean_prompt_tokens,
@@ -41,7 +42,8 @@ from specdec_tune.tuner.server_model import ServerModel
 CALIBRATION_NS = (2, 5)  # per model draft; n-gram at NGRAM_CALIBRATION_N
 NGRAM_CALIBRATION_N = 3
 
-__all__ = ["CALIBRATION_NS", "ServerTuneReport", "run_server_tune", "schedule_from_measured", "vllm_config"]
+__all__ = ["CALIBRATION_NS", "ServerTuneReport", "close_calls", "run_server_tune", "schedule_from_measured",
+           "vllm_config"]
 
 
 def vllm_config(target: str, c: Candidate, per_batch_size: dict[int, int] | None = None):
@@ -67,6 +69,7 @@ class ServerTuneReport:
     winner: Candidate
     schedule: dict[int, int]
     schedule_measured: dict[int, dict[int, float]] = field(default_factory=dict)  # B -> N -> measured tokens/s
+    close_calls: list[dict[str, Any]] = field(default_factory=list)  # not measurably slower than the winner
     calibration: list[dict[str, Any]] = field(default_factory=list)
     ranked: list[dict[str, Any]] = field(default_factory=list)
     confirmation: list[dict[str, Any]] = field(default_factory=list)
@@ -79,6 +82,7 @@ class ServerTuneReport:
                 "winner": self.winner.to_dict(), "schedule": {str(b): n for b, n in self.schedule.items()},
                 "schedule_measured": {str(b): {str(n): v for n, v in by_n.items()}
                                       for b, by_n in self.schedule_measured.items()},
+                "close_calls": self.close_calls,
                 "calibration": self.calibration, "ranked": self.ranked, "confirmation": self.confirmation,
                 "heldout": self.heldout, "start_seconds": self.start_seconds}
 
@@ -98,6 +102,19 @@ def schedule_from_measured(proposed: dict[int, int], measured: dict[int, dict[in
         if b != b0 and by_n:
             out[b] = max(by_n, key=lambda n: (by_n[n], -n))
     return out
+
+
+def close_calls(winner: RateSamples, others: dict[str, RateSamples]) -> list[dict[str, Any]]:
+    """The measured configurations the winner is not measurably faster than: the paired 95% CI of
+    winner ÷ other (same prompts) reaches 1. More tuning prompts would be needed to tell them apart."""
+    out = []
+    for label, s in others.items():
+        if s.prompt_ids != winner.prompt_ids:
+            continue  # not paired: measured on other prompts
+        lo, hi = speedup_ci(winner, s)
+        if lo <= 1.0:
+            out.append({"config": label, "ratio": winner.tokens_per_s / s.tokens_per_s, "ci95": [lo, hi]})
+    return sorted(out, key=lambda r: r["ratio"])
 
 
 def _space(drafts: Sequence[str], n_max: int) -> list[Candidate]:
@@ -139,6 +156,7 @@ def run_server_tune(db: Database, run_id: int, evaluator: Evaluator, *, target: 
     measured.update(zip(todo, conf))
     by_pred = {p.candidate: p.tokens_per_s for p in preds}
     winner = max(measured, key=lambda c: measured[c].tokens_per_s)
+    close = close_calls(measured[winner].samples, {m.config.label: m.samples for c, m in measured.items() if c != winner})
     schedule = ({b: 0 for b in bs} if winner.is_plain else
                 best_n_per_batch_size(model, evaluator, winner.drafter, range(1, n_max + 1), bs, max_new_tokens))
     schedule_measured: dict[int, dict[int, float]] = {}
@@ -185,7 +203,7 @@ def run_server_tune(db: Database, run_id: int, evaluator: Evaluator, *, target: 
         rows.append(row)
     all_m = cal + conf + held
     return ServerTuneReport(
-        model=model, winner=winner, schedule=schedule, schedule_measured=schedule_measured,
+        model=model, winner=winner, schedule=schedule, schedule_measured=schedule_measured, close_calls=close,
         calibration=[_row(m) for m in cal],
         ranked=[p.to_dict() for p in preds[: max(measure_top, 10)]],
         confirmation=[{**_row(measured[c], by_pred.get(c)), "candidate": c.to_dict(), "winner": c == winner}
