@@ -215,3 +215,18 @@ def test_close_calls_name_what_the_winner_does_not_beat_measurably():
                                "elsewhere": RateSamples(("x",), ((48.0,),), ((0.3,),))})
     assert [r["config"] for r in out] == ["near"]
     assert out[0]["ci95"][0] <= 1.0 <= out[0]["ci95"][1]
+
+
+def test_a_tie_is_decided_by_the_model_where_it_interpolates():
+    """The best measured wins unless tied; in a tie the model's fastest prediction wins among plain,
+    draft N within the calibration's N and n-gram at its calibration N, never an extrapolated N."""
+    from specdec_tune.tuner.configs import NGRAM, Candidate
+    from specdec_tune.tuner.server_tune import NGRAM_CALIBRATION_N, pick_among_tied
+
+    ng, n5, n13, plain = (Candidate(NGRAM, NGRAM_CALIBRATION_N), Candidate("d", 5), Candidate("d", 13),
+                          Candidate("none", 0))
+    pred = {ng: 150.4, n5: 178.1, n13: 189.6, plain: 96.0}
+    assert pick_among_tied([ng], pred, (2, 5)) == ng  # measured clearly best: measurement decides
+    assert pick_among_tied([ng, n5, n13], pred, (2, 5)) == n5  # tie: N=13 is extrapolated, N=5 is not
+    assert pick_among_tied([n13, plain], pred, (2, 5)) == plain
+    assert pick_among_tied([n13, Candidate("d", 9)], pred, (2, 5)) == n13  # nothing interpolated: measured best

@@ -9,7 +9,8 @@ After the engine profile (acceptance: E[τ], E[L] per configuration from its tra
    prediction at the smallest batch size; brute force, since the space is small.
 3. **Confirm**: the top ``measure_top`` not measured yet run on vLLM on the tuning prompts; the winner
    is the best *measured* (calibration runs count too). Configurations it is not measurably faster
-   than (paired CI of the ratio reaching 1) are reported as close calls (:func:`close_calls`).
+   than (paired CI of the ratio reaching 1) are reported as close calls (:func:`close_calls`), and
+   among such a tie the calibrated model decides where it interpolates (:func:`pick_among_tied`).
 4. **Schedule**: the calibrated server model proposes the best N per batch size (0 = do not
    speculate); at every batch size above the smallest, the proposals and the winner's N run on vLLM
    (tuning prompts) beside the calibration runs, and the best *measured* N there becomes that batch
@@ -42,8 +43,8 @@ from specdec_tune.tuner.server_model import ServerModel
 CALIBRATION_NS = (2, 5)  # per model draft; n-gram at NGRAM_CALIBRATION_N
 NGRAM_CALIBRATION_N = 3
 
-__all__ = ["CALIBRATION_NS", "ServerTuneReport", "close_calls", "run_server_tune", "schedule_from_measured",
-           "vllm_config"]
+__all__ = ["CALIBRATION_NS", "ServerTuneReport", "close_calls", "pick_among_tied", "run_server_tune",
+           "schedule_from_measured", "vllm_config"]
 
 
 def vllm_config(target: str, c: Candidate, per_batch_size: dict[int, int] | None = None):
@@ -69,7 +70,8 @@ class ServerTuneReport:
     winner: Candidate
     schedule: dict[int, int]
     schedule_measured: dict[int, dict[int, float]] = field(default_factory=dict)  # B -> N -> measured tokens/s
-    close_calls: list[dict[str, Any]] = field(default_factory=list)  # not measurably slower than the winner
+    close_calls: list[dict[str, Any]] = field(default_factory=list)  # not measurably slower than the best measured
+    best_measured: str = ""  # the best measured configuration's label (the winner unless it was a close call)
     calibration: list[dict[str, Any]] = field(default_factory=list)
     ranked: list[dict[str, Any]] = field(default_factory=list)
     confirmation: list[dict[str, Any]] = field(default_factory=list)
@@ -82,7 +84,7 @@ class ServerTuneReport:
                 "winner": self.winner.to_dict(), "schedule": {str(b): n for b, n in self.schedule.items()},
                 "schedule_measured": {str(b): {str(n): v for n, v in by_n.items()}
                                       for b, by_n in self.schedule_measured.items()},
-                "close_calls": self.close_calls,
+                "close_calls": self.close_calls, "best_measured": self.best_measured,
                 "calibration": self.calibration, "ranked": self.ranked, "confirmation": self.confirmation,
                 "heldout": self.heldout, "start_seconds": self.start_seconds}
 
@@ -105,8 +107,9 @@ def schedule_from_measured(proposed: dict[int, int], measured: dict[int, dict[in
 
 
 def close_calls(winner: RateSamples, others: dict[str, RateSamples]) -> list[dict[str, Any]]:
-    """The measured configurations the winner is not measurably faster than: the paired 95% CI of
-    winner ÷ other (same prompts) reaches 1. More tuning prompts would be needed to tell them apart."""
+    """The measured configurations ``winner`` (the best measured) is not measurably faster than: the
+    paired 95% CI of winner ÷ other (same prompts) reaches 1. More tuning prompts would be needed to
+    tell them apart."""
     out = []
     for label, s in others.items():
         if s.prompt_ids != winner.prompt_ids:
@@ -115,6 +118,24 @@ def close_calls(winner: RateSamples, others: dict[str, RateSamples]) -> list[dic
         if lo <= 1.0:
             out.append({"config": label, "ratio": winner.tokens_per_s / s.tokens_per_s, "ci95": [lo, hi]})
     return sorted(out, key=lambda r: r["ratio"])
+
+
+def pick_among_tied(tied: Sequence[Candidate], predicted: dict[Candidate, float], calibration_ns: Sequence[int]) -> Candidate:
+    """The winner: ``tied[0]`` (the best measured) unless measurement could not tell it from the others
+    in ``tied`` (:func:`close_calls`); then the one the calibrated model predicts fastest among those
+    where the model interpolates: plain decoding, a draft model at N within the calibration's N
+    (``calibration_ns``), n-gram at its calibration N. The model's acceptance comes from every
+    profiled prompt, more than the few each confirmation measures; beyond the calibrated N it
+    extrapolates and was seen to over-predict (README), so it decides nothing there."""
+    def interpolated(c: Candidate) -> bool:
+        if c.is_plain:
+            return True
+        if c.drafter == NGRAM:
+            return c.num_speculative_tokens == NGRAM_CALIBRATION_N
+        return min(calibration_ns) <= c.num_speculative_tokens <= max(calibration_ns)
+
+    inside = [c for c in tied if interpolated(c) and c in predicted]
+    return max(inside, key=lambda c: predicted[c]) if len(tied) > 1 and inside else tied[0]
 
 
 def _space(drafts: Sequence[str], n_max: int) -> list[Candidate]:
@@ -155,8 +176,11 @@ def run_server_tune(db: Database, run_id: int, evaluator: Evaluator, *, target: 
                              max_prompts=measure_prompts, **common) if todo else []
     measured.update(zip(todo, conf))
     by_pred = {p.candidate: p.tokens_per_s for p in preds}
-    winner = max(measured, key=lambda c: measured[c].tokens_per_s)
-    close = close_calls(measured[winner].samples, {m.config.label: m.samples for c, m in measured.items() if c != winner})
+    by_pred[Candidate("none", 0)] = model.predict(b0, "plain", max_new_tokens)
+    best = max(measured, key=lambda c: measured[c].tokens_per_s)
+    close = close_calls(measured[best].samples, {m.config.label: m.samples for c, m in measured.items() if c != best})
+    tied = [best] + [c for c in measured if measured[c].config.label in {r["config"] for r in close}]
+    winner = pick_among_tied(tied, by_pred, ns)
     schedule = ({b: 0 for b in bs} if winner.is_plain else
                 best_n_per_batch_size(model, evaluator, winner.drafter, range(1, n_max + 1), bs, max_new_tokens))
     schedule_measured: dict[int, dict[int, float]] = {}
@@ -204,6 +228,7 @@ def run_server_tune(db: Database, run_id: int, evaluator: Evaluator, *, target: 
     all_m = cal + conf + held
     return ServerTuneReport(
         model=model, winner=winner, schedule=schedule, schedule_measured=schedule_measured, close_calls=close,
+        best_measured=measured[best].config.label,
         calibration=[_row(m) for m in cal],
         ranked=[p.to_dict() for p in preds[: max(measure_top, 10)]],
         confirmation=[{**_row(measured[c], by_pred.get(c)), "candidate": c.to_dict(), "winner": c == winner}

@@ -128,9 +128,10 @@ def _print_server(console: Console, sr: dict) -> None:
     console.print(table)
     close = sr.get("close_calls") or []
     if close:
-        console.print("note: the winner is not measurably faster than " + "; ".join(
+        console.print(f"note: the best measured, {sr.get('best_measured')}, is not measurably faster than " + "; ".join(
             f"{r['config']} (ratio {r['ratio']:.2f}, 95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f})" for r in close)
-            + " on the tuning prompts: more --measure-prompts would tell them apart", highlight=False)
+            + " on the tuning prompts; among these the calibrated model chose the winner where it interpolates "
+            "(more --measure-prompts would let the measurement decide)", highlight=False)
     for b, by_n in sr.get("schedule_measured", {}).items():
         console.print(f"schedule at B={b} chosen from measured tokens/s (tuning prompts): " + ", ".join(
             f"{'plain' if n == '0' else 'N=' + n} {v:.1f}" for n, v in sorted(by_n.items(), key=lambda x: int(x[0]))),
