@@ -41,7 +41,7 @@ def _config_lines(r: TuningResult, ranges: list[tuple[int, int, int]] | None) ->
         if c.is_ngram:
             lines.append(f"- n-gram sizes: {c.ngram_min}..{c.ngram_max}")
     if r.per_batch_size:
-        lines.append("- best N per batch size (predicted from T_v(B, k); 0 = do not speculate): "
+        lines.append(f"- best N per batch size ({r.per_batch_size_source}; 0 = do not speculate): "
                      + ", ".join(f"B={b}: {n}" for b, n in sorted(r.per_batch_size.items())))
         if ranges:
             lines.append("- as a schedule (B=1 takes the winner's N): "

@@ -87,6 +87,7 @@ class TuningResult:
     draft_path: str | None = None
     target_path: str | None = None
     per_batch_size: dict[int, int] = field(default_factory=dict)
+    per_batch_size_source: str = "predicted from T_v(B, k)"  # or measured on the server (tune --backend vllm)
     measured_tokens_per_s: float | None = None
     predicted_tokens_per_s: float | None = None
     baseline_tokens_per_s: float | None = None

@@ -350,6 +350,7 @@ def _server_tune(db: Database, req: TuneRequest, run_id: int, evaluator: Evaluat
         hardware=run.hardware.device_name, draft_path=sources.get(sr.winner.drafter),
         target_path=run.target.extra.get("source"),
         per_batch_size={b: n for b, n in sr.schedule.items()} if not sr.winner.is_plain else {},
+        per_batch_size_source="measured on vLLM above the smallest batch size (tuning prompts)",
         measured_tokens_per_s=win["measured_tokens_per_s"], predicted_tokens_per_s=win.get("predicted_tokens_per_s"),
         baseline_tokens_per_s=first["plain"]["measured_tokens_per_s"], speedup=win.get("speedup", 1.0),
         speedup_ci=tuple(win["speedup_ci"]) if win.get("speedup_ci") else None, heldout=True,

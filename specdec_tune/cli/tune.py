@@ -76,7 +76,7 @@ def _print(console: Console, report) -> None:
                   f"{_rate(r.baseline_tokens_per_s)} tokens/s: speedup {r.speedup:.2f}× (95% CI {_fmt_ci(r.speedup_ci)}); "
                   f"predicted {_rate(r.predicted_tokens_per_s)} tokens/s", highlight=False)
     if r.per_batch_size:
-        console.print("  best N per batch size (predicted, 0 = do not speculate): "
+        console.print(f"  best N per batch size ({r.per_batch_size_source}; 0 = do not speculate): "
                       + ", ".join(f"B={b}: {n}" for b, n in r.per_batch_size.items()), highlight=False)
     if report.server_report:
         _print_server(console, report.server_report)
