@@ -46,11 +46,26 @@ class _PreallocatedLayer(DynamicLayer):
             raise AttributeError("the preallocated cache's values are views of its buffer; use update/truncate")
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
         b, h, _, d = key_states.shape
-        self._k = torch.empty((b, h, self.max_len, d), dtype=self.dtype, device=self.device)
-        self._v = torch.empty((b, h, self.max_len, value_states.shape[-1]), dtype=self.dtype, device=self.device)
+        self._allocate(b, h, d, value_states.shape[-1], key_states.dtype, key_states.device)
+
+    def _allocate(self, batch: int, heads: int, dk: int, dv: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.dtype, self.device = dtype, device
+        self._k = torch.empty((batch, heads, self.max_len, dk), dtype=dtype, device=device)
+        self._v = torch.empty((batch, heads, self.max_len, dv), dtype=dtype, device=device)
         self.is_initialized = True
+
+    def reserve(self, count: int, batch: int, heads: int, head_dim: int, like: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Claim the next ``count`` positions for a writer that fills them itself (the lean forward's
+        fused kernel): returns the whole key and value buffers and the first claimed position."""
+        if not self.is_initialized:
+            self._allocate(batch, heads, head_dim, head_dim, like.dtype, like.device)
+        start = self.length
+        if start + count > self.max_len:
+            raise RuntimeError(f"KV cache overflow: {start + count} positions > preallocated {self.max_len}")
+        self.length = start + count
+        return self._k, self._v, start
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:

@@ -26,6 +26,13 @@ model's weight memory once more (models over ``PACK_MAX_BYTES`` are not packed);
 a weight changes in place or moves (``_version``/``data_ptr``) and never written back. Results agree
 with the unpacked products to float32 rounding (the greedy outputs the tests compare are unchanged).
 
+On a CPU in float32 the small operators between the matrix products (RMSNorm with the residual add,
+rotary embedding with the cache write, one-query attention, the SiLU gate) run as fused C++ kernels
+(:mod:`lean_kernels`, built once per machine), where eager PyTorch spends most of a layer's time in
+operator dispatch. Measured here in one process, interleaved: target-only decoding 1.48x, speculative
+decoding 1.16x faster than the eager operators, with identical greedy outputs. Without a compiler
+(or with ``SPECDEC_LEAN_KERNELS=0``) the eager operators run the same function.
+
 Supported: ``llama``, ``mistral`` without a sliding window and ``qwen2`` without a sliding window, with
 position-only RoPE (``default``, ``linear``, ``llama3``). :func:`lean_unsupported` names the reason for
 any other model, which then runs through HF's forward.
@@ -37,6 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec_tune.engine import lean_kernels
 from specdec_tune.engine.kvcache import PreallocatedCache
 
 FORWARDS = ("auto", "lean", "hf")
@@ -155,6 +163,11 @@ class LeanCausalLM(torch.nn.Module):
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         # False: every forward uses the model's own weights
         self.packing = _packing_supported() and weight_bytes <= PACK_MAX_BYTES
+        # False: the small per-layer operators run eagerly (the fused kernels are an optimisation only)
+        self.use_kernels = True
+        first = next(model.parameters(), None)
+        if first is not None and first.device.type == "cpu" and first.dtype == torch.float32:
+            lean_kernels.kernels()  # build or load now, not inside the first timed forward
 
     def _weights_key(self) -> tuple:
         params = [self._embed, self._norm, self._head] + [w for layer in self._layers for w in layer if w is not None]
@@ -221,6 +234,15 @@ class LeanCausalLM(torch.nn.Module):
         hq, hkv, d, eps = self.num_heads, self.num_kv_heads, self.head_dim, self.eps
         gqa = {"enable_gqa": True} if hq != hkv and _GQA_ARG else {}
         packed = self._packed_weights(x) if PACKED_MIN_TOKENS <= k <= PACKED_MAX_TOKENS else None
+        fused = lean_kernels.kernels() if self.use_kernels and x.device.type == "cpu" and x.dtype == torch.float32 \
+            else None
+        if fused is not None:
+            h = self._fused_layers(fused, x, cache, packed, cos, sin, mask, start, gqa)
+            if logits_to_keep:
+                h = h[:, -logits_to_keep:]
+            if packed is not None:
+                return LeanOutput(logits=_packed_linear(h, packed[2], packed[3]))
+            return LeanOutput(logits=F.linear(h, self._head, self._head_bias))
         if packed is not None:
             x = self._packed_layers(x, cache, packed[1], cos, sin, mask, start == 0, gqa)
             if logits_to_keep:
@@ -252,6 +274,43 @@ class LeanCausalLM(torch.nn.Module):
             att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling, **gqa)
         b, _, k, _ = q.shape
         return att.transpose(1, 2).reshape(b, k, hq * self.head_dim)
+
+    def _fused_layers(self, kern, x, cache, packed, cos, sin, mask, start: int, gqa: dict) -> torch.Tensor:
+        """The decoder layers with the fused CPU kernels (:mod:`lean_kernels`), on the packed weights
+        when given, else the model's own; returns the final-normed hidden states (same function)."""
+        batch, k, _ = x.shape
+        hq, hkv, d, eps = self.num_heads, self.num_kv_heads, self.head_dim, self.eps
+        nq, nkv = hq * d, hkv * d
+        causal = start == 0 and k > 1
+        delta = None
+        for i, (layer, w) in enumerate(zip(cache.layers, self._layers)):
+            h = kern.rms_norm(x, w[0], eps) if delta is None else kern.add_rms_norm(x, delta, w[0], eps)
+            if packed is not None:
+                wqkv, bqkv, wo, bo, wgu, bgu, wd, bd = packed[1][i]
+                qkv = _packed_linear(h, wqkv, bqkv)
+                q, key, value = qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
+            else:
+                _, wq, bq, wk, bk, wv, bv, wo, bo, _, wg, bg, wu, bu, wd, bd = w
+                q, key, value = F.linear(h, wq, bq), F.linear(h, wk, bk), F.linear(h, wv, bv)
+            kbuf, vbuf, pos = layer.reserve(k, batch, hkv, d, x)
+            q = kern.rope_cache(q, key, value, cos, sin, kbuf, vbuf, pos)
+            end = pos + k
+            if k == 1:  # one query: the kernel's loop beats SDPA's setup (measured; SDPA wins from 2 on)
+                att = kern.attention(q, kbuf, vbuf, pos, self.scaling)
+            else:
+                att = self._attend(q, kbuf[:, :, :end], vbuf[:, :, :end], mask, causal, gqa)
+            delta = _packed_linear(att, wo, bo) if packed is not None else F.linear(att, wo, bo)
+            h = kern.add_rms_norm(x, delta, w[9], eps)
+            if packed is not None:
+                gu = _packed_linear(h, wgu, bgu)
+                half = gu.shape[-1] // 2
+                act = kern.silu_mul(gu[..., :half], gu[..., half:])
+                delta = _packed_linear(act, wd, bd)
+            else:
+                delta = F.linear(kern.silu_mul(F.linear(h, wg, bg), F.linear(h, wu, bu)), wd, bd)
+        if delta is None:
+            return kern.rms_norm(x, self._norm, eps)
+        return kern.add_rms_norm(x, delta, self._norm, eps)
 
     def _packed_layers(self, x, cache, packed, cos, sin, mask, causal: bool, gqa: dict) -> torch.Tensor:
         """The decoder layers of a multi-token forward on the packed weights (same function)."""

@@ -6,6 +6,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from specdec_tune.engine import DecodeConfig, autoregressive, build_drafter, speculative
+from specdec_tune.engine import lean_kernels
 from specdec_tune.engine.kvcache import make_cache
 from specdec_tune.engine.lean import LeanCausalLM, hf_model, lean_unsupported, wrap_forward
 from specdec_tune.profiler.overhead import ForwardRecorder
@@ -136,13 +137,18 @@ def test_lean_follows_weight_edits_in_place() -> None:
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("kernels", [True, False], ids=["fused-kernels", "eager-ops"])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_packed_multi_token_forward_matches_hf_in_float32(name: str) -> None:
+def test_packed_multi_token_forward_matches_hf_in_float32(name: str, kernels: bool) -> None:
     """On a CPU in float32 a forward of several tokens runs on oneDNN-packed, concatenated q/k/v and
     gate/up weights (biases, GQA included); its logits match HF's to float32 rounding, and a weight
-    edited in place is seen by the next forward (the packed copy is rebuilt, not stale)."""
+    edited in place is seen by the next forward (the packed copy is rebuilt, not stale). Both with
+    the fused kernels and with the eager operators they replace."""
     model = MODELS[name]().float()
     lean = wrap_forward(model, "lean")
+    lean.use_kernels = kernels
+    if kernels and lean_kernels.kernels() is None:
+        pytest.skip(f"the fused kernels are unavailable: {lean_kernels.unavailable()}")
     if not lean.packing:
         pytest.skip("this torch build has no oneDNN linear packing")
     seq = torch.randint(0, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))
@@ -161,3 +167,78 @@ def test_packed_multi_token_forward_matches_hf_in_float32(name: str) -> None:
         model.model.layers[0].mlp.down_proj.weight.mul_(3.0)
         model.model.layers[-1].self_attn.q_proj.weight.add_(0.5)
     check()
+
+
+def _kernel_steps(lean: LeanCausalLM, model: torch.nn.Module, seq: torch.Tensor) -> None:
+    """Prefill, one token, one token, a block of 4, a rollback and a block of 3 (batch rows at once):
+    every position's float32 logits match a cache-free HF forward to float32 rounding."""
+    with torch.no_grad():
+        full = model(input_ids=seq).logits
+    cache = make_cache(lean, 24)
+    for a, b in [(0, 6), (6, 7), (7, 8), (8, 12)]:
+        out = lean(input_ids=seq[:, a:b], past_key_values=cache, use_cache=True, logits_to_keep=b - a).logits
+        torch.testing.assert_close(out, full[:, a:b], rtol=1e-4, atol=1e-4)
+    cache.truncate(10)
+    out = lean(input_ids=seq[:, 10:13], past_key_values=cache, use_cache=True, logits_to_keep=3).logits
+    torch.testing.assert_close(out, full[:, 10:13], rtol=1e-4, atol=1e-4)
+
+
+def _kernels_or_skip():
+    kern = lean_kernels.kernels()
+    if kern is None:
+        pytest.skip(f"the fused kernels are unavailable: {lean_kernels.unavailable()}")
+    return kern
+
+
+@pytest.mark.parametrize("packing", [True, False], ids=["packed", "own-weights"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_fused_kernels_match_hf_in_float32(name: str, packing: bool) -> None:
+    """The fused CPU kernels (RMSNorm, residual add, RoPE + cache write, one-query attention, SiLU
+    gate) compute HF's function: on every family, one-token steps and blocks, on the packed weights
+    and on the model's own."""
+    _kernels_or_skip()
+    model = MODELS[name]().float()
+    lean = wrap_forward(model, "lean")
+    lean.packing = packing and lean.packing
+    seq = torch.randint(0, model.config.vocab_size, (2, 13), generator=torch.Generator().manual_seed(2))
+    _kernel_steps(lean, model, seq)
+
+
+class _Wrong:
+    """The real kernels with one of them deliberately wrong."""
+
+    def __init__(self, kern, name: str, fn) -> None:
+        self._kern, self._name, self._fn = kern, name, fn
+
+    def __getattr__(self, attr: str):
+        return self._fn if attr == self._name else getattr(self._kern, attr)
+
+
+@pytest.mark.parametrize("wrong", ["attention-misses-own-key", "rope-swaps-cos-sin", "norm-eps"])
+def test_fused_kernel_comparison_has_power(wrong: str, monkeypatch) -> None:
+    """The comparison above fails for kernels that are slightly wrong."""
+    kern = _kernels_or_skip()
+    bad = {
+        "attention-misses-own-key": ("attention", lambda q, kb, vb, start, scale: kern.attention(q, kb, vb, start - 1, scale)),
+        "rope-swaps-cos-sin": ("rope_cache", lambda q, k, v, c, s, kb, vb, pos: kern.rope_cache(q, k, v, s, c, kb, vb, pos)),
+        "norm-eps": ("rms_norm", lambda x, w, eps: kern.rms_norm(x, w, eps + 0.1)),
+    }[wrong]
+    monkeypatch.setattr(lean_kernels, "kernels", lambda: _Wrong(kern, *bad))
+    model = MODELS["llama-gqa"]().float()
+    lean = wrap_forward(model, "lean")
+    seq = torch.randint(0, model.config.vocab_size, (2, 13), generator=torch.Generator().manual_seed(2))
+    with pytest.raises(AssertionError):
+        _kernel_steps(lean, model, seq)
+
+
+def test_fused_kernels_build_where_a_compiler_exists() -> None:
+    """On a machine with a C++ compiler (this project's CI) the kernels build, so the fast path is
+    the one the benchmarks and the tests above run."""
+    import os
+    import shutil
+
+    if os.environ.get(lean_kernels.ENV, "1") == "0":
+        pytest.skip(f"disabled by {lean_kernels.ENV}=0")
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no C++ compiler on this machine")
+    assert lean_kernels.kernels() is not None, lean_kernels.unavailable()
