@@ -76,3 +76,8 @@ def unavailable() -> str | None:
     """Why :func:`kernels` returns None (None when they are loaded)."""
     kernels()
     return _state["reason"]  # type: ignore[return-value]
+
+
+def status() -> str:
+    """``fused`` where the kernels are loaded, else ``eager`` and the reason (fingerprints, bench)."""
+    return "fused" if kernels() is not None else f"eager ({unavailable()})"

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from specdec_tune.engine import lean_kernels
 from specdec_tune.engine.lean import FORWARDS, LeanCausalLM, hf_model, lean_unsupported, wrap_forward
 from specdec_tune.errors import InputError, ModelLoadError
 
@@ -34,6 +35,14 @@ class LoadedModel:
     def forward(self) -> str:
         """Which forward the engine runs: ``lean`` or ``hf``."""
         return "lean" if isinstance(self.model, LeanCausalLM) else "hf"
+
+    @property
+    def kernels(self) -> str | None:
+        """``fused`` or ``eager (reason)`` for the lean forward on a CPU in float32 (its small operators,
+        :mod:`engine.lean_kernels`); None where they do not apply (HF's forward, a GPU, another dtype)."""
+        if self.forward != "lean" or self.device.type != "cpu" or self.dtype != torch.float32:
+            return None
+        return lean_kernels.status() if self.model.use_kernels else "eager (use_kernels off)"
 
     @property
     def num_layers(self) -> int:

