@@ -14,17 +14,22 @@ void check_f32(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.stride(-1) == 1, name, " must have a contiguous last dimension");
 }
 
+// sum_i a[i] * b[i] in eight running partial sums (so the compiler can keep them in one vector register).
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int u = 0; u < 8; ++u) acc[u] += a[i + u] * b[i + u];
+  float sum = 0;
+  for (; i < n; ++i) sum += a[i] * b[i];
+  for (int u = 0; u < 8; ++u) sum += acc[u];
+  return sum;
+}
+
 // RMSNorm of one row: out[j] = w[j] * (x[j] * rsqrt(mean(x^2) + eps)), as HF's LlamaRMSNorm.
 inline void norm_row(const float* x, const float* w, float* out, int64_t n, float eps) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int u = 0; u < 8; ++u) acc[u] += x[j + u] * x[j + u];
-  float sum = 0;
-  for (; j < n; ++j) sum += x[j] * x[j];
-  for (int u = 0; u < 8; ++u) sum += acc[u];
-  const float r = 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
-  for (j = 0; j < n; ++j) out[j] = w[j] * (x[j] * r);
+  const float r = 1.0f / std::sqrt(dot(x, x, n) / static_cast<float>(n) + eps);
+  for (int64_t j = 0; j < n; ++j) out[j] = w[j] * (x[j] * r);
 }
 
 }  // namespace
@@ -151,17 +156,9 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& kbuf, const at::Tens
       for (int64_t j = 0; j < len; ++j) {  // each key row is read once for all queries that see it
         const float* kr = kb + j * D;
         for (int64_t t = (j > start ? j - start : 0); t < T; ++t) {
-          const float* qr = qh + t * D;
-          float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-          int64_t e = 0;
-          for (; e + 8 <= D; e += 8)
-            for (int u = 0; u < 8; ++u) acc[u] += qr[e + u] * kr[e + u];
-          float dot = 0;
-          for (; e < D; ++e) dot += qr[e] * kr[e];
-          for (int u = 0; u < 8; ++u) dot += acc[u];
-          dot *= sc;
-          scores[t * len + j] = dot;
-          mx[t] = dot > mx[t] ? dot : mx[t];
+          const float score = dot(qh + t * D, kr, D) * sc;
+          scores[t * len + j] = score;
+          mx[t] = score > mx[t] ? score : mx[t];
         }
       }
       for (int64_t t = 0; t < T; ++t)
