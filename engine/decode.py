@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec_tune.engine.drafters import probs_from_logits
-from specdec_tune.engine.kvcache import PreallocatedCache, make_cache
+from specdec_tune.engine.kvcache import PreallocatedCache, forward_with_cache, make_cache
 from specdec_tune.engine.types import CycleStats, Drafter, GenerationResult, VerifyResult
 from specdec_tune.engine.verify import greedy_accept, verify_sampling
 from specdec_tune.schedules import SCHEDULES, THRESHOLD_RULES, next_num_speculative
@@ -53,7 +53,7 @@ VerifyFn = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Gene
 
 def _forward(model: torch.nn.Module, ids: torch.Tensor, cache, keep: int) -> torch.Tensor:
     """Target/draft forward over ``ids`` ``[k]`` with the cache; logits of the last ``keep`` positions."""
-    return model(input_ids=ids[None], past_key_values=cache, use_cache=True, logits_to_keep=keep).logits[0]
+    return forward_with_cache(model, ids[None], cache, logits_to_keep=keep).logits[0]
 
 
 def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:

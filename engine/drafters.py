@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec_tune.engine.kvcache import make_cache
+from specdec_tune.engine.kvcache import forward_with_cache, make_cache
 from specdec_tune.engine.types import Draft
 from specdec_tune.schedules import THRESHOLD_RULES
 
@@ -57,7 +57,7 @@ class ModelDrafter:
         self.forwards = 0  # draft forwards run by the last propose
 
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=ids[None], past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        out = forward_with_cache(self.model, ids[None], self.cache, logits_to_keep=1)
         return out.logits[0, -1]  # [vocab]
 
     def propose(self, context: torch.Tensor, max_tokens: int) -> Draft:

@@ -9,6 +9,8 @@ which attends over ``max_len`` positions under a mask.
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -119,3 +121,23 @@ def make_cache(model: torch.nn.Module, max_len: int) -> PreallocatedCache:
     """A preallocated cache sized for ``max_len`` positions of ``model``."""
     config = model.config.get_text_config(decoder=True)
     return PreallocatedCache(config.num_hidden_layers, max_len)
+
+
+_CACHE_KWARG: dict[type, str] = {}
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The keyword ``model``'s forward takes its KV cache by: ``cache`` in transformers ≥ 5.24 (where
+    ``past_key_values`` is deprecated, to be removed in 5.40), ``past_key_values`` before it."""
+    kind = type(model)
+    name = _CACHE_KWARG.get(kind)
+    if name is None:
+        params = inspect.signature(model.forward).parameters
+        name = _CACHE_KWARG[kind] = "cache" if "cache" in params else "past_key_values"
+    return name
+
+
+def forward_with_cache(model: torch.nn.Module, input_ids: torch.Tensor | None, cache, **kwargs):
+    """``model(input_ids=..., <cache keyword>=cache, use_cache=True, **kwargs)`` for any transformers 5.x."""
+    kwargs.setdefault("use_cache", True)
+    return model(input_ids=input_ids, **{cache_kwarg(model): cache}, **kwargs)

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec_tune.engine import lean_kernels
-from specdec_tune.engine.kvcache import PreallocatedCache
+from specdec_tune.engine.kvcache import PreallocatedCache, forward_with_cache
 
 FORWARDS = ("auto", "lean", "hf")
 _MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -210,12 +210,12 @@ class LeanCausalLM(torch.nn.Module):
             self._cos, self._sin = c[0].to(like.dtype), s[0].to(like.dtype)
         return self._cos, self._sin
 
-    def forward(self, input_ids=None, past_key_values=None, use_cache=True, logits_to_keep=0, **kwargs):
-        cache = past_key_values
+    def forward(self, input_ids=None, cache=None, use_cache=True, logits_to_keep=0, past_key_values=None, **kwargs):
+        cache = cache if cache is not None else past_key_values  # either keyword, as transformers 5.x takes them
         if kwargs or input_ids is None or not use_cache or not isinstance(cache, PreallocatedCache) \
                 or not isinstance(logits_to_keep, int):
-            return self.hf(input_ids=input_ids, past_key_values=past_key_values, use_cache=use_cache,
-                           logits_to_keep=logits_to_keep, **kwargs)
+            return forward_with_cache(self.hf, input_ids, cache, use_cache=use_cache, logits_to_keep=logits_to_keep,
+                                      **kwargs)
         if torch.is_grad_enabled():
             with torch.no_grad():
                 return self._lean(input_ids, cache, logits_to_keep)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec_tune.db.records import TimingRow
-from specdec_tune.engine import make_cache
+from specdec_tune.engine.kvcache import forward_with_cache, make_cache
 from specdec_tune.profiler.timers import Stopwatch, TimingSamples, synchronize
 
 
@@ -81,7 +81,7 @@ def context_tokens(source: torch.Tensor | None, length: int, vocab_size: int, de
 
 
 def _forward(model: torch.nn.Module, ids: torch.Tensor, cache, keep: int) -> torch.Tensor:
-    return model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=keep).logits
+    return forward_with_cache(model, ids, cache, logits_to_keep=keep).logits
 
 
 def _vocab(model: torch.nn.Module) -> int:

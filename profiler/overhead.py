@@ -128,7 +128,7 @@ class SequenceTimeline:
 
 def _cache_len(kwargs: dict) -> int:
     """Tokens in the forward's KV cache (after the forward: it has appended its own tokens)."""
-    cache = kwargs.get("past_key_values")
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
     return int(cache.get_seq_length()) if cache is not None else 0
 
 

@@ -15,6 +15,7 @@ from specdec_tune.engine import (
     make_cache,
     speculative,
 )
+from specdec_tune.engine.kvcache import forward_with_cache
 from tests.tiny import tiny_llama
 
 VOCAB = 48
@@ -179,6 +180,22 @@ def test_max_new_tokens_boundary(pair, limit):
             assert out.token_ids == base
 
 
+def test_decoding_through_hf_forward_raises_no_deprecation_warning(pair):
+    """The engine passes its KV cache by the keyword the installed transformers takes (``cache`` from 5.24,
+    where ``past_key_values`` warns and goes away in 5.40): a speculative decode through HF's own forward
+    emits no FutureWarning/DeprecationWarning."""
+    import warnings
+
+    target, draft = pair
+    prompt = torch.arange(1, 9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        speculative(target, _drafter(draft, 0.0), prompt, DecodeConfig(max_new_tokens=12, num_speculative_tokens=3),
+                    cache=make_cache(target, 64))
+        autoregressive(target, prompt, DecodeConfig(max_new_tokens=4))
+
+
 def test_kv_rollback_matches_fresh_forward(pair):
     target, draft = pair
     prompt = PROMPTS[2]
@@ -193,7 +210,7 @@ def test_kv_rollback_matches_fresh_forward(pair):
         n = c.get_seq_length()
         assert n >= len(text) - 3
         fresh = make_cache(model, 512)
-        model(input_ids=text[None, :n], past_key_values=fresh, use_cache=True)
+        forward_with_cache(model, text[None, :n], fresh)
         for got, want in zip(c.layers, fresh.layers):
             torch.testing.assert_close(got.keys, want.keys)
             torch.testing.assert_close(got.values, want.values)

@@ -24,7 +24,7 @@ from . import card
 from .corpus import stdlib_root
 from .evaluate import agreement, eval_windows, held_out_loss, token_byte_lengths
 from .train import encode_stream
-from ..kvcache import make_cache
+from ..kvcache import forward_with_cache, make_cache
 from ..lean import wrap_forward
 
 MANIFEST_NAME = "zoo.json"
@@ -49,12 +49,12 @@ def forward_samples(model: PreTrainedModel, new_tokens: int, *, repeats: int, wa
         kwargs = {"logits_to_keep": new_tokens}
     else:
         cache, kwargs = DynamicCache(), {}
-    model(input_ids=torch.randint(0, vocab, (1, context), generator=gen), past_key_values=cache, use_cache=True)
+    forward_with_cache(model, torch.randint(0, vocab, (1, context), generator=gen), cache)
     new = torch.randint(0, vocab, (1, new_tokens), generator=gen)
     out: list[float] = []
     for i in range(warmup + repeats):
         t0 = time.perf_counter()
-        model(input_ids=new, past_key_values=cache, use_cache=True, **kwargs)
+        forward_with_cache(model, new, cache, **kwargs)
         elapsed = time.perf_counter() - t0
         cache.crop(-new_tokens)
         if i >= warmup:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaForCausalLM
 
-from ..kvcache import make_cache
+from ..kvcache import forward_with_cache, make_cache
 from ..lean import wrap_forward
 from .train import TrainReport, batches, train_loop
 
@@ -58,12 +58,12 @@ def greedy_continuations(target: LlamaForCausalLM, stream: torch.Tensor, plan: O
     for i in range(0, plan.sequences, plan.gen_batch):
         prompts = stream[starts[i:i + plan.gen_batch, None] + offsets].long()  # [b, P]
         cache = make_cache(model, plan.prompt_tokens + plan.new_tokens)
-        logits = model(input_ids=prompts, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        logits = forward_with_cache(model, prompts, cache, logits_to_keep=1).logits
         seq = [prompts]
         for _ in range(plan.new_tokens):
             nxt = logits[:, -1].argmax(-1, keepdim=True)  # [b, 1]
             seq.append(nxt)
-            logits = model(input_ids=nxt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+            logits = forward_with_cache(model, nxt, cache, logits_to_keep=1).logits
         out.append(torch.cat(seq, dim=1))
     result = torch.cat(out)
     log(f"on-policy data: {result.shape[0]} target continuations of {plan.new_tokens} tokens after "
