@@ -128,11 +128,11 @@ def _report(args, db, run_id, fitted_on, checked, calib, valid, batch_sizes, pro
         c = Candidate(m.config.drafter, m.config.num_speculative_tokens)
         # the held-out prompts' lengths are inputs (known before the requests run), not outcomes
         pred = predict_server(model, ev, c, m.batch_size, args.max_new_tokens, mean_prompt_tokens(m)).tokens_per_s
-        # The time terms alone: the same prediction with the acceptance vLLM measured on these prompts
-        # (what is left of the error is the engine profile's acceptance for unseen prompts).
+        # The time terms alone: the same prediction with the steps and draft tokens vLLM counted on these
+        # prompts (what is left of the error is the engine profile's acceptance for unseen prompts).
         (point,) = points_of(m)
         timing = model.predict(m.batch_size, kind_of(c.drafter, c.num_speculative_tokens), args.max_new_tokens,
-                               m.mean_acceptance_length, point.draft_len, mean_prompt_tokens(m))
+                               (args.max_new_tokens - 1) / point.steps, point.draft_len, mean_prompt_tokens(m))
         engine = ev.score(c).predicted_tokens_per_s if m.batch_size == 1 else None
         ci = m.ci95
         rows.append({"config": m.config.label, "batch_size": m.batch_size, "measured_tokens_per_s": m.tokens_per_s,

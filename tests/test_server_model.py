@@ -230,3 +230,46 @@ def test_a_tie_is_decided_by_the_model_where_it_interpolates():
     assert pick_among_tied([ng, n5, n13], pred, (2, 5)) == n5  # tie: N=13 is extrapolated, N=5 is not
     assert pick_among_tied([n13, plain], pred, (2, 5)) == plain
     assert pick_among_tied([n13, Candidate("d", 9)], pred, (2, 5)) == n13  # nothing interpolated: measured best
+
+
+FIDELITY = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "server_fidelity_vllm_cpu"
+
+
+@pytest.mark.skipif(not Path(f"{FIDELITY}_profile.db").exists(), reason="no committed server-fidelity run")
+def test_server_steps_and_draft_tokens_from_the_engine_profile_equal_what_vllm_counted(tmp_path):
+    """The engine profile and the vLLM runs of benchmarks/server_fidelity.py on the *same* prompts (its
+    tuning split): the steps and draft tokens per step ``acceptance_terms`` gives the server model
+    equal the ones vLLM counted (within one step in one prompt). Power: steps from E[τ], as
+    ``(max_new_tokens - 1) / E[τ]``, undercount them by more than 2 % (E[τ] counts accepted tokens past
+    ``max_new_tokens``), and the engine's E[L] undercounts vLLM's draft tokens at N = 5."""
+    import shutil
+
+    from specdec_tune.db import list_runs, open_database
+    from specdec_tune.profiler.vllm_measure import ServerMeasurement
+    from specdec_tune.tuner.configs import Candidate
+    from specdec_tune.tuner.profile_data import predict_config
+    from specdec_tune.tuner.search import Evaluator, spec_config
+    from specdec_tune.tuner.server_calibration import acceptance_terms, points_of
+
+    shutil.copy(f"{FIDELITY}_profile.db", tmp_path / "p.db")
+    db = open_database(f"sqlite:///{tmp_path / 'p.db'}")
+    saved = json.loads(Path(f"{FIDELITY}_measurements.json").read_text())
+    ev = Evaluator(db, saved.get("run_id") or max(r.id for r in list_runs(db)))
+    checked = 0
+    for m in map(ServerMeasurement.from_json, saved["measurements"]):
+        n = m.config.num_speculative_tokens
+        if m.split != "tune" or n == 0 or m.config.drafter == "ngram":
+            continue
+        (p,) = points_of(m)
+        c = Candidate(m.config.drafter, n)
+        per_step, draft_len = acceptance_terms(ev, c)
+        steps = (p.new_tokens / m.batch_size - 1) / per_step
+        prompts = len({pid for g in m.groups for pid in g.prompt_ids})
+        assert steps == pytest.approx(p.steps, abs=1.01 / prompts), (n, steps, p.steps)
+        assert draft_len == pytest.approx(p.draft_len)
+        old = predict_config(ev.profile(c.drafter), spec_config(c, ev.mode))
+        assert (p.new_tokens / m.batch_size - 1) / old.expected_tokens_per_cycle < 0.98 * p.steps
+        if n >= 5:
+            assert old.expected_draft_length < 0.98 * p.draft_len
+        checked += 1
+    assert checked >= 2

@@ -129,6 +129,10 @@ class RunPrediction:
         cycle_time_s: E[T_cycle] (decode only).
         seconds: predicted wall seconds over the prompts.
         new_tokens: tokens those prompts produce (× batch size).
+        cycles: decode cycles of one request per prompt, summed over the prompts (plain decoding: one
+            per token after the prefill's). At batch size 1, ``(new_tokens - prompts) / cycles`` is
+            the tokens per decode step after the first token, as a server counts its steps
+            (``server_calibration.acceptance_terms``).
         acceptance_per_position: conditional α_i implied for the configuration.
         source: ``simulation`` (greedy, exact cycle replay), or the model's ``traces`` /
             ``sampling_traces`` / ``tv``, or ``baseline``.
@@ -149,6 +153,7 @@ class RunPrediction:
     label: str = "predicted"
     in_sample: bool = True  # every prompt predicted was one the profile ran
     prompts: int = 0
+    cycles: float = 0.0
 
 
 # --------------------------------------------------------------------------- building from the db
@@ -435,6 +440,7 @@ def _baseline(rp: RunProfile, specs: Sequence[PromptSpec], batch_size: int) -> R
         expected_tokens_per_cycle=1.0, expected_draft_length=0.0, expected_draft_forwards=0.0,
         cycle_time_s=step, seconds=seconds, new_tokens=batch_size * tokens, source="baseline",
         in_sample=all(s.profiled_index is not None for s in specs), prompts=len(specs),
+        cycles=float(tokens - len(specs)),
     )
 
 
@@ -513,7 +519,7 @@ def _predict(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) ->
         speedup=tps / base.tokens_per_s, baseline_tokens_per_s=base.tokens_per_s,
         expected_tokens_per_cycle=tau, expected_draft_length=length, expected_draft_forwards=forwards,
         cycle_time_s=cycle_time, seconds=seconds, new_tokens=b * tokens, acceptance_per_position=tuple(alphas),
-        source=source, in_sample=in_sample, prompts=len(specs),
+        source=source, in_sample=in_sample, prompts=len(specs), cycles=float(cycles),
     )
 
 

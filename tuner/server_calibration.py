@@ -97,11 +97,24 @@ def calibrate_from(measurements: Iterable[ServerMeasurement], server: str = "vll
 
 
 def acceptance_terms(evaluator: Evaluator, c: Candidate) -> tuple[float, float]:
-    """(E[τ], E[L]) per decode step for ``c`` from the engine profile's traces (1, 0 for plain)."""
+    """(tokens per decode step, draft tokens per decode step) for ``c`` on the server, from the engine
+    profile's traces (1, 0 for plain), counted the way the server counts them.
+
+    - Steps: the engine's cycles per request, replayed from its traces, equal vLLM's decode steps
+      exactly (``profiler.vllm_parity``); the tokens per step are the tokens after the prefill's first
+      over those cycles. Not E[τ]: E[τ] counts the last cycle's accepted tokens past ``max_new_tokens``
+      (vLLM's mean acceptance length does the same), so ``(max_new_tokens - 1) / E[τ]`` undercounts the
+      steps (measured: by 3 % at N = 2 and 5 with 48 tokens, every prediction 3 % too fast).
+    - Draft length: vLLM's draft-model proposer drafts K tokens at every step, whatever is left of
+      ``max_tokens``; the engine shortens its last drafts (E[L] = 7.5 at N = 8 with 48 tokens). So a
+      draft model's is N; an n-gram drafter's is the engine's E[L] (no match, no draft).
+    """
     if c.is_plain:
         return 1.0, 0.0
     p = predict_config(evaluator.profile(c.drafter), spec_config(c, evaluator.mode))
-    return p.expected_tokens_per_cycle, p.expected_draft_length
+    tokens_per_step = (p.new_tokens - p.prompts) / p.cycles if p.cycles > 0 else p.expected_tokens_per_cycle
+    draft_len = p.expected_draft_length if c.drafter == NGRAM else float(c.num_speculative_tokens)
+    return max(1.0, tokens_per_step), draft_len
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ bookkeeping) and s_d its cost per draft token (draft forward plus the verify for
 k). Everything is per batch size B. P_d is the calibration groups' mean TTFT; T, O_d and s_d are a
 non-negative least-squares fit (scipy's NNLS, relative errors) of the decode seconds after it. On
 the calibration runs S̄ and L̄ are *measured* from the server's counters (:func:`point_from_counts`);
-for a prediction they come from the engine's acceptance: S̄ = (max_new_tokens - 1) / E[τ], L̄ = E[L].
+for a prediction they come from the engine's traces, counted as the server counts them: S̄ = the
+engine's decode cycles per request, L̄ = N for a draft model (``server_calibration.acceptance_terms``).
 Plain runs alone fix T; a draft model needs runs at two or more N to separate O_d from s_d.
 
 A decode step costs more with a longer context (attention reads every cached position). The decode
@@ -150,8 +151,9 @@ class ServerModel:
         """Predicted tokens/s (all B requests) of a group generating ``max_new_tokens`` per request.
 
         Args:
-            tokens_per_step: E[τ] per request and decode step (1 for plain decoding).
-            draft_len: E[L], draft tokens per decode step.
+            tokens_per_step: tokens per request and decode step after the prefill's first token, so
+                that the steps are ``(max_new_tokens - 1) / tokens_per_step`` (1 for plain decoding).
+            draft_len: L̄, draft tokens per decode step.
             prompt_tokens: the prompts' mean length (None: as long as the calibration prompts).
 
         Raises:
