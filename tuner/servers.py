@@ -145,7 +145,7 @@ _LLAMACPP = ServerSpace(
            "Builds from before the --spec-* rename take -md, --draft-max, --draft-min, --draft-p-min; "
            "current builds abort on --draft-max and --draft-min."),
 )
-# transformers 5.23.0 (installed): generation/configuration_utils.py (num_assistant_tokens,
+# transformers 5.24.0 (installed; the same in 5.23.0): generation/configuration_utils.py (num_assistant_tokens,
 # num_assistant_tokens_schedule constant|heuristic|heuristic_transient, assistant_confidence_threshold
 # whose default is 0.4, prompt_lookup_num_tokens, max_matching_ngram_size);
 # generation/stopping_criteria.py ConfidenceCriteria (stops after the generated token's probability is
@@ -153,7 +153,7 @@ _LLAMACPP = ServerSpace(
 # accepted draft, else -1, no upper cap; ROC re-tuning of θ when scikit-learn is installed and θ != 0;
 # prompt lookup tries n-gram sizes max..1 and has no schedule).
 _HF = ServerSpace(
-    name="hf", title="HF transformers", version="transformers 5.23.0",
+    name="hf", title="HF transformers", version="transformers 5.24.0",
     sources=("transformers/generation/configuration_utils.py", "transformers/generation/candidate_generator.py",
              "transformers/generation/stopping_criteria.py (ConfidenceCriteria)"),
     draft_model=True, ngram=True, ngram_sizes="down_to_one", threshold_rules=("hf",),
