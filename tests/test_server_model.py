@@ -235,7 +235,6 @@ def test_a_tie_is_decided_by_the_model_where_it_interpolates():
 FIDELITY = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "server_fidelity_vllm_cpu"
 
 
-@pytest.mark.skipif(not Path(f"{FIDELITY}_profile.db").exists(), reason="no committed server-fidelity run")
 def test_server_steps_and_draft_tokens_from_the_engine_profile_equal_what_vllm_counted(tmp_path):
     """The engine profile and the vLLM runs of benchmarks/server_fidelity.py on the *same* prompts (its
     tuning split): the steps and draft tokens per step ``acceptance_terms`` gives the server model
