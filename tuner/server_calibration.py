@@ -112,7 +112,7 @@ def acceptance_terms(evaluator: Evaluator, c: Candidate) -> tuple[float, float]:
     if c.is_plain:
         return 1.0, 0.0
     p = predict_config(evaluator.profile(c.drafter), spec_config(c, evaluator.mode))
-    tokens_per_step = (p.new_tokens - p.prompts) / p.cycles if p.cycles > 0 else p.expected_tokens_per_cycle
+    tokens_per_step = (p.new_tokens - p.prompts) / p.cycles  # every speculative prediction has cycles > 0
     draft_len = p.expected_draft_length if c.drafter == NGRAM else float(c.num_speculative_tokens)
     return max(1.0, tokens_per_step), draft_len
 
