@@ -37,9 +37,20 @@ MIN_CHARTS = {"overview": 0, "profile": 6, "why": 3, "fidelity": 1, "study": 2, 
 
 def build(out: Path, runs: int, trials: int, source_db: str | None) -> dict[str, str]:
     from specdec_tune.cli import main
-    from specdec_tune.db import (add_acceptance, add_measured_run, add_timing_samples, add_traces, create_run,
-                                 finish_run, get_run, list_measured, load_acceptance, load_timings, load_traces,
-                                 open_database)
+    from specdec_tune.db import (
+        add_acceptance,
+        add_measured_run,
+        add_timing_samples,
+        add_traces,
+        create_run,
+        finish_run,
+        get_run,
+        list_measured,
+        load_acceptance,
+        load_timings,
+        load_traces,
+        open_database,
+    )
 
     out.mkdir(parents=True, exist_ok=True)
     src_url = source_db or f"sqlite:///{out / 'source.db'}"
@@ -100,9 +111,7 @@ def _study(db, run_id: int, trials: int, storage_url: str) -> None:
     from optuna.trial import create_trial
 
     from specdec_tune.db import get_run
-    from specdec_tune.tuner.configs import Candidate, TuningResult
-    from specdec_tune.tuner.model import SpecConfig
-    from specdec_tune.tuner.profile_data import load_run_profile, predict_config
+    from specdec_tune.tuner.model import Candidate, SpecConfig, TuningResult, load_run_profile, predict_config
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     run = get_run(db, run_id)
@@ -165,9 +174,11 @@ def time_apptest(urls: dict[str, str], repeats: int) -> dict[str, dict[str, floa
 
 
 def time_browser(urls: dict[str, str]) -> dict[str, dict[str, float]] | None:
-    from tests.dashboard_data import RunningDashboard
-    from tests.test_dashboard_browser import CHROMIUM, DRIVER, PAGES as SPEC, chrome, idle, rendered_charts
     from selenium.webdriver.common.by import By
+
+    from tests.dashboard_data import RunningDashboard
+    from tests.test_dashboard_browser import CHROMIUM, DRIVER, chrome, idle, rendered_charts
+    from tests.test_dashboard_browser import PAGES as SPEC
 
     if CHROMIUM is None or DRIVER is None:
         return None

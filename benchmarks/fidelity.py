@@ -32,7 +32,7 @@ from scipy.stats import spearmanr
 from specdec_tune.db import get_run, open_database
 from specdec_tune.profiler.session import ProfileSettings, run_profile
 from specdec_tune.tuner.model import SpecConfig
-from specdec_tune.tuner.validate import Validated, measure_predicted
+from specdec_tune.tuner.search import Validated, measure_predicted
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GOAL = {"median_abs_error": 0.05, "inside_ci": 0.80, "spearman": 0.9, "regret": 0.03}

@@ -13,8 +13,7 @@ import time
 
 import torch
 
-from specdec_tune.engine import DecodeConfig, autoregressive, build_drafter, load_model, speculative
-from specdec_tune.engine import lean_kernels
+from specdec_tune.engine import DecodeConfig, autoregressive, build_drafter, lean_kernels, load_model, speculative
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.profiler.runs import encode_prompt
 from specdec_tune.stats import RateSamples, speedup_ci, tokens_per_s_ci

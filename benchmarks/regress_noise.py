@@ -33,15 +33,21 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import replace
 
 import torch
 
 from specdec_tune.profiler.suite_runs import measure_arms
-from specdec_tune.tuner._regress_calibrate import noise_floor
-from specdec_tune.tuner._regress_compare import FLAGGED, SPEED_METRICS, compare_benchmark, decide
-from specdec_tune.tuner._suite import default_suite_path, load_suite
-from specdec_tune.tuner.regress import _arm, resolve_config
+from specdec_tune.tuner.regress import (
+    FLAGGED,
+    SPEED_METRICS,
+    compare_benchmark,
+    decide,
+    default_suite_path,
+    load_suite,
+    noise_floor,
+    resolve_config,
+)
+from specdec_tune.tuner.regress._run import _arm
 
 
 def measure(configs: dict[str, dict], delays: dict[str, float] | None = None) -> dict[str, list[dict]]:

@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     from specdec_tune.db import open_database
     from specdec_tune.profiler.session import ProfileSettings, run_profile
     from specdec_tune.profiler.vllm_measure import measure_plan
-    from specdec_tune.tuner.configs import NGRAM, Candidate
-    from specdec_tune.tuner.server_tune import vllm_config
+    from specdec_tune.tuner.model import NGRAM, Candidate
+    from specdec_tune.tuner.servers import vllm_config
 
     batch_sizes = _ints(args.batch_sizes)
     use_ngram = bool(args.calib_ngram.strip())
@@ -115,10 +115,8 @@ def main(argv: list[str] | None = None) -> int:
 def _report(args, db, run_id, fitted_on, checked, calib, valid, batch_sizes, profile_s, server_s) -> int:
     from scipy.stats import spearmanr
 
-    from specdec_tune.tuner.configs import Candidate
-    from specdec_tune.tuner.search import Evaluator
-    from specdec_tune.tuner.server_calibration import (calibrate_from, kind_of, mean_prompt_tokens, points_of,
-                                                       predict_server)
+    from specdec_tune.tuner.model import Candidate, Evaluator
+    from specdec_tune.tuner.servers import calibrate_from, kind_of, mean_prompt_tokens, points_of, predict_server
 
     model = calibrate_from(fitted_on)
     ev = Evaluator(db, run_id)

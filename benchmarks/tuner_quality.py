@@ -52,11 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.reconfirm:
         return reconfirm(args)
 
-    from specdec_tune.db import open_database
+    from specdec_tune.db import default_storage_url, open_database
     from specdec_tune.stats import speedup_ci
-    from specdec_tune.tuner import _measure
-    from specdec_tune.tuner._study import default_storage_url
-    from specdec_tune.tuner.tune import TuneRequest, run_tune
+    from specdec_tune.tuner.search import TuneRequest, measure_candidates, run_tune
 
     if args.quick:
         sizes = dict(n_max=3, thresholds=(0.0, 0.4), max_prompts=4, max_new_tokens=16, profile_repeats=3,
@@ -76,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr, flush=True)
 
     t1 = time.perf_counter()
-    timed = _measure.measure(db, report.run_id, grid, split="holdout", max_prompts=req.heldout_prompts,
+    timed = measure_candidates(db, report.run_id, grid, split="holdout", max_prompts=req.heldout_prompts,
                              temperature=0.0, repeats=req.repeats, seed=0, progress=StageLog())
     grid_s = time.perf_counter() - t1
     by = dict(zip(grid, timed))
@@ -125,8 +123,8 @@ def reconfirm(args) -> int:
     """Step 4 of the module docstring: an independent measurement of what the grid selected."""
     from specdec_tune.db import open_database
     from specdec_tune.stats import speedup_ci
-    from specdec_tune.tuner import _measure
-    from specdec_tune.tuner.configs import Candidate
+    from specdec_tune.tuner.model import Candidate
+    from specdec_tune.tuner.search import measure_candidates
 
     path = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"tuner_quality_cpu_{args.workload}.json"
     out = json.loads(path.read_text())
@@ -134,7 +132,7 @@ def reconfirm(args) -> int:
     top = [label for label, _ in out["ranking"][:5]]
     db = open_database(args.db)
     # the grid's candidates, rebuilt from the space (labels identify them)
-    from specdec_tune.tuner._space import SearchSpace
+    from specdec_tune.tuner.search import SearchSpace
 
     sp = out["space"]
     space = SearchSpace(tuple(sp["drafters"]), int(sp["n_max"]), tuple(sp["thresholds"]), sp["threshold_rule"],
@@ -142,7 +140,7 @@ def reconfirm(args) -> int:
     grid = {c.label(): c for c in space.candidates()}
     cands = [tuned] + [grid[lbl] for lbl in top if lbl in grid and grid[lbl] != tuned] + [Candidate("none", 0)]
     t0 = time.perf_counter()
-    got = _measure.measure(db, out["run_id"], cands, split="holdout", max_prompts=out["heldout_prompts"],
+    got = measure_candidates(db, out["run_id"], cands, split="holdout", max_prompts=out["heldout_prompts"],
                            temperature=0.0, repeats=args.passes, seed=1, progress=StageLog())
     by = dict(zip(cands, got))
     best_grid = grid.get(top[0], tuned)

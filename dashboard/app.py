@@ -1,8 +1,10 @@
-"""The Streamlit app: ``specdec-tune dashboard`` runs ``streamlit run`` on this file.
+"""The Streamlit app: the sidebar selection (shared by every page) and the page the user picked.
 
-Thin on purpose: it draws the sidebar selection (shared by every page) and hands over to the page
-the user picked. Data comes from the cached loaders in :mod:`specdec_tune.dashboard.cache`; the
-database and study storage come from ``SPECDEC_DB`` and ``SPECDEC_STORAGE``.
+Thin on purpose. Data comes from the cached loaders in :mod:`specdec_tune.dashboard.cache`; the
+database and study storage come from ``SPECDEC_DB`` and ``SPECDEC_STORAGE``. ``specdec-tune dashboard``
+runs ``streamlit run`` on its entry script (``specdec_tune/cli/_dashboard_app.py``), which installs the
+server room (:mod:`specdec_tune.dashboard.wiring`) and calls :func:`main`; ``streamlit run`` on this
+file runs the same app without the servers table and the export downloads.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import streamlit as st
 
 from specdec_tune.dashboard import cache, ui
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parent
 PAGES = (
     ("views/overview.py", "Overview", "overview"),
     ("views/profile.py", "Profile run", "profile"),
@@ -22,8 +24,15 @@ PAGES = (
     ("views/trends.py", "Regression trends", "trends"),
 )
 
-st.set_page_config(page_title="specdec-tune", layout="wide")
-page = st.navigation([st.Page(HERE / path, title=title, url_path=url, default=i == 0)
-                      for i, (path, title, url) in enumerate(PAGES)])
-ui.sidebar(cache.sources())
-page.run()
+
+def main() -> None:
+    """Draw one run of the app (Streamlit reruns the entry script on every interaction)."""
+    st.set_page_config(page_title="specdec-tune", layout="wide")
+    page = st.navigation([st.Page(HERE / path, title=title, url_path=url, default=i == 0)
+                          for i, (path, title, url) in enumerate(PAGES)])
+    ui.sidebar(cache.sources())
+    page.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -27,7 +27,7 @@ from specdec_tune.dashboard.study_charts import study_figures as build_study_fig
 from specdec_tune.dashboard.trends import TrendsInfo, load_trends
 from specdec_tune.dashboard.why import CycleBudget, WhyInfo, chosen_budget, load_why
 from specdec_tune.db import Database, RunRecord, list_runs, open_database
-from specdec_tune.tuner.configs import TuningResult
+from specdec_tune.tuner.model import TuningResult
 
 TTL_S = 60
 
@@ -86,7 +86,7 @@ def why(db_url: str, run_id: int, batch_size: int) -> WhyInfo:
 def chosen(db_url: str, run_id: int, candidate_json: str, batch_size: int, temperature: float) -> CycleBudget | None:
     import json
 
-    from specdec_tune.tuner.configs import Candidate
+    from specdec_tune.tuner.model import Candidate
 
     return chosen_budget(database(db_url), run_id, Candidate.from_dict(json.loads(candidate_json)), batch_size,
                          temperature)

@@ -1,7 +1,7 @@
 """Start the Streamlit app as a child process, wait until it serves, stop it cleanly.
 
 ``specdec-tune dashboard`` checks its input first (database, study storage, host and port: one line
-and exit 2 each), then runs ``python -m streamlit run app.py`` headless, bound to the host it was given
+and exit 2 each), then runs ``python -m streamlit run`` on the app script it is given (the CLI's entry script) headless, bound to the host it was given
 (127.0.0.1 unless told otherwise), with usage statistics and the file watcher off. It polls
 Streamlit's ``/_stcore/health`` before printing the URL, and on Ctrl-C stops the child and waits for it.
 """
@@ -101,7 +101,8 @@ class Dashboard:
     url: str
 
 
-def start(sources: Sources, host: str = "127.0.0.1", port: int = 8501, timeout_s: float = 60.0) -> Dashboard:
+def start(sources: Sources, host: str = "127.0.0.1", port: int = 8501, timeout_s: float = 60.0,
+          app: Path = APP) -> Dashboard:
     """Start Streamlit on ``host:port`` reading ``sources``; return once it answers its health check.
 
     Raises:
@@ -115,7 +116,7 @@ def start(sources: Sources, host: str = "127.0.0.1", port: int = 8501, timeout_s
     else:
         env.pop(STORAGE_ENV, None)
     env.setdefault("OMP_NUM_THREADS", "1")  # the app predicts with the model: no thread pool needed
-    proc = subprocess.Popen(streamlit_command(host, port), env=env, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(streamlit_command(host, port, app), env=env, stdout=subprocess.DEVNULL)
     url = url_for(host, port)
     try:
         healthy = wait_healthy(url, proc, timeout_s)
@@ -134,14 +135,14 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def serve(sources: Sources, host: str, port: int, on_ready: Callable[[str], None]) -> int:
+def serve(sources: Sources, host: str, port: int, on_ready: Callable[[str], None], app: Path = APP) -> int:
     """Run the dashboard until Ctrl-C or SIGTERM (or until Streamlit exits); return 0 after a clean stop."""
     # Explicit handlers: a process started in the background inherits an ignored SIGINT, and a
     # supervisor stops with SIGTERM; both must stop the child instead of orphaning it.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
-            board = start(sources, host, port)
+            board = start(sources, host, port, app=app)
         except KeyboardInterrupt:
             return 0
         on_ready(board.url)

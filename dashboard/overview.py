@@ -12,7 +12,6 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specdec_tune.db import Database, HardwareRecord, MeasuredRecord, RunRecord, list_measured, list_models, list_runs
 from specdec_tune.dashboard.measured import (
     HELD_OUT,
     backend_of,
@@ -24,6 +23,7 @@ from specdec_tune.dashboard.measured import (
 )
 from specdec_tune.dashboard.studies import StudyRow
 from specdec_tune.dashboard.trends import TrendsInfo, Verdict
+from specdec_tune.db import Database, HardwareRecord, MeasuredRecord, RunRecord, list_measured, list_models, list_runs
 
 
 def hardware_label(h: HardwareRecord) -> str:
@@ -112,7 +112,7 @@ def _best_from_studies(studies: Sequence[StudyRow]) -> list[BestRow]:
         for server, best in sorted(r.best_per_server.items()):
             if server == r.server:
                 continue
-            from specdec_tune.tuner.configs import Candidate
+            from specdec_tune.tuner.model import Candidate
 
             rows.append(BestRow(
                 target=short_name(r.target), hardware=r.hardware or "?", workload=short_name(r.workload),

@@ -24,7 +24,7 @@ from specdec_tune.db import (
     load_telemetry,
     load_timings,
 )
-from specdec_tune.tuner.profile_data import THRESHOLD_GRID
+from specdec_tune.tuner.model import THRESHOLD_GRID
 
 
 @dataclass(frozen=True)

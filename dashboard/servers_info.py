@@ -1,9 +1,8 @@
-"""What each inference server can express, read from ``tuner.servers`` (the tuner's capability table),
-and the best predicted configuration inside each server's space.
+"""What each inference server can express, and the best predicted configuration inside each server's space.
 
-The dashboard keeps no copy of that table and no rules of its own: :func:`tuner.servers.expressible`
-decides whether a server can run a configuration. Without ``tuner.servers`` the page says the table is
-not installed and the server picker lists the names ``tune --server`` accepts.
+The dashboard keeps no copy of the capability table and no rules of its own: the table and its
+``unsupported`` check come from the :class:`~specdec_tune.dashboard.wiring.ServerRoom` the entry script
+installed (the tuner's ``tuner.servers``). Without one the servers table says it is not available.
 """
 from __future__ import annotations
 
@@ -11,24 +10,14 @@ from dataclasses import dataclass
 
 from specdec_tune.dashboard.measured import short_name
 from specdec_tune.dashboard.why import WhyInfo
-
-# The names `specdec-tune tune --server` accepts (issue 10); used only to label the picker.
-KNOWN_SERVERS = ("vllm", "sglang", "trtllm", "llamacpp", "hf")
-
-
-def _servers_module():  # type: ignore[no-untyped-def]
-    try:
-        from specdec_tune.tuner import servers
-    except ImportError:
-        return None
-    return servers
+from specdec_tune.dashboard.wiring import ServerRoom, server_room
+from specdec_tune.tuner.model import Candidate
 
 
 def server_names() -> tuple[str, ...]:
-    """The servers the tuner knows (``any`` excluded)."""
-    mod = _servers_module()
-    table = getattr(mod, "SERVERS", None) if mod is not None else None
-    return tuple(table) if table else KNOWN_SERVERS
+    """The servers of the installed capability table (none when the dashboard runs without one)."""
+    room = server_room()
+    return tuple(f.name for f in room.servers) if room else ()
 
 
 @dataclass(frozen=True)
@@ -58,17 +47,19 @@ class ServerRow:
     notes: tuple[str, ...]
 
 
-def server_rows(why: WhyInfo) -> tuple[ServerRow, ...] | None:
-    """Per server, the best of the predicted (draft, N, θ) grid it can express (``None``: no table).
+def server_rows(why: WhyInfo, room: ServerRoom | None = None) -> tuple[ServerRow, ...] | None:
+    """Per server, the best of the predicted (draft, N, θ) grid it can express (``None``: no server room).
 
     The grid is the one the Why it wins page maps (constant schedule, θ rule ``before``, the run's
     batch size); the tuner's own search (Tuning study page) also covers schedules and n-gram sizes.
-    """
-    mod = _servers_module()
-    if mod is None:
-        return None
-    from specdec_tune.tuner.configs import Candidate
 
+    Args:
+        why: the page's predictions.
+        room: the server facts (default: the installed :func:`~specdec_tune.dashboard.wiring.server_room`).
+    """
+    room = room or server_room()
+    if room is None:
+        return None
     cells = []
     for hm in why.heatmaps:
         for ti, theta in enumerate(hm.thresholds):
@@ -80,14 +71,14 @@ def server_rows(why: WhyInfo) -> tuple[ServerRow, ...] | None:
     overall = cells[0][1] if cells else None
     base = why.baseline.tokens_per_s
     rows = []
-    for name, space in mod.SERVERS.items():
-        inside = next(((tps, c) for tps, c in cells if mod.expressible(space, c) is None), None)
+    for facts in room.servers:
+        inside = next(((tps, c) for tps, c in cells if room.unsupported(facts.name, c) is None), None)
         tps, cand = inside if inside else (base, None)
         label = "plain decoding" if cand is None else Candidate(short_name(cand.drafter), cand.num_speculative_tokens,
                                                                  cand.threshold).label()
         rows.append(ServerRow(
-            server=name, title=space.title, version=space.version, capabilities=space.capabilities(), best=label,
-            tokens_per_s=tps, speedup=tps / base, cannot=(mod.expressible(space, overall) or "") if overall else "",
-            notes=tuple(space.notes),
+            server=facts.name, title=facts.title, version=facts.version, capabilities=dict(facts.capabilities),
+            best=label, tokens_per_s=tps, speedup=tps / base,
+            cannot=(room.unsupported(facts.name, overall) or "") if overall else "", notes=tuple(facts.notes),
         ))
     return tuple(rows)

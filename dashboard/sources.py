@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
-from specdec_tune.db import Database, mask_url, open_database, resolve_url
+from specdec_tune.db import Database, default_storage_url, mask_url, open_database, resolve_url, sqlite_file
 from specdec_tune.errors import StorageError
 
 STORAGE_ENV = "SPECDEC_STORAGE"
@@ -46,35 +45,10 @@ class Sources:
         return "none" if self.storage_url is None else mask_url(self.storage_url)
 
 
-def _sqlite_file(url: str) -> Path | None:
-    from sqlalchemy.engine import make_url
-
-    from specdec_tune.db.engine import sqlite_path
-
-    try:
-        parsed = make_url(url)
-    except Exception:  # noqa: BLE001 - a bad URL is reported by check_storage
-        return None
-    return sqlite_path(parsed) if parsed.get_backend_name() == "sqlite" else None
-
-
-def default_storage(db_url: str) -> str | None:
-    """The study storage ``specdec-tune tune`` uses by default for ``db_url`` (``None``: no tuner here).
-
-    Asks the tuner (``tuner._study.default_storage_url``: a SQLite file beside the results database),
-    so the dashboard finds studies where ``tune`` put them without being told.
-    """
-    try:
-        from specdec_tune.tuner._study import default_storage_url
-    except ImportError:
-        return None
-    return default_storage_url(db_url)
-
-
 def resolve_sources(db: str | None = None, storage: str | None = None) -> Sources:
     """The URLs to read: arguments, else ``$SPECDEC_DB`` / ``$SPECDEC_STORAGE``, else the defaults."""
     db_url = resolve_url(db)
-    storage_url = (storage or "").strip() or os.environ.get(STORAGE_ENV, "").strip() or default_storage(db_url)
+    storage_url = (storage or "").strip() or os.environ.get(STORAGE_ENV, "").strip() or default_storage_url(db_url)
     return Sources(db_url=db_url, storage_url=storage_url or None)
 
 
@@ -96,7 +70,7 @@ def check_sources(sources: Sources) -> Database:
 
 def storage_exists(url: str) -> bool:
     """Whether there is anything to read at ``url`` (a SQLite file that is not there is not)."""
-    path = _sqlite_file(url)
+    path = sqlite_file(url)
     return path is None or (path.exists() and path.stat().st_size > 0)
 
 
@@ -111,7 +85,7 @@ def check_storage(url: str) -> None:
     except Exception:  # noqa: BLE001 - any parse failure is the same bad input
         raise StorageError(f"cannot open study storage {shown!r}: not a database URL "
                            "(e.g. sqlite:///studies.db or postgresql+psycopg://user:pw@host/db)") from None
-    path = _sqlite_file(url)
+    path = sqlite_file(url)
     if path is not None:
         if path.is_dir() or (path.exists() and path.stat().st_size and path.read_bytes()[:16] != b"SQLite format 3\x00"):
             raise StorageError(f"cannot open study storage {shown}: {path} is not a SQLite database")

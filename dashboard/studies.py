@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from specdec_tune.dashboard.sources import storage_exists
 from specdec_tune.dashboard.study_charts import objective_names
 from specdec_tune.dashboard.study_reader import snapshot, trial_counts
-from specdec_tune.tuner.configs import TuningResult
+from specdec_tune.dashboard.wiring import server_room
+from specdec_tune.errors import SpecdecError
+from specdec_tune.tuner.model import TuningResult
 
 RESULT_ATTR = "result"
 
@@ -172,31 +172,26 @@ def study_info(study: Any) -> StudyInfo:
 
 
 def export_formats() -> tuple[str, ...]:
-    """The formats ``tuner.exports`` writes (empty when the exporters are not installed)."""
-    try:
-        from specdec_tune.tuner.exports import FORMATS
-    except ImportError:
-        return ()
-    return tuple(FORMATS)
+    """The formats the installed server room exports (empty when the dashboard runs without one)."""
+    room = server_room()
+    return room.formats if room else ()
 
 
 def export_files(result: TuningResult) -> dict[str, dict[str, bytes]]:
-    """Every file ``tuner.exports.write_exports`` writes for ``result`` with format ``all``.
+    """Every file ``specdec-tune export --format all`` writes for ``result``.
 
     Returns:
         format (``vllm`` ... and ``readme``) -> relative path -> content. A format that cannot express
         the configuration writes nothing; the README says why.
 
     Raises:
-        ImportError: the exporters are not installed.
-        SpecdecError: the exporter refused the result (its own one-line message).
+        SpecdecError: the exporter refused the result (its own one-line message), or no server room
+            is installed.
     """
-    from specdec_tune.tuner.exports import write_exports
-
-    with tempfile.TemporaryDirectory(prefix="specdec-export-") as tmp:
-        written = write_exports(result, ["all"], Path(tmp))
-        return {fmt: {str(Path(p).relative_to(tmp)): Path(p).read_bytes() for p in paths}
-                for fmt, paths in written.items()}
+    room = server_room()
+    if room is None:
+        raise SpecdecError("the exporters are not wired into this dashboard (start it with `specdec-tune dashboard`)")
+    return room.export_files(result)
 
 
 def zip_files(files: dict[str, dict[str, bytes]]) -> bytes:
@@ -216,7 +211,7 @@ def trial_label(t: TrialRow) -> str:
     """The trial's configuration: the tuner's candidate when stored, else its parameters."""
     cand = t.user_attrs.get("candidate")
     if isinstance(cand, dict):
-        from specdec_tune.tuner.configs import Candidate
+        from specdec_tune.tuner.model import Candidate
 
         try:
             return Candidate.from_dict(cand).label()

@@ -38,8 +38,8 @@ class SnapshotStudy(optuna.Study):
 
 
 def _read_trials_fast(storage: Any, study_id: int) -> list[FrozenTrial]:
-    from sqlalchemy import select
     from optuna.storages._rdb import models as m
+    from sqlalchemy import select
 
     t, v, p = m.TrialModel.__table__, m.TrialValueModel.__table__, m.TrialParamModel.__table__
     ua, sa = m.TrialUserAttributeModel.__table__, m.TrialSystemAttributeModel.__table__
@@ -105,8 +105,8 @@ def trial_counts(storage: Any) -> dict[int, int]:
     """Study id -> number of trials, in one query (Optuna's ``get_n_trials`` reads every trial)."""
     if isinstance(storage, optuna.storages.RDBStorage):
         try:
-            from sqlalchemy import func, select
             from optuna.storages._rdb import models as m
+            from sqlalchemy import func, select
 
             t = m.TrialModel.__table__
             with storage.engine.connect() as conn:

@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specdec_tune.db import Database
+from specdec_tune.db import Database, list_regress_runs, load_regress_benchmarks, load_regress_cells
 
 FLAGGED = ("regression", "suspicious", "fail")
 BOOTSTRAP_RESAMPLES = 1000
@@ -66,7 +66,6 @@ class TrendPoint:
 
 @dataclass(frozen=True)
 class TrendsInfo:
-    available: bool  # the database has the regression tables
     runs: int
     points: tuple[TrendPoint, ...] = ()
     verdicts: tuple[Verdict, ...] = ()
@@ -101,21 +100,13 @@ def _change(effect: float | None) -> float | None:
 
 def load_trends(db: Database) -> TrendsInfo:
     """Regression runs, their metrics over time and their verdicts (empty until ``regress`` ran)."""
-    try:
-        from specdec_tune.db import regress as q
-    except ImportError:
-        return TrendsInfo(available=False, runs=0)
-    from sqlalchemy import inspect
-
-    if "regress_runs" not in set(inspect(db.engine).get_table_names()):
-        return TrendsInfo(available=False, runs=0)
-    runs = sorted(q.list_regress_runs(db, None, kind="run"), key=lambda r: r.id)
+    runs = sorted(list_regress_runs(db, None, kind="run"), key=lambda r: r.id)
     points: list[TrendPoint] = []
     verdicts: list[Verdict] = []
     for run in runs:
         when = run.finished_at or run.started_at
-        cells = q.load_regress_cells(db, run.id)
-        for b in q.load_regress_benchmarks(db, run.id):
+        cells = load_regress_cells(db, run.id)
+        for b in load_regress_benchmarks(db, run.id):
             rates = prompt_rates(b.samples)
             if rates:
                 points.append(TrendPoint(b.name, "tokens_per_s", when, run.id, statistics.median(rates),
@@ -136,7 +127,7 @@ def load_trends(db: Database) -> TrendsInfo:
     points = [TrendPoint(p.benchmark, p.metric, p.when, p.regress_run, p.value, p.ci,
                          "flagged" if (p.regress_run, p.benchmark, p.metric) in flagged_at else p.verdict)
               for p in points]
-    return TrendsInfo(available=True, runs=len(runs), points=tuple(points), verdicts=tuple(verdicts))
+    return TrendsInfo(runs=len(runs), points=tuple(points), verdicts=tuple(verdicts))
 
 
 def flagged(info: TrendsInfo) -> tuple[Verdict, ...]:

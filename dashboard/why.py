@@ -15,17 +15,18 @@ from dataclasses import dataclass, replace
 from specdec_tune.dashboard.measured import is_baseline, measured_ci, measured_split, short_name
 from specdec_tune.db import Database, MeasuredRecord, get_run, list_measured
 from specdec_tune.errors import SpecdecError
-from specdec_tune.tuner.model import SpecConfig, draft_step_time
-from specdec_tune.tuner.profile_data import (
+from specdec_tune.tuner.model import (
     THRESHOLD_GRID,
+    Candidate,
     RunPrediction,
     RunProfile,
+    SpecConfig,
     best_configs,
+    draft_step_time,
     load_run_profile,
     predict_baseline,
     predict_config,
 )
-from specdec_tune.tuner.configs import Candidate
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def chosen_budget(db: Database, run_id: int, candidate: Candidate, batch_size: i
     The candidate becomes the model's configuration through ``tuner.search.spec_config`` (schedule
     and θ rule included), so the bar shows exactly what the tuner predicted for it.
     """
-    from specdec_tune.tuner.search import spec_config
+    from specdec_tune.tuner.model import spec_config
 
     try:
         mode = "sampling" if temperature > 0 else "greedy"

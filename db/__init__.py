@@ -17,15 +17,16 @@ from specdec_tune.db.engine import (
     DEFAULT_URL,
     ENV_VAR,
     Database,
+    default_storage_url,
     mask_url,
     open_database,
     resolve_url,
+    sqlite_file,
 )
 from specdec_tune.db.migrate import current_revision, head_revision, known_revisions, upgrade
 from specdec_tune.db.queries import (
     add_acceptance,
     add_measured_run,
-    set_prediction,
     add_run_draft,
     add_telemetry,
     add_timing_samples,
@@ -36,6 +37,7 @@ from specdec_tune.db.queries import (
     get_or_create_hardware,
     get_or_create_model,
     get_or_create_workload,
+    set_prediction,
 )
 from specdec_tune.db.reads import (
     get_run,
@@ -63,10 +65,27 @@ from specdec_tune.db.records import (
     TraceRow,
     WorkloadRecord,
 )
+from specdec_tune.db.regress import (
+    CalibrationRecord,
+    RegressBenchmarkRecord,
+    RegressCellRecord,
+    RegressRunRecord,
+    add_calibration,
+    add_regress_benchmark,
+    add_regress_cells,
+    create_regress_run,
+    finish_regress_run,
+    get_regress_run,
+    latest_calibration,
+    list_regress_runs,
+    load_regress_benchmarks,
+    load_regress_cells,
+    metric_trend,
+)
 from specdec_tune.db.session import session_scope
 
 __all__ = [
-    "DEFAULT_URL", "ENV_VAR", "FINISHED_STATUSES", "MODES", "RUN_STATUSES", "TIMING_KINDS",
+    "DEFAULT_URL", "ENV_VAR", "default_storage_url", "sqlite_file", "FINISHED_STATUSES", "MODES", "RUN_STATUSES", "TIMING_KINDS",
     "AcceptanceRecord", "Database", "DraftRecord", "HardwareRecord", "MeasuredRecord",
     "ModelRecord", "RunRecord", "TelemetryRow", "TimingRow", "TraceRow", "WorkloadRecord",
     "add_acceptance", "add_measured_run", "set_prediction", "add_run_draft", "add_telemetry", "add_timing_samples",
@@ -75,4 +94,7 @@ __all__ = [
     "head_revision", "known_revisions", "list_measured", "list_models", "list_runs",
     "load_acceptance", "load_telemetry", "load_timings", "load_traces", "mask_url",
     "open_database", "resolve_url", "session_scope", "upgrade",
+    "CalibrationRecord", "RegressBenchmarkRecord", "RegressCellRecord", "RegressRunRecord", "add_calibration",
+    "add_regress_benchmark", "add_regress_cells", "create_regress_run", "finish_regress_run", "get_regress_run",
+    "latest_calibration", "list_regress_runs", "load_regress_benchmarks", "load_regress_cells", "metric_trend",
 ]  # fmt: skip

@@ -82,6 +82,31 @@ def sqlite_path(parsed: URL) -> Path | None:
     return Path(database)
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The absolute file behind a SQLite URL string (``None``: another backend, in memory, or not a URL)."""
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - any parse failure means "not a SQLite file"
+        return None
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    path = sqlite_path(parsed)
+    return None if path is None else path.expanduser().resolve()
+
+
+def default_storage_url(db_url: str) -> str:
+    """Where ``tune`` keeps its Optuna studies by default: a SQLite file beside the results database
+    (``x.db`` -> ``x-studies.db``), else ``specdec-studies.db`` in the current directory.
+
+    Optuna's RDB storage has its own ``alembic_version`` table, so studies never share the results
+    database (``docs/architecture.md``, Storage).
+    """
+    path = sqlite_file(db_url)
+    if path is None:
+        return "sqlite:///specdec-studies.db"
+    return f"sqlite:///{path.with_name(path.stem + '-studies' + (path.suffix or '.db'))}"
+
+
 def _check_sqlite_file(url: str, path: Path, read_only: bool) -> None:
     """Refuse paths that SQLite would fail on late or, worse, silently mishandle."""
     shown = mask_url(url)

@@ -83,7 +83,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return chosen
 
 
-def _resolve_source(name: str) -> str:
+def resolve_source(name: str) -> str:
     """A bundled zoo name becomes its folder; an existing path stays; a path-like name that does not
     exist is refused; anything else (``org/model``) is treated as a hub id."""
     from specdec_tune.engine import zoo
@@ -124,7 +124,7 @@ def load_model(
         raise InputError(f"--forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     dt = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, dev)
-    source = _resolve_source(name)
+    source = resolve_source(name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dt)

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import statistics
 import sys
+from dataclasses import dataclass, field
 
 import torch
-from dataclasses import dataclass, field
 
 from specdec_tune.db import Database, add_measured_run, get_run
 from specdec_tune.engine import DecodeConfig, LoadedModel, acceptance_per_position, check_compatible, load_model
-from specdec_tune.engine.workloads import check_split, load_workload, split_prompts
+from specdec_tune.engine.workloads import load_workload
 from specdec_tune.errors import InputError
 from specdec_tune.profiler.describe import tokenizer_hash
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
 from specdec_tune.profiler.session import Progress
+from specdec_tune.splits import check_split, split_prompts
 from specdec_tune.stats import RateSamples, tokens_per_s_ci
 
 PLAIN = "none"  # MeasureSpec.draft for plain decoding (or N = 0)

@@ -32,7 +32,7 @@ from specdec_tune.db import (
     get_or_create_workload,
 )
 from specdec_tune.engine import DecodeConfig, check_compatible, load_model
-from specdec_tune.engine.workloads import check_split, load_workload, split_prompts
+from specdec_tune.engine.workloads import load_workload
 from specdec_tune.errors import InputError
 from specdec_tune.profiler import acceptance as acc
 from specdec_tune.profiler import microbench as mb
@@ -40,6 +40,7 @@ from specdec_tune.profiler.describe import hardware_info, model_info, workload_i
 from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline, in_loop_medians
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
 from specdec_tune.profiler.telemetry import NullMonitor, open_monitor
+from specdec_tune.splits import check_split, split_prompts
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class ProfileSettings:
     overhead_prompts: int = 8
     seed: int = 0
     label: str | None = None
-    split: str = "tune"  # which prompts of the workload (engine.workloads.split_prompts); then max_prompts
+    split: str = "tune"  # which prompts of the workload (specdec_tune.splits.split_prompts); then max_prompts
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split", check_split(self.split))

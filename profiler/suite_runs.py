@@ -28,9 +28,18 @@ from typing import Any
 
 import torch
 
-from specdec_tune.engine import DecodeConfig, Draft, LoadedModel, build_drafter, check_compatible, load_model, speculative
+from specdec_tune.engine import (
+    DecodeConfig,
+    Draft,
+    LoadedModel,
+    build_drafter,
+    check_compatible,
+    load_model,
+    resolve_source,
+    speculative,
+)
 from specdec_tune.engine.workloads import load_workload
-from specdec_tune.errors import InputError
+from specdec_tune.errors import InputError, ModelLoadError
 from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
 from specdec_tune.profiler.timers import Stopwatch, synchronize
@@ -143,10 +152,8 @@ def model_source(name: str) -> str:
     """Where a model name resolves (a bundled name's folder); the name itself when it cannot be
     resolved here (a hub id)."""
     try:
-        from specdec_tune.engine.loading import _resolve_source as resolve_source
-
         return str(resolve_source(name))
-    except Exception:  # a hub id or an older engine: the name is all we know
+    except ModelLoadError:  # a path-like name that does not exist: the name is all we know
         return name
 
 

@@ -28,12 +28,10 @@ def main() -> int:
     ap.add_argument("--out", default="tests/data/vllm_recorded_measure.json")
     args = ap.parse_args()
 
-    from specdec_tune.db import open_database
-    from specdec_tune.tuner.configs import Candidate
-    from specdec_tune.tuner.server_tune import vllm_config
-
-    from specdec_tune.db import get_run
+    from specdec_tune.db import get_run, open_database
     from specdec_tune.profiler.vllm_measure import measure_on_server
+    from specdec_tune.tuner.model import Candidate
+    from specdec_tune.tuner.servers import vllm_config
 
     db = open_database(args.db)
     target = get_run(db, args.run).target.name

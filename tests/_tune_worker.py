@@ -15,8 +15,8 @@ def main(argv: list[str]) -> None:
     pause = float(argv[6]) if len(argv) > 6 else 0.0
     server = argv[7] if len(argv) > 7 else "any"
     from specdec_tune.db import get_run, open_database
-    from specdec_tune.tuner._study import open_storage
-    from specdec_tune.tuner.search import Evaluator, run_search, server_search_space
+    from specdec_tune.tuner.model import Evaluator
+    from specdec_tune.tuner.search import open_storage, run_search, server_search_space
 
     db = open_database(db_url)
     run = get_run(db, int(run_id))

@@ -41,9 +41,14 @@ def _fill_studies(db_url: str, storage_url: str) -> None:
     from optuna.trial import create_trial
 
     from specdec_tune.db import get_run, list_measured, open_database
-    from specdec_tune.tuner.configs import Candidate, TuningResult
-    from specdec_tune.tuner.model import SpecConfig, best_n_per_batch_size
-    from specdec_tune.tuner.profile_data import load_run_profile, predict_config
+    from specdec_tune.tuner.model import (
+        Candidate,
+        SpecConfig,
+        TuningResult,
+        best_n_per_batch_size,
+        load_run_profile,
+        predict_config,
+    )
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     db = open_database(db_url)

@@ -1,61 +1,79 @@
-"""One-way arrows (ARCHITECTURE §2): engine -> profiler -> db <- tuner; the CLI and dashboard on top.
+"""The arrows between the rooms, checked by import-linter on the real imports.
 
-Every import statement of every module in a room is read from its source (including imports inside
-functions), so a lazy import of a forbidden room fails here as well as a top-level one.
+The contracts live in ``pyproject.toml`` (``[tool.importlinter]``) and are explained in
+``docs/architecture.md``. import-linter builds its graph with grimp from every ``import`` statement of
+the installed package, lazy imports inside functions included. Each contract is shown to have power:
+a violation planted in a copy of the package breaks exactly that contract.
 """
 from __future__ import annotations
 
-import ast
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-
-# room -> rooms (subpackages of specdec_tune) its modules must never import.
-FORBIDDEN = {
-    "engine": {"profiler", "tuner", "db", "cli", "dashboard"},
-    "profiler": {"tuner", "cli", "dashboard"},
-    "db": {"engine", "profiler", "tuner", "cli", "dashboard"},
-    "tuner": {"cli", "dashboard"},
-}
+CONFIG = ROOT / "pyproject.toml"
 
 
-def imported_rooms(path: Path) -> set[str]:
-    """The specdec_tune subpackages a module imports (absolute imports)."""
-    rooms = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
-            if node.module == "specdec_tune":
-                names += [f"specdec_tune.{a.name}" for a in node.names]
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "specdec_tune" and len(parts) > 1:
-                rooms.add(parts[1])
-    return rooms
+def lint_imports(package_parent: Path | None = None, contract: str | None = None) -> subprocess.CompletedProcess:
+    """Run import-linter in a fresh interpreter (``package_parent``: where the package to check lives)."""
+    code = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+    args = [sys.executable, "-c", code, str(CONFIG), "--no-cache", "--no-logo"]
+    if contract:
+        args += ["--contract", contract]
+    env = None
+    if package_parent is not None:
+        import os
+
+        env = {**os.environ, "PYTHONPATH": str(package_parent)}
+    return subprocess.run(args, capture_output=True, text=True, env=env, cwd=package_parent or ROOT, timeout=300)
 
 
-@pytest.mark.parametrize("room", sorted(FORBIDDEN))
-def test_no_import_against_the_arrows(room):
-    bad = []
-    for path in sorted((ROOT / room).rglob("*.py")):
-        hit = imported_rooms(path) & FORBIDDEN[room]
-        if hit:
-            bad.append(f"{path.relative_to(ROOT)} imports {', '.join(sorted(hit))}")
-    assert not bad, "\n".join(bad)
+def test_the_contracts_hold():
+    result = lint_imports()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
 
 
-def test_the_checker_sees_lazy_imports(tmp_path):
-    """The check has power: a function-level import of a forbidden room is found."""
-    module = tmp_path / "m.py"
-    module.write_text("def f():\n    from specdec_tune.tuner.model import predict\n    import specdec_tune.db as d\n")
-    assert imported_rooms(module) == {"tuner", "db"}
+def _package_copy(dest: Path) -> Path:
+    """The package's Python sources (rooms followed through their symlinks), without data files."""
+    def ignore(folder: str, names: list[str]) -> list[str]:
+        return [n for n in names if not (Path(folder, n).is_dir() or n.endswith(".py")) or n == "__pycache__"]
+
+    shutil.copytree(ROOT / "specdec_tune", dest / "specdec_tune", ignore=ignore)
+    return dest
 
 
-def test_cli_commands_live_in_the_cli_room():
-    """The CLI is its own room: the tuner holds no command modules."""
-    assert not list((ROOT / "tuner").glob("cli*.py")) and not (ROOT / "tuner" / "_app.py").exists()
+# (module to plant, its source, the contract it must break)
+PLANTED = [
+    ("engine/_planted.py", "from specdec_tune.db import Database\n", "rooms"),
+    ("db/planted.py", "def f():\n    from specdec_tune.engine import load_model\n", "rooms"),
+    ("profiler/planted.py", "from specdec_tune.tuner.model import predict\n", "rooms"),
+    ("tuner/model/planted.py", "from specdec_tune.tuner.search import run_tune\n", "tuner-rooms"),
+    ("stats.py", "from specdec_tune.engine import load_model\n", "shared"),
+    ("dashboard/planted.py", "from specdec_tune.tuner.servers import SERVERS\n", "dashboard-reads"),
+    ("dashboard/planted.py", "from specdec_tune.db.engine import sqlite_path\n", "dashboard-public"),
+    ("tuner/search/planted.py", "from specdec_tune.profiler.session import run_profile\n", "tuner-drives-profiler"),
+    ("tuner/servers/planted.py", "from specdec_tune.engine import zoo\n", "tuner-drives-profiler"),
+    ("tuner/search/planted.py", "from specdec_tune.tuner.servers._table import SERVERS\n", "private"),
+]
+
+
+@pytest.mark.parametrize(("module", "source", "contract"), PLANTED, ids=[f"{c}:{m}" for m, _, c in PLANTED])
+def test_a_planted_violation_breaks_its_contract(tmp_path, module, source, contract):
+    parent = _package_copy(tmp_path)
+    path = parent / "specdec_tune" / module
+    if path.exists():  # plant into an existing module: append, keep what it had
+        source = path.read_text() + "\n" + source
+    path.write_text(source)
+    result = lint_imports(parent, contract)
+    assert result.returncode == 1 and "1 broken" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_copy_without_a_plant_passes(tmp_path):
+    """The planted runs check a copy of the package: the copy itself keeps every contract."""
+    result = lint_imports(_package_copy(tmp_path))
+    assert result.returncode == 0 and "0 broken" in result.stdout, result.stdout + result.stderr

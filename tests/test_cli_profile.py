@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from specdec_tune.db import get_run, list_measured, list_runs, open_database
 from specdec_tune.cli import main
+from specdec_tune.db import get_run, list_measured, list_runs, open_database
 
 TINY_FLAGS = ["--device", "cpu", "--repeats", "2", "--k-max", "3", "--n-max", "4", "--max-prompts", "2",
               "--max-new-tokens", "8", "--context-lens", "8,16"]
@@ -148,7 +148,7 @@ def test_bad_split_is_one_line_exit_2(profiled, tiny_model_dirs, command, split,
 
 def test_measure_configs_interleaved_store_each_with_its_prediction(profiled):
     from specdec_tune.tuner.model import SpecConfig
-    from specdec_tune.tuner.validate import measure_predicted
+    from specdec_tune.tuner.search import measure_predicted
 
     url, _ = profiled
     db = open_database(url)

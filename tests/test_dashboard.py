@@ -84,8 +84,7 @@ def test_profile_info_matches_the_stored_samples(db):
 
 
 def test_why_uses_the_tuners_predictions(db):
-    from specdec_tune.tuner.model import SpecConfig
-    from specdec_tune.tuner.profile_data import best_configs, load_run_profile, predict_baseline, predict_config
+    from specdec_tune.tuner.model import SpecConfig, best_configs, load_run_profile, predict_baseline, predict_config
 
     info = load_why(db, 1)
     tops = [best_configs(load_run_profile(db, 1, d), range(1, 5), top=1)[0][1] for d in ("ngram",)]
@@ -212,12 +211,13 @@ def test_filter_runs(db):
 
 
 def test_best_inside_each_server_space(db):
-    servers = pytest.importorskip("specdec_tune.tuner.servers")
+    from specdec_tune.cli._dashboard_app import server_room
     from specdec_tune.dashboard.servers_info import server_rows
-    from specdec_tune.tuner.configs import Candidate
+    from specdec_tune.tuner import servers
+    from specdec_tune.tuner.model import Candidate
 
     why = load_why(db, 1)
-    rows = {r.server: r for r in server_rows(why)}
+    rows = {r.server: r for r in server_rows(why, server_room())}
     assert set(rows) == set(servers.SERVERS)
     cells = [(t, Candidate(h.draft, n, th)) for h in why.heatmaps for ti, th in enumerate(h.thresholds)
              for ni, n in enumerate(h.ns) if (t := h.tokens_per_s[ti][ni]) is not None]
@@ -233,9 +233,12 @@ def test_best_inside_each_server_space(db):
     assert servers.expressible(servers.SERVERS["vllm"], Candidate("d", 2, 0.3)) is not None
 
 
-def test_export_downloads_are_the_exporters_files(urls):
-    pytest.importorskip("specdec_tune.tuner.exports")
+def test_export_downloads_are_the_exporters_files(urls, monkeypatch):
+    from specdec_tune.cli._dashboard_app import server_room
+    from specdec_tune.dashboard import wiring
     from specdec_tune.dashboard.studies import export_files, zip_files
+
+    monkeypatch.setattr(wiring, "_room", server_room())
 
     result = next(s.result for s in list_studies(open_storage(urls["storage"])) if s.result)
     files = export_files(result)
@@ -277,7 +280,6 @@ def test_held_out_rows_with_cis(tmp_path):
 
 def _regress_db(tmp_path):
     """Three regression runs stored through db.regress: a baseline, a pass, a flagged slowdown."""
-    import datetime as dt
 
     q = pytest.importorskip("specdec_tune.db.regress", reason="regression tables not in this version")
     db = open_database(f"sqlite:///{tmp_path / 'reg.db'}")
@@ -311,7 +313,7 @@ def test_trends_from_regression_runs(tmp_path):
 
     db, ids, samples = _regress_db(tmp_path)
     info = load_trends(db)
-    assert info.available and info.runs == 3 and info.benchmarks == ("functions-1l",)
+    assert info.runs == 3 and info.benchmarks == ("functions-1l",)
     tps = sorted((p for p in info.points if p.metric == "tokens_per_s"), key=lambda p: p.regress_run)
     expected = [st.median(32 / st.median(s["seconds"]) for s in samples(k)) for k in (1.0, 1.0, 1.3)]
     assert [p.value for p in tps] == pytest.approx(expected)
@@ -329,15 +331,14 @@ def test_trends_from_regression_runs(tmp_path):
 
 def test_chosen_budget_is_the_tuners_prediction(db, urls):
     from specdec_tune.dashboard.why import chosen_budget
-    from specdec_tune.tuner.profile_data import load_run_profile, predict_config
-    from specdec_tune.tuner.search import spec_config
+    from specdec_tune.tuner.model import load_run_profile, predict_config, spec_config
 
     result = next(s.result for s in list_studies(open_storage(urls["storage"])) if s.result)
     b = chosen_budget(db, 1, result.candidate)
     p = predict_config(load_run_profile(db, 1, result.candidate.drafter), spec_config(result.candidate))
     assert b.label.startswith("tuner's choice") and b.tokens_per_s == pytest.approx(p.tokens_per_s)
     assert b.cycle_ms == pytest.approx(p.cycle_time_s * 1e3)
-    from specdec_tune.tuner.configs import Candidate
+    from specdec_tune.tuner.model import Candidate
 
     assert chosen_budget(db, 1, Candidate("not-a-draft", 2)) is None  # not in this run: no bar, no crash
 

@@ -1,8 +1,6 @@
 """Every dashboard page under Streamlit's AppTest, on an empty and on a filled database."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from specdec_tune.dashboard import ui
@@ -13,9 +11,10 @@ from tests import dashboard_data
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-import specdec_tune.dashboard as dashboard_pkg  # noqa: E402
+from specdec_tune.cli.dashboard import APP_SCRIPT  # noqa: E402
+from specdec_tune.dashboard.app import HERE  # noqa: E402
 
-APP = str(Path(dashboard_pkg.__file__).with_name("app.py"))
+APP = str(APP_SCRIPT)  # the script `specdec-tune dashboard` runs: the dashboard with its server room wired in
 PAGES = {
     "overview": ("views/overview.py", "Overview"),
     "profile": ("views/profile.py", "Profile run"),
@@ -40,7 +39,7 @@ def render(monkeypatch, page: str, db_url: str, storage_url: str | None) -> AppT
     at = AppTest.from_file(APP, default_timeout=120)
     at.run()
     if page != "overview":
-        at.switch_page(PAGES[page][0]).run()
+        at.switch_page(str(HERE / PAGES[page][0])).run()  # pages live beside the dashboard's app.py
     assert not at.exception, [e.value for e in at.exception]
     assert [t.value for t in at.title] == [PAGES[page][1]]
     return at
@@ -90,7 +89,7 @@ def test_profile_page_filled(monkeypatch, urls):
 
 
 def test_why_page_filled_shows_the_tuners_best(monkeypatch, urls):
-    from specdec_tune.tuner.profile_data import best_configs, load_run_profile
+    from specdec_tune.tuner.model import best_configs, load_run_profile
 
     at = render(monkeypatch, "why", urls["db"], urls["storage"])
     db = open_database(urls["db"])

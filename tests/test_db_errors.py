@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from specdec_tune.cli import main
 from specdec_tune.db import (
     TimingRow,
     add_timing_samples,
@@ -33,7 +34,6 @@ from specdec_tune.db import (
 )
 from specdec_tune.db import engine as engine_mod
 from specdec_tune.errors import StorageError
-from specdec_tune.cli import main
 
 
 def _digest(path: Path) -> str:

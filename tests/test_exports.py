@@ -9,9 +9,9 @@ import yaml
 from pydantic import ValidationError
 
 from specdec_tune.errors import InputError
-from specdec_tune.tuner import _export_schemas as sch
-from specdec_tune.tuner.configs import NGRAM, Candidate, TuningResult
-from specdec_tune.tuner.exports import FORMATS, batch_ranges, build_exports, write_exports
+from specdec_tune.tuner.model import NGRAM, Candidate, TuningResult
+from specdec_tune.tuner.servers import FORMATS, batch_ranges, build_exports, write_exports
+from specdec_tune.tuner.servers import _schemas as sch
 from tests.test_servers import load_vllm_dynamic_utils
 
 DRAFT_PATH = "/models/draft-1l"

@@ -17,8 +17,8 @@ import torch
 from specdec_tune.engine.decode import DecodeConfig, speculative
 from specdec_tune.engine.drafters import build_drafter
 from specdec_tune.engine.loading import load_model
-from specdec_tune.tuner.configs import Candidate, TuningResult
-from specdec_tune.tuner.exports import write_exports
+from specdec_tune.tuner.model import Candidate, TuningResult
+from specdec_tune.tuner.servers import write_exports
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range("]
 MAX_NEW = 12

@@ -5,8 +5,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from specdec_tune.engine import DecodeConfig, autoregressive, build_drafter, speculative
-from specdec_tune.engine import lean_kernels
+from specdec_tune.engine import DecodeConfig, autoregressive, build_drafter, lean_kernels, speculative
 from specdec_tune.engine.kvcache import make_cache
 from specdec_tune.engine.lean import LeanCausalLM, hf_model, lean_unsupported, wrap_forward
 from specdec_tune.profiler.overhead import ForwardRecorder

@@ -17,9 +17,9 @@ from specdec_tune.profiler.overhead import ForwardRecorder
 from specdec_tune.profiler.runs import DraftSpec, decode_once
 from specdec_tune.profiler.session import ProfileSession, ProfileSettings
 from specdec_tune.profiler.telemetry import NullMonitor, NvmlMonitor, open_monitor
-from specdec_tune.tuner.model import SpecConfig
-from specdec_tune.tuner.profile_data import (
+from specdec_tune.tuner.model import (
     PromptInfo,
+    SpecConfig,
     build_run_profile,
     fit_overhead,
     load_run_profile,
@@ -312,7 +312,8 @@ def test_build_profile_without_timings_is_refused(tiny_model_dirs, workload, tmp
 
 @pytest.mark.parametrize("name", ["functions", "docstrings", "tables"])
 def test_split_is_deterministic_disjoint_and_covers_the_workload(name):
-    from specdec_tune.engine.workloads import load_workload, split_prompts
+    from specdec_tune.engine.workloads import load_workload
+    from specdec_tune.splits import split_prompts
 
     prompts = load_workload(name)
     tune, hold = split_prompts(prompts, "tune"), split_prompts(prompts, "holdout")
@@ -326,15 +327,16 @@ def test_split_is_deterministic_disjoint_and_covers_the_workload(name):
 
 @pytest.mark.parametrize("bad", ["50:10", "bogus", "", "1:1", "a:b", "0:41", ":3"])
 def test_bad_split_is_an_input_error(bad):
-    from specdec_tune.engine.workloads import load_workload, split_prompts
+    from specdec_tune.engine.workloads import load_workload
     from specdec_tune.errors import InputError
+    from specdec_tune.splits import split_prompts
 
     with pytest.raises(InputError, match="split"):
         split_prompts(load_workload("functions"), bad)
 
 
 def test_held_out_prediction_uses_no_held_out_timing(tiny_model_dirs, workload, tmp_path):
-    from specdec_tune.tuner.profile_data import PromptSpec, predict_prompts, split_specs
+    from specdec_tune.tuner.model import PromptSpec, predict_prompts, split_specs
 
     db = open_database(f"sqlite:///{tmp_path / 'r.db'}")
     draft = tiny_model_dirs["draft"]
@@ -372,7 +374,7 @@ def test_held_out_prediction_uses_no_held_out_timing(tiny_model_dirs, workload, 
 def test_single_profiled_prompt_pooled_equals_exact(tiny_model_dirs, workload, tmp_path):
     """With one profiled prompt the pool is that prompt and the prefill line is its prefill: a held-out
     prompt of the same length and output length must be predicted exactly as the profiled one."""
-    from specdec_tune.tuner.profile_data import predict_prompts
+    from specdec_tune.tuner.model import predict_prompts
 
     db = open_database(f"sqlite:///{tmp_path / 'r.db'}")
     settings = ProfileSettings(**{**TINY.__dict__, "max_prompts": 1})

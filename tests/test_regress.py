@@ -9,8 +9,7 @@ import torch
 
 from specdec_tune.cli import main
 from specdec_tune.profiler.suite_runs import ArmSpec, measure_arms
-from specdec_tune.tuner._regress_compare import FLAGGED, compare_benchmark, decide
-from specdec_tune.tuner._suite import Rules
+from specdec_tune.tuner.regress import FLAGGED, Rules, compare_benchmark, decide
 
 PROMPTS = [
     "def add(a, b):", "class Point:", "for i in range(10):", "def __init__(self, x, y):",
@@ -121,7 +120,7 @@ def test_planted_acceptance_drop_is_explained_as_acceptance(tmp_path, capsys, ti
 
 
 def test_different_fingerprint_gives_no_speed_verdict(tmp_path, capsys, tiny_model_dirs, workload, monkeypatch):
-    import specdec_tune.tuner.regress as regress
+    import specdec_tune.tuner.regress._run as regress
 
     db = f"sqlite:///{tmp_path / 'r.db'}"
     t = tiny_model_dirs["target"]

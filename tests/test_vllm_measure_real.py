@@ -69,8 +69,8 @@ def test_plain_and_draft_on_vllm_match_our_engine_and_are_stored(vllm_python, pr
     from specdec_tune.engine.workloads import load_workload
     from specdec_tune.profiler import vllm_measure
     from specdec_tune.profiler.runs import encode_prompt
-    from specdec_tune.tuner.configs import Candidate
-    from specdec_tune.tuner.server_tune import vllm_config
+    from specdec_tune.tuner.model import Candidate
+    from specdec_tune.tuner.servers import vllm_config
 
     db, run_id = profiled
     target_name = get_run(db, run_id).target.name
@@ -138,8 +138,8 @@ def test_regress_vllm_arm_on_real_vllm(vllm_python):
     from specdec_tune.engine.workloads import load_workload
     from specdec_tune.profiler.runs import encode_prompt
     from specdec_tune.profiler.suite_runs_vllm import measure_arms_vllm
-    from specdec_tune.tuner._suite import Benchmark
-    from specdec_tune.tuner.regress import _arm, resolve_config
+    from specdec_tune.tuner.regress import Benchmark, resolve_config
+    from specdec_tune.tuner.regress._run import _arm
 
     class Eager(VllmWorker):
         def start(self, model, speculative_config=None, **kw):

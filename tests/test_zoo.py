@@ -9,11 +9,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from specdec_tune.cli import main
 from specdec_tune.engine import zoo
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.engine.zoo import build_workloads, card, corpus, evaluate, train
 from specdec_tune.engine.zoo.corpus import SourceFile
-from specdec_tune.cli import main
 
 REQUIRED = {"mini-target": "target", "mini-draft-1l": "draft", "mini-draft-2l": "draft"}
 MB = 1_000_000

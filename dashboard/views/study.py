@@ -7,8 +7,8 @@ import streamlit as st
 
 from specdec_tune.dashboard import cache, ui
 from specdec_tune.dashboard.measured import short_name
-from specdec_tune.dashboard.study_charts import schedule_chart
 from specdec_tune.dashboard.studies import export_formats, objective_text, trial_label, zip_files
+from specdec_tune.dashboard.study_charts import schedule_chart
 from specdec_tune.errors import SpecdecError
 
 sel = ui.selection()
@@ -78,7 +78,7 @@ formats = export_formats()
 if result is None:
     st.info("Exports need a finished tuning result.")
 elif not formats:
-    st.info("The exporters (tuner/exports.py) are not installed in this version.")
+    st.info("The exporters are not wired into this dashboard: start it with `specdec-tune dashboard`.")
 else:
     try:
         files = cache.exports(json.dumps(result.to_dict()))

@@ -8,7 +8,7 @@ import streamlit as st
 from specdec_tune.dashboard import cache, charts, ui
 from specdec_tune.dashboard.measured import short_name
 from specdec_tune.dashboard.servers_info import server_rows
-from specdec_tune.tuner.configs import Candidate
+from specdec_tune.tuner.model import Candidate
 
 sel = ui.selection()
 st.title("Why it wins")
@@ -65,7 +65,7 @@ for i, hm in enumerate(maps):
 st.header("What each server can express")
 rows = server_rows(info)
 if rows is None:
-    st.info("The server capability table (tuner/servers.py) is not installed in this version.")
+    st.info("The server capability table is not wired into this dashboard: start it with `specdec-tune dashboard`.")
 else:
     shown = [r for r in rows if sel.server == "any" or r.server == sel.server]
     st.dataframe([{
@@ -73,7 +73,7 @@ else:
         "speedup": ui.fmt(r.speedup, 2, "×"), "cannot express the overall best": r.cannot or "– (it can)",
         **r.capabilities, "checked against": r.version,
     } for r in shown], hide_index=True)
-    st.caption("Best of the (draft, N, θ) grid above that each server can run, as tuner/servers.py decides; "
+    st.caption("Best of the (draft, N, θ) grid above that each server can run, as the capability table (tuner.servers) decides; "
                "the tuning study also searches schedules and n-gram sizes.")
     for r in shown:
         with st.expander(f"{r.title}: what to know"):

@@ -20,12 +20,12 @@ from typing import Callable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
+from ..kvcache import forward_with_cache, make_cache
+from ..lean import wrap_forward
 from . import card
 from .corpus import stdlib_root
 from .evaluate import agreement, eval_windows, held_out_loss, token_byte_lengths
 from .train import encode_stream
-from ..kvcache import forward_with_cache, make_cache
-from ..lean import wrap_forward
 
 MANIFEST_NAME = "zoo.json"
 CONTEXT_TOKENS = 128

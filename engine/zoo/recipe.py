@@ -24,10 +24,10 @@ import torch
 import transformers
 from transformers import GenerationConfig, LlamaForCausalLM
 
+from .assess import MANIFEST_NAME, assess_zoo
 from .build_workloads import WORKLOAD_KINDS, build_workload, write_jsonl
 from .corpus import load_corpus
 from .onpolicy import QUICK_PLAN, OnPolicyPlan, refine_drafts
-from .assess import MANIFEST_NAME, assess_zoo
 from .train import Shape, batches, build_model, encode_stream, init_draft_from_target, train_loop, train_tokenizer
 
 SAVE_DTYPE = torch.float16  # more mantissa than bf16; the weights' range fits easily

@@ -10,9 +10,9 @@ import json
 import sys
 from typing import Any
 
-from specdec_tune.jsonsafe import finite
-
 import typer
+
+from specdec_tune.jsonsafe import finite
 
 app = typer.Typer(
     name="specdec-tune",

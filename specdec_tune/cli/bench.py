@@ -8,15 +8,15 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from specdec_tune.engine import check_compatible, load_model
-from specdec_tune.engine.workloads import load_workload
-from specdec_tune.errors import InputError
-from specdec_tune.profiler.vllm_backend import require_vllm_python
-from specdec_tune.profiler.bench import HF_METHODS, OURS, RATIOS, VLLM_METHODS, run_bench
-from specdec_tune.profiler.runs import encode_prompt
 from specdec_tune.cli import _checks as chk
 from specdec_tune.cli._app import app, print_json, quiet_loading
 from specdec_tune.cli._options import ForwardOption, VllmPythonOption
+from specdec_tune.engine import check_compatible, load_model
+from specdec_tune.engine.workloads import load_workload
+from specdec_tune.errors import InputError
+from specdec_tune.profiler.bench import HF_METHODS, OURS, RATIOS, VLLM_METHODS, run_bench
+from specdec_tune.profiler.runs import encode_prompt
+from specdec_tune.profiler.vllm_backend import require_vllm_python
 
 COMPARE = ("hf", "vllm", "none")
 
@@ -49,8 +49,8 @@ def _parse_compare(compare: str) -> set[str]:
 
 def _vllm_config(target: str, draft: str, n: int) -> dict:
     """The vLLM ``--speculative-config`` the tuner's exporter writes for (draft, N), constant N."""
-    from specdec_tune.tuner.configs import Candidate
-    from specdec_tune.tuner.server_tune import vllm_config
+    from specdec_tune.tuner.model import Candidate
+    from specdec_tune.tuner.servers import vllm_config
 
     return vllm_config(target, Candidate(draft, n)).speculative_config
 

@@ -1,12 +1,16 @@
 """``specdec-tune dashboard``: serve the Streamlit dashboard on the results database and study storage."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from specdec_tune.cli._app import app
 from specdec_tune.cli._options import DbOption
+
+# The Streamlit script that wires the tuner's server room into the dashboard (run by path, not imported here).
+APP_SCRIPT = Path(__file__).with_name("_dashboard_app.py")
 
 StorageOption = Annotated[
     Optional[str],  # noqa: UP045 - typer reads the annotation at run time on Python 3.10 too
@@ -39,7 +43,7 @@ def dashboard(
         typer.echo(f"dashboard: {url}  (results {sources.display_db}, studies {sources.display_storage}); "
                    "Ctrl-C stops it", err=False)
 
-    code = serve(sources, host, port, ready)
+    code = serve(sources, host, port, ready, app=APP_SCRIPT)
     typer.echo("dashboard stopped")
     if code not in (0, -2, -15, 130):
         raise typer.Exit(code)

@@ -27,7 +27,7 @@ def _storage_url(storage: str | None, db: str | None) -> str:
         return given
     db_url = resolve_url(db)
     try:  # where `tune` puts studies by default (a SQLite file beside the results database)
-        from specdec_tune.tuner._study import default_storage_url
+        from specdec_tune.db import default_storage_url
     except ImportError:
         return "sqlite:///specdec-studies.db"
     return default_storage_url(db_url)
@@ -47,7 +47,7 @@ def export(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (paths per format)."),
 ) -> None:
     """Export the tuned configuration for vLLM, SGLang, TensorRT-LLM, llama.cpp or HF transformers."""
-    from specdec_tune.tuner.exports import resolve_formats, write_exports
+    from specdec_tune.tuner.servers import resolve_formats, write_exports
 
     if (study is None) == (run is None):
         raise InputError("give exactly one of --study NAME or --run ID")
@@ -56,12 +56,12 @@ def export(
     formats = fmt.split(",")
     resolve_formats(formats)  # an unknown format is refused before any database is opened
     if study is not None:
-        from specdec_tune.tuner._export_sources import result_from_study
+        from specdec_tune.tuner.servers import result_from_study
 
         result = result_from_study(study, _storage_url(storage, db))
     else:
         from specdec_tune.db import open_database
-        from specdec_tune.tuner._export_sources import result_from_run
+        from specdec_tune.tuner.servers import result_from_run
 
         with open_database(db) as database:
             result = result_from_run(database, run, config)

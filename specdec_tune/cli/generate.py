@@ -6,14 +6,14 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from specdec_tune.engine import DecodeConfig, check_compatible, load_model
-from specdec_tune.engine.workloads import Prompt, load_workload
-from specdec_tune.errors import InputError
-from specdec_tune.schedules import THRESHOLD_RULES
-from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
 from specdec_tune.cli import _checks as opt
 from specdec_tune.cli._app import app, print_json, quiet_loading
 from specdec_tune.cli._options import ForwardOption
+from specdec_tune.engine import DecodeConfig, check_compatible, load_model
+from specdec_tune.engine.workloads import Prompt, load_workload
+from specdec_tune.errors import InputError
+from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
+from specdec_tune.schedules import THRESHOLD_RULES
 
 
 @app.command()

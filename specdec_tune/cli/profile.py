@@ -16,10 +16,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as RichBar
 from rich.table import Table
 
-from specdec_tune.errors import InputError
 from specdec_tune.cli import _checks as opt
 from specdec_tune.cli._app import app, print_json, quiet_loading
 from specdec_tune.cli._options import DbOption, ForwardOption
+from specdec_tune.errors import InputError
 
 THROUGHPUT_NOTE = "end to end: new tokens / wall seconds of whole decode calls, prefill included"
 SHOWN_K = (1, 2, 3, 5, 9, 17)
@@ -86,8 +86,7 @@ def _rate(x: float | None) -> str:
 def profile_summary(db, run_id: int) -> dict:
     """Everything ``profile`` prints, read back from the database (measured and predicted, labelled)."""
     from specdec_tune.db import get_run, list_measured, load_acceptance
-    from specdec_tune.tuner.model import best_n_per_batch_size
-    from specdec_tune.tuner.profile_data import best_configs, load_run_profile, predict_baseline
+    from specdec_tune.tuner.model import best_configs, best_n_per_batch_size, load_run_profile, predict_baseline
 
     run = get_run(db, run_id)
     base_rp = load_run_profile(db, run_id, baseline_only=True)
@@ -260,7 +259,7 @@ def predict(
 ) -> None:
     """Predict tokens/s of one configuration from a stored profile (no model is run)."""
     from specdec_tune.db import open_database
-    from specdec_tune.tuner.profile_data import load_run_profile, predict_config
+    from specdec_tune.tuner.model import load_run_profile, predict_config
 
     config = _spec_config(num_speculative_tokens, threshold, schedule, batch_size, temperature)
     database = open_database(db)
@@ -308,8 +307,8 @@ def measure(
 ) -> None:
     """Measure one configuration for real (held-out prompts by default); store it next to its prediction."""
     from specdec_tune.db import get_run, open_database
-    from specdec_tune.engine.workloads import check_split
-    from specdec_tune.tuner.validate import measure_predicted
+    from specdec_tune.splits import check_split
+    from specdec_tune.tuner.search import measure_predicted
 
     config = _spec_config(num_speculative_tokens, threshold, schedule, 1, temperature)
     if backend not in ("engine", "vllm"):
@@ -369,8 +368,8 @@ def _measure_vllm(database, run: int, draft, config, temperature: float, split, 
     from specdec_tune.db import get_run
     from specdec_tune.profiler.vllm_backend import require_vllm_python
     from specdec_tune.profiler.vllm_measure import measure_on_server
-    from specdec_tune.tuner.configs import Candidate
-    from specdec_tune.tuner.server_tune import vllm_config
+    from specdec_tune.tuner.model import Candidate
+    from specdec_tune.tuner.servers import vllm_config
 
     if temperature > 0:
         raise InputError("--backend vllm measures greedy decoding only (--temperature 0)")

@@ -69,8 +69,7 @@ def regress(
     baseline: this run becomes the baseline; too few samples).
     """
     from specdec_tune.db import open_database
-    from specdec_tune.tuner._regress_report import to_json, to_junit, to_markdown
-    from specdec_tune.tuner._suite import default_suite_path, load_suite
+    from specdec_tune.tuner.regress import default_suite_path, load_suite, to_json, to_junit, to_markdown
 
     if baseline not in ("auto", "latest") and not baseline.isdigit():
         raise InputError(f"--baseline must be auto, latest or a run id, got {baseline!r}")
@@ -89,7 +88,7 @@ def regress(
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True, disable=json_out) as bar:
         if calibrate:
-            from specdec_tune.tuner._regress_calibrate import run_calibration
+            from specdec_tune.tuner.regress import run_calibration
 
             report = run_calibration(spec, database, rounds=rounds, progress=_Bar(bar), vllm_python=vllm_python)
         else:
@@ -97,7 +96,7 @@ def regress(
 
             report = run_regress(spec, database, baseline=baseline, progress=_Bar(bar), vllm_python=vllm_python)
         if retune:
-            from specdec_tune.tuner._regress_drift import run_drift
+            from specdec_tune.tuner.regress import run_drift
 
             report.drift, notes = run_drift(spec, database, retune_trials, run_id=report.run_id, progress=_Bar(bar))
             report.notes += notes

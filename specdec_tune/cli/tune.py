@@ -92,7 +92,7 @@ def _print(console: Console, report) -> None:
         table = Table(title="best inside each server's space (predicted; measured where it was)", title_justify="left")
         for col in ("server", "configuration", "predicted tokens/s", "measured tokens/s"):
             table.add_column(col)
-        from specdec_tune.tuner.configs import Candidate
+        from specdec_tune.tuner.model import Candidate
 
         for srv, d in r.best_per_server.items():
             table.add_row(srv, Candidate.from_dict(d).label(), _rate(d["predicted_tokens_per_s"]),
@@ -175,9 +175,8 @@ def tune(
     json_out: bool = typer.Option(False, "--json", help="End with one JSON object for the winner."),
 ) -> None:
     """Find the fastest speculative configuration for a server, confirmed on held-out prompts."""
-    from specdec_tune.db import open_database, resolve_url
-    from specdec_tune.tuner._study import check_storage, default_storage_url
-    from specdec_tune.tuner.tune import TuneRequest, run_tune
+    from specdec_tune.db import default_storage_url, open_database, resolve_url
+    from specdec_tune.tuner.search import TuneRequest, check_storage, run_tune
 
     objective_list = tuple(o.strip() for o in objectives.split(",") if o.strip())
     if objective_list not in (("throughput",), ("throughput", "memory")):
@@ -199,7 +198,7 @@ def tune(
     # why in the README, while a format named explicitly must express it
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
     if export:
-        from specdec_tune.tuner.exports import resolve_formats
+        from specdec_tune.tuner.servers import resolve_formats
 
         resolve_formats(fmts)  # an unknown format fails before anything is measured
     database = open_database(db_url)

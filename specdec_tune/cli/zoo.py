@@ -5,9 +5,9 @@ from pathlib import Path
 
 import typer
 
-from specdec_tune.errors import InputError, NotFoundError
 from specdec_tune.cli._app import app, print_json
 from specdec_tune.cli._options import ForwardOption
+from specdec_tune.errors import InputError, NotFoundError
 
 zoo_app = typer.Typer(help="The bundled mini model family (target + drafts) and its training recipe.",
                       no_args_is_help=True)

@@ -19,10 +19,10 @@ The bundled default suite is ``tuner/suites/default.toml`` (:func:`default_suite
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from specdec_tune.errors import InputError

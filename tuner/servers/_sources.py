@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from specdec_tune.db import mask_url, sqlite_file
 from specdec_tune.errors import InputError, StorageError
-from specdec_tune.tuner.configs import NGRAM, NONE, Candidate, TuningResult
+from specdec_tune.tuner.model import NGRAM, NONE, Candidate, TuningResult
 
 RESULT_KEY = "result"
 
@@ -25,8 +26,8 @@ def result_from_study(study_name: str, storage_url: str) -> TuningResult:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    missing = _missing_sqlite_file(storage_url)
-    if missing:  # opening it would create an empty file: say it is not there instead
+    missing = sqlite_file(storage_url)
+    if missing is not None and not missing.exists():  # opening it would create an empty file: say it is not there instead
         raise InputError(f"study storage {missing} does not exist (give --storage, or run `specdec-tune tune` first)")
     try:
         storage = optuna.storages.RDBStorage(storage_url, skip_table_creation=True)
@@ -34,9 +35,9 @@ def result_from_study(study_name: str, storage_url: str) -> TuningResult:
     except Exception as exc:  # bad URL, server down, not an Optuna database
         orig = getattr(exc, "orig", None) or exc
         first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
-        raise StorageError(f"cannot read study storage {_mask(storage_url)}: {first}") from None
+        raise StorageError(f"cannot read study storage {mask_url(storage_url)}: {first}") from None
     if study_name not in names:
-        raise InputError(f"no study {study_name!r} in {_mask(storage_url)}; studies: {', '.join(names) or '(none)'}")
+        raise InputError(f"no study {study_name!r} in {mask_url(storage_url)}; studies: {', '.join(names) or '(none)'}")
     study = optuna.load_study(study_name=study_name, storage=storage)
     raw = study.user_attrs.get(RESULT_KEY)
     if not raw:
@@ -46,27 +47,6 @@ def result_from_study(study_name: str, storage_url: str) -> TuningResult:
         return TuningResult.from_dict(raw)
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"study {study_name!r} holds a result this version cannot read: {exc}") from None
-
-
-def _missing_sqlite_file(url: str) -> str | None:
-    from pathlib import Path
-
-    from sqlalchemy.engine import make_url
-
-    try:
-        parsed = make_url(url)
-    except Exception:
-        return None
-    db = parsed.database or ""
-    if parsed.get_backend_name() != "sqlite" or db in ("", ":memory:") or db.startswith("file:"):
-        return None
-    return None if Path(db).expanduser().exists() else db
-
-
-def _mask(url: str) -> str:
-    from specdec_tune.db import mask_url
-
-    return mask_url(url)
 
 
 def parse_config(text: str, default_drafter: str) -> Candidate:
@@ -104,8 +84,14 @@ def result_from_run(db: Any, run_id: int, config: str | None = None) -> TuningRe
         InputError: a bad ``config``, or one the run cannot predict (N beyond its N_max).
     """
     from specdec_tune.db import get_run
-    from specdec_tune.tuner.model import SpecConfig, best_n_per_batch_size
-    from specdec_tune.tuner.profile_data import best_configs, load_run_profile, predict_baseline, predict_config
+    from specdec_tune.tuner.model import (
+        SpecConfig,
+        best_configs,
+        best_n_per_batch_size,
+        load_run_profile,
+        predict_baseline,
+        predict_config,
+    )
 
     run = get_run(db, run_id)
     drafts = run.draft_names

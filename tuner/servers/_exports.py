@@ -19,20 +19,21 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 from specdec_tune.errors import InputError
-from specdec_tune.tuner import _export_schemas as sch
-from specdec_tune.tuner.configs import Candidate, TuningResult
-from specdec_tune.tuner.servers import SERVERS, expressible, server_space
+from specdec_tune.tuner.model import Candidate, TuningResult
+from specdec_tune.tuner.servers import _schemas as sch
+from specdec_tune.tuner.servers._table import SERVERS, expressible, server_space
 
-FORMATS = ("vllm", "sglang", "trtllm", "llamacpp", "hf")
+FORMATS = tuple(SERVERS)  # one file format per server of the capability table
 ALL = "all"
 Files = list[tuple[str, str]]  # (relative path, text)
 
-__all__ = ["ALL", "FORMATS", "batch_ranges", "build_exports", "model_path", "resolve_formats", "server_best",
-           "write_exports"]
+__all__ = ["ALL", "FORMATS", "batch_ranges", "build_exports", "model_path", "render_exports", "resolve_formats", "server_best",
+           "vllm_config", "write_exports"]
 
 
 def resolve_formats(formats: Sequence[str]) -> tuple[list[str], bool]:
@@ -60,12 +61,9 @@ def model_path(name: str | None) -> str | None:
     """A bundled model name becomes its folder; anything else (path, hub id) is returned as given."""
     if not name:
         return name
-    try:
-        from specdec_tune.engine import zoo
+    from specdec_tune.profiler import model_source
 
-        return str(zoo.resolve_model(name))
-    except Exception:  # not a zoo name, or the zoo cannot resolve it: the user's spelling is the path
-        return name
+    return model_source(name)
 
 
 def batch_ranges(result: TuningResult) -> list[tuple[int, int, int]] | None:
@@ -288,6 +286,21 @@ def build_exports(result: TuningResult, formats: Sequence[str]) -> tuple[dict[st
     return built, skipped, substituted
 
 
+def render_exports(result: TuningResult, formats: Sequence[str]) -> dict[str, Files]:
+    """Every file :func:`write_exports` would write, as text: format -> [(relative path, text)], plus
+    ``"readme"`` -> ``[("README.md", text)]``. Nothing is written.
+
+    Raises:
+        InputError: unknown format, a named format that cannot express the configuration, or a schema
+            violation.
+    """
+    from specdec_tune.tuner.servers._readme import render_readme
+
+    built, skipped, substituted = build_exports(result, formats)
+    readme = render_readme(result, built, skipped, substituted)
+    return {**{fmt: list(files) for fmt, files in built.items()}, "readme": [("README.md", readme)]}
+
+
 def write_exports(result: TuningResult, formats: Sequence[str], out_dir: Path) -> dict[str, list[Path]]:
     """Write the files each format's server reads, and ``README.md``, under ``out_dir``.
 
@@ -298,24 +311,33 @@ def write_exports(result: TuningResult, formats: Sequence[str], out_dir: Path) -
         InputError: unknown format, a named format that cannot express the configuration, or a schema
             violation; nothing is written then.
     """
-    from specdec_tune.tuner._export_readme import render_readme
-
-    built, skipped, substituted = build_exports(result, formats)
-    readme = render_readme(result, built, skipped, substituted)
+    rendered = render_exports(result, formats)
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir} exists and is not a folder")
+    out_dir.mkdir(parents=True, exist_ok=True)
     written: dict[str, list[Path]] = {}
-    for fmt, files in built.items():
+    for fmt, files in rendered.items():
+        written[fmt] = []
         for rel, text in files:
             path = out_dir / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
             if rel.endswith(".sh"):
                 path.chmod(0o755)
-            written.setdefault(fmt, []).append(path)
-        written.setdefault(fmt, [])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "README.md").write_text(readme, encoding="utf-8")
-    written["readme"] = [out_dir / "README.md"]
+            written[fmt].append(path)
     return written
+
+
+def vllm_config(target: str, c: Candidate, per_batch_size: dict[int, int] | None = None) -> Any:
+    """The :class:`ServerConfig` vLLM runs for ``c``: the tuner's own vLLM export (so what is measured
+    is what is exported), with the per-batch-size schedule when given."""
+    from specdec_tune.profiler import ServerConfig
+
+    if c.is_plain:
+        return ServerConfig("plain", "none", 0, None)
+    result = TuningResult(candidate=c, server="vllm", target=target, workload="", per_batch_size=per_batch_size or {})
+    files, _, _ = build_exports(result, ["vllm"])
+    spec = json.loads(dict(files["vllm"])["vllm/speculative_config.json"])
+    label = c.label() + (" + schedule" if "num_speculative_tokens_per_batch_size" in spec else "")
+    return ServerConfig(label, c.drafter, c.num_speculative_tokens, spec)

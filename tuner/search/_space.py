@@ -20,9 +20,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from specdec_tune.errors import InputError
-from specdec_tune.tuner.configs import NGRAM, NONE, Candidate
+from specdec_tune.tuner.model import NGRAM, NONE, Candidate
+from specdec_tune.tuner.servers import SERVERS, expressible, server_space
 
-SERVERS = ("vllm", "sglang", "trtllm", "llamacpp", "hf")
 ANY = "any"
 N_LIMIT = 16
 THETA_STEP = 0.05
@@ -89,47 +89,14 @@ def make_candidate(drafter: str, n: int, theta: float, rule: str, schedule: str)
 # --------------------------------------------------------------------------- servers
 
 
-def _fallback_expressible(server: str, c: Candidate) -> str | None:
-    """Used only until ``tuner.servers`` exists: the issue's table (vLLM 0.11+, SGLang 0.5,
-    TRT-LLM 1.1, llama.cpp b6000+, transformers 4.5x)."""
-    if c.is_plain:
-        return None
-    if server in ("vllm", "sglang", "trtllm"):
-        if c.threshold > 0:
-            return f"{server} has no draft-confidence threshold"
-        if c.schedule != "constant":
-            return f"{server} has no heuristic schedule"
-        return None
-    if server == "llamacpp":
-        if c.threshold > 0 and c.threshold_rule != "before":
-            return "llama.cpp's --spec-draft-p-min stops before the token below θ (rule 'before')"
-        return None if c.schedule == "constant" else "llama.cpp has no heuristic schedule"
-    if server == "hf":
-        if c.threshold > 0 and c.threshold_rule != "hf":
-            return "HF's assistant_confidence_threshold proposes the token below θ (rule 'hf')"
-        return None
-    raise InputError(f"unknown server {server!r}; valid: {ANY}, {', '.join(SERVERS)}")
+def unsupported(server: str, candidate: Candidate) -> str | None:
+    """Why ``server`` cannot run ``candidate`` (``None``: it can; ``any`` runs everything).
 
-
-def expressible(server: str, candidate: Candidate) -> str | None:
-    """``None`` when ``server`` can run ``candidate``, else the reason it cannot.
-
-    Asks the capability table (``tuner.servers``) when it is installed; ``any`` expresses everything.
+    Asks the capability table (:mod:`specdec_tune.tuner.servers`), the one list of servers.
     """
     if server == ANY:
         return None
-    check_server(server)
-    try:
-        from specdec_tune.tuner import servers as table
-    except ImportError:
-        return _fallback_expressible(server, candidate)
-    return table.expressible(table.server_space(server), candidate)
-
-
-def _model_has_hf_rule() -> bool:
-    from specdec_tune.tuner.model import SpecConfig
-
-    return "threshold_rule" in SpecConfig.__dataclass_fields__
+    return expressible(server_space(check_server(server)), candidate)
 
 
 def check_server(server: str) -> str:
@@ -152,7 +119,7 @@ def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ng
     if n_max < 1:
         raise InputError(f"the profile's N_max is {n_max}; profile with --n-max 16")
     probe = model_drafts[0] if model_drafts else _PROBE_DRAFT
-    ok = lambda c: expressible(server, c) is None  # noqa: E731
+    ok = lambda c: unsupported(server, c) is None  # noqa: E731
     drafters = [d for d in model_drafts if ok(Candidate(d, 1))]
     with_ngram = ngram and ok(Candidate(NGRAM, 1))
     if with_ngram:
@@ -163,8 +130,6 @@ def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ng
     rule = next((r for r in ("before", "hf") if ok(Candidate(probe, 4, 0.3, r))), None)
     if server == ANY:
         rule = "before"
-    if rule == "hf" and not _model_has_hf_rule():
-        rule = None  # the model could not predict HF's rule: search θ = 0 only, never guess
     schedules = tuple(s for s in SCHEDULES if ok(Candidate(probe, 4, schedule=s))) or ("constant",)
     ngram_schedules = tuple(s for s in SCHEDULES if ok(Candidate(NGRAM, 4, schedule=s))) or ("constant",)
     return SearchSpace(tuple(drafters), n_max, THETA_GRID if rule else (0.0,), rule or "before", schedules,

@@ -26,7 +26,6 @@ prompts but not the same minutes.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,32 +33,21 @@ from typing import Any
 from specdec_tune.db import Database
 from specdec_tune.errors import InputError
 from specdec_tune.stats import RateSamples, speedup_ci
-from specdec_tune.tuner.configs import NGRAM, Candidate, TuningResult
-from specdec_tune.tuner.search import Evaluator
-from specdec_tune.tuner.server_calibration import (best_n_per_batch_size, calibrate_from, mean_prompt_tokens,
-                                                   predict_server)
-from specdec_tune.tuner.server_model import ServerModel
+from specdec_tune.tuner.model import NGRAM, Candidate, Evaluator
+from specdec_tune.tuner.servers import (
+    ServerModel,
+    best_server_n_per_batch_size,
+    calibrate_from,
+    mean_prompt_tokens,
+    predict_server,
+    vllm_config,
+)
 
 CALIBRATION_NS = (2, 5)  # per model draft; n-gram at NGRAM_CALIBRATION_N
 NGRAM_CALIBRATION_N = 3
 
 __all__ = ["CALIBRATION_NS", "ServerTuneReport", "close_calls", "pick_among_tied", "run_server_tune",
-           "schedule_from_measured", "vllm_config"]
-
-
-def vllm_config(target: str, c: Candidate, per_batch_size: dict[int, int] | None = None):
-    """The :class:`ServerConfig` vLLM runs for ``c``: the tuner's own vLLM export (so what is measured
-    is what is exported), with the per-batch-size schedule when given."""
-    from specdec_tune.profiler.vllm_measure import ServerConfig
-    from specdec_tune.tuner.exports import build_exports
-
-    if c.is_plain:
-        return ServerConfig("plain", "none", 0, None)
-    result = TuningResult(candidate=c, server="vllm", target=target, workload="", per_batch_size=per_batch_size or {})
-    files, _, _ = build_exports(result, ["vllm"])
-    spec = json.loads(dict(files["vllm"])["vllm/speculative_config.json"])
-    label = c.label() + (" + schedule" if "num_speculative_tokens_per_batch_size" in spec else "")
-    return ServerConfig(label, c.drafter, c.num_speculative_tokens, spec)
+           "schedule_from_measured"]
 
 
 @dataclass
@@ -152,7 +140,7 @@ def run_server_tune(db: Database, run_id: int, evaluator: Evaluator, *, target: 
         InputError: a batch size that does not divide the prompts, or no drafter.
         VllmError: vLLM failed (its last log line in the message).
     """
-    from specdec_tune.profiler.vllm_measure import measure_on_server
+    from specdec_tune.profiler import measure_on_server
 
     bs = sorted({int(b) for b in batch_sizes})
     if not drafts:
@@ -182,7 +170,7 @@ def run_server_tune(db: Database, run_id: int, evaluator: Evaluator, *, target: 
     tied = [best] + [c for c in measured if measured[c].config.label in {r["config"] for r in close}]
     winner = pick_among_tied(tied, by_pred, ns)
     schedule = ({b: 0 for b in bs} if winner.is_plain else
-                best_n_per_batch_size(model, evaluator, winner.drafter, range(1, n_max + 1), bs, max_new_tokens))
+                best_server_n_per_batch_size(model, evaluator, winner.drafter, range(1, n_max + 1), bs, max_new_tokens))
     schedule_measured: dict[int, dict[int, float]] = {}
     if not winner.is_plain:
         schedule[b0] = winner.num_speculative_tokens  # the measured winner holds at the smallest batch size

@@ -12,7 +12,7 @@ again on this machine now:
    optimum first, then ``trials`` trials of the same space (server restriction included) run as in
    ``tune`` (which confirms by measurement and stores the new winner in the new study).
 3. The old winner, the new one (when it differs) and plain decoding measured interleaved on the
-   tuning prompts (:mod:`tuner._measure`): ``loss`` = old ÷ new − 1 with the paired 95 % bootstrap CI
+   tuning prompts (``tuner.search.measure_candidates``): ``loss`` = old ÷ new − 1 with the paired 95 % bootstrap CI
    of the ratio (``stats.speedup_ci``): what keeping the old configuration costs now.
 
 Informational: a drift never fails a test case and never changes the exit code (a re-tune searches
@@ -52,7 +52,7 @@ class Drift:
     run_id: int  # the fresh profile run
 
     def labels(self) -> tuple[str, str]:
-        from specdec_tune.tuner.configs import Candidate
+        from specdec_tune.tuner.model import Candidate
 
         return Candidate.from_dict(self.old).label(), Candidate.from_dict(self.new).label()
 
@@ -136,10 +136,8 @@ def retune(db: Database, benchmark: str, study_name: str, storage_url: str, tria
     import optuna
 
     from specdec_tune.stats import speedup_ci
-    from specdec_tune.tuner import _measure
-    from specdec_tune.tuner._study import open_storage
-    from specdec_tune.tuner.configs import Candidate, TuningResult
-    from specdec_tune.tuner.tune import TuneRequest, run_tune
+    from specdec_tune.tuner.model import Candidate, TuningResult
+    from specdec_tune.tuner.search import TuneRequest, measure_candidates, open_storage, run_tune
 
     storage = open_storage(storage_url)
     try:
@@ -165,7 +163,7 @@ def retune(db: Database, benchmark: str, study_name: str, storage_url: str, tria
     moved = new != old
     plain = Candidate("none", 0)
     arms = list(dict.fromkeys([old, new, plain]))  # distinct, in this order
-    measured = dict(zip(arms, _measure.measure(db, report.run_id, arms, split="tune", max_prompts=req.measure_prompts,
+    measured = dict(zip(arms, measure_candidates(db, report.run_id, arms, split="tune", max_prompts=req.measure_prompts,
                                                temperature=req.temperature, repeats=req.repeats, seed=req.seed,
                                                progress=progress)))
     m_old, m_new, m_plain = measured[old], measured[new], measured[plain]

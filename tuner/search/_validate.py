@@ -17,10 +17,16 @@ from dataclasses import dataclass
 
 from specdec_tune.db import Database, get_run, set_prediction
 from specdec_tune.errors import InputError
-from specdec_tune.profiler.measure import PLAIN, Measurement, MeasureSpec, chosen_prompts, default_split, measure_configs
-from specdec_tune.profiler.session import Progress
-from specdec_tune.tuner.model import SpecConfig
-from specdec_tune.tuner.profile_data import PromptSpec, RunPrediction, load_run_profile, predict_prompts
+from specdec_tune.profiler import (
+    PLAIN,
+    Measurement,
+    MeasureSpec,
+    Progress,
+    chosen_prompts,
+    default_split,
+    measure_configs,
+)
+from specdec_tune.tuner.model import PromptSpec, RunPrediction, SpecConfig, load_run_profile, predict_prompts
 
 _DEFAULT = "default"
 
@@ -78,7 +84,7 @@ def measure_predicted(
         run_id: a profile run.
         items: ``(draft, config)``; ``draft`` None is the run's first draft; a config with N = 0 (or
             draft ``"none"``) is plain decoding, measured in the same interleaved passes.
-        split: ``tune`` | ``holdout`` | ``all`` | ``A:B`` (``engine.workloads.split_prompts``);
+        split: ``tune`` | ``holdout`` | ``all`` | ``A:B`` (``specdec_tune.splits.split_prompts``);
             ``None`` is the run's own profiled prompts; the default is ``holdout`` for a run profiled
             on ``tune``, else the run's own prompts.
         temperature: 0 = greedy.

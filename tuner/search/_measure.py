@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec_tune.db import Database
-from specdec_tune.errors import InputError
-from specdec_tune.profiler.session import Progress
+from specdec_tune.profiler import Progress
 from specdec_tune.stats import speedup_ci
-from specdec_tune.tuner.configs import Candidate, TuningResult
+from specdec_tune.tuner.model import Candidate
 
 
 @dataclass
@@ -31,11 +30,11 @@ class Measured:
     validated: Any  # tuner.validate.Validated
 
 
-def measure(db: Database, run_id: int, candidates: Sequence[Candidate], *, split: str, max_prompts: int,
+def measure_candidates(db: Database, run_id: int, candidates: Sequence[Candidate], *, split: str, max_prompts: int,
             temperature: float, repeats: int, seed: int, progress: Progress | None) -> list[Measured]:
     """Measure ``candidates`` interleaved on ``split`` of the run's workload (stored with predictions)."""
-    from specdec_tune.tuner.search import spec_config
-    from specdec_tune.tuner.validate import measure_predicted
+    from specdec_tune.tuner.model import spec_config
+    from specdec_tune.tuner.search._validate import measure_predicted
 
     mode = "sampling" if temperature > 0 else "greedy"
     items = [(None if c.is_plain else c.drafter, spec_config(c, mode)) for c in candidates]
@@ -51,7 +50,7 @@ def measure(db: Database, run_id: int, candidates: Sequence[Candidate], *, split
     return out
 
 
-def speedup(win: Measured, base: Measured) -> tuple[float | None, tuple[float, float] | None]:
+def measured_speedup(win: Measured, base: Measured) -> tuple[float | None, tuple[float, float] | None]:
     """Measured speedup of ``win`` over plain decoding ``base`` and its paired 95% CI."""
     if win is base or win.candidate.is_plain:
         return 1.0, (1.0, 1.0)
@@ -62,7 +61,7 @@ def speedup(win: Measured, base: Measured) -> tuple[float | None, tuple[float, f
     return value, (float(lo), float(hi))
 
 
-def notes(measured: Sequence[Measured]) -> list[str]:
+def heldout_notes(measured: Sequence[Measured]) -> list[str]:
     if measured and not measured[0].heldout:
         return ["some 'held-out' prompts were profiled (in sample): the reported numbers are not held out"]
     return []
@@ -78,15 +77,3 @@ def completed_trials(storage: Any, name: str) -> int:
     except KeyError:
         return 0
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-
-
-def write_exports(result: TuningResult, formats: Sequence[str], out_dir: str) -> list[str]:
-    """The exporters' files for ``result`` (``tuner.exports``), as paths."""
-    try:
-        from specdec_tune.tuner import exports
-    except ImportError:
-        raise InputError("--export needs specdec_tune.tuner.exports, which this build lacks") from None
-    written = exports.write_exports(result, list(formats), out_dir)
-    if isinstance(written, dict):
-        written = [p for v in written.values() for p in (v if isinstance(v, (list, tuple)) else [v])]
-    return [str(p) for p in (written or [])]

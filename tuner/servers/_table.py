@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from specdec_tune.errors import InputError
-from specdec_tune.tuner.configs import NGRAM, Candidate
+from specdec_tune.tuner.model import NGRAM, Candidate
 
 
 @dataclass(frozen=True)

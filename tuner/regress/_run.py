@@ -21,9 +21,9 @@ from typing import Any
 from specdec_tune.db import Database
 from specdec_tune.db import regress as q
 from specdec_tune.errors import InputError, NotFoundError
-from specdec_tune.profiler.suite_runs import ArmSpec, environment_fingerprint, measure_arms, model_identity
-from specdec_tune.tuner._regress_compare import FLAGGED, Cell, compare_benchmark, decide, explain_benchmark
-from specdec_tune.tuner._suite import Benchmark, Suite
+from specdec_tune.profiler import ArmSpec, environment_fingerprint, measure_arms, model_identity
+from specdec_tune.tuner.regress._compare import FLAGGED, Cell, compare_benchmark, decide, explain_benchmark
+from specdec_tune.tuner.regress._suite import Benchmark, Suite
 
 EXIT_OK, EXIT_REGRESSION, EXIT_ERROR, EXIT_NO_VERDICT = 0, 1, 2, 3
 GOOD_BASELINES = ("baseline", "pass")
@@ -58,7 +58,7 @@ def resolve_config(b: Benchmark) -> dict[str, Any]:
     if b.study is not None:
         import optuna
 
-        from specdec_tune.tuner.configs import TuningResult
+        from specdec_tune.tuner.model import TuningResult
 
         try:
             study = optuna.load_study(study_name=b.study, storage=b.study_storage)
@@ -78,8 +78,8 @@ def _arm(cfg: Mapping[str, Any], key: str) -> ArmSpec:
     backend = cfg.get("backend", "engine")
     server_config = None
     if backend == "vllm" and cfg["draft"] != "none" and int(cfg["num_speculative_tokens"]) > 0:
-        from specdec_tune.tuner.configs import Candidate
-        from specdec_tune.tuner.server_tune import vllm_config
+        from specdec_tune.tuner.model import Candidate
+        from specdec_tune.tuner.servers import vllm_config
 
         server_config = vllm_config(cfg["target"], Candidate(cfg["draft"], int(cfg["num_speculative_tokens"]))
                                     ).speculative_config
@@ -101,8 +101,7 @@ def suite_backend(suite: Suite, vllm_python: str | None = None) -> tuple[Callabl
         return measure_arms, None
     from functools import partial
 
-    from specdec_tune.profiler.suite_runs_vllm import measure_arms_vllm
-    from specdec_tune.profiler.vllm_backend import server_version
+    from specdec_tune.profiler import measure_arms_vllm, server_version
 
     python = vllm_python or suite.vllm_python
     return partial(measure_arms_vllm, vllm_python=python, threads=suite.threads or 1), server_version(python)
@@ -162,11 +161,10 @@ def _model_error(db: Database, cfg: Mapping[str, Any], samples: list[dict]) -> C
                         "`tune --backend vllm`)")
 
     def get() -> tuple[float, float] | str:
-        from specdec_tune.errors import SpecdecError
-        from specdec_tune.tuner.model import SpecConfig
-        from specdec_tune.tuner.profile_data import load_run_profile, predict_config
-
         import statistics
+
+        from specdec_tune.errors import SpecdecError
+        from specdec_tune.tuner.model import SpecConfig, load_run_profile, predict_config
 
         try:
             rp = load_run_profile(db, int(cfg["profile_run"]), None if cfg["draft"] == "none" else cfg["draft"])

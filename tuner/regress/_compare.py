@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specdec_tune.tuner._regress_explain import explain, side_terms
-from specdec_tune.tuner._regress_stats import (
+from specdec_tune.tuner.regress._explain import explain, side_terms
+from specdec_tune.tuner.regress._stats import (
     bh_adjust,
     median_ratio,
     minimum_detectable_change,
@@ -32,7 +32,7 @@ from specdec_tune.tuner._regress_stats import (
     speed_test,
     two_proportion,
 )
-from specdec_tune.tuner._suite import Rules
+from specdec_tune.tuner.regress._suite import Rules
 
 SPEED_METRICS = ("speedup", "tokens_per_s", "latency")
 FLAGGED = ("suspicious", "regression")

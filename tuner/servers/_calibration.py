@@ -1,8 +1,8 @@
-"""Calibrate the throughput model to a server and predict configurations for it (issue 11 §2).
+"""Calibrate the throughput model to a server and predict configurations for it .
 
-Glue between the server's measurements (``profiler.vllm_measure.ServerMeasurement``), the engine
+Glue between the server's measurements (``profiler.ServerMeasurement``), the engine
 profile's acceptance (E[τ] and E[L] per configuration, from the run's traces) and the pure
-calibration math (:mod:`specdec_tune.tuner.server_model`).
+calibration math (:mod:`specdec_tune.tuner.servers._time_model`).
 """
 from __future__ import annotations
 
@@ -11,13 +11,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from specdec_tune.tuner.model import NGRAM, Candidate, Evaluator, predict_config, spec_config
+from specdec_tune.tuner.servers._time_model import (
+    MODEL,
+    NGRAM_KIND,
+    PLAIN,
+    ServerModel,
+    ServerPoint,
+    calibrate,
+    context_tokens,
+)
+
 if TYPE_CHECKING:
-    from specdec_tune.profiler.vllm_measure import ServerMeasurement
-from specdec_tune.tuner.configs import NGRAM, Candidate
-from specdec_tune.tuner.profile_data import predict_config
-from specdec_tune.tuner.search import Evaluator, spec_config
-from specdec_tune.tuner.server_model import (MODEL, NGRAM_KIND, PLAIN, ServerModel, ServerPoint, calibrate,
-                                             context_tokens)
+    from specdec_tune.profiler import ServerMeasurement
 
 __all__ = ["ServerPrediction", "acceptance_terms", "calibrate_from", "group_points_of", "kind_of", "mean_prompt_tokens",
            "points_of", "predict_server"]
@@ -143,7 +149,7 @@ def predict_server(model: ServerModel, evaluator: Evaluator, c: Candidate, batch
     return ServerPrediction(c, batch_size, tps, tau, length)
 
 
-def best_n_per_batch_size(model: ServerModel, evaluator: Evaluator, drafter: str, ns: Sequence[int],
+def best_server_n_per_batch_size(model: ServerModel, evaluator: Evaluator, drafter: str, ns: Sequence[int],
                           batch_sizes: Sequence[int], max_new_tokens: int) -> dict[int, int]:
     """For each batch size, the N in ``ns`` (or 0 = do not speculate) with the best predicted server
     throughput: the per-batch-size schedule vLLM takes."""
@@ -159,4 +165,4 @@ def best_n_per_batch_size(model: ServerModel, evaluator: Evaluator, drafter: str
     return out
 
 
-__all__ += ["best_n_per_batch_size"]
+__all__ += ["best_server_n_per_batch_size"]

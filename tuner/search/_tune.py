@@ -14,28 +14,21 @@
 from __future__ import annotations
 
 import json
-import statistics
-
 import platform
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from specdec_tune.db import Database, get_run, list_models, list_runs
 from specdec_tune.errors import InputError
-from specdec_tune.profiler.session import ProfileSettings, Progress, run_profile
-from specdec_tune.tuner import _measure
-from specdec_tune.tuner._space import ANY, N_LIMIT, check_server, server_search_space
-from specdec_tune.tuner._study import open_storage
-from specdec_tune.tuner.configs import NGRAM, Candidate, TuningResult
-from specdec_tune.tuner.search import (
-    Evaluator,
-    Scored,
-    best_per_server,
-    expressible_on,
-    per_batch_size,
-    run_search,
-)
+from specdec_tune.profiler import ProfileSettings, Progress, run_profile
+from specdec_tune.tuner.model import NGRAM, Candidate, Evaluator, Scored, TuningResult
+from specdec_tune.tuner.search._measure import completed_trials, heldout_notes, measure_candidates, measured_speedup
+from specdec_tune.tuner.search._optuna import best_per_server, expressible_on, per_batch_size, run_search
+from specdec_tune.tuner.search._space import ANY, N_LIMIT, check_server, server_search_space
+from specdec_tune.tuner.search._study import open_storage
 
 
 @dataclass(frozen=True)
@@ -94,7 +87,7 @@ class TuneRequest:
                                  f"(not {self.server!r})")
             if self.temperature > 0 or self.objectives != ("throughput",):
                 raise InputError("--backend vllm tunes greedy throughput only (--temperature 0, --objectives throughput)")
-            from specdec_tune.profiler.vllm_backend import require_vllm_python
+            from specdec_tune.profiler import require_vllm_python
 
             require_vllm_python(self.vllm_python)  # a missing or broken path fails before profiling
 
@@ -230,7 +223,7 @@ def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progres
     Raises:
         InputError / NotFoundError / ModelLoadError / StorageError: one line each (the CLI exits 2).
     """
-    from specdec_tune.engine.workloads import resolve_workload
+    from specdec_tune.profiler import resolve_workload
 
     progress = progress or Progress()
     resolve_workload(req.workload)  # an unknown workload fails before anything is loaded
@@ -259,7 +252,7 @@ def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progres
                if k not in ("study", "vllm_python", "reprofile")}
     attrs = {"target": req.target, "drafts": list(req.drafts), "workload": req.workload, "server": req.server,
              "temperature": req.temperature, "run_id": run_id, "request": request}
-    remaining = max(req.trials - _measure.completed_trials(storage, name), 0)
+    remaining = max(req.trials - completed_trials(storage, name), 0)
     progress.stage(f"search ({req.server} space, {space.size} points)", remaining)
     outcome = run_search(evaluator, space, storage=storage, study_name=name, trials=req.trials,
                          objectives=req.objectives, attrs=attrs, seed=req.seed,
@@ -271,16 +264,16 @@ def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progres
     pool = outcome.pareto if len(req.objectives) > 1 else outcome.ranked
     top = _distinct_top(pool, req.measure_top)
     plain = Candidate("none", 0)
-    confirm = _measure.measure(db, run_id, [s.candidate for s in top] + [plain], split="tune",
+    confirm = measure_candidates(db, run_id, [s.candidate for s in top] + [plain], split="tune",
                                max_prompts=req.measure_prompts, temperature=req.temperature, repeats=req.repeats,
                                seed=req.seed, progress=progress)
     winner = max(confirm, key=lambda m: m.tokens_per_s)
-    heldout = _measure.measure(db, run_id, [winner.candidate] + ([] if winner.candidate.is_plain else [plain]),
+    heldout = measure_candidates(db, run_id, [winner.candidate] + ([] if winner.candidate.is_plain else [plain]),
                                split="holdout", max_prompts=req.heldout_prompts, temperature=req.temperature,
                                repeats=req.repeats, seed=req.seed, progress=progress)
     win_h = heldout[0]
     base_h = heldout[-1]
-    notes += _measure.notes(heldout)
+    notes += heldout_notes(heldout)
     per_b = per_batch_size(evaluator, winner.candidate, sorted(set(req.batch_sizes)), n_max)
     bests = best_per_server(evaluator, model_drafts, n_max, NGRAM in req.drafts) if req.server == ANY else {
         req.server: evaluator.score(winner.candidate)}
@@ -292,7 +285,7 @@ def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progres
                             if s.candidate in measured_by else {})}
                    for srv, s in bests.items()}
     sources = {m.draft: m.source for m in models_of(db, run_id)}
-    speedup, ci = _measure.speedup(win_h, base_h)
+    speedup, ci = measured_speedup(win_h, base_h)
     result = TuningResult(
         candidate=winner.candidate, server=req.server, target=req.target, workload=req.workload,
         hardware=run.hardware.device_name, draft_path=sources.get(winner.candidate.drafter),
@@ -315,7 +308,10 @@ def _finish(result: TuningResult, outcome, export: tuple[str, Sequence[str]] | N
     outcome.study.set_user_attr("result", result.to_dict())
     if server_report is not None:
         outcome.study.set_user_attr("server_report", json.loads(json.dumps(server_report, default=str)))
-    exports = _measure.write_exports(result, export[1], export[0]) if export is not None else []
+    from specdec_tune.tuner.servers import write_exports
+
+    written = write_exports(result, list(export[1]), Path(export[0])) if export is not None else {}
+    exports = [str(p) for paths in written.values() for p in paths]
     return replace(report, exports=exports)
 
 
@@ -339,7 +335,7 @@ def _server_tune(db: Database, req: TuneRequest, run_id: int, evaluator: Evaluat
     """``--backend vllm``: calibrate, confirm, schedule and hold out on vLLM (:mod:`tuner.server_tune`)."""
     import os
 
-    from specdec_tune.tuner.server_tune import run_server_tune
+    from specdec_tune.tuner.search._server_tune import run_server_tune
 
     run = get_run(db, run_id)
     sr = run_server_tune(db, run_id, evaluator, target=req.target, drafts=list(req.drafts),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from specdec_tune.db.records import TraceRow
 from specdec_tune.schedules import heuristic_grows, next_num_speculative, threshold_cut
-from specdec_tune.tuner._replay import ReplayStats
+from specdec_tune.tuner.model._replay import ReplayStats
 
 
 @dataclass(frozen=True)

@@ -32,14 +32,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from specdec_tune.errors import InputError
-from specdec_tune.tuner._replay import (
-    ReplayStats,
-    Trace,
-    constant_alpha_stats,
-    heuristic_stationary,
-    mix,
-    replay,
-)
+from specdec_tune.tuner.model._replay import ReplayStats, Trace, constant_alpha_stats, heuristic_stationary, mix, replay
 
 __all__ = [
     "ModelProfile", "Prediction", "ReplayStats", "SpecConfig", "Trace", "alphas_from_traces",

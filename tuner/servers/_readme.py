@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdec_tune.tuner.configs import Candidate, TuningResult
-from specdec_tune.tuner.servers import SERVERS, caveats, expressible
+from specdec_tune.tuner.model import Candidate, TuningResult
+from specdec_tune.tuner.servers._table import SERVERS, caveats, expressible
 
 _HOW = {
     "vllm": ("vllm/speculative_config.json", "`vllm serve TARGET --speculative-config \"$(cat vllm/speculative_config.json)\"` "
@@ -97,7 +97,7 @@ def render_readme(r: TuningResult, built: dict[str, list[tuple[str, str]]], skip
                   substituted: dict[str, str] | None = None) -> str:
     """The README text for the exports in ``built`` (format -> files), the formats ``skipped`` and those
     ``substituted`` (written with their own server's best configuration instead of the winner)."""
-    from specdec_tune.tuner.exports import batch_ranges, server_best
+    from specdec_tune.tuner.servers._exports import batch_ranges, server_best
 
     substituted = substituted or {}
 

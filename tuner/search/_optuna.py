@@ -19,93 +19,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec_tune.db import Database
 from specdec_tune.errors import InputError
-from specdec_tune.tuner._space import ANY, SERVERS, SearchSpace, expressible, make_candidate, server_search_space
-from specdec_tune.tuner.configs import NGRAM, NONE, Candidate
-from specdec_tune.tuner.model import SpecConfig, best_n_per_batch_size
-from specdec_tune.tuner.profile_data import RunProfile, load_run_profile, predict_baseline, predict_config
+from specdec_tune.tuner.model import NGRAM, NONE, Candidate, Evaluator, Scored, best_n_per_batch_size
+from specdec_tune.tuner.search._space import SearchSpace, make_candidate, server_search_space, unsupported
+from specdec_tune.tuner.servers import SERVERS
 
 OBJECTIVES = ("throughput", "memory")
-__all__ = [
-    "OBJECTIVES", "Evaluator", "Scored", "SearchOutcome", "SearchSpace", "best_per_server", "brute_force",
-    "per_batch_size", "run_search", "server_search_space", "spec_config",
-]
-
-
-@dataclass(frozen=True)
-class Scored:
-    """A candidate and what the model predicts for it (all numbers predicted)."""
-
-    candidate: Candidate
-    predicted_tokens_per_s: float
-    predicted_speedup: float
-    expected_tokens_per_cycle: float
-    source: str
-    memory_bytes: float | None = None
-
-    def attrs(self) -> dict[str, Any]:
-        """What a trial stores (Optuna user attributes; its value is the predicted tokens/s). Each
-        attribute is one storage commit, so only what readers need is stored."""
-        out = {"candidate": self.candidate.to_dict(), "predicted_speedup": self.predicted_speedup,
-               "expected_tokens_per_cycle": self.expected_tokens_per_cycle, "source": self.source}
-        if self.memory_bytes is not None:
-            out["memory_bytes"] = self.memory_bytes
-        return out
-
-    @classmethod
-    def from_trial(cls, t: Any) -> Scored:
-        """Back from a completed trial (value 0 = predicted tokens/s)."""
-        a = t.user_attrs
-        return cls(Candidate.from_dict(a["candidate"]), float(t.values[0]), float(a["predicted_speedup"]),
-                   float(a["expected_tokens_per_cycle"]), str(a["source"]), a.get("memory_bytes"))
-
-
-def spec_config(c: Candidate, mode: str = "greedy", batch_size: int = 1) -> SpecConfig:
-    """The model's :class:`SpecConfig` for a candidate (the HF θ rule where the model has it)."""
-    extra: dict[str, Any] = {}
-    if c.threshold > 0 and c.threshold_rule != "before":
-        if "threshold_rule" not in SpecConfig.__dataclass_fields__:
-            raise InputError(f"θ rule {c.threshold_rule!r} cannot be predicted by this version of the model")
-        extra["threshold_rule"] = c.threshold_rule
-    n = 0 if c.is_plain else c.num_speculative_tokens
-    return SpecConfig(n, c.threshold if n else 0.0, c.schedule if n else "constant", batch_size, mode, **extra)  # type: ignore[arg-type]
-
-
-class Evaluator:
-    """Cached predictions of candidates from one profile run.
-
-    Args:
-        db: the results database.
-        run_id: the profile run (on the tuning prompts).
-        mode: ``greedy`` or ``sampling``.
-        memory: candidate -> bytes speculation adds (draft weights + KV cache), for the memory objective.
-    """
-
-    def __init__(self, db: Database, run_id: int, mode: str = "greedy",
-                 memory: Callable[[Candidate], float] | None = None) -> None:
-        self.db, self.run_id, self.mode, self.memory = db, run_id, mode, memory
-        self._profiles: dict[str | None, RunProfile] = {}
-        self.cache: dict[Candidate, Scored] = {}
-        self.predictions = 0  # model evaluations actually run (cache misses)
-
-    def profile(self, drafter: str | None) -> RunProfile:
-        if drafter not in self._profiles:
-            self._profiles[drafter] = load_run_profile(self.db, self.run_id, drafter, baseline_only=drafter is None)
-        return self._profiles[drafter]
-
-    def score(self, c: Candidate) -> Scored:
-        if c in self.cache:
-            return self.cache[c]
-        if c.is_plain:
-            p = predict_baseline(self.profile(None))
-        else:
-            p = predict_config(self.profile(c.drafter), spec_config(c, self.mode))
-        self.predictions += 1
-        s = Scored(c, p.tokens_per_s, p.speedup, p.expected_tokens_per_cycle, p.source,
-                   self.memory(c) if self.memory else None)
-        self.cache[c] = s
-        return s
 
 
 def suggest(trial: Any, space: SearchSpace) -> Candidate:
@@ -192,7 +111,7 @@ def run_search(
     from optuna.study import MaxTrialsCallback
     from optuna.trial import TrialState
 
-    from specdec_tune.tuner._study import load_or_create
+    from specdec_tune.tuner.search._study import load_or_create
 
     if trials < 1:
         raise InputError(f"--trials must be >= 1, got {trials}")
@@ -222,7 +141,7 @@ def run_search(
 
     def objective(trial: Any) -> float | list[float]:
         c = suggest(trial, space)
-        reason = expressible(space.server, c)
+        reason = unsupported(space.server, c)
         if reason is not None:  # a guard: the space is built to hold only expressible points
             trial.set_user_attr("error", reason)
             raise optuna.TrialPruned(reason)
@@ -282,7 +201,7 @@ def brute_force(evaluator: Evaluator, space: SearchSpace) -> list[Scored]:
 
 
 def best_per_server(evaluator: Evaluator, model_drafts: Sequence[str], n_max: int, ngram: bool,
-                    servers: Sequence[str] = SERVERS) -> dict[str, Scored]:
+                    servers: Sequence[str] = tuple(SERVERS)) -> dict[str, Scored]:
     """The best predicted candidate inside each server's space (exhaustive over the cached model).
 
     Each server's space is small and a prediction costs about a millisecond, so every point of it is
@@ -318,11 +237,9 @@ def per_batch_size(evaluator: Evaluator, c: Candidate, batch_sizes: Sequence[int
 
 def expressible_on(c: Candidate) -> list[str]:
     """The servers whose space holds ``c``."""
-    return [s for s in SERVERS if expressible(s, c) is None]
+    return [s for s in SERVERS if unsupported(s, c) is None]
 
 
 def finite_or_none(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
-
-__all__ += ["ANY", "expressible_on", "finite_or_none", "suggest"]

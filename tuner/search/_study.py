@@ -11,41 +11,18 @@ from __future__ import annotations
 
 import logging
 import warnings
-from pathlib import Path
 from typing import Any
 
+from specdec_tune.db import default_storage_url, mask_url, sqlite_file
 from specdec_tune.errors import InputError, StorageError
 
 OUR_TABLE = "profile_runs"  # a table only specdec-tune's results database has
 
 
-def _sqlite_file(url: str) -> Path | None:
-    from sqlalchemy.engine import make_url
-
-    try:
-        parsed = make_url(url)
-    except Exception:
-        return None
-    if parsed.get_backend_name() != "sqlite":
-        return None
-    database = parsed.database or ""
-    if database in ("", ":memory:") or database.startswith("file:"):
-        return None
-    return Path(database).expanduser().resolve()
-
-
-def default_storage_url(db_url: str) -> str:
-    """A SQLite file beside the results database (``x.db`` -> ``x-studies.db``), else in the cwd."""
-    path = _sqlite_file(db_url)
-    if path is None:
-        return "sqlite:///specdec-studies.db"
-    return f"sqlite:///{path.with_name(path.stem + '-studies' + (path.suffix or '.db'))}"
-
-
 def _same_database(a: str, b: str) -> bool:
     from sqlalchemy.engine import make_url
 
-    fa, fb = _sqlite_file(a), _sqlite_file(b)
+    fa, fb = sqlite_file(a), sqlite_file(b)
     if fa is not None or fb is not None:
         return fa == fb
     try:
@@ -64,15 +41,9 @@ def check_storage(storage_url: str, db_url: str) -> None:
     """
     if _same_database(storage_url, db_url):
         raise InputError(
-            f"--storage {_mask(storage_url)} is the results database (--db): Optuna keeps its own "
+            f"--storage {mask_url(storage_url)} is the results database (--db): Optuna keeps its own "
             "alembic_version table there, which would clash with specdec-tune's; give another database "
-            f"(default: {_mask(default_storage_url(db_url))})")
-
-
-def _mask(url: str) -> str:
-    from specdec_tune.db import mask_url
-
-    return mask_url(url)
+            f"(default: {mask_url(default_storage_url(db_url))})")
 
 
 def open_storage(storage_url: str) -> Any:
@@ -89,19 +60,19 @@ def open_storage(storage_url: str) -> Any:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("optuna").setLevel(logging.WARNING)
-    path = _sqlite_file(storage_url)
+    path = sqlite_file(storage_url)
     if path is not None and not path.parent.is_dir():
-        raise StorageError(f"cannot open study storage {_mask(storage_url)}: directory {path.parent} does not exist")
+        raise StorageError(f"cannot open study storage {mask_url(storage_url)}: directory {path.parent} does not exist")
     try:
         engine = sa.create_engine(storage_url)
         with engine.connect() as conn:
             tables = set(sa.inspect(conn).get_table_names())
         engine.dispose()
     except Exception as exc:  # driver missing, bad URL, server down: say which URL and why
-        raise StorageError(f"cannot open study storage {_mask(storage_url)}: {_first_line(exc)}") from None
+        raise StorageError(f"cannot open study storage {mask_url(storage_url)}: {_first_line(exc)}") from None
     if OUR_TABLE in tables:
         raise StorageError(
-            f"study storage {_mask(storage_url)} holds specdec-tune's results tables; Optuna's alembic_version "
+            f"study storage {mask_url(storage_url)} holds specdec-tune's results tables; Optuna's alembic_version "
             "would clash with ours: give a separate database for --storage")
     try:
         with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5.0; we rely on them knowingly
@@ -111,7 +82,7 @@ def open_storage(storage_url: str) -> Any:
                 engine_kwargs={"pool_pre_ping": True} if not storage_url.startswith("sqlite") else None,
             )
     except Exception as exc:
-        raise StorageError(f"cannot open study storage {_mask(storage_url)}: {_first_line(exc)}") from None
+        raise StorageError(f"cannot open study storage {mask_url(storage_url)}: {_first_line(exc)}") from None
 
 
 def _first_line(exc: BaseException) -> str:

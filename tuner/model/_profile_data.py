@@ -36,12 +36,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from specdec_tune.db import Database, RunRecord, TimingRow, TraceRow
-from specdec_tune.errors import InputError, NotFoundError
-from specdec_tune.tuner._calibration import OverheadFit, calibrate_b1, fit_overhead, interp, trimmed_mean
-from specdec_tune.tuner._greedy_sim import PositionTrace, position_traces, simulate_prompt, stats_from_cycles
-from specdec_tune.tuner._replay import ReplayStats
-from specdec_tune.tuner.model import ModelProfile, SpecConfig, Trace, draft_step_time, verify_time
-from specdec_tune.tuner.model import predict as model_predict
+from specdec_tune.errors import InputError
+from specdec_tune.splits import split_prompts
+from specdec_tune.tuner.model._calibration import OverheadFit, calibrate_b1, fit_overhead, interp, trimmed_mean
+from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, simulate_prompt, stats_from_cycles
+from specdec_tune.tuner.model._replay import ReplayStats
+from specdec_tune.tuner.model._throughput import ModelProfile, SpecConfig, Trace, draft_step_time, verify_time
+from specdec_tune.tuner.model._throughput import predict as model_predict
 
 NGRAM = "ngram"
 __all__ = [
@@ -555,13 +556,11 @@ def split_specs(rp: RunProfile, split: str, max_prompts: int | None = None) -> l
     Raises:
         InputError: a bad split, or a run profiled before prompt lengths were stored.
     """
-    from specdec_tune.engine.workloads import split_prompts
-
     stored = rp.run.settings.get("workload_prompt_tokens")
     if not stored:
         raise InputError(f"run {rp.run.id} does not store its workload's prompt lengths; profile it again")
     index = {pid: i for i, pid in enumerate(rp.run.settings.get("prompt_ids", []))}
-    chosen = split_prompts([(str(pid), int(n)) for pid, n in stored], split)  # type: ignore[arg-type]
+    chosen = split_prompts([(str(pid), int(n)) for pid, n in stored], split)
     if max_prompts is not None:
         chosen = chosen[:max_prompts]
     return [PromptSpec(n, None, index.get(pid)) for pid, n in chosen]

@@ -14,8 +14,8 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from specdec_tune.jsonsafe import finite
-from specdec_tune.tuner._regress_compare import Cell
-from specdec_tune.tuner.regress import RegressReport
+from specdec_tune.tuner.regress._compare import Cell
+from specdec_tune.tuner.regress._run import RegressReport
 
 EXIT_MEANING = {0: "nothing regressed", 1: "regression", 2: "error", 3: "no verdict possible"}
 

@@ -18,11 +18,11 @@ from collections.abc import Callable
 
 from specdec_tune.db import Database
 from specdec_tune.db import regress as q
-from specdec_tune.profiler.suite_runs import environment_fingerprint, measure_arms
-from specdec_tune.tuner._regress_compare import FLAGGED, compare_benchmark, decide
-from specdec_tune.tuner._regress_stats import minimum_detectable_change, proportion_mdc
-from specdec_tune.tuner._suite import Suite
-from specdec_tune.tuner.regress import EXIT_OK, RegressReport, _arm, _cell_fields, resolve_config, suite_backend
+from specdec_tune.profiler import environment_fingerprint, measure_arms
+from specdec_tune.tuner.regress._compare import FLAGGED, compare_benchmark, decide
+from specdec_tune.tuner.regress._run import EXIT_OK, RegressReport, _arm, _cell_fields, resolve_config, suite_backend
+from specdec_tune.tuner.regress._stats import minimum_detectable_change, proportion_mdc
+from specdec_tune.tuner.regress._suite import Suite
 
 
 def noise_spread(within_logs: list[float], between_logs: list[float]) -> float:

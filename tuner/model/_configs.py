@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from specdec_tune.tuner.model._throughput import SpecConfig
+
 NONE = "none"  # plain decoding (no drafter)
 NGRAM = "ngram"  # prompt lookup
 THRESHOLD_RULES = ("before", "hf")
@@ -114,3 +116,11 @@ class TuningResult:
         if d.get("speedup_ci") is not None:
             d["speedup_ci"] = tuple(d["speedup_ci"])
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def spec_config(c: Candidate, mode: str = "greedy", batch_size: int = 1) -> SpecConfig:
+    """The model's :class:`SpecConfig` for a candidate (plain decoding: N = 0, no θ, constant)."""
+    n = 0 if c.is_plain else c.num_speculative_tokens
+    rule = c.threshold_rule if n and c.threshold > 0 else "before"
+    return SpecConfig(n, c.threshold if n else 0.0, c.schedule if n else "constant", batch_size, mode,  # type: ignore[arg-type]
+                      threshold_rule=rule)  # type: ignore[arg-type]

@@ -1,0 +1,34 @@
+"""The Streamlit script ``specdec-tune dashboard`` runs: wire the tuner's server room into the dashboard,
+then draw the dashboard.
+
+This is the composition root of the dashboard process: the dashboard itself reads only ``db`` and
+``tuner.model`` (import contracts, ``docs/architecture.md``), so the capability table and the exporters
+of ``tuner.servers`` reach it from here, as plain data and two functions.
+"""
+from __future__ import annotations
+
+from specdec_tune.dashboard import app, wiring
+from specdec_tune.tuner import servers
+from specdec_tune.tuner.model import Candidate, TuningResult
+
+
+def _unsupported(server: str, candidate: Candidate) -> str | None:
+    return servers.expressible(servers.server_space(server), candidate)
+
+
+def _export_files(result: TuningResult) -> dict[str, dict[str, bytes]]:
+    return {fmt: {path: text.encode("utf-8") for path, text in files}
+            for fmt, files in servers.render_exports(result, ["all"]).items()}
+
+
+def server_room() -> wiring.ServerRoom:
+    """The dashboard's view of ``tuner.servers``: the capability table, its check and the exporters."""
+    facts = tuple(wiring.ServerFacts(name=s.name, title=s.title, version=s.version, capabilities=s.capabilities(),
+                                     notes=tuple(s.notes)) for s in servers.SERVERS.values())
+    return wiring.ServerRoom(servers=facts, unsupported=_unsupported, formats=tuple(servers.FORMATS),
+                             export_files=_export_files)
+
+
+if __name__ == "__main__":
+    wiring.install(server_room())
+    app.main()

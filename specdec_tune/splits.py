@@ -1,0 +1,69 @@
+"""The one rule that splits a workload's prompts into a tuning half and a held-out half.
+
+Shared by the engine's workloads, the profiler (which measures on one half) and the tuner's model
+(which predicts the other half from stored prompt lengths), so it lives beside them, not in any room.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+from specdec_tune.errors import InputError
+
+T = TypeVar("T")
+
+SPLITS = ("all", "tune", "holdout")
+
+
+def check_split(split: str) -> str:
+    """Validate a split name or ``A:B`` range without loading a workload; return it stripped.
+
+    Raises:
+        InputError: not ``all``, ``tune``, ``holdout`` or ``A:B`` with integers 0 <= A < B.
+    """
+    text = str(split).strip()
+    if text in SPLITS:
+        return text
+    if text.count(":") == 1:
+        a, b = text.split(":")
+        try:
+            start, stop = int(a), int(b)
+        except ValueError:
+            start = stop = -1
+        if 0 <= start < stop:
+            return f"{start}:{stop}"
+        if start >= 0 and stop >= 0:
+            raise InputError(f"--split {text!r}: the range A:B needs A < B (prompts A..B-1 of the workload)")
+    raise InputError(f"--split must be one of {', '.join(SPLITS)} or a range A:B of prompt positions "
+                     f"(0 <= A < B), got {split!r}")
+
+
+def split_prompts(prompts: Sequence[T], split: str) -> list[T]:
+    """The prompts of one split of a workload, in workload order.
+
+    The split is defined once, here, and used by ``profile``, ``measure``, ``tune`` and the model's
+    held-out predictions (which split stored prompt ids and lengths, not prompts):
+
+    - ``tune``: prompts at even positions 0, 2, 4, ... of the workload;
+    - ``holdout``: prompts at odd positions 1, 3, 5, ...;
+    - ``all``: every prompt;
+    - ``A:B``: positions A..B-1 (a Python slice of the workload order; B may not exceed its size).
+
+    Alternating by position keeps both halves representative when a workload is ordered by topic or
+    length (the bundled ones are), makes them disjoint and together the whole workload, and needs no
+    random seed: the same file always gives the same split.
+
+    Raises:
+        InputError: an unknown split, or a range outside the workload.
+    """
+    split = check_split(split)
+    if split == "all":
+        return list(prompts)
+    if split == "tune":
+        return list(prompts[0::2])
+    if split == "holdout":
+        return list(prompts[1::2])
+    start, stop = (int(x) for x in split.split(":"))
+    if stop > len(prompts):
+        raise InputError(f"--split {split}: the workload has only {len(prompts)} prompts (positions 0..{len(prompts) - 1})")
+    return list(prompts[start:stop])

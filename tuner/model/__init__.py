@@ -1,0 +1,56 @@
+"""The pure throughput model: predict any configuration from a stored profile (no torch, no timing).
+
+Public names only; the modules behind them are private (``_throughput``: the analytic model,
+``_replay``: trace replay, ``_greedy_sim``: exact greedy simulation, ``_calibration``: in-loop
+calibration, ``_profile_data``: profile assembly and end-to-end predictions, ``_configs``: the
+configuration records every room exchanges, ``_evaluator``: cached predictions of candidates).
+"""
+from __future__ import annotations
+
+from specdec_tune.tuner.model._calibration import OverheadFit, fit_overhead
+from specdec_tune.tuner.model._configs import NGRAM, NONE, THRESHOLD_RULES, Candidate, TuningResult, spec_config
+from specdec_tune.tuner.model._evaluator import Evaluator, Scored
+from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, simulate_prompt
+from specdec_tune.tuner.model._profile_data import (
+    THRESHOLD_GRID,
+    PromptInfo,
+    PromptSpec,
+    RunPrediction,
+    RunProfile,
+    best_configs,
+    build_run_profile,
+    load_run_profile,
+    predict_baseline,
+    predict_config,
+    predict_prompts,
+    profiled_specs,
+    resolve_draft,
+    run_drafts,
+    split_specs,
+)
+from specdec_tune.tuner.model._replay import ReplayStats, Trace, heuristic_stationary, replay
+from specdec_tune.tuner.model._throughput import (
+    ModelProfile,
+    Prediction,
+    SpecConfig,
+    alphas_from_traces,
+    baseline_tokens_per_s,
+    best_n_per_batch_size,
+    closed_form_tokens_per_cycle,
+    draft_step_time,
+    predict,
+    rank_configs,
+    relative_error,
+    tokens_per_cycle_per_position,
+    verify_time,
+)
+
+__all__ = [
+    "NGRAM", "NONE", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator", "ModelProfile", "OverheadFit",
+    "PositionTrace", "Prediction", "PromptInfo", "PromptSpec", "ReplayStats", "RunPrediction", "RunProfile", "Scored",
+    "SpecConfig", "Trace", "TuningResult", "alphas_from_traces", "baseline_tokens_per_s", "best_configs",
+    "best_n_per_batch_size", "build_run_profile", "closed_form_tokens_per_cycle", "draft_step_time", "fit_overhead",
+    "heuristic_stationary", "load_run_profile", "position_traces", "predict", "predict_baseline", "predict_config",
+    "predict_prompts", "profiled_specs", "rank_configs", "relative_error", "replay", "resolve_draft", "run_drafts",
+    "simulate_prompt", "spec_config", "split_specs", "tokens_per_cycle_per_position", "verify_time",
+]  # fmt: skip

@@ -1,0 +1,75 @@
+"""Cached predictions of candidates from one profile run: what the search, the server calibration and
+the exports ask the model, each point predicted once per process."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from specdec_tune.db import Database
+from specdec_tune.tuner.model._configs import Candidate, spec_config
+from specdec_tune.tuner.model._profile_data import RunProfile, load_run_profile, predict_baseline, predict_config
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A candidate and what the model predicts for it (all numbers predicted)."""
+
+    candidate: Candidate
+    predicted_tokens_per_s: float
+    predicted_speedup: float
+    expected_tokens_per_cycle: float
+    source: str
+    memory_bytes: float | None = None
+
+    def attrs(self) -> dict[str, Any]:
+        """What a trial stores (Optuna user attributes; its value is the predicted tokens/s). Each
+        attribute is one storage commit, so only what readers need is stored."""
+        out = {"candidate": self.candidate.to_dict(), "predicted_speedup": self.predicted_speedup,
+               "expected_tokens_per_cycle": self.expected_tokens_per_cycle, "source": self.source}
+        if self.memory_bytes is not None:
+            out["memory_bytes"] = self.memory_bytes
+        return out
+
+    @classmethod
+    def from_trial(cls, t: Any) -> Scored:
+        """Back from a completed trial (value 0 = predicted tokens/s)."""
+        a = t.user_attrs
+        return cls(Candidate.from_dict(a["candidate"]), float(t.values[0]), float(a["predicted_speedup"]),
+                   float(a["expected_tokens_per_cycle"]), str(a["source"]), a.get("memory_bytes"))
+
+
+class Evaluator:
+    """Cached predictions of candidates from one profile run.
+
+    Args:
+        db: the results database.
+        run_id: the profile run (on the tuning prompts).
+        mode: ``greedy`` or ``sampling``.
+        memory: candidate -> bytes speculation adds (draft weights + KV cache), for the memory objective.
+    """
+
+    def __init__(self, db: Database, run_id: int, mode: str = "greedy",
+                 memory: Callable[[Candidate], float] | None = None) -> None:
+        self.db, self.run_id, self.mode, self.memory = db, run_id, mode, memory
+        self._profiles: dict[str | None, RunProfile] = {}
+        self.cache: dict[Candidate, Scored] = {}
+        self.predictions = 0  # model evaluations actually run (cache misses)
+
+    def profile(self, drafter: str | None) -> RunProfile:
+        if drafter not in self._profiles:
+            self._profiles[drafter] = load_run_profile(self.db, self.run_id, drafter, baseline_only=drafter is None)
+        return self._profiles[drafter]
+
+    def score(self, c: Candidate) -> Scored:
+        if c in self.cache:
+            return self.cache[c]
+        if c.is_plain:
+            p = predict_baseline(self.profile(None))
+        else:
+            p = predict_config(self.profile(c.drafter), spec_config(c, self.mode))
+        self.predictions += 1
+        s = Scored(c, p.tokens_per_s, p.speedup, p.expected_tokens_per_cycle, p.source,
+                   self.memory(c) if self.memory else None)
+        self.cache[c] = s
+        return s

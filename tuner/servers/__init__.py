@@ -1,0 +1,62 @@
+"""What each inference server can express, its time model calibrated to measurements, and the files it reads.
+
+Public names only; the modules behind them are private (``_table``: the capability table, the one
+list of servers; ``_time_model`` and ``_calibration``: the server time model and its fit to server
+runs; ``_exports``, ``_schemas``, ``_readme``: the exported files; ``_sources``: where an export's
+result comes from).
+"""
+from __future__ import annotations
+
+from specdec_tune.tuner.servers._calibration import (
+    ServerPrediction,
+    acceptance_terms,
+    best_server_n_per_batch_size,
+    calibrate_from,
+    group_points_of,
+    kind_of,
+    mean_prompt_tokens,
+    points_of,
+    predict_server,
+)
+from specdec_tune.tuner.servers._exports import (
+    ALL,
+    FORMATS,
+    batch_ranges,
+    build_exports,
+    model_path,
+    render_exports,
+    resolve_formats,
+    server_best,
+    vllm_config,
+    write_exports,
+)
+from specdec_tune.tuner.servers._schemas import (
+    HfAssistantGenerationConfig,
+    HfPromptLookupGenerationConfig,
+    LlamacppSpeculativeArgs,
+    SglangSpeculativeArgs,
+    TrtllmExtraOptions,
+    TrtllmSpeculativeConfig,
+    VllmSpeculativeConfig,
+)
+from specdec_tune.tuner.servers._sources import parse_config, result_from_run, result_from_study
+from specdec_tune.tuner.servers._table import SERVERS, ServerSpace, caveats, expressible, project, server_space
+from specdec_tune.tuner.servers._time_model import (
+    KINDS,
+    ServerModel,
+    ServerPoint,
+    ServerTimes,
+    calibrate,
+    context_tokens,
+    point_from_counts,
+)
+
+__all__ = [
+    "ALL", "FORMATS", "KINDS", "SERVERS", "HfAssistantGenerationConfig", "HfPromptLookupGenerationConfig",
+    "LlamacppSpeculativeArgs", "ServerModel", "ServerPoint", "ServerPrediction", "ServerSpace", "ServerTimes",
+    "SglangSpeculativeArgs", "TrtllmExtraOptions", "TrtllmSpeculativeConfig", "VllmSpeculativeConfig",
+    "acceptance_terms", "batch_ranges", "best_server_n_per_batch_size", "build_exports", "calibrate",
+    "calibrate_from", "caveats", "context_tokens", "expressible", "group_points_of", "kind_of", "mean_prompt_tokens",
+    "model_path", "parse_config", "point_from_counts", "points_of", "predict_server", "project", "render_exports", "resolve_formats",
+    "result_from_run", "result_from_study", "server_best", "server_space", "vllm_config", "write_exports",
+]  # fmt: skip
