@@ -14,7 +14,7 @@ import torch
 
 from specdec_tune.engine.drafters import probs_from_logits
 from specdec_tune.engine.kvcache import PreallocatedCache, forward_with_cache, make_cache
-from specdec_tune.engine.types import CycleStats, Drafter, GenerationResult, VerifyResult
+from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult, VerifyResult
 from specdec_tune.engine.verify import greedy_accept, verify_sampling
 from specdec_tune.schedules import SCHEDULES, THRESHOLD_RULES, next_num_speculative
 
@@ -131,64 +131,96 @@ def speculative(
     """
     _check_prompt(prompt_ids)
     n_max = config.num_speculative_tokens
-    sampling = config.temperature > 0
     verify_s = verify_fn or verify_sampling
-    total = prompt_ids.shape[0] + config.max_new_tokens + n_max + 2
-    if cache is None or cache.max_len < total:
-        cache = make_cache(model, total)
-    cache.truncate(0)
-    tokens = torch.empty(total, dtype=torch.long, device=prompt_ids.device)  # prompt + emitted
+    cache, tokens = _prefill(model, prompt_ids, config, cache)  # tokens: prompt + emitted
     length = prompt_ids.shape[0]
-    tokens[:length] = prompt_ids
     out: list[int] = []
     cycles: list[CycleStats] = []
-    # Prefill all but the last prompt token; that token is fed by the first cycle, so every generated
-    # token (the first included) goes through draft -> verify.
-    if length > 1:
-        _forward(model, prompt_ids[:-1], cache, 1)
     eos_hit = False
     n_cur = n_max
+    # Invariant: the target cache holds tokens[:length - 1]; the last emitted token is fed next.
     while not eos_hit and len(out) < config.max_new_tokens:
         budget = min(n_cur, config.max_new_tokens - len(out))  # never draft past the limit
         draft = drafter.propose(tokens[:length], budget)
         n_draft = draft.length
-        feed = tokens[length - 1:length + n_draft]
+        feed = tokens[length - 1:length + n_draft]  # [L + 1]: last emitted, d_1 .. d_L
         if n_draft:
             tokens[length:length + n_draft] = draft.tokens
         logits = _forward(model, feed, cache, n_draft + 1)  # [L + 1, vocab]
-        if sampling:
-            result = verify_s(draft.tokens, draft.probs, probs_from_logits(logits, config.temperature), generator)
-            acc, nxt = result.num_accepted, result.next_token
-            drafted, confs = draft.tokens.tolist(), draft.confidence.tolist()
-        else:
-            # The cycle's one host synchronisation: verdict, draft tokens and confidences in one copy
-            # (float64 holds every token id exactly).
-            host = torch.cat([greedy_accept(draft.tokens, logits).double(), draft.tokens.double(),
-                              draft.confidence.double()]).tolist()
-            acc, nxt = int(host[0]), int(host[1])
-            drafted, confs = [int(t) for t in host[2:2 + n_draft]], host[2 + n_draft:]
-        emitted, eos_hit = _emit(out, drafted[:acc] + [nxt], config.max_new_tokens, config.eos_token_id)
+        verdict = _verdict(draft, logits, config, verify_s, generator)
+        acc, nxt = verdict.accepted, verdict.next_token
+        emitted, eos_hit = _emit(out, verdict.drafted[:acc] + [nxt], config.max_new_tokens, config.eos_token_id)
         if emitted > acc:  # the accepted draft tokens are already in the buffer
             tokens[length + acc] = nxt
-        # Target cache: keep the context plus the accepted tokens; the last emitted token is fed next.
+        # Target cache: keep the context plus the accepted tokens (rejected positions rolled back).
         cache.truncate(length + acc)
         length += emitted
         drafter.observe(acc)
-        stats = CycleStats(
-            drafted=n_draft,
-            accepted=acc,
-            emitted=emitted,
-            confidences=tuple(confs),
-            outcomes=tuple(i < acc for i in range(n_draft)),
-            draft_forwards=getattr(drafter, "forwards", 0),
-            target_positions=n_draft + 1,
-        )
+        stats = _cycle_stats(drafter, verdict, emitted)
         cycles.append(stats)
         if on_cycle is not None:
             on_cycle(stats)
         # The one schedule rule (specdec_tune.schedules): HF's heuristic, capped at the N given.
         n_cur = next_num_speculative(config.schedule, n_cur, n_max, n_draft, acc)
     return GenerationResult(prompt_tokens=prompt_ids.shape[0], token_ids=out, cycles=cycles, finished_by_eos=eos_hit)
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """One cycle's verification, read back to the host."""
+
+    accepted: int  # length of the accepted prefix (0..L)
+    next_token: int  # the target's bonus or recovered token
+    drafted: list[int]  # [L] the draft's token ids
+    confidences: list[float]  # [L] the draft's confidence per token
+
+
+def _prefill(
+    model: torch.nn.Module, prompt_ids: torch.Tensor, config: DecodeConfig, cache: PreallocatedCache | None
+) -> tuple[PreallocatedCache, torch.Tensor]:
+    """A reset target cache holding all but the last prompt token, and a token buffer holding the prompt.
+
+    The last prompt token is fed by the first cycle, so every generated token (the first included)
+    goes through draft -> verify.
+    """
+    total = prompt_ids.shape[0] + config.max_new_tokens + config.num_speculative_tokens + 2
+    if cache is None or cache.max_len < total:
+        cache = make_cache(model, total)
+    cache.truncate(0)
+    tokens = torch.empty(total, dtype=torch.long, device=prompt_ids.device)  # [total]
+    tokens[:prompt_ids.shape[0]] = prompt_ids
+    if prompt_ids.shape[0] > 1:
+        _forward(model, prompt_ids[:-1], cache, 1)
+    return cache, tokens
+
+
+def _verdict(
+    draft: Draft, logits: torch.Tensor, config: DecodeConfig, verify_s: VerifyFn, generator: torch.Generator | None
+) -> _Verdict:
+    """Verify ``draft`` against the target's ``[L + 1, vocab]`` logits (sampling or greedy)."""
+    if config.temperature > 0:
+        result = verify_s(draft.tokens, draft.probs, probs_from_logits(logits, config.temperature), generator)
+        return _Verdict(result.num_accepted, result.next_token, draft.tokens.tolist(), draft.confidence.tolist())
+    # The cycle's one host synchronisation: verdict, draft tokens and confidences in one copy
+    # (float64 holds every token id exactly).
+    n_draft = draft.length
+    host = torch.cat([greedy_accept(draft.tokens, logits).double(), draft.tokens.double(),
+                      draft.confidence.double()]).tolist()
+    return _Verdict(int(host[0]), int(host[1]), [int(t) for t in host[2:2 + n_draft]], host[2 + n_draft:])
+
+
+def _cycle_stats(drafter: Drafter, verdict: _Verdict, emitted: int) -> CycleStats:
+    """The cycle's record; ``drafter.forwards`` counts the draft forwards of its last proposal."""
+    n_draft = len(verdict.drafted)
+    return CycleStats(
+        drafted=n_draft,
+        accepted=verdict.accepted,
+        emitted=emitted,
+        confidences=tuple(verdict.confidences),
+        outcomes=tuple(i < verdict.accepted for i in range(n_draft)),
+        draft_forwards=getattr(drafter, "forwards", 0),
+        target_positions=n_draft + 1,
+    )
 
 
 def _check_prompt(prompt_ids: torch.Tensor) -> None:
