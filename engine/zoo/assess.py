@@ -108,8 +108,21 @@ def assess_zoo(out_dir: Path, manifest: dict, *, repeats: int, log: Callable[[st
     manifest["eval"]["windows"] = int(windows.shape[0])
     loaded = {m["name"]: AutoModelForCausalLM.from_pretrained(out_dir / m["path"], dtype=torch.float32).eval()
               for m in entries}
-    byte_len = token_byte_lengths(tokenizer)
-    target = loaded[target_entry["name"]]
+    _measure_quality(entries, loaded, loaded[target_entry["name"]], windows, token_byte_lengths(tokenizer), out_dir, log)
+    _measure_timing(entries, loaded, repeats, log)
+    manifest["timing"] = {"context_tokens": CONTEXT_TOKENS, "threads": 2, "also_measured_threads": 1,
+                          "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count() or 0,
+                          "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
+    (out_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    (out_dir / "MODEL_CARD.md").write_text(card.render(manifest), encoding="utf-8")
+    for line in card.check_bars(manifest):
+        log(line)
+    return manifest
+
+
+def _measure_quality(entries: list[dict], loaded: dict, target, windows: torch.Tensor, byte_len: torch.Tensor,
+                     out_dir: Path, log: Callable[[str], None]) -> None:
+    """Held-out loss of every model and each draft's agreement with the target, into ``entries``."""
     # One thread for the quality passes: on a shared 2-core machine two threads can be many times
     # slower (barrier waits), and the numbers do not depend on it.
     threads_before = torch.get_num_threads()
@@ -129,6 +142,10 @@ def assess_zoo(out_dir: Path, manifest: dict, *, repeats: int, log: Callable[[st
         m["parameters"] = sum(p.numel() for p in model.parameters())
         log(f"quality {m['name']}: {json.dumps(quality)}")
     torch.set_num_threads(threads_before)
+
+
+def _measure_timing(entries: list[dict], loaded: dict, repeats: int, log: Callable[[str], None]) -> None:
+    """Per-forward latency of every model (HF at 2 and 1 threads, the lean engine at 1), into ``entries``."""
     timing = {t: measure_latency(loaded, repeats=repeats, threads=t) for t in (2, 1)}
     timing["engine"] = measure_latency(loaded, repeats=repeats, threads=1, lean=True)
     for m in entries:
@@ -137,11 +154,3 @@ def assess_zoo(out_dir: Path, manifest: dict, *, repeats: int, log: Callable[[st
         m["ms_per_forward_engine_1_thread"] = timing["engine"][m["name"]]
         log(f"latency {m['name']}: " + ", ".join(
             f"{t} {k} tok {timing[t][m['name']][k]['median']:.2f} ms" for t in (2, 1, "engine") for k in ("1", "8")))
-    manifest["timing"] = {"context_tokens": CONTEXT_TOKENS, "threads": 2, "also_measured_threads": 1,
-                          "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count() or 0,
-                          "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
-    (out_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    (out_dir / "MODEL_CARD.md").write_text(card.render(manifest), encoding="utf-8")
-    for line in card.check_bars(manifest):
-        log(line)
-    return manifest

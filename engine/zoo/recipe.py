@@ -26,7 +26,7 @@ from transformers import GenerationConfig, LlamaForCausalLM
 
 from .assess import MANIFEST_NAME, assess_zoo
 from .build_workloads import WORKLOAD_KINDS, build_workload, write_jsonl
-from .corpus import load_corpus
+from .corpus import Corpus, load_corpus
 from .onpolicy import QUICK_PLAN, OnPolicyPlan, refine_drafts
 from .train import Shape, batches, build_model, encode_stream, init_draft_from_target, train_loop, train_tokenizer
 
@@ -157,8 +157,7 @@ def run_recipe(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
     cfg = QUICK if quick else FULL
     out_dir = Path(out_dir)
     log = _Log(out_dir / "train_log.txt")
-    torch.set_num_threads(2)
-    transformers.utils.logging.disable_progress_bar()
+    _set_up_torch()
     torch.manual_seed(seed)
     log(f"recipe start: quick={quick} seed={seed} out={out_dir} torch {torch.__version__} "
         f"transformers {transformers.__version__} python {platform.python_version()}")
@@ -175,6 +174,47 @@ def run_recipe(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
     summary.update(train_tokens=train_stream.numel(), held_out_tokens=held_stream.numel())
     log(f"tokens: train {train_stream.numel()}, held-out {held_stream.numel()}")
 
+    workloads = _write_workloads(corpus, tokenizer, cfg, seed, out_dir, log)
+    target_name = next(p.name for p in cfg.models if p.role == "target")
+    trained, reports = _train_stages(cfg, tokenizer, train_stream, seed, out_dir, log)
+    if cfg.on_policy is not None:
+        _refine(trained, reports, target_name, tokenizer, train_stream, cfg.on_policy, seed, out_dir, log)
+    del trained
+    entries = [{"name": p.name, "role": p.role, "path": f"models/{p.name}", "layers": p.shape.layers,
+                "hidden_size": p.shape.hidden, "intermediate_size": p.shape.intermediate, "heads": p.shape.heads,
+                "dtype": str(SAVE_DTYPE).replace("torch.", ""), "training": reports[p.name]} for p in cfg.models]
+    manifest = {
+        "version": 1,
+        "quick": quick,
+        "seed": seed,
+        "tokenizer": {"type": "byte-level BPE (tokenizers)", "vocab_size": len(tokenizer),
+                      "eos_token": tokenizer.eos_token, "eos_token_id": tokenizer.eos_token_id},
+        "corpus": {**summary, "root": "<python stdlib>", "licence": "PSF License Agreement (PSF-2.0)",
+                   "python": platform.python_version(), "held_out_list": [f.relpath for f in corpus.held_out]},
+        "eval": {"max_windows": cfg.eval_windows, "seq": cfg.seq},
+        "models": entries,
+        "workloads": workloads,
+    }
+    manifest = assess_zoo(out_dir, manifest, repeats=cfg.timing_repeats, log=log)
+    log("recipe done")
+    return manifest
+
+
+def _read_built(out_dir: Path) -> dict:
+    """The manifest of a built zoo in ``out_dir``."""
+    path = out_dir / MANIFEST_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"no {MANIFEST_NAME} in {out_dir}")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _set_up_torch() -> None:
+    torch.set_num_threads(2)
+    transformers.utils.logging.disable_progress_bar()
+
+
+def _write_workloads(corpus: Corpus, tokenizer, cfg: RecipeConfig, seed: int, out_dir: Path, log: _Log) -> list[dict]:
+    """Cut each workload's prompts from the held-out files, write them as JSONL and describe them."""
     workloads = []
     backend = tokenizer.backend_tokenizer
     count = lambda text: len(backend.encode(text, add_special_tokens=False).ids)  # noqa: E731
@@ -188,7 +228,13 @@ def run_recipe(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
                 "categories": sorted({r["category"] for r in records})}
         workloads.append(info)
         log(f"workload {kind}: {info}")
+    return workloads
 
+
+def _train_stages(
+    cfg: RecipeConfig, tokenizer, train_stream: torch.Tensor, seed: int, out_dir: Path, log: _Log
+) -> tuple[dict[str, LlamaForCausalLM], dict[str, dict]]:
+    """Run the stages in order (drafts distilled from the trained target); the models and their reports."""
     plans = {p.name: p for p in cfg.models}
     target_name = next(p.name for p in cfg.models if p.role == "target")
     trained: dict[str, LlamaForCausalLM] = {}
@@ -213,28 +259,7 @@ def run_recipe(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
                              else "CE on data"}
             _save_model(model, tokenizer, out_dir / "models" / name)
             log(f"saved {name} to {out_dir / 'models' / name}")
-
-    if cfg.on_policy is not None:
-        _refine(trained, reports, target_name, tokenizer, train_stream, cfg.on_policy, seed, out_dir, log)
-    del trained
-    entries = [{"name": p.name, "role": p.role, "path": f"models/{p.name}", "layers": p.shape.layers,
-                "hidden_size": p.shape.hidden, "intermediate_size": p.shape.intermediate, "heads": p.shape.heads,
-                "dtype": str(SAVE_DTYPE).replace("torch.", ""), "training": reports[p.name]} for p in cfg.models]
-    manifest = {
-        "version": 1,
-        "quick": quick,
-        "seed": seed,
-        "tokenizer": {"type": "byte-level BPE (tokenizers)", "vocab_size": len(tokenizer),
-                      "eos_token": tokenizer.eos_token, "eos_token_id": tokenizer.eos_token_id},
-        "corpus": {**summary, "root": "<python stdlib>", "licence": "PSF License Agreement (PSF-2.0)",
-                   "python": platform.python_version(), "held_out_list": [f.relpath for f in corpus.held_out]},
-        "eval": {"max_windows": cfg.eval_windows, "seq": cfg.seq},
-        "models": entries,
-        "workloads": workloads,
-    }
-    manifest = assess_zoo(out_dir, manifest, repeats=cfg.timing_repeats, log=log)
-    log("recipe done")
-    return manifest
+    return trained, reports
 
 
 def _refine(trained: dict, reports: dict, target_name: str, tokenizer, stream, plan: OnPolicyPlan, seed: int,
@@ -258,14 +283,10 @@ def refine(out_dir: Path, *, quick: bool = False, seed: int = 0, repeats: int = 
     ``zoo train`` now runs itself. Appends to ``train_log.txt``.
     """
     out_dir = Path(out_dir)
-    path = out_dir / MANIFEST_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"no {MANIFEST_NAME} in {out_dir}")
-    manifest = json.loads(path.read_text(encoding="utf-8"))
+    manifest = _read_built(out_dir)
     cfg = QUICK if quick else FULL
     log = _Log(out_dir / "train_log.txt", append=True)
-    torch.set_num_threads(2)
-    transformers.utils.logging.disable_progress_bar()
+    _set_up_torch()
     torch.manual_seed(seed)
     log(f"refine: on-policy stage on the built zoo in {out_dir} (seed {seed})")
     from transformers import AutoTokenizer
@@ -286,14 +307,10 @@ def refine(out_dir: Path, *, quick: bool = False, seed: int = 0, repeats: int = 
 def reassess(out_dir: Path, *, repeats: int = 30) -> dict:
     """Rerun only the final measurement step on a built zoo (appends to its ``train_log.txt``)."""
     out_dir = Path(out_dir)
-    path = out_dir / MANIFEST_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"no {MANIFEST_NAME} in {out_dir}")
-    manifest = json.loads(path.read_text(encoding="utf-8"))
+    manifest = _read_built(out_dir)
     manifest["eval"].setdefault("max_windows", manifest["eval"].get("windows", 48))
     log = _Log(out_dir / "train_log.txt", append=True)
-    torch.set_num_threads(2)
-    transformers.utils.logging.disable_progress_bar()
+    _set_up_torch()
     log(f"reassess: measuring the built zoo again (torch {torch.__version__}, load {os.getloadavg()})")
     manifest = assess_zoo(out_dir, manifest, repeats=repeats, log=log)
     log("reassess done")

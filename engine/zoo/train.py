@@ -184,10 +184,7 @@ def train_loop(
     it, the run is reproducible from the seed.
     """
     opts = {name: _adamw(model, peak_lr) for name, model in models.items()}
-    for model in models.values():
-        model.train()
-    if teacher is not None:
-        teacher.eval()
+    _training_mode(models, teacher)
     start = time.perf_counter()
     step, tokens = 0, 0
     ema = {name: float("nan") for name in models}
@@ -205,28 +202,12 @@ def train_loop(
         torch.set_num_threads(threads)
         step_start = time.perf_counter()
         inputs, labels = batch[:, :-1], batch[:, 1:]
-        t_logp = None
-        if teacher is not None:
-            with torch.no_grad():
-                t_logp = F.log_softmax(teacher(input_ids=inputs).logits.float(), dim=-1).flatten(0, 1)
+        t_logp = _teacher_logp(teacher, inputs)  # [B*T, V] or None
         parts = []
         for name, model in models.items():
-            opt = opts[name]
-            for group in opt.param_groups:
-                group["lr"] = lr
-            logits = model(input_ids=inputs).logits.float().flatten(0, 1)  # [B*T, V]
-            ce = F.cross_entropy(logits, labels.flatten())
-            loss = ce
-            if t_logp is not None:
-                s_logp = F.log_softmax(logits, dim=-1)
-                loss = F.kl_div(s_logp, t_logp, log_target=True, reduction="batchmean") + ce_weight * ce
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            value = float(loss.detach())
+            value, ce = _student_step(model, opts[name], inputs, labels, t_logp, lr, ce_weight)
             ema[name] = value if math.isnan(ema[name]) else 0.95 * ema[name] + 0.05 * value
-            parts.append(f"{name} loss {value:.4f} ema {ema[name]:.4f} ce {float(ce.detach()):.4f}")
+            parts.append(f"{name} loss {value:.4f} ema {ema[name]:.4f} ce {ce:.4f}")
         chooser.record(threads, time.perf_counter() - step_start)
         step += 1
         tokens += inputs.numel()
@@ -240,6 +221,51 @@ def train_loop(
     log(f"[{tag}] done: {step} steps, {tokens} tokens, {seconds:.0f}s, stopped by {stopped_by}")
     return {name: TrainReport(steps=step, seconds=seconds, tokens=tokens, final_loss=ema[name], stopped_by=stopped_by)
             for name in models}
+
+
+def _training_mode(models: dict[str, LlamaForCausalLM], teacher: LlamaForCausalLM | None) -> None:
+    """Students in training mode, the teacher in eval mode."""
+    for model in models.values():
+        model.train()
+    if teacher is not None:
+        teacher.eval()
+
+
+def _teacher_logp(teacher: LlamaForCausalLM | None, inputs: torch.Tensor) -> torch.Tensor | None:
+    """The teacher's log-probabilities ``[B*T, V]`` on ``inputs`` ``[B, T]`` (no gradient); None without one."""
+    if teacher is None:
+        return None
+    with torch.no_grad():
+        return F.log_softmax(teacher(input_ids=inputs).logits.float(), dim=-1).flatten(0, 1)
+
+
+def _student_step(
+    model: LlamaForCausalLM,
+    opt: torch.optim.Optimizer,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    t_logp: torch.Tensor | None,
+    lr: float,
+    ce_weight: float,
+) -> tuple[float, float]:
+    """One optimiser step of one model on a batch; returns (loss, data CE).
+
+    ``inputs`` and ``labels`` are ``[B, T]``; ``t_logp`` is the teacher's ``[B*T, V]`` log-probabilities
+    (None trains on the data CE alone).
+    """
+    for group in opt.param_groups:
+        group["lr"] = lr
+    logits = model(input_ids=inputs).logits.float().flatten(0, 1)  # [B*T, V]
+    ce = F.cross_entropy(logits, labels.flatten())
+    loss = ce
+    if t_logp is not None:
+        s_logp = F.log_softmax(logits, dim=-1)
+        loss = F.kl_div(s_logp, t_logp, log_target=True, reduction="batchmean") + ce_weight * ce
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return float(loss.detach()), float(ce.detach())
 
 
 def init_draft_from_target(draft: LlamaForCausalLM, target: LlamaForCausalLM) -> list[int]:
