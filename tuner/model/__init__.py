@@ -2,7 +2,8 @@
 
 Public names only; the modules behind them are private (``_throughput``: the analytic model,
 ``_replay``: trace replay, ``_greedy_sim``: exact greedy simulation, ``_calibration``: in-loop
-calibration, ``_profile_data``: profile assembly and end-to-end predictions, ``_configs``: the
+calibration, ``_profile`` and ``_load``: profile assembly, ``_predict`` and ``_prefill``: end-to-end
+predictions, ``_grid``: the N × θ ranking, ``_configs``: the
 configuration records every room exchanges, ``_evaluator``: cached predictions of candidates).
 """
 from __future__ import annotations
@@ -11,23 +12,18 @@ from specdec_tune.tuner.model._calibration import OverheadFit, fit_overhead
 from specdec_tune.tuner.model._configs import NGRAM, NONE, THRESHOLD_RULES, Candidate, TuningResult, spec_config
 from specdec_tune.tuner.model._evaluator import Evaluator, Scored
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, simulate_prompt
-from specdec_tune.tuner.model._profile_data import (
-    THRESHOLD_GRID,
-    PromptInfo,
+from specdec_tune.tuner.model._grid import THRESHOLD_GRID, best_configs
+from specdec_tune.tuner.model._load import load_run_profile
+from specdec_tune.tuner.model._predict import (
     PromptSpec,
     RunPrediction,
-    RunProfile,
-    best_configs,
-    build_run_profile,
-    load_run_profile,
     predict_baseline,
     predict_config,
     predict_prompts,
     profiled_specs,
-    resolve_draft,
-    run_drafts,
     split_specs,
 )
+from specdec_tune.tuner.model._profile import PromptInfo, RunProfile, build_run_profile, resolve_draft, run_drafts
 from specdec_tune.tuner.model._replay import ReplayStats, Trace, heuristic_stationary, replay
 from specdec_tune.tuner.model._throughput import (
     ModelProfile,

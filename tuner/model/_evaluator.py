@@ -8,7 +8,9 @@ from typing import Any
 
 from specdec_tune.db import Database
 from specdec_tune.tuner.model._configs import Candidate, spec_config
-from specdec_tune.tuner.model._profile_data import RunProfile, load_run_profile, predict_baseline, predict_config
+from specdec_tune.tuner.model._load import load_run_profile
+from specdec_tune.tuner.model._predict import predict_baseline, predict_config
+from specdec_tune.tuner.model._profile import RunProfile
 
 
 @dataclass(frozen=True)

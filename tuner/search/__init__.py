@@ -2,7 +2,7 @@
 
 The jobs live here: ``run_tune`` (profile, search, confirm, hold out, export), ``measure_predicted``
 (validate predictions against measurement) and the vLLM-measured tuning. Public names only; the
-modules behind them are private (``_space``, ``_optuna``, ``_study``, ``_tune``, ``_measure``,
+modules behind them are private (``_space``, ``_optuna``, ``_study``, ``_request``, ``_memory``, ``_tune``, ``_measure``,
 ``_validate``, ``_server_tune``).
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from specdec_tune.tuner.search._optuna import (
     per_batch_size,
     run_search,
 )
+from specdec_tune.tuner.search._request import TuneReport, TuneRequest, find_profile
 from specdec_tune.tuner.search._server_tune import (
     CALIBRATION_NS,
     NGRAM_CALIBRATION_N,
@@ -36,7 +37,7 @@ from specdec_tune.tuner.search._space import (
     unsupported,
 )
 from specdec_tune.tuner.search._study import check_storage, load_existing, open_storage
-from specdec_tune.tuner.search._tune import TuneReport, TuneRequest, find_profile, run_tune
+from specdec_tune.tuner.search._tune import run_tune
 from specdec_tune.tuner.search._validate import Validated, measure_predicted
 
 __all__ = [

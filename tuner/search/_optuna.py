@@ -107,27 +107,53 @@ def run_search(
     Raises:
         InputError: bad ``trials`` or ``objectives``, or a study of that name made for other settings.
     """
-    import optuna
-    from optuna.study import MaxTrialsCallback
-    from optuna.trial import TrialState
-
-    from specdec_tune.tuner.search._study import load_or_create
-
     if trials < 1:
         raise InputError(f"--trials must be >= 1, got {trials}")
+    objectives = _checked_objectives(objectives, evaluator)
+    size = space.size
+    brute = trials >= size
+    study = _open_study(evaluator, space, storage, study_name, objectives, attrs, _sampler(brute, trials, seed))
+    new = _optimize(study, _objective(evaluator, space, objectives), trials, on_trial)
+    done = _completed(study)
+    if not done:
+        raise InputError(f"study {study_name!r} has no completed trial")
+    ranked = _ranked(done)
+    if len(objectives) > 1:
+        front = [Scored.from_trial(t) for t in study.best_trials if "candidate" in t.user_attrs]
+        front = sorted({s.candidate: s for s in front}.values(), key=lambda s: -s.predicted_tokens_per_s)
+    else:
+        front = ranked[:1]
+    notes = [f"brute force: all {size} points of the space predicted"] if brute and len(done) >= size else []
+    return SearchOutcome(study, ranked, front, len(done), "bruteforce" if brute else "tpe", new, notes)
+
+
+def _checked_objectives(objectives: Sequence[str], evaluator: Evaluator) -> list[str]:
     objectives = list(objectives)
     if not objectives or objectives[0] != "throughput" or any(o not in OBJECTIVES for o in objectives) \
             or len(set(objectives)) != len(objectives):
         raise InputError(f"--objectives must be 'throughput' or 'throughput,memory', got {','.join(objectives)!r}")
     if "memory" in objectives and evaluator.memory is None:
         raise InputError("the memory objective needs the models' sizes (not available for this run)")
-    size = space.size
-    brute = trials >= size
+    return objectives
+
+
+def _sampler(brute: bool, trials: int, seed: int) -> Any:
+    """Brute force when the budget covers the space (the study's best is then the model's optimum), else TPE."""
+    import optuna
+
     with warnings.catch_warnings():  # BruteForceSampler and TPE's group are "experimental" in Optuna 5.0
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        sampler = (optuna.samplers.BruteForceSampler(seed=seed) if brute else
-                   optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
-                                              n_startup_trials=min(20, max(trials // 5, 5)), constant_liar=True))
+        if brute:
+            return optuna.samplers.BruteForceSampler(seed=seed)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
+                                          n_startup_trials=min(20, max(trials // 5, 5)), constant_liar=True)
+
+
+def _open_study(evaluator: Evaluator, space: SearchSpace, storage: Any, study_name: str, objectives: list[str],
+                attrs: dict[str, Any] | None, sampler: Any) -> Any:
+    """Create, resume or join the study; what it already predicted goes into the evaluator's cache."""
+    from specdec_tune.tuner.search._study import load_or_create
+
     directions = ["maximize"] + ["minimize"] * (len(objectives) - 1)
     study = load_or_create(storage, study_name, directions, {**(attrs or {}), "space": space.to_dict(),
                                                               "objectives": objectives}, sampler)
@@ -138,6 +164,12 @@ def run_search(
         if "candidate" in t.user_attrs:
             s = Scored.from_trial(t)
             evaluator.cache.setdefault(s.candidate, s)
+    return study
+
+
+def _objective(evaluator: Evaluator, space: SearchSpace, objectives: list[str]) -> Callable[[Any], Any]:
+    """One trial: propose a candidate, predict it (cached), store the prediction on the trial."""
+    import optuna
 
     def objective(trial: Any) -> float | list[float]:
         c = suggest(trial, space)
@@ -155,38 +187,40 @@ def run_search(
         values = _values(s, objectives)
         return values[0] if len(values) == 1 else values
 
-    before = len(_completed(study))
-    remaining = trials - before
-    new = 0
-    if remaining > 0:
-        def counted(study_: Any, trial: Any) -> None:
-            nonlocal new
-            new += 1
-            if on_trial is not None:
-                on_trial(trial)
+    return objective
 
-        # n_trials bounds a pathological run of pruned trials; MaxTrialsCallback stops at the study's
-        # completed count (every worker's), which is what --trials means.
-        study.optimize(objective, n_trials=2 * remaining + 20, gc_after_trial=False,
-                       callbacks=[MaxTrialsCallback(trials, states=(TrialState.COMPLETE,)), counted])
-    done = _completed(study)
-    if not done:
-        raise InputError(f"study {study_name!r} has no completed trial")
+
+def _optimize(study: Any, objective: Callable[[Any], Any], trials: int, on_trial: Callable[[Any], None] | None) -> int:
+    """Run trials until the study (all workers) holds ``trials`` completed ones; the trials this process ran."""
+    from optuna.study import MaxTrialsCallback
+    from optuna.trial import TrialState
+
+    remaining = trials - len(_completed(study))
+    new = 0
+    if remaining <= 0:
+        return new
+
+    def counted(study_: Any, trial: Any) -> None:
+        nonlocal new
+        new += 1
+        if on_trial is not None:
+            on_trial(trial)
+
+    # n_trials bounds a pathological run of pruned trials; MaxTrialsCallback stops at the study's
+    # completed count (every worker's), which is what --trials means.
+    study.optimize(objective, n_trials=2 * remaining + 20, gc_after_trial=False,
+                   callbacks=[MaxTrialsCallback(trials, states=(TrialState.COMPLETE,)), counted])
+    return new
+
+
+def _ranked(done: Sequence[Any]) -> list[Scored]:
+    """Distinct candidates of the completed trials, best predicted throughput first."""
     by_candidate: dict[Candidate, Scored] = {}
     for t in done:
         if "candidate" in t.user_attrs:
             s = Scored.from_trial(t)
             by_candidate.setdefault(s.candidate, s)
-    ranked = sorted(by_candidate.values(), key=lambda s: -s.predicted_tokens_per_s)
-    if len(objectives) > 1:
-        front = [Scored.from_trial(t) for t in study.best_trials if "candidate" in t.user_attrs]
-        front = sorted({s.candidate: s for s in front}.values(), key=lambda s: -s.predicted_tokens_per_s)
-    else:
-        front = ranked[:1]
-    notes = []
-    if brute and len(done) >= size:
-        notes.append(f"brute force: all {size} points of the space predicted")
-    return SearchOutcome(study, ranked, front, len(done), "bruteforce" if brute else "tpe", new, notes)
+    return sorted(by_candidate.values(), key=lambda s: -s.predicted_tokens_per_s)
 
 
 def brute_force(evaluator: Evaluator, space: SearchSpace) -> list[Scored]:

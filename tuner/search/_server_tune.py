@@ -130,6 +130,85 @@ def _space(drafts: Sequence[str], n_max: int) -> list[Candidate]:
     return [Candidate(d, n) for d in drafts for n in range(1, n_max + 1)]
 
 
+@dataclass
+class _Server:
+    """Runs configurations on vLLM for one run: the tuner's own vLLM export of each, stored as it goes."""
+
+    db: Database
+    run_id: int
+    target: str
+    options: dict[str, Any]  # vllm_python, threads, progress, repeats
+
+    def measure(self, candidates: Sequence[Candidate], batch_sizes: Sequence[int], split: str,
+                max_prompts: int) -> list[Any]:
+        return self.run([vllm_config(self.target, c) for c in candidates], batch_sizes, split, max_prompts)
+
+    def run(self, configs: Sequence[Any], batch_sizes: Sequence[int], split: str, max_prompts: int) -> list[Any]:
+        """One engine start per configuration, each running every batch size; [] for no configuration."""
+        from specdec_tune.profiler import measure_on_server
+
+        if not configs:
+            return []
+        return measure_on_server(self.db, self.run_id, list(configs), batch_sizes=tuple(batch_sizes), split=split,
+                                 max_prompts=max_prompts, **self.options)
+
+
+def _calibration_candidates(drafts: Sequence[str], n_max: int) -> tuple[list[Candidate], list[int]]:
+    """Plain decoding, each model draft at :data:`CALIBRATION_NS` (within N_max) and n-gram at one N."""
+    ns = sorted({min(n, n_max) for n in CALIBRATION_NS})
+    if len(ns) < 2 and n_max >= 2:
+        ns = [1, n_max]
+    calib_c = [Candidate("none", 0)] + [Candidate(d, n) for d in drafts if d != NGRAM for n in ns]
+    if NGRAM in drafts:
+        calib_c.append(Candidate(NGRAM, min(NGRAM_CALIBRATION_N, n_max)))
+    return calib_c, ns
+
+
+def _measured_schedule(srv: _Server, winner: Candidate, schedule: dict[int, int], bs: list[int],
+                       calib: Sequence[tuple[Candidate, Any]], max_prompts: int) -> tuple[dict, dict, list]:
+    """At each batch size above the smallest, the best *measured* N among the model's proposals, the
+    winner's N and plain decoding (tuning prompts). Returns (schedule, B -> N -> tokens/s, new runs)."""
+    b0 = bs[0]
+    at_b: dict[int, dict[int, Any]] = {b: {} for b in bs}
+    for c, m in calib:
+        if c.is_plain or c.drafter == winner.drafter:
+            at_b[m.batch_size][c.num_speculative_tokens] = m
+    extra = sorted({n for b, n in schedule.items() if b != b0 and n} | {winner.num_speculative_tokens}
+                   - {n for b in bs[1:] for n in at_b.get(b, {})})
+    more = srv.measure([Candidate(winner.drafter, n) for n in extra], bs[1:], "tune", max_prompts)
+    for n, m in zip([n for n in extra for _ in bs[1:]], more):
+        at_b.setdefault(m.batch_size, {})[n] = m
+    measured = {b: {n: m.tokens_per_s for n, m in at_b.get(b, {}).items()} for b in bs[1:]}
+    return schedule_from_measured(schedule, measured, b0), measured, more
+
+
+def _heldout_rows(srv: _Server, model: ServerModel, evaluator: Evaluator, winner: Candidate, schedule: dict[int, int],
+                  bs: list[int], max_prompts: int, max_new_tokens: int) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Plain decoding, the winner at its constant N and the schedule as a whole, on the held-out prompts."""
+    configs = [vllm_config(srv.target, Candidate("none", 0))]
+    labels: dict[str, str] = {}
+    if not winner.is_plain:
+        configs.append(vllm_config(srv.target, winner))
+        labels["constant"] = configs[-1].label
+        if len(set(schedule.values())) > 1:
+            configs.append(vllm_config(srv.target, winner, schedule))
+            labels["schedule"] = configs[-1].label
+    held = srv.run(configs, bs, "holdout", max_prompts)
+    rows = []
+    for b in bs:
+        at = {m.config.label: m for m in held if m.batch_size == b}
+        plain = at["plain"]
+        row: dict[str, Any] = {"batch_size": b, "schedule_n": schedule[b], "plain": _row(plain)}
+        for key, label in labels.items():
+            m = at[label]
+            predicted = (predict_server(model, evaluator, winner, b, max_new_tokens, mean_prompt_tokens(m)).tokens_per_s
+                         if key == "constant" else None)
+            row[key] = {**_row(m, predicted), "speedup": m.tokens_per_s / plain.tokens_per_s,
+                        "speedup_ci": list(speedup_ci(m.samples, plain.samples))}
+        rows.append(row)
+    return rows, held
+
+
 def run_server_tune(db: Database, run_id: int, evaluator: Evaluator, *, target: str, drafts: Sequence[str],
                     batch_sizes: Sequence[int], n_max: int, max_new_tokens: int, measure_top: int,
                     measure_prompts: int, heldout_prompts: int, repeats: int, vllm_python: str | None,
@@ -140,28 +219,20 @@ def run_server_tune(db: Database, run_id: int, evaluator: Evaluator, *, target: 
         InputError: a batch size that does not divide the prompts, or no drafter.
         VllmError: vLLM failed (its last log line in the message).
     """
-    from specdec_tune.profiler import measure_on_server
-
     bs = sorted({int(b) for b in batch_sizes})
     if not drafts:
         raise InputError("--backend vllm needs at least one drafter")
-    common = dict(vllm_python=vllm_python, threads=threads, progress=progress, repeats=repeats)
-    ns = sorted({min(n, n_max) for n in CALIBRATION_NS})
-    if len(ns) < 2 and n_max >= 2:
-        ns = [1, n_max]
-    calib_c = [Candidate("none", 0)] + [Candidate(d, n) for d in drafts if d != NGRAM for n in ns]
-    if NGRAM in drafts:
-        calib_c.append(Candidate(NGRAM, min(NGRAM_CALIBRATION_N, n_max)))
-    cal = measure_on_server(db, run_id, [vllm_config(target, c) for c in calib_c], batch_sizes=bs, split="tune",
-                            max_prompts=measure_prompts, **common)
+    srv = _Server(db, run_id, target, dict(vllm_python=vllm_python, threads=threads, progress=progress,
+                                            repeats=repeats))
+    calib_c, ns = _calibration_candidates(drafts, n_max)
+    cal = srv.measure(calib_c, bs, "tune", measure_prompts)
     model = calibrate_from(cal)
     b0 = bs[0]
     preds = sorted((predict_server(model, evaluator, c, b0, max_new_tokens) for c in _space(drafts, n_max)),
                    key=lambda p: -p.tokens_per_s)
     measured = dict(zip(calib_c, [m for m in cal if m.batch_size == b0]))  # configurations × batch sizes, in order
     todo = [p.candidate for p in preds if p.candidate not in measured][:measure_top]
-    conf = measure_on_server(db, run_id, [vllm_config(target, c) for c in todo], batch_sizes=(b0,), split="tune",
-                             max_prompts=measure_prompts, **common) if todo else []
+    conf = srv.measure(todo, (b0,), "tune", measure_prompts)
     measured.update(zip(todo, conf))
     by_pred = {p.candidate: p.tokens_per_s for p in preds}
     by_pred[Candidate("none", 0)] = model.predict(b0, "plain", max_new_tokens)
@@ -175,49 +246,14 @@ def run_server_tune(db: Database, run_id: int, evaluator: Evaluator, *, target: 
     if not winner.is_plain:
         schedule[b0] = winner.num_speculative_tokens  # the measured winner holds at the smallest batch size
         if len(bs) > 1:
-            # §3: the schedule comes from server measurements. The model proposes an N per batch size;
-            # the proposals and the winner's N not measured yet run at the larger batch sizes on the
-            # tuning prompts, and each batch size takes the best *measured* N (plain decoding included).
-            at_b = {m.batch_size: {} for m in cal}
-            for c, m in zip([c for c in calib_c for _ in bs], cal):
-                if c.is_plain or c.drafter == winner.drafter:
-                    at_b[m.batch_size][c.num_speculative_tokens] = m
-            extra = sorted({n for b, n in schedule.items() if b != b0 and n} | {winner.num_speculative_tokens}
-                           - {n for b in bs[1:] for n in at_b.get(b, {})})
-            more = measure_on_server(db, run_id, [vllm_config(target, Candidate(winner.drafter, n)) for n in extra],
-                                     batch_sizes=bs[1:], split="tune", max_prompts=measure_prompts,
-                                     **common) if extra else []
+            calib = list(zip([c for c in calib_c for _ in bs], cal))
+            schedule, schedule_measured, more = _measured_schedule(srv, winner, schedule, bs, calib, measure_prompts)
             conf += more
-            for c, m in zip([n for n in extra for _ in bs[1:]], more):
-                at_b.setdefault(m.batch_size, {})[c] = m
-            schedule_measured = {b: {n: m.tokens_per_s for n, m in at_b.get(b, {}).items()} for b in bs[1:]}
-            schedule = schedule_from_measured(schedule, schedule_measured, b0)
-    held_c = [vllm_config(target, Candidate("none", 0))]
-    if not winner.is_plain:
-        held_c.append(vllm_config(target, winner))
-        if len(set(schedule.values())) > 1:
-            held_c.append(vllm_config(target, winner, schedule))
-    held = measure_on_server(db, run_id, held_c, batch_sizes=bs, split="holdout", max_prompts=heldout_prompts,
-                             **common)
-    rows = []
-    for b in bs:
-        at = {m.config.label: m for m in held if m.batch_size == b}
-        plain = at["plain"]
-        row: dict[str, Any] = {"batch_size": b, "schedule_n": schedule[b], "plain": _row(plain)}
-        for key, label in (("constant", held_c[1].label if len(held_c) > 1 else None),
-                           ("schedule", held_c[2].label if len(held_c) > 2 else None)):
-            if label is None:
-                continue
-            m = at[label]
-            row[key] = {**_row(m, predict_server(model, evaluator, winner, b, max_new_tokens,
-                                                 mean_prompt_tokens(m)).tokens_per_s if key == "constant" else None),
-                        "speedup": m.tokens_per_s / plain.tokens_per_s, "speedup_ci": list(speedup_ci(m.samples, plain.samples))}
-        rows.append(row)
+    rows, held = _heldout_rows(srv, model, evaluator, winner, schedule, bs, heldout_prompts, max_new_tokens)
     all_m = cal + conf + held
     return ServerTuneReport(
         model=model, winner=winner, schedule=schedule, schedule_measured=schedule_measured, close_calls=close,
-        best_measured=measured[best].config.label,
-        calibration=[_row(m) for m in cal],
+        best_measured=measured[best].config.label, calibration=[_row(m) for m in cal],
         ranked=[p.to_dict() for p in preds[: max(measure_top, 10)]],
         confirmation=[{**_row(measured[c], by_pred.get(c)), "candidate": c.to_dict(), "winner": c == winner}
                       for c in measured],

@@ -1,13 +1,14 @@
 """Predicted next to measured: predict with the model, measure through the profiler, store the pair.
 
-The profiler measures and never predicts; the tuner predicts and never times (ARCHITECTURE §2). A
+The profiler measures and never predicts; the tuner predicts and never times (docs/architecture.md,
+Rooms). A
 command that wants the model's error asks for both here and stores the prediction beside the
 measurement through ``db``. Predictions are made first, so a configuration the profile cannot
 predict fails before anything runs.
 
 Honest validation: measure on prompts the profile did not run (``split="holdout"``, the default for
 a run profiled on ``tune``). Those prompts are predicted from the profiled ones only
-(``profile_data.predict_prompts``: pooled cycles, prefill fitted by prompt length, output length
+(``tuner.model.predict_prompts``: pooled cycles, prefill fitted by prompt length, output length
 ``max_new_tokens``), so the comparison is out of sample. Every measurement carries a 95% bootstrap
 CI and the prediction is reported as inside or outside it.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec_tune.db import Database, get_run, set_prediction
+from specdec_tune.db import Database, RunRecord, get_run, set_prediction
 from specdec_tune.errors import InputError
 from specdec_tune.profiler import (
     PLAIN,
@@ -26,7 +27,14 @@ from specdec_tune.profiler import (
     default_split,
     measure_configs,
 )
-from specdec_tune.tuner.model import PromptSpec, RunPrediction, SpecConfig, load_run_profile, predict_prompts
+from specdec_tune.tuner.model import (
+    PromptSpec,
+    RunPrediction,
+    RunProfile,
+    SpecConfig,
+    load_run_profile,
+    predict_prompts,
+)
 
 _DEFAULT = "default"
 
@@ -106,19 +114,7 @@ def measure_predicted(
     mode = "sampling" if temperature > 0 else "greedy"
     # A held-out prompt's length in tokens needs the target's tokenizer, which the measurement loads;
     # so the prediction for the measured prompts is made after it (from the profile only, below).
-    planned = []
-    for draft, config in items:
-        if config.batch_size != 1:
-            raise InputError(f"measure decodes one sequence at a time; --batch-size must be 1, got {config.batch_size}")
-        plain = config.num_speculative_tokens == 0 or draft == PLAIN
-        name = run.resolve_draft(None if plain else draft)
-        config = SpecConfig(0 if plain else config.num_speculative_tokens, 0.0 if plain else config.threshold,
-                            "constant" if plain else config.schedule, 1, mode,
-                            "before" if plain else config.threshold_rule)
-        rp = load_run_profile(db, run_id, name)
-        # Fails now (N beyond N_max, no traces) rather than after minutes of measuring.
-        predict_prompts(rp, config, [(rp.prompts[0].prompt_tokens if rp.prompts else 8, None)])
-        planned.append((plain, rp, config))
+    planned = [_plan(db, run, draft, config, mode) for draft, config in items]
     specs = [MeasureSpec(PLAIN if plain else rp.draft, c.num_speculative_tokens, c.threshold, c.schedule,
                          c.threshold_rule) for plain, rp, c in planned]
     measured = measure_configs(db, run_id, specs, split=split, temperature=temperature, max_prompts=max_prompts,
@@ -126,14 +122,36 @@ def measure_predicted(
     out = []
     for m, (_, rp, config) in zip(measured, planned):
         prediction = predict_prompts(rp, config, _prompt_specs(run, m))
-        if m.measured_id is not None:
-            set_prediction(db, m.measured_id, predicted_tokens_per_s=prediction.tokens_per_s,
-                           predicted_tau=prediction.expected_tokens_per_cycle,
-                           extra={"prediction_source": prediction.source, "prediction_in_sample": prediction.in_sample,
-                                  "prediction_inside_ci": None if m.ci95 is None else
-                                  m.ci95[0] <= prediction.tokens_per_s <= m.ci95[1]})
+        _store_prediction(db, m, prediction)
         out.append(Validated(m, prediction, config, in_sample=m.in_sample))
     return out
+
+
+def _plan(db: Database, run: RunRecord, draft: str | None, config: SpecConfig,
+          mode: str) -> tuple[bool, RunProfile, SpecConfig]:
+    """(plain decoding?, the draft's profile, the configuration as measured); fails before anything runs."""
+    if config.batch_size != 1:
+        raise InputError(f"measure decodes one sequence at a time; --batch-size must be 1, got {config.batch_size}")
+    plain = config.num_speculative_tokens == 0 or draft == PLAIN
+    name = run.resolve_draft(None if plain else draft)
+    config = SpecConfig(0 if plain else config.num_speculative_tokens, 0.0 if plain else config.threshold,
+                        "constant" if plain else config.schedule, 1, mode,  # type: ignore[arg-type]
+                        "before" if plain else config.threshold_rule)
+    rp = load_run_profile(db, run.id, name)
+    # Fails now (N beyond N_max, no traces) rather than after minutes of measuring.
+    predict_prompts(rp, config, [(rp.prompts[0].prompt_tokens if rp.prompts else 8, None)])
+    return plain, rp, config
+
+
+def _store_prediction(db: Database, m: Measurement, prediction: RunPrediction) -> None:
+    """The prediction beside its measurement, with whether it lies inside the measured 95% CI."""
+    if m.measured_id is None:
+        return
+    set_prediction(db, m.measured_id, predicted_tokens_per_s=prediction.tokens_per_s,
+                   predicted_tau=prediction.expected_tokens_per_cycle,
+                   extra={"prediction_source": prediction.source, "prediction_in_sample": prediction.in_sample,
+                          "prediction_inside_ci": None if m.ci95 is None else
+                          m.ci95[0] <= prediction.tokens_per_s <= m.ci95[1]})
 
 
 def _prompt_specs(run, m: Measurement) -> list[PromptSpec]:

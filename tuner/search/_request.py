@@ -1,0 +1,146 @@
+"""What ``tune`` was asked (:class:`TuneRequest`), what it reports (:class:`TuneReport`), and whether a
+stored profile already answers the request."""
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec_tune.db import Database, list_runs
+from specdec_tune.errors import InputError
+from specdec_tune.profiler import ProfileSettings
+from specdec_tune.tuner.model import TuningResult
+from specdec_tune.tuner.search._space import ANY, N_LIMIT, check_server
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """Everything ``specdec-tune tune`` was asked (defaults: the README's main job on a 2-core CPU)."""
+
+    target: str
+    drafts: tuple[str, ...]
+    workload: str
+    server: str = ANY
+    trials: int = 200
+    measure_top: int = 6
+    batch_sizes: tuple[int, ...] = (1, 4, 16, 64)
+    temperature: float = 0.0
+    objectives: tuple[str, ...] = ("throughput",)
+    study: str | None = None
+    n_max: int = N_LIMIT
+    max_prompts: int = 12  # tuning prompts profiled
+    max_new_tokens: int = 48
+    profile_repeats: int = 10
+    measure_prompts: int = 8  # tuning prompts measured per candidate
+    heldout_prompts: int = 16
+    repeats: int = 3
+    seed: int = 0
+    device: str = "auto"
+    thresholds: tuple[float, ...] | None = None  # θ grid override (benchmarks); default: 0..0.95 step 0.05
+    reprofile: bool = False  # profile afresh even when a matching profile is stored (regress --retune)
+    backend: str = "engine"  # engine | vllm: where the confirmation and held-out measurements run
+    vllm_python: str | None = None  # the vLLM venv's Python (--backend vllm; else $SPECDEC_VLLM_PYTHON)
+
+    def __post_init__(self) -> None:
+        check_server(self.server)
+        if not self.drafts:
+            raise InputError("--drafts needs at least one draft (a model, or 'ngram')")
+        if len(set(self.drafts)) != len(self.drafts):
+            raise InputError(f"--drafts lists a draft twice: {','.join(self.drafts)}")
+        if not 1 <= self.n_max <= N_LIMIT:
+            raise InputError(f"--n-max must be in 1..{N_LIMIT}, got {self.n_max}")
+        for flag, value in (("--trials", self.trials), ("--measure-top", self.measure_top),
+                            ("--repeats", self.repeats), ("--max-prompts", self.max_prompts),
+                            ("--measure-prompts", self.measure_prompts), ("--heldout-prompts", self.heldout_prompts),
+                            ("--max-new-tokens", self.max_new_tokens)):
+            if value < 1:
+                raise InputError(f"{flag} must be >= 1, got {value}")
+        if self.temperature < 0:
+            raise InputError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.thresholds is not None and (not self.thresholds or any(not 0 <= t <= 0.95 for t in self.thresholds)):
+            raise InputError(f"thresholds must lie in [0, 0.95], got {list(self.thresholds)}")
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+            raise InputError(f"--batch-sizes must be integers >= 1, got {list(self.batch_sizes)}")
+        if self.backend not in ("engine", "vllm"):
+            raise InputError(f"--backend must be engine or vllm, got {self.backend!r}")
+        if self.backend == "vllm":
+            if self.server != "vllm":
+                raise InputError(f"--backend vllm measures on vLLM, so it tunes for vLLM: pass --server vllm "
+                                 f"(not {self.server!r})")
+            if self.temperature > 0 or self.objectives != ("throughput",):
+                raise InputError("--backend vllm tunes greedy throughput only (--temperature 0, --objectives throughput)")
+            from specdec_tune.profiler import require_vllm_python
+
+            require_vllm_python(self.vllm_python)  # a missing or broken path fails before profiling
+
+    @property
+    def mode(self) -> str:
+        return "sampling" if self.temperature > 0 else "greedy"
+
+    def study_name(self) -> str:
+        """Default study name: what was tuned, so the same command resumes the same study."""
+        import hashlib
+        import json
+
+        key = json.dumps([self.target, list(self.drafts), self.workload, self.temperature, list(self.objectives),
+                          self.n_max, self.max_prompts, self.max_new_tokens,
+                          list(self.thresholds) if self.thresholds is not None else None], sort_keys=True)
+        short = lambda s: s.rstrip("/").rsplit("/", 1)[-1]  # noqa: E731
+        backend = "" if self.backend == "engine" else f"-{self.backend}"
+        return (f"tune-{short(self.target)}-{short(self.workload)}-{self.server}{backend}-"
+                f"{hashlib.sha1(key.encode()).hexdigest()[:8]}")
+
+
+@dataclass
+class TuneReport:
+    """What ``tune`` found: the result (stored in the study) and the evidence behind it."""
+
+    result: TuningResult
+    study: str
+    storage: str
+    run_id: int
+    profiled: bool
+    completed_trials: int
+    new_trials: int
+    sampler: str
+    confirmation: list[dict[str, Any]] = field(default_factory=list)  # measured on the tuning prompts
+    pareto: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    exports: list[str] = field(default_factory=list)
+    space: Any = None  # the SearchSpace searched
+    server_report: dict[str, Any] | None = None  # --backend vllm: calibration, schedule, per-B held-out
+
+
+# --------------------------------------------------------------------------- profile reuse
+
+
+def profile_settings(req: TuneRequest) -> ProfileSettings:
+    kwargs: dict[str, Any] = dict(
+        device=req.device, temperature=req.temperature, batch_sizes=tuple(sorted(set(req.batch_sizes))),
+        n_max=req.n_max, k_max=req.n_max + 1, repeats=req.profile_repeats, max_prompts=req.max_prompts,
+        max_new_tokens=req.max_new_tokens, seed=req.seed, label="tune",
+    )
+    return ProfileSettings(split="tune", **kwargs)
+
+
+def find_profile(db: Database, req: TuneRequest) -> int | None:
+    """A completed run that answers this request as a fresh profile would (newest first), or None."""
+    wanted = profile_settings(req)
+    split = getattr(wanted, "split", None)
+    for run in list_runs(db, status="completed", target=req.target):
+        s = run.settings
+        ok = (
+            s.get("workload") == req.workload
+            and set(req.drafts) <= set(s.get("drafts", []))
+            and s.get("split") == split
+            and abs(float(s.get("temperature", 0.0)) - req.temperature) < 1e-9
+            and int(s.get("n_max", 0)) >= req.n_max
+            and set(req.batch_sizes) <= set(s.get("batch_sizes", []))
+            and int(s.get("max_new_tokens", 0)) == req.max_new_tokens
+            and int(s.get("max_prompts", 0)) == req.max_prompts
+            and run.hardware.hostname == (platform.node() or None)
+            and (req.device == "auto" or run.hardware.device == req.device)
+        )
+        if ok:
+            return run.id
+    return None
