@@ -17,7 +17,8 @@ from specdec_tune.profiler.measure import (
     default_split,
     measure_configs,
 )
-from specdec_tune.profiler.session import ProfileResult, ProfileSettings, Progress, StageLog, run_profile
+from specdec_tune.profiler.session import run_profile
+from specdec_tune.profiler.settings import ProfileResult, ProfileSettings, Progress, StageLog
 from specdec_tune.profiler.suite_runs import (
     ArmSpec,
     PromptSample,

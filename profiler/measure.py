@@ -2,7 +2,7 @@
 
 Throughput is what a user sees: new tokens / wall seconds of whole decode calls (prefill included),
 summed over the prompts, after one untimed warm-up decode. The profiler measures and never predicts
-(ARCHITECTURE §2): the command that wants predicted next to measured asks ``tuner`` for the
+(docs/architecture.md, Rooms): the command that wants predicted next to measured asks ``tuner`` for the
 prediction and stores it beside this measurement (``tuner.validate``).
 """
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import statistics
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -19,7 +21,7 @@ from specdec_tune.engine.workloads import load_workload
 from specdec_tune.errors import InputError
 from specdec_tune.profiler.describe import tokenizer_hash
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
-from specdec_tune.profiler.session import Progress
+from specdec_tune.profiler.settings import Progress
 from specdec_tune.splits import check_split, split_prompts
 from specdec_tune.stats import RateSamples, tokens_per_s_ci
 
@@ -83,8 +85,6 @@ class Measurement:
 def _load(name: str, source: str | None, device: str, dtype: str, forward: str) -> LoadedModel:
     """Load a model of the run by the name given then; its resolved folder if the name no longer resolves
     (a relative path from another directory)."""
-    from pathlib import Path
-
     if source and not Path(name).expanduser().exists() and Path(source).is_dir():
         loaded = load_model(source, device, dtype, forward)
         loaded.name = name
@@ -98,39 +98,6 @@ def _warn_if_changed(loaded: LoadedModel, stored_hash: str | None, stored_params
     if stored_params and loaded.num_parameters != stored_params:
         print(f"warning: {loaded.name!r} has {loaded.num_parameters} parameters, the profile run had {stored_params}; "
               "the prediction describes the old model", file=sys.stderr)
-
-
-def measure_config(
-    db: Database,
-    run_id: int,
-    config: MeasureSpec,
-    *,
-    split: str | None = None,
-    temperature: float = 0.0,
-    max_prompts: int | None = None,
-    repeats: int = 3,
-    seed: int = 0,
-    progress: Progress | None = None,
-) -> Measurement:
-    """Decode a split of the run's workload with ``config``, time it, and store the measurement.
-
-    Args:
-        db: the results database holding the run.
-        run_id: the profile run (its workload, max_new_tokens, device and dtype are reused).
-        config: draft, N, θ and schedule (batch size 1: the engine decodes one sequence).
-        split: which prompts (:func:`default_split`: ``holdout`` for a run profiled on ``tune``).
-        temperature: 0 = greedy; otherwise the run must have a sampling profile at this temperature.
-        max_prompts: measure only the first prompts of the split.
-        repeats: decode the prompt set this many times; each prompt counts with its median time.
-        seed: sampling seed.
-        progress: progress sink.
-
-    Raises:
-        NotFoundError: unknown run or draft.
-        InputError: a configuration the engine cannot run, or a bad split.
-    """
-    return measure_configs(db, run_id, [config], split=split, temperature=temperature, max_prompts=max_prompts,
-                           repeats=repeats, seed=seed, progress=progress)[0]
 
 
 @dataclass
@@ -191,12 +158,21 @@ def measure_configs(
 
     The models are loaded once. Each repeat goes round every configuration (in a rotated order) and
     every prompt, so a slow minute of a shared machine is spread over all configurations instead of
-    landing on one: rankings and errors compare like with like (ARCHITECTURE §6). Plain decoding
-    (``MeasureSpec("none", 0)``) can be one of them, so a speedup and its paired CI come from the same
-    passes. Each measurement stores its 95% CI and the raw per-prompt, per-repeat samples.
+    landing on one: rankings and errors compare like with like (docs/architecture.md, Measurement
+    rules). Plain decoding (``MeasureSpec("none", 0)``) can be one of them, so a speedup and its
+    paired CI come from the same passes. Each measurement stores its 95% CI and the raw per-prompt,
+    per-repeat samples.
 
     Args:
-        items: the configurations. The other arguments are those of :func:`measure_config`.
+        db: the results database holding the run.
+        run_id: the profile run (its workload, max_new_tokens, device and dtype are reused).
+        items: the configurations: draft, N, θ and schedule (batch size 1: the engine decodes one sequence).
+        split: which prompts (:func:`default_split`: ``holdout`` for a run profiled on ``tune``).
+        temperature: 0 = greedy; otherwise the run must have a sampling profile at this temperature.
+        max_prompts: measure only the first prompts of the split.
+        repeats: decode the prompt set this many times; each prompt counts with its median time.
+        seed: sampling seed.
+        progress: progress sink.
 
     Raises:
         NotFoundError: unknown run or draft.
@@ -208,13 +184,34 @@ def measure_configs(
         raise InputError(f"--repeats must be >= 1, got {repeats}")
     run = get_run(db, run_id)
     settings = run.settings
-    sampling = temperature > 0
-    if sampling and abs(float(settings.get("temperature", 0.0)) - temperature) > 1e-9:
+    if temperature > 0 and abs(float(settings.get("temperature", 0.0)) - temperature) > 1e-9:
         raise InputError(f"run {run_id} was profiled at --temperature {settings.get('temperature', 0.0)}; "
                          f"measure at that temperature or 0 (greedy), not {temperature}")
     planned = [(None if item.is_plain else run.resolve_draft(item.draft), item) for item in items]
     split, prompts = chosen_prompts(run, split, max_prompts)
+    target, specs = _load_models(run, [name for name, _ in planned])
+    wanted = [p.id for p in prompts]
+    ids = [encode_prompt(target, p.prompt, p.id) for p in prompts]
+    max_new = int(settings.get("max_new_tokens", 64))
+    cases = [_Case(draft=name, config=config, spec=specs[name],
+                   decode=_decode_config(config, max_new, temperature, target),
+                   times=[[] for _ in ids], tokens=[[] for _ in ids])
+             for name, config in planned]
+    _run_cases(target, cases, wanted, ids, repeats, seed, progress or Progress())
+    profiled = set(settings.get("prompt_ids", []))
+    flags = [pid in profiled for pid in wanted]
+    lengths = [int(x.shape[0]) for x in ids]
+    return [_store(db, run_id, case, temperature, repeats, split, wanted, flags, lengths) for case in cases]
 
+
+def measure_config(db: Database, run_id: int, config: MeasureSpec, **options: Any) -> Measurement:
+    """Measure one configuration: :func:`measure_configs` with ``[config]`` and the same keyword options."""
+    return measure_configs(db, run_id, [config], **options)[0]
+
+
+def _load_models(run, drafts: list[str | None]) -> tuple[LoadedModel, dict[str | None, DraftSpec]]:
+    """The run's target, loaded as profiled, and a drafter spec per draft (``None``: plain decoding)."""
+    settings = run.settings
     device, dtype = settings.get("device", "auto"), settings.get("dtype", "auto")
     forward = settings.get("forward", "hf")  # runs profiled before the lean forward existed used HF's
     if settings.get("threads"):
@@ -223,26 +220,25 @@ def measure_configs(
     target = _load(run.target.name, run.target.extra.get("source"), device, dtype, forward)
     _warn_if_changed(target, run.target.tokenizer_hash, run.target.num_parameters)
     specs: dict[str | None, DraftSpec] = {None: DraftSpec("none")}
-    for name in dict.fromkeys(n for n, _ in planned if n is not None):
+    for name in dict.fromkeys(n for n in drafts if n is not None):
         if name == NGRAM:
             specs[name] = DraftSpec("ngram")
             continue
         loaded = load_model(name, target.device, target.dtype, settings.get("draft_forwards", {}).get(name, forward))
         check_compatible(target, loaded)
         specs[name] = DraftSpec("model", loaded)
+    return target, specs
 
-    wanted = [p.id for p in prompts]
-    ids = [encode_prompt(target, p.prompt, p.id) for p in prompts]
-    max_new = int(settings.get("max_new_tokens", 64))
-    cases = [
-        _Case(draft=name, config=config, spec=specs[name],
-              decode=DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=max(config.num_speculative_tokens, 1),
-                                  threshold=config.threshold, schedule=config.schedule, temperature=temperature,
-                                  eos_token_id=target.eos_token_id, threshold_rule=config.threshold_rule),
-              times=[[] for _ in ids], tokens=[[] for _ in ids])
-        for name, config in planned
-    ]
-    progress = progress or Progress()
+
+def _decode_config(config: MeasureSpec, max_new: int, temperature: float, target: LoadedModel) -> DecodeConfig:
+    return DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=max(config.num_speculative_tokens, 1),
+                        threshold=config.threshold, schedule=config.schedule, temperature=temperature,
+                        eos_token_id=target.eos_token_id, threshold_rule=config.threshold_rule)
+
+
+def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: list[torch.Tensor], repeats: int,
+               seed: int, progress: Progress) -> None:
+    """Warm every case up once, then decode every prompt ``repeats`` times per case, into the cases."""
     label = (f"measure {cases[0].draft or 'plain'} N={cases[0].config.num_speculative_tokens} θ={cases[0].config.threshold}"
              if len(cases) == 1 else f"measure {len(cases)} configurations")
     progress.stage(label, len(cases) * (len(ids) * repeats + 1))
@@ -262,10 +258,6 @@ def measure_configs(
                 if r == 0 and m.result is not None:
                     case.cycles += m.result.cycles
                 progress.advance()
-    profiled = set(settings.get("prompt_ids", []))
-    flags = [pid in profiled for pid in wanted]
-    lengths = [int(x.shape[0]) for x in ids]
-    return [_store(db, run_id, case, temperature, repeats, split, wanted, flags, lengths) for case in cases]
 
 
 def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: int, split: str | None,

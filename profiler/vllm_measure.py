@@ -40,7 +40,7 @@ from typing import Any
 
 from specdec_tune.db import Database, add_measured_run, get_run
 from specdec_tune.errors import InputError
-from specdec_tune.profiler.session import Progress
+from specdec_tune.profiler.settings import Progress
 from specdec_tune.profiler.vllm_backend import (
     SpecCounters,
     VllmWorker,

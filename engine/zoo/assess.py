@@ -108,7 +108,8 @@ def assess_zoo(out_dir: Path, manifest: dict, *, repeats: int, log: Callable[[st
     manifest["eval"]["windows"] = int(windows.shape[0])
     loaded = {m["name"]: AutoModelForCausalLM.from_pretrained(out_dir / m["path"], dtype=torch.float32).eval()
               for m in entries}
-    _measure_quality(entries, loaded, loaded[target_entry["name"]], windows, token_byte_lengths(tokenizer), out_dir, log)
+    target = loaded[target_entry["name"]]
+    _measure_quality(entries, loaded, target, windows, token_byte_lengths(tokenizer), out_dir, log)
     _measure_timing(entries, loaded, repeats, log)
     manifest["timing"] = {"context_tokens": CONTEXT_TOKENS, "threads": 2, "also_measured_threads": 1,
                           "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count() or 0,

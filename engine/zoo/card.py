@@ -70,122 +70,127 @@ def _target(manifest: dict) -> dict:
 
 
 def _intro(manifest: dict) -> list[str]:
-    out = ["# specdec-tune mini model zoo\n"]
+    out: list[str] = []
+    w = out.append
+    w("# specdec-tune mini model zoo\n")
     if manifest.get("quick"):
-        out.append("> **Smoke build (`--quick`)**: tiny models, not the bundled zoo.\n")
-    out.append("A small family of Llama-architecture causal LMs that ship inside the package, so that the tool's main "
-               "job (speculative decoding with a target and draft models that share a tokenizer) runs on a machine "
-               "with no network. They are trained on Python source code and are useful for measuring and tuning "
-               "speculative decoding, not as assistants.\n")
-    out.append("Rebuild with `specdec-tune zoo train --out DIR` (seeded; this card, `zoo.json` and `train_log.txt` "
-               "are written by that recipe).\n")
+        w("> **Smoke build (`--quick`)**: tiny models, not the bundled zoo.\n")
+    w("A small family of Llama-architecture causal LMs that ship inside the package, so that the tool's main "
+      "job (speculative decoding with a target and draft models that share a tokenizer) runs on a machine "
+      "with no network. They are trained on Python source code and are useful for measuring and tuning "
+      "speculative decoding, not as assistants.\n")
+    w("Rebuild with `specdec-tune zoo train --out DIR` (seeded; this card, `zoo.json` and `train_log.txt` "
+      "are written by that recipe).\n")
     return out
 
 
 def _corpus(manifest: dict) -> list[str]:
     c = manifest["corpus"]
-    return [
-        "## Corpus\n",
-        f"- Source: the `.py` files of the Python {c['python']} standard library (`sysconfig.get_paths()[\"stdlib\"]`), "
-        "leaving out `site-packages` and the test folders (`test`, `tests`, `idle_test`).",
-        f"- Licence: {c['licence']}. The Python standard library is copyright the Python Software Foundation "
-        "and distributed under the PSF License Agreement; the prompts in `workloads/` are excerpts of it.",
-        "- Split by file, deterministically: a file is held out when the first 4 bytes of "
-        "SHA-256(`specdec-tune-zoo-v1:<relative path>`) mod 100 < 10 (~10%). The held-out file list is in `zoo.json`.",
-        f"- Train: {_fmt_int(c['train_files'])} files, {_fmt_int(c['train_bytes'])} bytes, "
-        f"{_fmt_int(c['train_tokens'])} tokens.",
-        f"- Held-out: {_fmt_int(c['held_out_files'])} files, {_fmt_int(c['held_out_bytes'])} bytes, "
-        f"{_fmt_int(c['held_out_tokens'])} tokens.\n",
-    ]
+    out: list[str] = []
+    w = out.append
+    w("## Corpus\n")
+    w(f"- Source: the `.py` files of the Python {c['python']} standard library (`sysconfig.get_paths()[\"stdlib\"]`), "
+      "leaving out `site-packages` and the test folders (`test`, `tests`, `idle_test`).")
+    w(f"- Licence: {c['licence']}. The Python standard library is copyright the Python Software Foundation "
+      "and distributed under the PSF License Agreement; the prompts in `workloads/` are excerpts of it.")
+    w("- Split by file, deterministically: a file is held out when the first 4 bytes of "
+      "SHA-256(`specdec-tune-zoo-v1:<relative path>`) mod 100 < 10 (~10%). The held-out file list is in `zoo.json`.")
+    w(f"- Train: {_fmt_int(c['train_files'])} files, {_fmt_int(c['train_bytes'])} bytes, "
+      f"{_fmt_int(c['train_tokens'])} tokens.")
+    w(f"- Held-out: {_fmt_int(c['held_out_files'])} files, {_fmt_int(c['held_out_bytes'])} bytes, "
+      f"{_fmt_int(c['held_out_tokens'])} tokens.\n")
+    return out
 
 
 def _tokenizer(manifest: dict) -> list[str]:
     tok = manifest["tokenizer"]
-    return [
-        "## Tokenizer\n",
-        f"One {tok['type']} tokenizer, vocabulary {tok['vocab_size']}, shared by every model and saved in every "
-        f"model folder (`tokenizer.json`, `tokenizer_config.json`; loads with `AutoTokenizer.from_pretrained`). "
-        f"`{tok['eos_token']}` (id {tok['eos_token_id']}) is the EOS, BOS and padding token; files are separated "
-        "by it in training. Byte-level, so every string round-trips.\n",
-    ]
+    out: list[str] = []
+    w = out.append
+    w("## Tokenizer\n")
+    w(f"One {tok['type']} tokenizer, vocabulary {tok['vocab_size']}, shared by every model and saved in every "
+      f"model folder (`tokenizer.json`, `tokenizer_config.json`; loads with `AutoTokenizer.from_pretrained`). "
+      f"`{tok['eos_token']}` (id {tok['eos_token_id']}) is the EOS, BOS and padding token; files are separated "
+      "by it in training. Byte-level, so every string round-trips.\n")
+    return out
 
 
 def _models(manifest: dict) -> list[str]:
-    out = ["## Models\n",
-           "| name | role | layers × width (heads, MLP) | parameters | weights | training |",
-           "|---|---|---|---|---|---|"]
+    out: list[str] = []
+    w = out.append
+    w("## Models\n")
+    w("| name | role | layers × width (heads, MLP) | parameters | weights | training |")
+    w("|---|---|---|---|---|---|")
     for m in manifest["models"]:
         t = m["training"]
-        out.append(f"| `{m['name']}` | {m['role']} | {m['layers']} × {m['hidden_size']} ({m['heads']}, {m['intermediate_size']}) "
-                   f"| {_fmt_int(m['parameters'])} | {m['dtype']}, {m['weight_bytes'] / 1e6:.1f} MB "
-                   f"| {t['objective'].replace('||', '‖')}; {t['steps']} steps × {t['batch']}×{t['seq']} tokens, {t['seconds'] / 60:.1f} min "
-                   f"(stopped by {t['stopped_by']})" + _on_policy_cell(t) + " |")
-    out.append("")
+        w(f"| `{m['name']}` | {m['role']} | {m['layers']} × {m['hidden_size']} ({m['heads']}, {m['intermediate_size']}) "
+          f"| {_fmt_int(m['parameters'])} | {m['dtype']}, {m['weight_bytes'] / 1e6:.1f} MB "
+          f"| {t['objective'].replace('||', '‖')}; {t['steps']} steps × {t['batch']}×{t['seq']} tokens, {t['seconds'] / 60:.1f} min "
+          f"(stopped by {t['stopped_by']})" + _on_policy_cell(t) + " |")
+    w("")
     seq = _target(manifest)["training"]["seq"]
-    out.append(
-        "All: `LlamaForCausalLM`, tied input/output embeddings, RoPE (theta 10,000), max_position_embeddings "
-        "1024, trained in fp32 on the CPU with AdamW (betas 0.9/0.95, weight decay 0.1, grad clip 1.0), "
-        "linear warm-up and cosine decay to 10% of the peak lr (progress = the larger of steps done and time "
-        f"budget spent), on seeded random {seq}-token windows of the train stream. The loop uses 1 or 2 threads, "
-        "whichever its periodic probe measures faster (on a shared 2-core machine one thread is often ~3x "
-        "more efficient). Weights are stored in float16 (more mantissa than bfloat16; loading with `dtype=torch.float32` "
-        "is exact). The target is trained on the data; each draft starts from the target's embeddings, final "
-        "norm and evenly spaced target layers, and is distilled from the target (forward KL to the target's "
-        "logits plus a small data cross-entropy term), which raises agreement. Then (on-policy stage) the "
-        "target greedily continues random training-split prompts and the drafts are distilled further on those "
-        "continuations, alternating with ordinary windows: greedy speculative decoding is judged on the "
-        "target's own output, which is not distributed like source files.\n")
+    w("All: `LlamaForCausalLM`, tied input/output embeddings, RoPE (theta 10,000), max_position_embeddings "
+      "1024, trained in fp32 on the CPU with AdamW (betas 0.9/0.95, weight decay 0.1, grad clip 1.0), "
+      "linear warm-up and cosine decay to 10% of the peak lr (progress = the larger of steps done and time "
+      f"budget spent), on seeded random {seq}-token windows of the train stream. The loop uses 1 or 2 threads, "
+      "whichever its periodic probe measures faster (on a shared 2-core machine one thread is often ~3x "
+      "more efficient). Weights are stored in float16 (more mantissa than bfloat16; loading with `dtype=torch.float32` "
+      "is exact). The target is trained on the data; each draft starts from the target's embeddings, final "
+      "norm and evenly spaced target layers, and is distilled from the target (forward KL to the target's "
+      "logits plus a small data cross-entropy term), which raises agreement. Then (on-policy stage) the "
+      "target greedily continues random training-split prompts and the drafts are distilled further on those "
+      "continuations, alternating with ordinary windows: greedy speculative decoding is judged on the "
+      "target's own output, which is not distributed like source files.\n")
     return out
 
 
 def _quality(manifest: dict) -> list[str]:
     target = _target(manifest)
     tq = target["quality"]
+    out: list[str] = []
+    w = out.append
+    w("## Quality (held-out files, teacher-forced)\n")
     ev = manifest["eval"]
-    out = [
-        "## Quality (held-out files, teacher-forced)\n",
-        f"Evaluated on the first {ev['windows']} windows of {ev['seq']} tokens of the held-out stream "
-        f"({_fmt_int(tq['eval_tokens'])} predicted tokens), with the shipped float16 weights loaded as float32.\n",
-        f"Target `{target['name']}`: **{tq['held_out_nats_per_token']:.3f} nats/token**, "
-        f"{tq['held_out_nats_per_byte']:.3f} nats/byte ({tq['held_out_bits_per_byte']:.3f} bits/byte).\n",
-        "| draft | held-out nats/token | greedy agreement with target (argmax equal) | sampling acceptance 1 − E[TV(p, q)] |",
-        "|---|---|---|---|",
-    ]
+    w(f"Evaluated on the first {ev['windows']} windows of {ev['seq']} tokens of the held-out stream "
+      f"({_fmt_int(tq['eval_tokens'])} predicted tokens), with the shipped float16 weights loaded as float32.\n")
+    w(f"Target `{target['name']}`: **{tq['held_out_nats_per_token']:.3f} nats/token**, "
+      f"{tq['held_out_nats_per_byte']:.3f} nats/byte ({tq['held_out_bits_per_byte']:.3f} bits/byte).\n")
+    w("| draft | held-out nats/token | greedy agreement with target (argmax equal) | sampling acceptance 1 − E[TV(p, q)] |")
+    w("|---|---|---|---|")
     for m in manifest["models"]:
         if m["role"] == "draft":
             q = m["quality"]
-            out.append(f"| `{m['name']}` | {q['held_out_nats_per_token']:.3f} | {q['greedy_agreement']:.3f} "
-                       f"| {q['sampling_acceptance']:.3f} |")
-    out.append("")
-    out.append("Greedy agreement is the per-token acceptance rate of greedy speculative decoding; 1 − E[TV] is the "
-               "per-token acceptance rate of sampling (temperature 1) speculative decoding (Leviathan et al. 2023).\n")
+            w(f"| `{m['name']}` | {q['held_out_nats_per_token']:.3f} | {q['greedy_agreement']:.3f} "
+              f"| {q['sampling_acceptance']:.3f} |")
+    w("")
+    w("Greedy agreement is the per-token acceptance rate of greedy speculative decoding; 1 − E[TV] is the "
+      "per-token acceptance rate of sampling (temperature 1) speculative decoding (Leviathan et al. 2023).\n")
     return out
 
 
 def _latency(manifest: dict) -> list[str]:
+    out: list[str] = []
+    w = out.append
+    w("## Latency on the build machine\n")
     tm = manifest["timing"]
-    out = [
-        "## Latency on the build machine\n",
-        f"Milliseconds per forward with a KV cache after {tm['context_tokens']} context tokens, float32, "
-        f"{tm['cpu_count']}-core CPU (`{tm['machine']}`), median (p10–p90) of the repeats, the models "
-        "interleaved in rounds so that load from other jobs hits all alike. The machine was shared with other "
-        f"jobs (load average at the end: {tm.get('load_average_at_end', '?')}), so expect noise; "
-        "`specdec-tune zoo list` measures again on your machine.\n",
-    ]
+    w(f"Milliseconds per forward with a KV cache after {tm['context_tokens']} context tokens, float32, "
+      f"{tm['cpu_count']}-core CPU (`{tm['machine']}`), median (p10–p90) of the repeats, the models "
+      "interleaved in rounds so that load from other jobs hits all alike. The machine was shared with other "
+      f"jobs (load average at the end: {tm.get('load_average_at_end', '?')}), so expect noise; "
+      "`specdec-tune zoo list` measures again on your machine.\n")
     keys = latency_settings(_target(manifest))
-    out.append("| model | " + " | ".join(f"{label}, {k} new token{'s' if k != '1' else ''}" for _, label in keys
-                                       for k in ("1", "8")) + " |")
-    out.append("|---|" + "---|" * (2 * len(keys)))
+    w("| model | " + " | ".join(f"{label}, {k} new token{'s' if k != '1' else ''}" for _, label in keys
+                             for k in ("1", "8")) + " |")
+    w("|---|" + "---|" * (2 * len(keys)))
     for m in manifest["models"]:
         cells = []
         for key, _ in keys:
             t = m[key]
             cells += [f"{t[k]['median']:.2f} ({t[k]['p10']:.2f}–{t[k]['p90']:.2f})" for k in ("1", "8")]
-        out.append(f"| `{m['name']}` | " + " | ".join(cells) + " |")
-    out.append("")
+        w(f"| `{m['name']}` | " + " | ".join(cells) + " |")
+    w("")
     for key, label in keys:
-        out.append(f"Target / smallest draft, {label}: {latency_ratio(manifest, '1', key):.1f}× for 1 token, "
-                   f"{latency_ratio(manifest, '8', key):.1f}× for 8 tokens.\n")
+        w(f"Target / smallest draft, {label}: {latency_ratio(manifest, '1', key):.1f}× for 1 token, "
+          f"{latency_ratio(manifest, '8', key):.1f}× for 8 tokens.\n")
     return out
 
 
@@ -196,17 +201,25 @@ _ENDS = {"functions": "a function body, after its first statements",
 
 
 def _workloads(manifest: dict) -> list[str]:
-    out = ["## Workloads\n",
-           "Prompt sets cut from held-out files (JSONL: `id`, `category`, `prompt`, `source`), each prompt a run "
-           "of whole source lines ending at the cut point:\n",
-           "| name | prompts | tokens (min–max, mean) | categories | ends inside |",
-           "|---|---|---|---|---|"]
+    out: list[str] = []
+    w = out.append
+    w("## Workloads\n")
+    w("Prompt sets cut from held-out files (JSONL: `id`, `category`, `prompt`, `source`), each prompt a run "
+      "of whole source lines ending at the cut point:\n")
+    w("| name | prompts | tokens (min–max, mean) | categories | ends inside |")
+    w("|---|---|---|---|---|")
     for wl in manifest["workloads"]:
-        out.append(f"| `{wl['name']}` | {wl['prompts']} | {wl['min_tokens']}–{wl['max_tokens']}, {wl['mean_tokens']} "
-                   f"| {', '.join(wl['categories'])} | {_ENDS.get(wl['name'], '')} |")
-    out.append("")
+        w(f"| `{wl['name']}` | {wl['prompts']} | {wl['min_tokens']}–{wl['max_tokens']}, {wl['mean_tokens']} "
+          f"| {', '.join(wl['categories'])} | {_ENDS.get(wl['name'], '')} |")
+    w("")
     return out
 
 
 def _bars(manifest: dict) -> list[str]:
-    return ["## Bars\n", *(f"- {line}" for line in check_bars(manifest)), ""]
+    out: list[str] = []
+    w = out.append
+    w("## Bars\n")
+    for line in check_bars(manifest):
+        w(f"- {line}")
+    w("")
+    return out
