@@ -1,7 +1,7 @@
 """Plotly figures built from the loaders' plain data (no database, no Streamlit: tested directly).
 
 Axis titles say what is measured and what is predicted; every rate chart says whether it shows the
-conditional α_i or the per-cycle β_i (ARCHITECTURE §3).
+conditional α_i or the per-cycle β_i (docs/architecture.md, Words).
 """
 from __future__ import annotations
 

@@ -102,7 +102,7 @@ class FidelityPoint:
 
 @dataclass(frozen=True)
 class ErrorSummary:
-    """The model's error over one split (the numbers issue 9 asks for).
+    """The model's error over one split (median |error|, share inside the measured CI).
 
     Attributes:
         split: ``in-sample`` or ``held-out``.

@@ -1,7 +1,7 @@
 """The Profile run page's data: what ``specdec-tune profile`` measured, summarised for charts.
 
 Everything here is *measured* (timings, counts of accepted tokens, telemetry); the θ values shown on
-the calibration curve are the grid the tuner's :func:`~specdec_tune.tuner.profile_data.best_configs`
+the calibration curve are the grid the tuner's :func:`~specdec_tune.tuner.model.best_configs`
 searches. Panels follow vLLM's Grafana board: acceptance rate (accepted ÷ drafted tokens), mean
 acceptance length (1 + accepted ÷ cycles, i.e. E[τ] at N_max) and acceptance by draft position
 (β_i, vLLM's per-position metric, next to our conditional α_i).

@@ -1,7 +1,7 @@
 """Tuning studies read from the Optuna storage: summaries, one study's trials and its tuning result.
 
 ``specdec-tune tune`` keeps one Optuna study per tuning; the study's user attribute ``result`` holds a
-:class:`~specdec_tune.tuner.configs.TuningResult` (as a dict or a JSON string) and every trial carries
+:class:`~specdec_tune.tuner.model.TuningResult` (as a dict or a JSON string) and every trial carries
 its prediction in its user attributes. Nothing here writes to the storage.
 """
 from __future__ import annotations

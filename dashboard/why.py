@@ -1,8 +1,8 @@
 """The Why it wins page's data: predicted cycle budgets, the (N, θ) throughput map per draft with the
 measured points on it, and what each server can express.
 
-Every predicted number comes from the tuner: :func:`~specdec_tune.tuner.profile_data.load_run_profile`
-builds the run's profile, :func:`~specdec_tune.tuner.profile_data.best_configs` predicts and ranks
+Every predicted number comes from the tuner: :func:`~specdec_tune.tuner.model.load_run_profile`
+builds the run's profile, :func:`~specdec_tune.tuner.model.best_configs` predicts and ranks
 the whole (N, θ) grid (its ``top`` is set to the grid size, so one call gives both the map and the
 ranking), and :func:`~specdec_tune.tuner.model.draft_step_time` prices a draft step. A cycle's time
 splits as the model sums it: E[F]·T_s(B) (draft steps) + Σ P(L = l)·T_v(B, l + 1) (verify) + o_c.
@@ -112,7 +112,7 @@ def chosen_budget(db: Database, run_id: int, candidate: Candidate, batch_size: i
                   temperature: float = 0.0) -> CycleBudget | None:
     """The cycle budget of the configuration a tuning chose (``None`` if this run cannot predict it).
 
-    The candidate becomes the model's configuration through ``tuner.search.spec_config`` (schedule
+    The candidate becomes the model's configuration through ``tuner.model.spec_config`` (schedule
     and θ rule included), so the bar shows exactly what the tuner predicted for it.
     """
     from specdec_tune.tuner.model import spec_config

@@ -1,7 +1,8 @@
-"""specdec-tune: measure, model, tune and export speculative decoding.
+"""specdec-tune: measure, model, tune and export speculative decoding for your models, workload and hardware.
 
-The code lives in five subpackages (``engine``, ``profiler``, ``tuner``, ``db``, ``dashboard``),
-mapped into this package by ``pyproject.toml``. See ARCHITECTURE.md for the words used here.
+The rooms (``engine``, ``profiler``, ``tuner``, ``db``, ``dashboard``) live at the top of the
+repository and appear in this package through symlinks; ``cli`` is the ``specdec-tune`` command. The
+words, formulas and import contracts are in ``docs/architecture.md``.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Pure statistics helpers shared by the profiler (which measures) and the tuner (which predicts).
 
-Neither room may import the other (ARCHITECTURE §2), so what both need lives here: no torch, no
-database, no timing. numpy only.
+Neither room may import the other (docs/architecture.md, Import contracts), so what both need
+lives here: no torch, no database, no timing. numpy only.
 """
 from __future__ import annotations
 

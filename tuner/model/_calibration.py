@@ -1,4 +1,4 @@
-"""Overhead fit and in-loop calibration of the micro-benchmarks (private half of profile_data)."""
+"""Overhead fit and in-loop calibration of the micro-benchmarks (used by :mod:`._profile`)."""
 from __future__ import annotations
 
 import math

@@ -1,6 +1,6 @@
 """The configuration a tuning produces, as the search, the exporters and the dashboard exchange it.
 
-One data contract per boundary (ARCHITECTURE §7): :class:`Candidate` is a point of the search space
+One data contract per boundary (docs/architecture.md, Style): :class:`Candidate` is a point of the search space
 (what a trial proposes, what a server may or may not express); :class:`TuningResult` is a finished
 tuning (the winner, its measured numbers and where they came from), stored as JSON in the Optuna
 study's user attributes and read back by ``export`` and the dashboard.

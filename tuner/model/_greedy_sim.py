@@ -1,4 +1,4 @@
-"""Exact replay of greedy speculative decoding over recorded roll-outs (private half of profile_data).
+"""Exact replay of greedy speculative decoding over recorded roll-outs (used by :mod:`._predict`).
 
 Greedy decoding is deterministic, so the draft's roll-out from any output position is a suffix of a
 recorded θ = 0, N = N_max cycle; :func:`position_traces` rebuilds one roll-out per output position

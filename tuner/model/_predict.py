@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from specdec_tune.errors import InputError
 from specdec_tune.splits import split_prompts
@@ -33,50 +33,39 @@ from specdec_tune.tuner.model._greedy_sim import simulate_prompt, stats_from_cyc
 from specdec_tune.tuner.model._prefill import prefill_fits, prompt_prefill
 from specdec_tune.tuner.model._profile import RunProfile
 from specdec_tune.tuner.model._replay import ReplayStats
-from specdec_tune.tuner.model._throughput import SpecConfig, draft_step_time, verify_time
+from specdec_tune.tuner.model._throughput import Prediction, SpecConfig, draft_step_time, verify_time
 from specdec_tune.tuner.model._throughput import predict as model_predict
 
 Cycle = tuple[int, int, int]  # one simulated cycle: (proposed length L, accepted A, draft forwards F)
 
 
-@dataclass(frozen=True)
-class RunPrediction:
+@dataclass(frozen=True, kw_only=True)
+class RunPrediction(Prediction):
     """Predicted end-to-end throughput of one configuration on the profiled prompts.
 
+    The decode-only :class:`Prediction`'s fields, counted end to end as ``measure`` counts them:
+    ``tokens_per_s`` is new tokens / seconds of whole decode calls (prefill included), ``speedup`` is
+    over plain decoding end to end, ``cycle_time_s`` stays E[T_cycle] of decoding only, and ``source``
+    is ``simulation`` (greedy, exact cycle replay), the model's ``traces`` / ``sampling_traces`` /
+    ``tv``, or ``baseline``.
+
     Attributes:
-        tokens_per_s: new tokens / seconds of whole decode calls (prefill included), as ``measure``.
-        decode_tokens_per_s: the same without prefill and per-call set-up.
-        speedup: tokens_per_s ÷ baseline_tokens_per_s (plain decoding, prefill included).
-        baseline_tokens_per_s: predicted plain decoding, end to end.
-        expected_tokens_per_cycle: E[τ] (accepted + 1).
-        expected_draft_length: E[L].
-        expected_draft_forwards: E[F].
-        cycle_time_s: E[T_cycle] (decode only).
+        decode_tokens_per_s: the throughput without prefill and per-call set-up.
         seconds: predicted wall seconds over the prompts.
         new_tokens: tokens those prompts produce (× batch size).
+        in_sample: every prompt predicted was one the profile ran.
+        prompts: prompts predicted.
         cycles: decode cycles of one request per prompt, summed over the prompts (plain decoding: one
             per token after the prefill's). At batch size 1, ``(new_tokens - prompts) / cycles`` is
             the tokens per decode step after the first token, as a server counts its steps
-            (``server_calibration.acceptance_terms``).
-        acceptance_per_position: conditional α_i implied for the configuration.
-        source: ``simulation`` (greedy, exact cycle replay), or the model's ``traces`` /
-            ``sampling_traces`` / ``tv``, or ``baseline``.
+            (``tuner.servers.acceptance_terms``).
     """
 
-    tokens_per_s: float
     decode_tokens_per_s: float
-    speedup: float
-    baseline_tokens_per_s: float
-    expected_tokens_per_cycle: float
-    expected_draft_length: float
-    expected_draft_forwards: float
-    cycle_time_s: float
     seconds: float
     new_tokens: int
-    acceptance_per_position: tuple[float, ...] = field(default=())
     source: str = "simulation"
-    label: str = "predicted"
-    in_sample: bool = True  # every prompt predicted was one the profile ran
+    in_sample: bool = True
     prompts: int = 0
     cycles: float = 0.0
 

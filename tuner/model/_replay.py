@@ -3,7 +3,7 @@
 A *trace* is one speculative cycle recorded with threshold θ = 0 and N = N_max: the draft's
 confidence in each drafted token and the length of the prefix the target accepted. Because the
 acceptance of draft token i depends only on the context (not on N or θ), one set of traces predicts
-every (N, θ) by replay (ARCHITECTURE §4.3): the proposed length L is cut at the first confidence
+every (N, θ) by replay (docs/architecture.md, The throughput model): the proposed length L is cut at the first confidence
 below θ, the accepted count is cut at L. Pure Python on purpose: a few thousand traces times a few
 dozen configurations is milliseconds, and this module must not import torch.
 """
@@ -96,7 +96,7 @@ def cut_cycle(trace: Trace, n: int, threshold: float, rule: str = "before") -> t
 
 
 def replay(traces: Sequence[Trace], n: int, threshold: float = 0.0, rule: str = "before") -> ReplayStats:
-    """Replay recorded θ = 0 traces under any N and threshold θ (ARCHITECTURE §4.3).
+    """Replay recorded θ = 0 traces under any N and threshold θ (docs/architecture.md, The throughput model).
 
     Args:
         traces: cycles recorded with θ = 0 and N = N_max.

@@ -1,4 +1,5 @@
-"""Analytic throughput model of speculative decoding (ARCHITECTURE §4). Pure Python, no torch.
+"""Analytic throughput model of speculative decoding (docs/architecture.md, The throughput model).
+Pure Python, no torch.
 
 Seed formulas (shared/seeds 000 and 002), constant acceptance α and N drafted tokens::
 

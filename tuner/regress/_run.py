@@ -1,8 +1,8 @@
-"""Nightly regression benchmarks that do not cry wolf (issue 13).
+"""Nightly regression benchmarks that do not cry wolf.
 
 ``run_regress`` measures every benchmark of a suite per prompt (through ``profiler.suite_runs``),
 stores the samples with the environment fingerprint, picks a baseline, compares cell by cell
-(:mod:`tuner._regress_compare`), applies the rule (a drop > ``min_drop`` whose Benjamini-Hochberg
+(:mod:`._compare`), applies the rule (a drop > ``min_drop`` whose Benjamini-Hochberg
 adjusted p-value is at most ``q``, persisting ``persist`` runs), explains flagged speed changes with the
 throughput model and stores the verdicts. ``run_calibration`` runs the suite against itself (A/A)
 and stores each metric's spread, the noise floor behind the minimum detectable change.
@@ -31,7 +31,7 @@ GOOD_BASELINES = ("baseline", "pass")
 
 @dataclass
 class RegressReport:
-    """Everything a regression run decided (rendered by :mod:`tuner._regress_report`)."""
+    """Everything a regression run decided (rendered by :mod:`._report`)."""
 
     suite: str
     kind: str

@@ -34,7 +34,7 @@ DEFAULT_MUST_MATCH = ("device", "device_name", "device_count", "threads", "backe
 
 
 class Rules(BaseModel):
-    """How a comparison decides (defaults: issue 13's rule)."""
+    """How a comparison decides (defaults: a drop > 5 % at BH-adjusted q <= 0.01, persisting)."""
 
     model_config = ConfigDict(extra="forbid")
 

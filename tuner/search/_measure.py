@@ -1,6 +1,6 @@
-"""Measured confirmation for ``tune``: candidates -> ``tuner.validate.measure_predicted`` -> numbers.
+"""Measured confirmation for ``tune``: candidates -> :func:`measure_predicted` -> numbers.
 
-Thin glue between the search's :class:`Candidate` and ``tuner.validate.measure_predicted`` (which
+Thin glue between the search's :class:`Candidate` and :func:`measure_predicted` (which
 predicts, has the profiler measure interleaved on a prompt split, and stores the pair): plain
 decoding is measured in the same interleaved passes as the candidates, and the held-out speedup's CI
 is the paired bootstrap of ``specdec_tune.stats.speedup_ci`` (same prompts, same passes).
@@ -27,7 +27,7 @@ class Measured:
     predicted_tokens_per_s: float | None
     ci: tuple[float, float] | None
     heldout: bool
-    validated: Any  # tuner.validate.Validated
+    validated: Any  # Validated (._validate)
 
 
 def measure_candidates(db: Database, run_id: int, candidates: Sequence[Candidate], *, split: str, max_prompts: int,

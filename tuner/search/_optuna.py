@@ -1,12 +1,12 @@
 """The Optuna search of ``tune``: predicted end-to-end throughput over a server's discrete space.
 
-Every trial proposes one :class:`~specdec_tune.tuner.configs.Candidate` (drafter, N, θ, schedule),
-the model predicts it from a stored profile (:func:`specdec_tune.tuner.profile_data.predict_config`,
+Every trial proposes one :class:`~specdec_tune.tuner.model.Candidate` (drafter, N, θ, schedule),
+the model predicts it from a stored profile (:func:`specdec_tune.tuner.model.predict_config`,
 the same end-to-end tokens/s that ``measure`` observes) and the trial stores that prediction in its
 user attributes. Predictions are cached per candidate (a sampler may propose a point twice, and a
 resumed or joined study already holds many), so a point is predicted once per process.
 
-The space is finite (``tuner._space``). When ``trials`` covers it, Optuna's brute-force sampler
+The space is finite (:mod:`._space`). When ``trials`` covers it, Optuna's brute-force sampler
 walks it whole and the study's best *is* the model's optimum; otherwise TPE (seeded, multivariate)
 samples it. ``--objectives throughput,memory`` makes a two-objective study (maximise tokens/s,
 minimise the memory speculation adds) whose Pareto front is ``study.best_trials``.
@@ -96,7 +96,7 @@ def run_search(
     Args:
         evaluator: cached predictions from the profile.
         space: the space to search (already restricted to the server's).
-        storage: an Optuna storage (``tuner._study.open_storage``).
+        storage: an Optuna storage (:func:`open_storage`).
         study_name: the study to create, resume or join.
         trials: completed trials to reach.
         objectives: ``throughput`` and optionally ``memory``.

@@ -1,10 +1,10 @@
-"""``tune --backend vllm``: tune for the server, measured on the server (issue 11 §1-3).
+"""``tune --backend vllm``: tune for the server, measured on the server.
 
 After the engine profile (acceptance: E[τ], E[L] per configuration from its traces):
 
 1. **Calibrate**: vLLM runs plain decoding and each drafter at a few N (:data:`CALIBRATION_NS`) on the
    tuning prompts at every batch size asked; the model's time terms are fitted to the server
-   (:mod:`specdec_tune.tuner.server_model`).
+   (``tuner.servers.ServerModel``).
 2. **Rank** every configuration of vLLM's space (drafter × N, constant, θ = 0) by the *server*
    prediction at the smallest batch size; brute force, since the space is small.
 3. **Confirm**: the top ``measure_top`` not measured yet run on vLLM on the tuning prompts; the winner

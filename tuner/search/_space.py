@@ -1,6 +1,6 @@
 """The discrete search space of ``tune`` and its restriction to what one server can express.
 
-The space (issue 10 §1): drafter (each profiled draft model, ``ngram``, ``none`` = plain decoding),
+The space: drafter (each profiled draft model, ``ngram``, ``none`` = plain decoding),
 N in 1..N_max (N_max = min(16, the profile's), θ on a 0.05 grid in [0, 0.95], schedule ``constant``
 or ``heuristic``. It is finite on purpose: Optuna's brute-force sampler can walk it whole, and tests
 compare the search with an exhaustive enumeration of the very same points.

@@ -85,7 +85,7 @@ def _repeats_by_group(m: ServerMeasurement) -> dict[tuple[str, ...], list]:
 
 def group_points_of(m: ServerMeasurement) -> list[ServerPoint]:
     """The measurement one point per group of prompts (median seconds over its repeats), each with its
-    own context: what the context slope γ is fitted on (``server_model``)."""
+    own context: what the context slope γ is fitted on (:mod:`._time_model`)."""
     return [p for gs in _repeats_by_group(m).values() for p in points_of(replace(m, groups=gs))]
 
 

@@ -1,8 +1,8 @@
 """Write a tuned configuration in the files each server reads as-is, plus a README.
 
 One builder per format turns a :class:`TuningResult` into files: it asks the capability table
-(:mod:`specdec_tune.tuner.servers`) whether the server can run the configuration, fills the server's
-schema (:mod:`specdec_tune.tuner._export_schemas`, pydantic, ``extra="forbid"``) and renders text.
+(:mod:`._table`) whether the server can run the configuration, fills the server's
+schema (:mod:`._schemas`, pydantic, ``extra="forbid"``) and renders text.
 Everything is built and validated first; only then is anything written, so a refusal or a schema
 violation leaves ``out_dir`` untouched.
 

@@ -1,4 +1,4 @@
-"""The throughput model's time terms calibrated to a server (issue 11 §2): predict the server, not the engine.
+"""The throughput model's time terms calibrated to a server: predict the server, not the engine.
 
 Acceptance carries over from our engine to the server (identical greedy outputs: the number of tokens
 a verify step yields, E[τ], and the draft length E[L] come from the engine profile's traces), timing
@@ -6,7 +6,7 @@ does not. So a few server runs (plain decoding and two or three values of N, at 
 fit the server's own time terms, and every other configuration is predicted from them.
 
 One ``generate`` call of B requests (a *group*; a calibration point is a configuration's mean group,
-``server_calibration.points_of``) is modelled as
+``points_of``) is modelled as
 
     seconds = P_d + S̄·(T + [spec]·(O_d + s_d·L̄))
 
@@ -19,7 +19,7 @@ k). Everything is per batch size B. P_d is the calibration groups' mean TTFT; T,
 non-negative least-squares fit (scipy's NNLS, relative errors) of the decode seconds after it. On
 the calibration runs S̄ and L̄ are *measured* from the server's counters (:func:`point_from_counts`);
 for a prediction they come from the engine's traces, counted as the server counts them: S̄ = the
-engine's decode cycles per request, L̄ = N for a draft model (``server_calibration.acceptance_terms``).
+engine's decode cycles per request, L̄ = N for a draft model (:func:`acceptance_terms`).
 Plain runs alone fix T; a draft model needs runs at two or more N to separate O_d from s_d.
 
 A decode step costs more with a longer context (attention reads every cached position). The decode
@@ -36,7 +36,7 @@ quantity; at B > 1 the fitted T and O_d absorb how much longer the group's slowe
 (measured: the group's steps over its mean steps grow from 1.11 at N = 1 to 1.45 at N = 8 at B = 4;
 using the group's own steps instead did not predict better, checked with the measured steps).
 Prefill is a constant per group (the bundled prompts' lengths vary little); it matters only at small
-max_new_tokens. Pure functions: no timing, no database (ARCHITECTURE §7).
+max_new_tokens. Pure functions: no timing, no database (docs/architecture.md, Style).
 """
 from __future__ import annotations
 
@@ -225,7 +225,7 @@ def calibrate(points: Iterable[ServerPoint], server: str = "vllm",
     """Fit the server's time terms per batch size from measured groups.
 
     Args:
-        points: one point per configuration and batch size (``server_calibration.points_of``).
+        points: one point per configuration and batch size (:func:`points_of`).
         groups: the same runs one point per group of prompts, with their contexts: they fit γ
             (none: γ = 0, every prediction at the calibration's context).
 
