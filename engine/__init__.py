@@ -12,12 +12,14 @@ from specdec_tune.engine.types import (
     Drafter,
     GenerationResult,
     VerifyResult,
+    acceptance_counts,
     acceptance_per_position,
 )
 from specdec_tune.engine.verify import verify_greedy, verify_sampling
 
 __all__ = [
     "CycleStats", "DecodeConfig", "Draft", "Drafter", "GenerationResult", "LeanCausalLM", "LoadedModel", "ModelDrafter",
-    "NgramDrafter", "PreallocatedCache", "build_drafter", "VerifyResult", "acceptance_per_position", "autoregressive",
-    "check_compatible", "lean_unsupported", "load_model", "make_cache", "resolve_source", "speculative", "verify_greedy", "verify_sampling", "wrap_forward",
-]
+    "NgramDrafter", "PreallocatedCache", "VerifyResult", "acceptance_counts", "acceptance_per_position",
+    "autoregressive", "build_drafter", "check_compatible", "lean_unsupported", "load_model", "make_cache",
+    "resolve_source", "speculative", "verify_greedy", "verify_sampling", "wrap_forward",
+]  # fmt: skip

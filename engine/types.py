@@ -1,6 +1,6 @@
 """Data contracts of the engine (one per boundary).
 
-Words (see ARCHITECTURE.md §3): p = target probabilities, q = draft probabilities, N = the most tokens
+Words (docs/architecture.md, Words): p = target probabilities, q = draft probabilities, N = the most tokens
 drafted in one cycle, a *cycle* drafts L <= N tokens and verifies them in one target forward over
 L + 1 positions, then appends one target token (bonus if all L were accepted, recovered otherwise),
 so a cycle yields tokens-per-cycle tau = accepted + 1.
@@ -111,15 +111,24 @@ def acceptance_per_position(cycles: Sequence[CycleStats], max_positions: int | N
     """
     if max_positions is None:
         max_positions = max((c.drafted for c in cycles), default=0)
-    reached = [0] * max_positions
-    accepted = [0] * max_positions
-    for c in cycles:
-        for i, ok in enumerate(c.outcomes[:max_positions]):
-            reached[i] += 1
-            if not ok:
-                break
-            accepted[i] += 1
+    reached, accepted = acceptance_counts(cycles, max_positions)
     n = len(cycles)
     alpha = [a / r if r else float("nan") for a, r in zip(accepted, reached)]
     beta = [a / n if n else float("nan") for a in accepted]
     return alpha, beta
+
+
+def acceptance_counts(cycles: Sequence[CycleStats], positions: int) -> tuple[list[int], list[int]]:
+    """Per draft position i < ``positions``: (cycles that reached it, of those the cycles that accepted it).
+
+    A cycle reaches position i when its tokens 1..i-1 were accepted and it drafted token i.
+    """
+    reached = [0] * positions
+    accepted = [0] * positions
+    for c in cycles:
+        for i, ok in enumerate(c.outcomes[:positions]):
+            reached[i] += 1
+            if not ok:
+                break
+            accepted[i] += 1
+    return reached, accepted

