@@ -1,49 +1,67 @@
 """Engine overhead: time per speculative cycle minus the time of the model forwards it ran.
 
 Usage: OMP_NUM_THREADS=1 python benchmarks/engine_overhead.py [--target mini-target] [--draft mini-draft-1l]
-       [-N 4] [--workload functions] [--prompts 8] [--max-new-tokens 64]
+       [-N 4] [--workload functions] [--max-prompts 8] [--max-new-tokens 64]
 Prints one JSON object (measured): median and mean overhead per cycle in ms and as a share of the cycle.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+from typing import Annotated
 
 import torch
+import typer
 
+from specdec_tune.cli._options import (
+    BENCH_MAX_PROMPTS,
+    BUNDLED_DRAFT,
+    BUNDLED_TARGET,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    DEFAULT_WORKLOAD,
+    MAX_PROMPTS_HELP,
+    BundledDraftOption,
+    BundledTargetOption,
+    MaxNewTokensOption,
+    NumSpeculativeTokensOption,
+    WorkloadOption,
+    run_script,
+)
 from specdec_tune.engine import DecodeConfig, build_drafter, load_model, speculative
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.profiler.overhead import ForwardRecorder
 from specdec_tune.profiler.runs import encode_prompt
 
+Prompts = Annotated[int, typer.Option("--max-prompts", "--prompts", help=MAX_PROMPTS_HELP)]
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default="mini-target")
-    ap.add_argument("--draft", default="mini-draft-1l")
-    ap.add_argument("-N", type=int, default=4)
-    ap.add_argument("--workload", default="functions")
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    args = ap.parse_args()
-    target, draft = load_model(args.target, "cpu"), load_model(args.draft, "cpu")
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, num_speculative_tokens=args.N, eos_token_id=target.eos_token_id)
-    prompts = [encode_prompt(target, p.prompt, p.id) for p in load_workload(args.workload)[: args.prompts]]
+
+def main(
+    target: BundledTargetOption = BUNDLED_TARGET,
+    draft: BundledDraftOption = BUNDLED_DRAFT,
+    num_speculative_tokens: NumSpeculativeTokensOption = DEFAULT_NUM_SPECULATIVE_TOKENS,
+    workload: WorkloadOption = DEFAULT_WORKLOAD,
+    prompts: Prompts = BENCH_MAX_PROMPTS,
+    max_new_tokens: MaxNewTokensOption = DEFAULT_MAX_NEW_TOKENS,
+) -> None:
+    n = num_speculative_tokens
+    tgt, drf = load_model(target, "cpu"), load_model(draft, "cpu")
+    cfg = DecodeConfig(max_new_tokens=max_new_tokens, num_speculative_tokens=n, eos_token_id=tgt.eos_token_id)
+    encoded = [encode_prompt(tgt, p.prompt, p.id) for p in load_workload(workload)[:prompts]]
     rec = ForwardRecorder("cpu")
     cycles = []
-    with torch.inference_mode(), rec.attach(target.model, draft.model):
-        for i, ids in enumerate([prompts[0]] + prompts):  # the first decode is a warm-up
-            drafter = build_drafter(draft.model, max_len=ids.shape[0] + args.max_new_tokens + args.N + 2)
+    with torch.inference_mode(), rec.attach(tgt.model, drf.model):
+        for i, ids in enumerate([encoded[0]] + encoded):  # the first decode is a warm-up
+            drafter = build_drafter(drf.model, max_len=ids.shape[0] + max_new_tokens + n + 2)
             rec.begin()
-            speculative(target.model, drafter, ids, cfg, on_cycle=rec.on_cycle)
+            speculative(tgt.model, drafter, ids, cfg, on_cycle=rec.on_cycle)
             timeline = rec.finish()
             if i:
                 cycles += timeline.cycle_overheads()
     over = [c.overhead_s for c in cycles]
     wall = [c.wall_s for c in cycles]
     print(json.dumps({
-        "label": "measured", "target": args.target, "draft": args.draft, "N": args.N, "cycles": len(cycles),
+        "label": "measured", "target": target, "draft": draft, "N": n, "cycles": len(cycles),
         "threads": torch.get_num_threads(),
         "cycle_ms_median": 1e3 * statistics.median(wall),
         "overhead_ms_median": 1e3 * statistics.median(over),
@@ -53,4 +71,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

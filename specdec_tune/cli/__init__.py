@@ -1,9 +1,9 @@
 """The ``specdec-tune`` command-line face: parses, calls the rooms below, prints.
 
 One module per command group; importing a module registers its commands on the shared Typer app.
-:func:`main` applies the error policy (ARCHITECTURE §7-8): a :class:`SpecdecError` or a usage error
-(unknown command or option, missing or bad value) becomes one line on stderr and exit code 2, never
-a traceback.
+:func:`main` applies the error policy (``docs/architecture.md``, Errors and bad input): a
+:class:`SpecdecError` or a usage error (unknown command or option, missing or bad value) becomes one
+line on stderr and exit code 2, never a traceback.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from specdec_tune.cli._app import app
 from specdec_tune.errors import SpecdecError
 
 # Command modules, imported for their side effect of registering commands.
-_COMMAND_MODULES = ("generate", "zoo", "db", "profile", "bench", "dashboard", "regress", "tune", "export")
+_COMMAND_MODULES = ("generate", "zoo", "db", "profile", "measure", "bench", "dashboard", "regress", "tune", "export")
 for _name in _COMMAND_MODULES:
     importlib.import_module(f"specdec_tune.cli.{_name}")
 

@@ -14,6 +14,8 @@ import typer
 
 from specdec_tune.jsonsafe import finite
 
+THROUGHPUT_NOTE = "end to end: new tokens / wall seconds of whole decode calls, prefill included"
+
 app = typer.Typer(
     name="specdec-tune",
     help=(

@@ -1,5 +1,8 @@
-"""Validation shared by CLI commands: one clear line naming the flag and what would be valid."""
+"""Validation shared by CLI commands (one clear line naming the flag and what would be valid), and the
+formatting of their summary lines."""
 from __future__ import annotations
+
+import math
 
 from specdec_tune.engine.decode import MAX_SPECULATIVE_TOKENS, SCHEDULES
 from specdec_tune.errors import InputError
@@ -35,7 +38,23 @@ def check_max_new_tokens(m: int) -> int:
     return m
 
 
+def int_list(text: str, flag: str) -> tuple[int, ...]:
+    """``1,4,16`` as ``(1, 4, 16)``: integers >= 1, repeats dropped, order kept."""
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise InputError(f"{flag} must be comma-separated integers like 1,4,16, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise InputError(f"{flag} must be comma-separated integers >= 1, got {text!r}")
+    return tuple(dict.fromkeys(values))
+
+
 def format_alphas(alphas: list[float], limit: int = 8) -> str:
     """``[0.81, 0.66, ...]`` for a summary line."""
     shown = ", ".join(f"{a:.2f}" for a in alphas[:limit])
     return f"[{shown}{', ...' if len(alphas) > limit else ''}]"
+
+
+def format_rate(x: float | None) -> str:
+    """``0.81``, or ``–`` for a rate that is undefined (None or NaN)."""
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"

@@ -1,13 +1,85 @@
-"""Typer options shared by several commands (kept free of heavy imports such as SQLAlchemy)."""
+"""Options and defaults shared by the CLI commands and the benchmark scripts (``benchmarks/*.py``).
+
+An option is a ``typing.Annotated`` alias holding its flag and help; its default is a named constant
+given where the option is used (``device: DeviceOption = DEFAULT_DEVICE``), and a command that
+requires the option gives none. The benchmark scripts are small Typer apps on the same aliases and
+constants (:func:`run_script`); where a script needs another default, its help text says so. Kept
+free of heavy imports such as SQLAlchemy.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
+# The CLI's defaults, one name each. A benchmark script uses the name where its option means the same.
+DEFAULT_DEVICE = "auto"
+DEFAULT_DTYPE = "auto"
+DEFAULT_FORWARD = "auto"
+DEFAULT_WORKLOAD = "functions"  # bench (profile and tune require --workload)
+DEFAULT_NUM_SPECULATIVE_TOKENS = 4  # generate, bench
+DEFAULT_MAX_NEW_TOKENS = 64  # generate, profile, bench
+TUNE_MAX_NEW_TOKENS = 48  # tune: its profile and its measurements
+BENCH_MAX_PROMPTS = 8
+PROFILE_MAX_PROMPTS = 16
+TUNE_MAX_PROMPTS = 12
+DEFAULT_REPEATS = 3  # measure and tune: passes over the prompts, interleaved
+DEFAULT_SEED = 0
+DEFAULT_THRESHOLD = 0.0
+DEFAULT_SCHEDULE = "constant"
+DEFAULT_SERVER = "any"
+DEFAULT_TRIALS = 200
+
+# The bundled zoo: what the benchmark scripts run by default, where the CLI requires a model.
+BUNDLED_TARGET = "mini-target"
+BUNDLED_DRAFT = "mini-draft-1l"
+BUNDLED_DRAFTS = "mini-draft-1l,mini-draft-2l"
+
+TARGET_HELP = "Target model: bundled name (see `zoo list`), local folder or hub id."
+DRAFT_HELP = "Draft model sharing the target's tokenizer."
+DRAFTS_HELP = "Candidate drafts, comma-separated: draft models and/or 'ngram'."
+WORKLOAD_HELP = "Bundled workload name (see `zoo list`) or a JSONL prompt file."
+MAX_PROMPTS_HELP = "Use the first P prompts of the workload."
+MAX_NEW_TOKENS_HELP = "Most new tokens per prompt."
+REPEATS_HELP = "Interleaved passes of each measurement."
+BUNDLED_NOTE = " Default here: the bundled zoo's (the CLI requires it)."
+
+TargetOption = Annotated[str, typer.Option("--target", help=TARGET_HELP)]
+DraftOption = Annotated[str, typer.Option("--draft", help=DRAFT_HELP)]
+DraftsOption = Annotated[str, typer.Option("--drafts", help=DRAFTS_HELP)]
+WorkloadOption = Annotated[str, typer.Option("--workload", help=WORKLOAD_HELP)]
+MaxNewTokensOption = Annotated[int, typer.Option("--max-new-tokens", help=MAX_NEW_TOKENS_HELP)]
+RepeatsOption = Annotated[int, typer.Option("--repeats", help=REPEATS_HELP)]
+NumSpeculativeTokensOption = Annotated[
+    int, typer.Option("--num-speculative-tokens", "-N", help="N: most tokens drafted per cycle (1..64).")
+]
+DeviceOption = Annotated[str, typer.Option("--device", help="auto | cpu | cuda")]
+DtypeOption = Annotated[
+    str, typer.Option("--dtype", help="auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16 | float16")
+]
+SeedOption = Annotated[int, typer.Option("--seed", help="Sampling seed.")]
+ThresholdOption = Annotated[
+    float, typer.Option("--threshold", help="θ: stop drafting below this draft confidence (0 disables).")
+]
+ScheduleOption = Annotated[str, typer.Option("--schedule", help="constant | heuristic")]
+ServerOption = Annotated[str, typer.Option("--server", help=(
+    "Deploy target: any (whole space, best per server side by side) | vllm | sglang | trtllm | llamacpp | hf."))]
+TrialsOption = Annotated[int, typer.Option("--trials", help="Completed trials the study should hold (a rerun resumes).")]
+SuiteOption = Annotated[
+    Path | None, typer.Option("--suite", help="Suite file (TOML or YAML); default: the bundled suite.")
+]
+
+# The same flags with the bundled zoo as default, for the benchmark scripts.
+BundledTargetOption = Annotated[str, typer.Option("--target", help=TARGET_HELP + BUNDLED_NOTE)]
+BundledDraftOption = Annotated[str, typer.Option("--draft", help=DRAFT_HELP + BUNDLED_NOTE)]
+BundledDraftsOption = Annotated[str, typer.Option("--drafts", help=DRAFTS_HELP + BUNDLED_NOTE)]
+
 DbOption = Annotated[
-    Optional[str],  # noqa: UP045 - typer reads the annotation at run time on Python 3.10 too
+    str | None,
     typer.Option(
         "--db",
         envvar="SPECDEC_DB",
@@ -32,7 +104,7 @@ ForwardOption = Annotated[
 ]
 
 VllmPythonOption = Annotated[
-    Optional[str],  # noqa: UP045
+    str | None,
     typer.Option(
         "--vllm-python",
         envvar="SPECDEC_VLLM_PYTHON",
@@ -41,3 +113,15 @@ VllmPythonOption = Annotated[
         help="Python of the vLLM environment (created by scripts/setup_vllm_env.sh, e.g. .venv-vllm/bin/python).",
     ),
 ]
+
+
+def run_script(command: Callable[..., Any]) -> None:
+    """Run a benchmark script's ``command`` as a one-command Typer app.
+
+    ``--help`` lists its options under the first paragraph of the script's docstring; a bad flag is
+    a usage error (exit 2), and an exception keeps its plain traceback.
+    """
+    doc = sys.modules[command.__module__].__doc__ or ""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command(help=doc.split("\n\n")[0])(command)
+    app()

