@@ -1,68 +1,71 @@
 """The lean forward's fused CPU kernels against its eager operators, in one process, interleaved.
 
 Usage: OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/lean_kernels.py [--target mini-target]
-       [--draft mini-draft-1l] [-N 4] [--workload functions] [--prompts 12] [--max-new-tokens 96] [--rounds 3]
+       [--draft mini-draft-1l] [-N 4] [--workload functions] [--max-prompts 12] [--max-new-tokens 96] [--rounds 3]
 Each round runs every prompt with the kernels and then with the eager operators (target-only and
 speculative decoding, greedy), so a slow stretch of the machine hits both. Prints tokens/s (measured)
 with the paired bootstrap 95% CI of each kernels/eager ratio, and whether the greedy outputs agree.
 """
 from __future__ import annotations
 
-import argparse
 import time
+from typing import Annotated
 
 import torch
+import typer
 
-from specdec_tune.engine import DecodeConfig, autoregressive, build_drafter, lean_kernels, load_model, speculative
+from specdec_tune.cli._options import (
+    BENCH_MAX_PROMPTS,
+    BUNDLED_DRAFT,
+    BUNDLED_TARGET,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    DEFAULT_WORKLOAD,
+    MAX_NEW_TOKENS_HELP,
+    MAX_PROMPTS_HELP,
+    BundledDraftOption,
+    BundledTargetOption,
+    NumSpeculativeTokensOption,
+    WorkloadOption,
+    run_script,
+)
+from specdec_tune.engine import (
+    DecodeConfig,
+    autoregressive,
+    build_drafter,
+    lean_kernels,
+    load_model,
+    speculative,
+)
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.profiler.runs import encode_prompt
 from specdec_tune.stats import RateSamples, speedup_ci, tokens_per_s_ci
 
+Prompts = Annotated[int, typer.Option("--max-prompts", "--prompts", help=(
+    f"{MAX_PROMPTS_HELP} 12 here, not bench's {BENCH_MAX_PROMPTS}: the setting of results/lean_kernels_cpu.txt."))]
+MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help=(
+    f"{MAX_NEW_TOKENS_HELP} 96 here, not the CLI's {DEFAULT_MAX_NEW_TOKENS}: the setting of "
+    "results/lean_kernels_cpu.txt."))]
+Rounds = Annotated[int, typer.Option("--rounds", help="Interleaved rounds over every prompt and arm.")]
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default="mini-target")
-    ap.add_argument("--draft", default="mini-draft-1l")
-    ap.add_argument("-N", type=int, default=4)
-    ap.add_argument("--workload", default="functions")
-    ap.add_argument("--prompts", type=int, default=12)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+
+def main(
+    target: BundledTargetOption = BUNDLED_TARGET,
+    draft: BundledDraftOption = BUNDLED_DRAFT,
+    num_speculative_tokens: NumSpeculativeTokensOption = DEFAULT_NUM_SPECULATIVE_TOKENS,
+    workload: WorkloadOption = DEFAULT_WORKLOAD,
+    max_prompts: Prompts = 12,
+    max_new_tokens: MaxNewTokens = 96,
+    rounds: Rounds = 3,
+) -> None:
     if lean_kernels.kernels() is None:
         raise SystemExit(f"the fused kernels are unavailable: {lean_kernels.unavailable()}")
-    target, draft = load_model(args.target, "cpu", "float32"), load_model(args.draft, "cpu", "float32")
-    cfg = DecodeConfig(max_new_tokens=args.max_new_tokens, num_speculative_tokens=args.N)
-    prompts = [(p.id, encode_prompt(target, p.prompt, p.id)) for p in load_workload(args.workload)[: args.prompts]]
-
-    def decode(method: str, ids: torch.Tensor) -> list[int]:
-        if method == "plain":
-            return autoregressive(target.model, ids, cfg).token_ids
-        drafter = build_drafter(draft.model, max_len=ids.shape[0] + args.max_new_tokens + args.N + 2)
-        return speculative(target.model, drafter, ids, cfg).token_ids
-
-    arms = [(m, k) for m in ("plain", "speculative") for k in (True, False)]
-    tokens = {a: [[] for _ in prompts] for a in arms}
-    seconds = {a: [[] for _ in prompts] for a in arms}
-    outputs: dict[tuple, list] = {}
-    with torch.inference_mode():
-        for _, ids in prompts[:2]:  # warm-up
-            for method, kern in arms:
-                target.model.use_kernels = draft.model.use_kernels = kern
-                decode(method, ids)
-        for _ in range(args.rounds):
-            for i, (_, ids) in enumerate(prompts):
-                for arm in arms:
-                    target.model.use_kernels = draft.model.use_kernels = arm[1]
-                    t0 = time.perf_counter()
-                    out = decode(arm[0], ids)
-                    seconds[arm][i].append(time.perf_counter() - t0)
-                    tokens[arm][i].append(len(out))
-                    outputs.setdefault((arm[0], i), []).append(out)
-    ids = tuple(pid for pid, _ in prompts)
-    samples = {a: RateSamples(ids, tuple(map(tuple, tokens[a])), tuple(map(tuple, seconds[a]))) for a in arms}
-    print(f"{args.target} + {args.draft}, N = {args.N}, {len(prompts)} prompts x {args.max_new_tokens} tokens x "
-          f"{args.rounds} rounds, interleaved, greedy, float32, {torch.get_num_threads()} thread(s)")
+    tgt, drf = load_model(target, "cpu", "float32"), load_model(draft, "cpu", "float32")
+    cfg = DecodeConfig(max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens)
+    prompts = [(p.id, encode_prompt(tgt, p.prompt, p.id)) for p in load_workload(workload)[:max_prompts]]
+    samples, outputs = _measure(tgt, drf, prompts, cfg, rounds)
+    print(f"{target} + {draft}, N = {num_speculative_tokens}, {len(prompts)} prompts x {max_new_tokens} tokens x "
+          f"{rounds} rounds, interleaved, greedy, float32, {torch.get_num_threads()} thread(s)")
     for method in ("plain", "speculative"):
         on, off = samples[(method, True)], samples[(method, False)]
         rate = {k: sum(map(sum, s.tokens)) / sum(map(sum, s.seconds)) for k, s in ((True, on), (False, off))}
@@ -75,5 +78,37 @@ def main() -> None:
               f"greedy outputs {'identical' if same else 'DIFFER'} (measured)")
 
 
+def _measure(tgt, drf, prompts: list[tuple[str, torch.Tensor]], cfg: DecodeConfig,
+             rounds: int) -> tuple[dict[tuple, RateSamples], dict[tuple, list]]:
+    """Every (method, kernels on/off) arm on every prompt, interleaved, ``rounds`` times after a warm-up:
+    the arms' samples, and each (method, prompt)'s outputs."""
+    def decode(method: str, ids: torch.Tensor) -> list[int]:
+        if method == "plain":
+            return autoregressive(tgt.model, ids, cfg).token_ids
+        drafter = build_drafter(drf.model, max_len=ids.shape[0] + cfg.max_new_tokens + cfg.num_speculative_tokens + 2)
+        return speculative(tgt.model, drafter, ids, cfg).token_ids
+
+    arms = [(m, k) for m in ("plain", "speculative") for k in (True, False)]
+    tokens = {a: [[] for _ in prompts] for a in arms}
+    seconds = {a: [[] for _ in prompts] for a in arms}
+    outputs: dict[tuple, list] = {}
+    with torch.inference_mode():
+        for _, ids in prompts[:2]:  # warm-up
+            for method, kern in arms:
+                tgt.model.use_kernels = drf.model.use_kernels = kern
+                decode(method, ids)
+        for _ in range(rounds):
+            for i, (_, ids) in enumerate(prompts):
+                for arm in arms:
+                    tgt.model.use_kernels = drf.model.use_kernels = arm[1]
+                    t0 = time.perf_counter()
+                    out = decode(arm[0], ids)
+                    seconds[arm][i].append(time.perf_counter() - t0)
+                    tokens[arm][i].append(len(out))
+                    outputs.setdefault((arm[0], i), []).append(out)
+    ids = tuple(pid for pid, _ in prompts)
+    return {a: RateSamples(ids, tuple(map(tuple, tokens[a])), tuple(map(tuple, seconds[a]))) for a in arms}, outputs
+
+
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -1,4 +1,4 @@
-"""Does the machine probe track the decode's speed? (issue 13: absolute speed cells on a shared machine)
+"""Does the machine probe track the decode's speed? (the regression rule's absolute speed cells on a shared machine)
 
 Alternates, for ``--seconds``, a speculative decode and a plain decode of one prompt (the bundled
 target and 1-layer draft, N = 4, 48 tokens) with one run of ``profiler.machine_probe.MachineProbe``,
@@ -14,12 +14,20 @@ Run it while the machine's load changes (e.g. a vLLM engine starting on the othe
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
+from pathlib import Path
+from typing import Annotated, Optional
 
 import numpy as np
+import typer
+
+from specdec_tune.cli._options import run_script
+
+Seconds = Annotated[float, typer.Option("--seconds", help="How long to alternate decodes and probe runs.")]
+Window = Annotated[int, typer.Option("--window", help="Samples per window (about 8 s).")]
+FromJson = Annotated[Optional[Path], typer.Option("--from-json", help="Analyse samples saved by an earlier run instead.")]
+Out = Annotated[Optional[Path], typer.Option("--out", help="Write the analysis and the samples here (JSON).")]
 
 
 def measure(seconds: float) -> list[tuple[float, float, float, float]]:
@@ -65,26 +73,19 @@ def analyse(samples: list, window: int) -> dict:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=240)
-    ap.add_argument("--window", type=int, default=10, help="samples per window (about 8 s)")
-    ap.add_argument("--from-json", default=None, help="analyse samples saved by an earlier run instead")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    samples = json.load(open(args.from_json))["samples"] if args.from_json else measure(args.seconds)
-    result = analyse(samples, args.window)
+def main(seconds: Seconds = 240, window: Window = 10, from_json: FromJson = None, out: Out = None) -> None:
+    samples = json.loads(from_json.read_text())["samples"] if from_json else measure(seconds)
+    result = analyse(samples, window)
     for name in ("speculative", "plain"):
         r = result[name]
         print(f"{name}: corr(log decode, log probe) {r['corr_with_probe']:.2f}, elasticity {r['elasticity']:.2f}, "
               f"window spread {100 * r['sd_log_raw']:.1f}% raw -> {100 * r['sd_log_probe_divided']:.1f}% probe-divided")
     print(f"{result['samples']} samples, {result['windows']} windows; probe {result['probe_ms_range'][0]:.1f}-"
           f"{result['probe_ms_range'][1]:.1f} ms")
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             json.dump({**result, "samples": samples, "columns": ["unix time", "speculative s", "plain s", "probe s"]}, f)
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)
