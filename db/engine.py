@@ -109,34 +109,31 @@ def default_storage_url(db_url: str) -> str:
 
 def _check_sqlite_file(url: str, path: Path, read_only: bool) -> None:
     """Refuse paths that SQLite would fail on late or, worse, silently mishandle."""
-    shown = mask_url(url)
+    problem = _sqlite_file_problem(path, read_only)
+    if problem is not None:
+        raise StorageError(f"cannot open {mask_url(url)}: {problem}")
+
+
+def _sqlite_file_problem(path: Path, read_only: bool) -> str | None:
     if path.is_dir():
-        raise StorageError(f"cannot open {shown}: {path} is a directory; give a file path")
+        return f"{path} is a directory; give a file path"
     if path.exists():
         with path.open("rb") as fh:
             head = fh.read(len(_SQLITE_MAGIC))
         # An empty file is a valid, empty SQLite database (sqlite3 creates one that way).
         if head and head != _SQLITE_MAGIC:
-            raise StorageError(
-                f"cannot open {shown}: {path} is not a SQLite database (it was left untouched); "
-                f"give a new file name or an existing specdec-tune database"
-            )
+            return (f"{path} is not a SQLite database (it was left untouched); "
+                    "give a new file name or an existing specdec-tune database")
         if not read_only and not os.access(path, os.W_OK):
-            raise StorageError(
-                f"cannot open {shown}: {path} is read-only; specdec-tune needs write access to the "
-                f"database file (fix its permissions or copy it to a writable place)"
-            )
+            return (f"{path} is read-only; specdec-tune needs write access to the "
+                    "database file (fix its permissions or copy it to a writable place)")
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
-        raise StorageError(
-            f"cannot open {shown}: directory {directory} does not exist; create it or choose "
-            f"another path"
-        )
+        return f"directory {directory} does not exist; create it or choose another path"
     if not read_only and not os.access(directory, os.W_OK):
-        raise StorageError(
-            f"cannot open {shown}: directory {directory} is read-only; SQLite needs to create "
-            f"{path.name}-wal and {path.name}-shm next to the database"
-        )
+        return (f"directory {directory} is read-only; SQLite needs to create "
+                f"{path.name}-wal and {path.name}-shm next to the database")
+    return None
 
 
 def _json_serializer(obj: Any) -> str:

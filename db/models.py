@@ -1,10 +1,10 @@
 """SQLAlchemy 2 typed ORM of the results database (the schema at the newest Alembic revision).
 
 The schema is owned by the Alembic scripts in ``db/migrations/versions``; this module must describe
-the same tables (``tests/test_db_migrations.py`` compares the two with Alembic's autogenerate, so a
+the same tables (``tests/test_db.py`` compares the two with Alembic's autogenerate, so a
 column added here without a migration fails a test).
 
-Words follow ARCHITECTURE.md §3: *draft* is a model path / hub id or the string ``"ngram"``;
+Words follow docs/architecture.md, Words: *draft* is a model path / hub id or the string ``"ngram"``;
 ``k`` is the number of new tokens in one target forward (``N + 1`` in a cycle); α_i is the
 conditional and β_i the unconditional per-position acceptance rate.
 """
@@ -78,13 +78,21 @@ class Base(DeclarativeBase):
     type_annotation_map = {dt.datetime: UTCDateTime(), dict[str, Any]: JSON(), list[Any]: JSON()}
 
 
-class Hardware(Base):
+class _Fingerprinted:
+    """Columns of a table whose rows are registered once: ``get_or_create_*`` finds a row by the
+    hash of its values (``fingerprint``). ``id`` and ``fingerprint`` come first in the table,
+    ``created_at`` last, as in the migrations."""
+
+    id: Mapped[int] = mapped_column(primary_key=True, sort_order=-2)
+    fingerprint: Mapped[str] = mapped_column(String(64), unique=True, sort_order=-1)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow, sort_order=1)
+
+
+class Hardware(_Fingerprinted, Base):
     """One machine configuration: device, driver and library versions (unique by fingerprint)."""
 
     __tablename__ = "hardware"
 
-    id: Mapped[int] = mapped_column(primary_key=True)
-    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
     device: Mapped[str] = mapped_column(String(16))  # "cuda" | "cpu" | "mps" ...
     device_name: Mapped[str] = mapped_column(String(256))  # GPU or CPU model
     device_count: Mapped[int] = mapped_column(Integer, default=1)
@@ -95,16 +103,13 @@ class Hardware(Base):
     transformers_version: Mapped[str | None] = mapped_column(String(64))
     hostname: Mapped[str | None] = mapped_column(String(256))
     extra: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
-class Model(Base):
+class Model(_Fingerprinted, Base):
     """A target or draft model: local path or hub id plus what identifies its weights."""
 
     __tablename__ = "models"
 
-    id: Mapped[int] = mapped_column(primary_key=True)
-    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
     name: Mapped[str] = mapped_column(String(512))  # local path or hub id
     revision: Mapped[str | None] = mapped_column(String(128))
     num_parameters: Mapped[int | None] = mapped_column(BigInteger)
@@ -113,20 +118,16 @@ class Model(Base):
     vocab_size: Mapped[int | None] = mapped_column(Integer)
     tokenizer_hash: Mapped[str | None] = mapped_column(String(64))
     extra: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
-class Workload(Base):
+class Workload(_Fingerprinted, Base):
     """A prompt set, identified by name and the hash of its content."""
 
     __tablename__ = "workloads"
 
-    id: Mapped[int] = mapped_column(primary_key=True)
-    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
     name: Mapped[str] = mapped_column(String(256))
     content_hash: Mapped[str] = mapped_column(String(64))
     prompt_count: Mapped[int] = mapped_column(Integer)
-    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
 class ProfileRun(Base):

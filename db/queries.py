@@ -2,23 +2,21 @@
 
 Each helper runs in its own transaction and commits before it returns, so a profiler that stores
 samples batch by batch keeps every finished batch when it is interrupted (it then calls
-``finish_run(db, run_id, "interrupted")``). Readers live in :mod:`specdec_tune.db.reads`.
+``finish_run(db, run_id, "interrupted")``). Registration of hardware, models and workloads lives in
+:mod:`specdec_tune.db.catalog`, readers in :mod:`specdec_tune.db.reads`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, fields
 from typing import Any, TypeVar
 
-from sqlalchemy import delete, insert, select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy import delete, insert
 
 from specdec_tune.db import models as m
+from specdec_tune.db.catalog import get_or_create_hardware, get_or_create_model, get_or_create_workload
 from specdec_tune.db.engine import Database
 from specdec_tune.db.provenance import git_revision as _git_revision
 from specdec_tune.db.provenance import specdec_version as _specdec_version
@@ -31,100 +29,19 @@ from specdec_tune.db.records import (
     TimingRow,
     TraceRow,
 )
+from specdec_tune.db.reads import require_run
 from specdec_tune.db.session import session_scope
 from specdec_tune.errors import InputError, NotFoundError
 
 _CHUNK = 5000  # rows per executemany: bounded memory, still one transaction per call
 _Row = TypeVar("_Row", TimingRow, TraceRow, TelemetryRow)
 
-_HARDWARE_KEYS = (
-    "device", "device_name", "device_count", "memory_mb", "driver_version", "cuda_version",
-    "torch_version", "transformers_version", "hostname", "extra",
-)  # fmt: skip
-_MODEL_KEYS = (
-    "name", "revision", "num_parameters", "num_layers", "dtype", "vocab_size", "tokenizer_hash",
-    "extra",
-)  # fmt: skip
-_WORKLOAD_KEYS = ("name", "content_hash", "prompt_count")
-
-
-def _fingerprint(values: Mapping[str, Any]) -> str:
-    canonical = json.dumps(values, sort_keys=True, default=str, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _checked(
-    info: Mapping[str, Any], keys: Sequence[str], required: Sequence[str], what: str
-) -> dict:
-    unknown = sorted(set(info) - set(keys))
-    if unknown:
-        raise InputError(f"unknown {what} field(s) {unknown}; valid: {', '.join(keys)}")
-    missing = [k for k in required if info.get(k) in (None, "")]
-    if missing:
-        raise InputError(f"{what} info needs {', '.join(missing)} (got {dict(info)!r})")
-    values = {k: info.get(k) for k in keys}
-    if "extra" in values:
-        values["extra"] = dict(values["extra"] or {})
-    return values
-
-
-def _get_or_create(db: Database, cls: type[m.Base], values: dict[str, Any]) -> int:
-    fingerprint = _fingerprint(values)
-    query = select(cls.id).where(cls.fingerprint == fingerprint)  # type: ignore[attr-defined]
-    with session_scope(db, write=True) as s:
-        existing = s.scalar(query)
-        if existing is not None:
-            return existing
-        row = cls(fingerprint=fingerprint, **values)
-        try:
-            with s.begin_nested():  # another process may insert the same row concurrently
-                s.add(row)
-        except IntegrityError:
-            found = s.scalar(query)
-            if found is None:
-                raise
-            return found
-        return row.id
-
-
-def get_or_create_hardware(db: Database, info: Mapping[str, Any]) -> int:
-    """Return the id of the hardware row equal to ``info``, inserting it if new.
-
-    Args:
-        db: An opened database.
-        info: ``device`` ("cuda"/"cpu") and ``device_name`` (GPU or CPU model) are required;
-            optional: device_count, memory_mb, driver_version, cuda_version, torch_version,
-            transformers_version, hostname, extra (a JSON dict).
-    """
-    values = _checked(info, _HARDWARE_KEYS, ("device", "device_name"), "hardware")
-    # Normalise numbers so that 8192 and 8192.0 do not give two rows for one machine.
-    values["device_count"] = int(values["device_count"] or 1)
-    if values["memory_mb"] is not None:
-        values["memory_mb"] = float(values["memory_mb"])
-    return _get_or_create(db, m.Hardware, values)
-
-
-def get_or_create_model(db: Database, info: Mapping[str, Any]) -> int:
-    """Return the id of the model equal to ``info`` (``name``: path or hub id), inserting it if new.
-
-    Optional keys: revision, num_parameters, num_layers, dtype, vocab_size, tokenizer_hash, extra.
-    A retrained model at the same path differs in parameters or tokenizer hash and gets a new row.
-    """
-    values = _checked(info, _MODEL_KEYS, ("name",), "model")
-    for key in ("num_parameters", "num_layers", "vocab_size"):
-        if values[key] is not None:
-            values[key] = int(values[key])
-    return _get_or_create(db, m.Model, values)
-
-
-def get_or_create_workload(db: Database, info: Mapping[str, Any]) -> int:
-    """Return the id of the workload with this ``name``, ``content_hash`` and ``prompt_count``."""
-    values = _checked(info, _WORKLOAD_KEYS, _WORKLOAD_KEYS, "workload")
-    values["prompt_count"] = int(values["prompt_count"])
-    if values["prompt_count"] < 0:
-        raise InputError(f"workload prompt_count must be >= 0, got {values['prompt_count']!r}")
-    return _get_or_create(db, m.Workload, values)
-
+# Registration lives in db.catalog; these names stay importable from here.
+__all__ = [
+    "add_acceptance", "add_measured_run", "add_run_draft", "add_telemetry", "add_timing_samples", "add_traces",
+    "create_run", "delete_run", "finish_run", "get_or_create_hardware", "get_or_create_model",
+    "get_or_create_workload", "set_prediction",
+]  # fmt: skip
 
 def _draft_record(draft: str | DraftRecord) -> DraftRecord:
     return DraftRecord(name=draft) if isinstance(draft, str) else draft
@@ -176,20 +93,13 @@ def create_run(
         return run.id
 
 
-def _require_run(s: Session, db: Database, run_id: int) -> m.ProfileRun:
-    run = s.get(m.ProfileRun, run_id)
-    if run is None:
-        raise NotFoundError(f"no profile run with id {run_id} in {db.display_url}")
-    return run
-
 def _add_for_run(db: Database, run_id: int, row: Any) -> int:
     """Insert one row that belongs to profile run ``run_id`` (which must exist); return its id."""
     with session_scope(db, write=True) as s:
-        _require_run(s, db, run_id)
+        require_run(s, db, run_id)
         s.add(row)
         s.flush()
         return row.id
-
 
 
 def add_run_draft(
@@ -197,7 +107,7 @@ def add_run_draft(
 ) -> None:
     """Register one more draft on an existing run (no-op if a draft of that name is there)."""
     with session_scope(db, write=True) as s:
-        run = _require_run(s, db, run_id)
+        run = require_run(s, db, run_id)
         if all(d.name != name for d in run.drafts):
             s.add(m.RunDraft(run_id=run_id, name=name, model_id=model_id, role=role))
 
@@ -216,7 +126,7 @@ def finish_run(
             f"run status {status!r} is not valid; valid: {', '.join(FINISHED_STATUSES)}"
         )
     with session_scope(db, write=True) as s:
-        run = _require_run(s, db, run_id)
+        run = require_run(s, db, run_id)
         run.status = status
         run.finished_at = m.utcnow()
         if notes is not None:
@@ -226,7 +136,7 @@ def finish_run(
 def delete_run(db: Database, run_id: int) -> None:
     """Delete a run and everything recorded under it (samples, traces, measurements, telemetry)."""
     with session_scope(db, write=True) as s:
-        _require_run(s, db, run_id)
+        require_run(s, db, run_id)
         # Explicit deletes rather than relying on ON DELETE CASCADE, which SQLite applies only
         # when foreign keys are enabled on the connection.
         for table in (m.RunDraft, m.TimingSample, m.Acceptance, m.AcceptanceTrace,
@@ -256,7 +166,7 @@ def _as_row(cls: type[_Row], row: _Row | Mapping[str, Any]) -> _Row:
 
 def _bulk(db: Database, run_id: int, table: type[m.Base], rows: list[dict[str, Any]]) -> int:
     with session_scope(db, write=True) as s:
-        _require_run(s, db, run_id)
+        require_run(s, db, run_id)
         for start in range(0, len(rows), _CHUNK):
             # Core insert (not the ORM one): plain executemany, ~30% faster for raw samples.
             s.execute(insert(table.__table__), rows[start : start + _CHUNK])

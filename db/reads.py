@@ -6,51 +6,28 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from specdec_tune.db import models as m
+from specdec_tune.db import records as rec
 from specdec_tune.db.engine import Database
-from specdec_tune.db.records import (
-    RUN_STATUSES,
-    AcceptanceRecord,
-    DraftRecord,
-    HardwareRecord,
-    MeasuredRecord,
-    ModelRecord,
-    RunRecord,
-    TelemetryRow,
-    TimingRow,
-    TraceRow,
-    WorkloadRecord,
-)
+from specdec_tune.db.records import record_from
 from specdec_tune.db.session import session_scope
 from specdec_tune.errors import InputError, NotFoundError
 
 
-def _hardware(h: m.Hardware) -> HardwareRecord:
-    return HardwareRecord(
-        id=h.id, device=h.device, device_name=h.device_name, device_count=h.device_count,
-        memory_mb=h.memory_mb, driver_version=h.driver_version, cuda_version=h.cuda_version,
-        torch_version=h.torch_version, transformers_version=h.transformers_version,
-        hostname=h.hostname, extra=dict(h.extra or {}),
-    )  # fmt: skip
+def _hardware(h: m.Hardware) -> rec.HardwareRecord:
+    return record_from(rec.HardwareRecord, h, extra=dict(h.extra or {}))
 
 
-def _model(x: m.Model) -> ModelRecord:
-    return ModelRecord(
-        id=x.id, name=x.name, revision=x.revision, num_parameters=x.num_parameters,
-        num_layers=x.num_layers, dtype=x.dtype, vocab_size=x.vocab_size,
-        tokenizer_hash=x.tokenizer_hash, extra=dict(x.extra or {}),
-    )  # fmt: skip
+def _model(x: m.Model) -> rec.ModelRecord:
+    return record_from(rec.ModelRecord, x, extra=dict(x.extra or {}))
 
 
-def _run(r: m.ProfileRun) -> RunRecord:
+def _run(r: m.ProfileRun) -> rec.RunRecord:
     workload = r.workload
-    return RunRecord(
+    return rec.RunRecord(
         id=r.id, status=r.status, started_at=r.started_at, finished_at=r.finished_at,
         target=_model(r.target), hardware=_hardware(r.hardware),
-        workload=None if workload is None else WorkloadRecord(
-            id=workload.id, name=workload.name, content_hash=workload.content_hash,
-            prompt_count=workload.prompt_count,
-        ),
-        drafts=tuple(DraftRecord(name=d.name, model_id=d.model_id, role=d.role) for d in r.drafts),
+        workload=None if workload is None else record_from(rec.WorkloadRecord, workload),
+        drafts=tuple(rec.DraftRecord(name=d.name, model_id=d.model_id, role=d.role) for d in r.drafts),
         settings=dict(r.settings or {}), label=r.label, notes=r.notes,
         specdec_version=r.specdec_version, git_revision=r.git_revision,
     )  # fmt: skip
@@ -65,12 +42,19 @@ def _run_query():  # type: ignore[no-untyped-def]
     )
 
 
-def _require_run(s: Session, db: Database, run_id: int) -> None:
-    if s.get(m.ProfileRun, run_id) is None:
+def require_run(s: Session, db: Database, run_id: int) -> m.ProfileRun:
+    """The profile run ``run_id`` in session ``s``.
+
+    Raises:
+        NotFoundError: ``no profile run with id 7 in sqlite:///specdec.db``.
+    """
+    run = s.get(m.ProfileRun, run_id)
+    if run is None:
         raise NotFoundError(f"no profile run with id {run_id} in {db.display_url}")
+    return run
 
 
-def get_run(db: Database, run_id: int) -> RunRecord:
+def get_run(db: Database, run_id: int) -> rec.RunRecord:
     """Return one profile run.
 
     Raises:
@@ -85,10 +69,10 @@ def get_run(db: Database, run_id: int) -> RunRecord:
 
 def list_runs(
     db: Database, *, status: str | None = None, target: str | None = None, limit: int | None = None
-) -> list[RunRecord]:
+) -> list[rec.RunRecord]:
     """Profile runs, newest first, optionally filtered by status and target model name."""
-    if status is not None and status not in RUN_STATUSES:
-        raise InputError(f"run status {status!r} is not valid; valid: {', '.join(RUN_STATUSES)}")
+    if status is not None and status not in rec.RUN_STATUSES:
+        raise InputError(f"run status {status!r} is not valid; valid: {', '.join(rec.RUN_STATUSES)}")
     query = _run_query().order_by(m.ProfileRun.id.desc())
     if status is not None:
         query = query.where(m.ProfileRun.status == status)
@@ -100,7 +84,7 @@ def list_runs(
         return [_run(r) for r in s.scalars(query)]
 
 
-def list_models(db: Database) -> list[ModelRecord]:
+def list_models(db: Database) -> list[rec.ModelRecord]:
     """Every model row, in insertion order."""
     with session_scope(db) as s:
         return [_model(x) for x in s.scalars(select(m.Model).order_by(m.Model.id))]
@@ -113,7 +97,7 @@ def load_timings(
     kind: str | None = None,
     draft: str | None = None,
     include_warmup: bool = False,
-) -> list[TimingRow]:
+) -> list[rec.TimingRow]:
     """Raw timing samples of a run in insertion order (warm-up samples left out by default)."""
     t = m.TimingSample
     query = select(t.kind, t.k, t.batch_size, t.context_len, t.seconds, t.draft, t.warmup)
@@ -125,13 +109,13 @@ def load_timings(
     if not include_warmup:
         query = query.where(t.warmup.is_(False))
     with session_scope(db) as s:
-        _require_run(s, db, run_id)
-        return [TimingRow(*row) for row in s.execute(query)]
+        require_run(s, db, run_id)
+        return [rec.TimingRow(*row) for row in s.execute(query)]
 
 
 def load_acceptance(
     db: Database, run_id: int, *, draft: str | None = None, mode: str | None = None
-) -> list[AcceptanceRecord]:
+) -> list[rec.AcceptanceRecord]:
     """Acceptance records of a run in insertion order, optionally for one draft or mode."""
     a = m.Acceptance
     query = select(a).where(a.run_id == run_id).order_by(a.id)
@@ -140,32 +124,20 @@ def load_acceptance(
     if mode is not None:
         query = query.where(a.mode == mode)
     with session_scope(db) as s:
-        _require_run(s, db, run_id)
+        require_run(s, db, run_id)
         return [
-            AcceptanceRecord(
-                id=r.id,
-                run_id=r.run_id,
-                draft=r.draft,
-                mode=r.mode,
-                temperature=r.temperature,
-                num_speculative=r.num_speculative,
-                cycles=r.cycles,
-                position_attempts=tuple(r.position_attempts),
-                position_accepts=tuple(r.position_accepts),
-                alpha=tuple(r.alpha),
-                beta=tuple(r.beta),
+            record_from(
+                rec.AcceptanceRecord, r, position_attempts=tuple(r.position_attempts),
+                position_accepts=tuple(r.position_accepts), alpha=tuple(r.alpha), beta=tuple(r.beta),
                 confidence_bins=dict(r.confidence_bins or {}),
-                teacher_forced_tokens=r.teacher_forced_tokens,
-                greedy_agreement=r.greedy_agreement,
-                one_minus_tv=r.one_minus_tv,
-            )  # fmt: skip
+            )
             for r in s.scalars(query)
         ]
 
 
 def load_traces(
     db: Database, run_id: int, draft: str, mode: str, *, temperature: float | None = None
-) -> list[TraceRow]:
+) -> list[rec.TraceRow]:
     """Per-cycle traces of one draft and mode, in recording order (the threshold model input)."""
     t = m.AcceptanceTrace
     query = select(t.cycle_index, t.confidences, t.num_accepted, t.prompt_index)
@@ -173,47 +145,33 @@ def load_traces(
     if temperature is not None:
         query = query.where(t.temperature == temperature)
     with session_scope(db) as s:
-        _require_run(s, db, run_id)
+        require_run(s, db, run_id)
         return [
-            TraceRow(cycle_index=c, confidences=tuple(conf), num_accepted=n, prompt_index=p)
+            rec.TraceRow(cycle_index=c, confidences=tuple(conf), num_accepted=n, prompt_index=p)
             for c, conf, n, p in s.execute(query)
         ]
 
 
-def list_measured(db: Database, run_id: int | None = None) -> list[MeasuredRecord]:
+def list_measured(db: Database, run_id: int | None = None) -> list[rec.MeasuredRecord]:
     """Measured configurations, of one run or of all runs, in insertion order."""
     r = m.MeasuredRun
     query = select(r).order_by(r.id)
     with session_scope(db) as s:
         if run_id is not None:
-            _require_run(s, db, run_id)
+            require_run(s, db, run_id)
             query = query.where(r.run_id == run_id)
         return [
-            MeasuredRecord(
-                id=x.id,
-                run_id=x.run_id,
-                draft=x.draft,
-                config=dict(x.config),
-                measured_tokens_per_s=x.measured_tokens_per_s,
-                predicted_tokens_per_s=x.predicted_tokens_per_s,
-                measured_tau=x.measured_tau,
-                predicted_tau=x.predicted_tau,
-                seconds=x.seconds,
-                new_tokens=x.new_tokens,
-                created_at=x.created_at,
-                ci_low=x.ci_low,
-                ci_high=x.ci_high,
-                samples=None if x.samples is None else dict(x.samples),
-            )  # fmt: skip
+            record_from(rec.MeasuredRecord, x, config=dict(x.config),
+                        samples=None if x.samples is None else dict(x.samples))
             for x in s.scalars(query)
         ]
 
 
-def load_telemetry(db: Database, run_id: int) -> list[TelemetryRow]:
+def load_telemetry(db: Database, run_id: int) -> list[rec.TelemetryRow]:
     """Telemetry samples of a run ordered by time."""
     t = m.Telemetry
     query = select(t.t, t.power_w, t.energy_j, t.memory_used_mb, t.sm_clock_mhz, t.utilization_pct)
     query = query.where(t.run_id == run_id).order_by(t.t, t.id)
     with session_scope(db) as s:
-        _require_run(s, db, run_id)
-        return [TelemetryRow(*row) for row in s.execute(query)]
+        require_run(s, db, run_id)
+        return [rec.TelemetryRow(*row) for row in s.execute(query)]

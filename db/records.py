@@ -9,8 +9,8 @@ an identity.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
 # Kinds of timing samples. draft_step: one draft forward producing one token (T_s); verify: one
 # target forward over k new tokens with a KV cache (T_v(k)); autoregressive: a plain decode step
@@ -20,6 +20,19 @@ TIMING_KINDS = ("draft_step", "verify", "autoregressive", "prefill", "overhead")
 RUN_STATUSES = ("running", "completed", "interrupted", "failed")
 FINISHED_STATUSES = RUN_STATUSES[1:]
 MODES = ("greedy", "sampling")
+_R = TypeVar("_R")
+
+
+def field_values(record: type, source: Any) -> dict[str, Any]:
+    """The values of ``record``'s dataclass fields, read from the same-named attributes of ``source``
+    (an ORM row or a record): how a row becomes a record, and a record a row."""
+    return {f.name: getattr(source, f.name) for f in fields(record)}
+
+
+def record_from(record: type[_R], source: Any, **converted: Any) -> _R:
+    """A ``record`` read from the same-named attributes of ``source`` (an ORM row); ``converted``
+    replaces the values that need a copy or a conversion (JSON lists to tuples, dicts)."""
+    return record(**{**field_values(record, source), **converted})
 
 
 @dataclass(frozen=True)
@@ -142,7 +155,7 @@ class TimingRow:
 
 @dataclass(frozen=True)
 class AcceptanceRecord:
-    """Aggregated acceptance of one draft in one mode (ARCHITECTURE.md §3 for α and β).
+    """Aggregated acceptance of one draft in one mode (docs/architecture.md, Words, for α and β).
 
     ``position_attempts[i]`` counts cycles that drafted position i+1 with all earlier positions
     accepted, ``position_accepts[i]`` those that accepted it; ``alpha[i]`` = accepts/attempts

@@ -20,6 +20,7 @@ from sqlalchemy import select
 from specdec_tune.db import models as m
 from specdec_tune.db.engine import Database
 from specdec_tune.db.models import utcnow
+from specdec_tune.db.records import field_values, record_from
 from specdec_tune.db.session import session_scope
 from specdec_tune.errors import NotFoundError
 
@@ -116,14 +117,14 @@ def add_regress_cells(db: Database, cells: Iterable[RegressCellRecord]) -> None:
     """Store the verdict cells of a run (one transaction)."""
     with session_scope(db, write=True) as s:
         for c in cells:
-            s.add(m.RegressCell(**{k: getattr(c, k) for k in RegressCellRecord.__dataclass_fields__}))
+            s.add(m.RegressCell(**field_values(RegressCellRecord, c)))
 
 
 def add_calibration(db: Database, rows: Iterable[CalibrationRecord]) -> None:
     """Store the A/A spreads of a calibration run."""
     with session_scope(db, write=True) as s:
         for c in rows:
-            s.add(m.RegressCalibration(**{k: getattr(c, k) for k in CalibrationRecord.__dataclass_fields__}))
+            s.add(m.RegressCalibration(**field_values(CalibrationRecord, c)))
 
 
 def finish_regress_run(db: Database, run_id: int, *, status: str, verdict: str | None, exit_code: int | None,
@@ -174,7 +175,7 @@ def load_regress_benchmarks(db: Database, run_id: int) -> list[RegressBenchmarkR
 
 
 def _cell_record(r: m.RegressCell) -> RegressCellRecord:
-    return RegressCellRecord(**{k: getattr(r, k) for k in RegressCellRecord.__dataclass_fields__})
+    return record_from(RegressCellRecord, r)
 
 
 def load_regress_cells(db: Database, run_id: int) -> list[RegressCellRecord]:
@@ -201,5 +202,4 @@ def latest_calibration(db: Database, suite: str) -> list[CalibrationRecord]:
         return []
     q = select(m.RegressCalibration).where(m.RegressCalibration.run_id == runs[0].id)
     with session_scope(db) as s:
-        return [CalibrationRecord(**{k: getattr(r, k) for k in CalibrationRecord.__dataclass_fields__})
-                for r in s.scalars(q)]
+        return [record_from(CalibrationRecord, r) for r in s.scalars(q)]
