@@ -13,36 +13,22 @@ from typing import Annotated
 import torch
 import typer
 
-from specdec_tune.cli._options import (
-    BENCH_MAX_PROMPTS,
-    BUNDLED_DRAFT,
-    BUNDLED_TARGET,
-    DEFAULT_MAX_NEW_TOKENS,
-    DEFAULT_NUM_SPECULATIVE_TOKENS,
-    DEFAULT_WORKLOAD,
-    MAX_PROMPTS_HELP,
-    BundledDraftOption,
-    BundledTargetOption,
-    MaxNewTokensOption,
-    NumSpeculativeTokensOption,
-    WorkloadOption,
-    run_script,
-)
+from specdec_tune.cli import _options as opts
 from specdec_tune.engine import DecodeConfig, build_drafter, load_model, speculative
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.profiler.overhead import ForwardRecorder
 from specdec_tune.profiler.runs import encode_prompt
 
-Prompts = Annotated[int, typer.Option("--max-prompts", "--prompts", help=MAX_PROMPTS_HELP)]
+Prompts = Annotated[int, typer.Option("--max-prompts", "--prompts", help=opts.MAX_PROMPTS_HELP)]
 
 
 def main(
-    target: BundledTargetOption = BUNDLED_TARGET,
-    draft: BundledDraftOption = BUNDLED_DRAFT,
-    num_speculative_tokens: NumSpeculativeTokensOption = DEFAULT_NUM_SPECULATIVE_TOKENS,
-    workload: WorkloadOption = DEFAULT_WORKLOAD,
-    prompts: Prompts = BENCH_MAX_PROMPTS,
-    max_new_tokens: MaxNewTokensOption = DEFAULT_MAX_NEW_TOKENS,
+    target: opts.BundledTargetOption = opts.BUNDLED_TARGET,
+    draft: opts.BundledDraftOption = opts.BUNDLED_DRAFT,
+    num_speculative_tokens: opts.NumSpeculativeTokensOption = opts.DEFAULT_NUM_SPECULATIVE_TOKENS,
+    workload: opts.WorkloadOption = opts.DEFAULT_WORKLOAD,
+    prompts: Prompts = opts.BENCH_MAX_PROMPTS,
+    max_new_tokens: opts.MaxNewTokensOption = opts.DEFAULT_MAX_NEW_TOKENS,
 ) -> None:
     n = num_speculative_tokens
     tgt, drf = load_model(target, "cpu"), load_model(draft, "cpu")
@@ -71,4 +57,4 @@ def main(
 
 
 if __name__ == "__main__":
-    run_script(main)
+    opts.run_script(main)

@@ -14,21 +14,7 @@ from typing import Annotated
 import torch
 import typer
 
-from specdec_tune.cli._options import (
-    BENCH_MAX_PROMPTS,
-    BUNDLED_DRAFT,
-    BUNDLED_TARGET,
-    DEFAULT_MAX_NEW_TOKENS,
-    DEFAULT_NUM_SPECULATIVE_TOKENS,
-    DEFAULT_WORKLOAD,
-    MAX_NEW_TOKENS_HELP,
-    MAX_PROMPTS_HELP,
-    BundledDraftOption,
-    BundledTargetOption,
-    NumSpeculativeTokensOption,
-    WorkloadOption,
-    run_script,
-)
+from specdec_tune.cli import _options as opts
 from specdec_tune.engine import (
     DecodeConfig,
     autoregressive,
@@ -42,18 +28,18 @@ from specdec_tune.profiler.runs import encode_prompt
 from specdec_tune.stats import RateSamples, speedup_ci, tokens_per_s_ci
 
 Prompts = Annotated[int, typer.Option("--max-prompts", "--prompts", help=(
-    f"{MAX_PROMPTS_HELP} 12 here, not bench's {BENCH_MAX_PROMPTS}: the setting of results/lean_kernels_cpu.txt."))]
+    f"{opts.MAX_PROMPTS_HELP} 12 here, not bench's {opts.BENCH_MAX_PROMPTS}: the setting of results/lean_kernels_cpu.txt."))]
 MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help=(
-    f"{MAX_NEW_TOKENS_HELP} 96 here, not the CLI's {DEFAULT_MAX_NEW_TOKENS}: the setting of "
+    f"{opts.MAX_NEW_TOKENS_HELP} 96 here, not the CLI's {opts.DEFAULT_MAX_NEW_TOKENS}: the setting of "
     "results/lean_kernels_cpu.txt."))]
 Rounds = Annotated[int, typer.Option("--rounds", help="Interleaved rounds over every prompt and arm.")]
 
 
 def main(
-    target: BundledTargetOption = BUNDLED_TARGET,
-    draft: BundledDraftOption = BUNDLED_DRAFT,
-    num_speculative_tokens: NumSpeculativeTokensOption = DEFAULT_NUM_SPECULATIVE_TOKENS,
-    workload: WorkloadOption = DEFAULT_WORKLOAD,
+    target: opts.BundledTargetOption = opts.BUNDLED_TARGET,
+    draft: opts.BundledDraftOption = opts.BUNDLED_DRAFT,
+    num_speculative_tokens: opts.NumSpeculativeTokensOption = opts.DEFAULT_NUM_SPECULATIVE_TOKENS,
+    workload: opts.WorkloadOption = opts.DEFAULT_WORKLOAD,
     max_prompts: Prompts = 12,
     max_new_tokens: MaxNewTokens = 96,
     rounds: Rounds = 3,
@@ -111,4 +97,4 @@ def _measure(tgt, drf, prompts: list[tuple[str, torch.Tensor]], cfg: DecodeConfi
 
 
 if __name__ == "__main__":
-    run_script(main)
+    opts.run_script(main)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import numpy as np
 import typer
@@ -26,8 +26,8 @@ from specdec_tune.cli._options import run_script
 
 Seconds = Annotated[float, typer.Option("--seconds", help="How long to alternate decodes and probe runs.")]
 Window = Annotated[int, typer.Option("--window", help="Samples per window (about 8 s).")]
-FromJson = Annotated[Optional[Path], typer.Option("--from-json", help="Analyse samples saved by an earlier run instead.")]
-Out = Annotated[Optional[Path], typer.Option("--out", help="Write the analysis and the samples here (JSON).")]
+FromJson = Annotated[Path | None, typer.Option("--from-json", help="Analyse samples saved by an earlier run instead.")]
+Out = Annotated[Path | None, typer.Option("--out", help="Write the analysis and the samples here (JSON).")]
 
 
 def measure(seconds: float) -> list[tuple[float, float, float, float]]:

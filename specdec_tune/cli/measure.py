@@ -26,12 +26,12 @@ from specdec_tune.cli._options import (
 from specdec_tune.cli._progress import Bar, progress_bar
 from specdec_tune.errors import InputError
 
-_RunDraft = Annotated[Optional[str], typer.Option("--draft", help="Which of the run's drafts (default: its first).")]
+_RunDraft = Annotated[str | None, typer.Option("--draft", help="Which of the run's drafts (default: its first).")]
 _Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 _Backend = Annotated[str, typer.Option("--backend", help=(
     "engine (our engine, batch size 1; stored next to its prediction) | vllm (vLLM itself, in its own venv; "
     "one engine start)."))]
-_VllmPython = Annotated[Optional[str], typer.Option("--vllm-python", metavar="PATH", help=(
+_VllmPython = Annotated[str | None, typer.Option("--vllm-python", metavar="PATH", help=(
     "--backend vllm: the vLLM venv's Python (default $SPECDEC_VLLM_PYTHON; scripts/setup_vllm_env.sh)."))]
 _BatchSizes = Annotated[str, typer.Option("--batch-sizes", help=(
     "--backend vllm: concurrencies B measured (each must divide the prompts), e.g. 1,2,4."))]

@@ -34,12 +34,12 @@ from specdec_tune.cli._options import (
 from specdec_tune.cli._progress import LazyBar
 from specdec_tune.errors import InputError
 
-_Storage = Annotated[Optional[str], typer.Option("--storage", metavar="URL", help=(
+_Storage = Annotated[str | None, typer.Option("--storage", metavar="URL", help=(
     "Optuna storage URL (default: a SQLite file beside --db; PostgreSQL for teams). Never the --db database."))]
 _Backend = Annotated[str, typer.Option("--backend", help=(
     "engine (our engine measures; fast) | vllm (vLLM itself calibrates, confirms and holds out, with --server vllm; "
     "one engine start per configuration)."))]
-_VllmPython = Annotated[Optional[str], typer.Option("--vllm-python", metavar="PATH", help=(
+_VllmPython = Annotated[str | None, typer.Option("--vllm-python", metavar="PATH", help=(
     "The vLLM venv's Python (--backend vllm; default $SPECDEC_VLLM_PYTHON; scripts/setup_vllm_env.sh makes it)."))]
 _MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help="New tokens per prompt (profile and measurements).")]
 
