@@ -1,17 +1,17 @@
 """Acceptance profiling: per-cycle traces from real speculative decoding, and teacher-forced agreement.
 
-Traces (ARCHITECTURE §4.3): speculative decoding runs on the workload with θ = 0 and N = N_max; each
-cycle records the draft's confidence at every drafted position (``Draft.confidence``: the top draft
-probability there, the number θ is compared with, in sampling mode too, so a replay's cut at the
-first confidence below θ is the engine's stop) and the accepted prefix length. The
-threshold model replays these under any (N, θ). Aggregates per drafted position: attempts (cycles
-that drafted position i with 1..i-1 accepted), accepts, α_i = accepts/attempts (conditional) and
-β_i = accepts/cycles (vLLM's unconditional rate), and accept counts per confidence bin (what a
-threshold cuts).
+Traces (docs/architecture.md, The throughput model): speculative decoding runs on the workload with
+θ = 0 and N = N_max; each cycle records the draft's confidence at every drafted position
+(``Draft.confidence``: the top draft probability there, the number θ is compared with, in sampling mode
+too, so a replay's cut at the first confidence below θ is the engine's stop) and the accepted prefix
+length. The threshold model replays these under any (N, θ). Aggregates per drafted position: attempts
+(cycles that drafted position i with 1..i-1 accepted), accepts, α_i = accepts/attempts (conditional) and
+β_i = accepts/cycles (vLLM's unconditional rate), and accept counts per confidence bin (what a threshold
+cuts).
 
-Teacher-forced pass (ARCHITECTURE §4.6): both models read the same text (prompt + generated tokens)
-in one forward each; greedy agreement = P(argmax p == argmax q), and 1 - E[TV(p, q)] = E[Σ min(p, q)]
-is the expected sampling acceptance per token (Leviathan et al. 2023).
+Teacher-forced pass (docs/architecture.md, The throughput model): both models read the same text
+(prompt + generated tokens) in one forward each; greedy agreement = P(argmax p == argmax q), and
+1 - E[TV(p, q)] = E[Σ min(p, q)] is the expected sampling acceptance per token (Leviathan et al. 2023).
 """
 from __future__ import annotations
 

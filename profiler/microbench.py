@@ -1,12 +1,12 @@
 """Micro-benchmarks of the forwards a speculative cycle runs: T_s, T_v(B, k) and prefill.
 
-Each forward is timed the way the engine calls the model (ARCHITECTURE §5): the draft step is a
-one-token forward with ``logits_to_keep=1`` on a KV cache holding ``context_len`` tokens (what
-``ModelDrafter`` runs per drafted token); the verify forward feeds k tokens with ``logits_to_keep=k``
-(what ``speculative`` runs over ``[last, d_1 .. d_L]``, k = L + 1); prefill is one forward over a
-whole prompt with ``logits_to_keep=1``. The cache is the engine's preallocated cache, prefilled once
-with the longest context a model needs and rolled back in ``setup`` (outside the timed interval), so
-every repeat starts at its context length. Batch size B > 1 uses B copies of the context.
+Each forward is timed the way the engine calls the model (docs/architecture.md, Engine contracts): the
+draft step is a one-token forward with ``logits_to_keep=1`` on a KV cache holding ``context_len`` tokens
+(what ``ModelDrafter`` runs per drafted token); the verify forward feeds k tokens with
+``logits_to_keep=k`` (what ``speculative`` runs over ``[last, d_1 .. d_L]``, k = L + 1); prefill is one
+forward over a whole prompt with ``logits_to_keep=1``. The cache is the engine's preallocated cache,
+prefilled once with the longest context a model needs and rolled back in ``setup`` (outside the timed
+interval), so every repeat starts at its context length. Batch size B > 1 uses B copies of the context.
 
 Interleaved rounds: every round times each shape once, in a shuffled order, target and draft shapes
 mixed. A burst of load from another process then costs every shape a few samples instead of wiping

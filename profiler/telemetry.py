@@ -1,11 +1,11 @@
 """Device telemetry during a profile run: NVML on a GPU, a null monitor otherwise.
 
-NVML comes from ``nvidia-ml-py`` (``import pynvml``), imported lazily so the CPU install needs
-neither the package nor a driver. A background thread samples power, energy, memory used, SM clock
-and utilisation every ``interval_s``; energy over the run is the delta of
-``nvmlDeviceGetTotalEnergyConsumption`` (ARCHITECTURE §6). Without a GPU, or without the package,
-or when NVML fails to initialise, :func:`open_monitor` returns a :class:`NullMonitor` that records
-nothing: telemetry is never a reason for a profile to fail.
+NVML comes from ``nvidia-ml-py`` (``import pynvml``), imported lazily so the CPU install needs neither
+the package nor a driver. A background thread samples power, energy, memory used, SM clock and
+utilisation every ``interval_s``; energy over the run is the delta of
+``nvmlDeviceGetTotalEnergyConsumption`` (docs/architecture.md, Measurement rules). Without a GPU, or
+without the package, or when NVML fails to initialise, :func:`open_monitor` returns a
+:class:`NullMonitor` that records nothing: telemetry is never a reason for a profile to fail.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Timers: CUDA events on a GPU, ``time.perf_counter`` on a CPU; warm-up, repeats, percentiles.
 
-Measurement rules (ARCHITECTURE §6): warm up before timing and report warm-up separately; on a GPU
-record events around the work and synchronise once at the boundary; keep raw samples.
+Measurement rules (docs/architecture.md, Measurement rules): warm up before timing and report warm-up
+separately; on a GPU record events around the work and synchronise once at the boundary; keep raw
+samples.
 """
 from __future__ import annotations
 

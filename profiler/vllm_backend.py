@@ -7,11 +7,11 @@ processes, compilation or its cache) serves any number of ``generate`` calls, an
 swaps the configuration without a new Python. Prompts go in as token ids, so vLLM and our engine
 decode the very same ids.
 
-Counters (vLLM ``vllm:spec_decode_*``, see vllm/v1/spec_decode/metrics.py): a *draft* is one verify
-step of one request with at least one draft token; ``accepted_per_pos[i]`` counts drafts whose first
-i + 1 tokens were accepted (so ``accepted_per_pos[i] / drafts`` is the unconditional rate beta_i of
-ARCHITECTURE §3). The worker reports their deltas around each measured ``generate`` call, so warm-up
-requests never leak into a measurement.
+Counters (vLLM ``vllm:spec_decode_*``, see vllm/v1/spec_decode/metrics.py): a *draft* is one verify step
+of one request with at least one draft token; ``accepted_per_pos[i]`` counts drafts whose first i + 1
+tokens were accepted (so ``accepted_per_pos[i] / drafts`` is the unconditional rate beta_i of
+docs/architecture.md, Words). The worker reports their deltas around each measured ``generate`` call, so
+warm-up requests never leak into a measurement.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Held-out quality of the zoo models: loss of the target, agreement of each draft with it.
 
 Agreement is measured teacher-forced: both models read the same held-out text and at every position
-we compare the target's distribution p with the draft's q (ARCHITECTURE.md §4.6):
+we compare the target's distribution p with the draft's q (docs/architecture.md, The throughput model):
 
 - greedy agreement = P(argmax p == argmax q), the acceptance rate of greedy speculative decoding;
 - sampling acceptance = 1 - E[TV(p, q)] = E[sum_x min(p(x), q(x))] (Leviathan et al. 2023).
