@@ -71,11 +71,7 @@ def build(out: Path, runs: int, trials: int, source_db: str | None) -> dict[str,
     if (out / "results.db").exists():
         (out / "results.db").unlink()
     db = open_database(db_url)
-    from specdec_tune.db import (
-        get_or_create_hardware,
-        get_or_create_model,
-        get_or_create_workload,
-    )
+    from specdec_tune.db import get_or_create_hardware, get_or_create_model, get_or_create_workload
 
     hw = get_or_create_hardware(db, {k: getattr(run.hardware, k) for k in (
         "device", "device_name", "device_count", "memory_mb", "driver_version", "cuda_version", "torch_version",
@@ -111,21 +107,11 @@ def build(out: Path, runs: int, trials: int, source_db: str | None) -> dict[str,
 
 def _study(db, run_id: int, trials: int, storage_url: str) -> None:
     import optuna
-    from optuna.distributions import (
-        CategoricalDistribution,
-        FloatDistribution,
-        IntDistribution,
-    )
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
     from optuna.trial import create_trial
 
     from specdec_tune.db import get_run
-    from specdec_tune.tuner.model import (
-        Candidate,
-        SpecConfig,
-        TuningResult,
-        load_run_profile,
-        predict_config,
-    )
+    from specdec_tune.tuner.model import Candidate, SpecConfig, TuningResult, load_run_profile, predict_config
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     run = get_run(db, run_id)
@@ -191,13 +177,7 @@ def time_browser(urls: dict[str, str]) -> dict[str, dict[str, float]] | None:
     from selenium.webdriver.common.by import By
 
     from tests.dashboard_data import RunningDashboard
-    from tests.test_dashboard_browser import (
-        CHROMIUM,
-        DRIVER,
-        chrome,
-        idle,
-        rendered_charts,
-    )
+    from tests.test_dashboard_browser import CHROMIUM, DRIVER, chrome, idle, rendered_charts
     from tests.test_dashboard_browser import PAGES as SPEC
 
     if CHROMIUM is None or DRIVER is None:

@@ -15,14 +15,7 @@ import torch
 import typer
 
 from specdec_tune.cli import _options as opts
-from specdec_tune.engine import (
-    DecodeConfig,
-    autoregressive,
-    build_drafter,
-    lean_kernels,
-    load_model,
-    speculative,
-)
+from specdec_tune.engine import DecodeConfig, autoregressive, build_drafter, lean_kernels, load_model, speculative
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.profiler.runs import encode_prompt
 from specdec_tune.stats import RateSamples, speedup_ci, tokens_per_s_ci

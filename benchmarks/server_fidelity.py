@@ -116,13 +116,7 @@ def _report(args, db, run_id, fitted_on, checked, calib, valid, batch_sizes, pro
     from scipy.stats import spearmanr
 
     from specdec_tune.tuner.model import Candidate, Evaluator
-    from specdec_tune.tuner.servers import (
-        calibrate_from,
-        kind_of,
-        mean_prompt_tokens,
-        points_of,
-        predict_server,
-    )
+    from specdec_tune.tuner.servers import calibrate_from, kind_of, mean_prompt_tokens, points_of, predict_server
 
     model = calibrate_from(fitted_on)
     ev = Evaluator(db, run_id)

@@ -32,13 +32,7 @@ from specdec_tune.cli._options import (
 from specdec_tune.engine import check_compatible, load_model
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.errors import InputError
-from specdec_tune.profiler.bench import (
-    HF_METHODS,
-    OURS,
-    RATIOS,
-    VLLM_METHODS,
-    run_bench,
-)
+from specdec_tune.profiler.bench import HF_METHODS, OURS, RATIOS, VLLM_METHODS, run_bench
 from specdec_tune.profiler.runs import encode_prompt
 from specdec_tune.profiler.vllm_backend import require_vllm_python
 

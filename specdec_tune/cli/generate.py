@@ -28,13 +28,7 @@ from specdec_tune.cli._options import (
 from specdec_tune.engine import DecodeConfig, check_compatible, load_model
 from specdec_tune.engine.workloads import Prompt, load_workload
 from specdec_tune.errors import InputError
-from specdec_tune.profiler.runs import (
-    NGRAM,
-    DraftSpec,
-    encode_prompt,
-    measure_prompt,
-    warm_up,
-)
+from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
 from specdec_tune.schedules import THRESHOLD_RULES
 
 

@@ -42,12 +42,7 @@ _Drafts = Annotated[str, typer.Option("--draft", help=(
 def profile_summary(db, run_id: int) -> dict:
     """Everything ``profile`` prints, read back from the database (measured and predicted, labelled)."""
     from specdec_tune.db import get_run, list_measured, load_acceptance
-    from specdec_tune.tuner.model import (
-        best_configs,
-        best_n_per_batch_size,
-        load_run_profile,
-        predict_baseline,
-    )
+    from specdec_tune.tuner.model import best_configs, best_n_per_batch_size, load_run_profile, predict_baseline
 
     run = get_run(db, run_id)
     base_rp = load_run_profile(db, run_id, baseline_only=True)

@@ -13,13 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specdec_tune.cli._app import app, print_json, quiet_loading
 from specdec_tune.cli._options import DbOption, SuiteOption, VllmPythonOption
@@ -82,13 +76,7 @@ def regress(
     baseline: this run becomes the baseline; too few samples).
     """
     from specdec_tune.db import open_database
-    from specdec_tune.tuner.regress import (
-        default_suite_path,
-        load_suite,
-        to_json,
-        to_junit,
-        to_markdown,
-    )
+    from specdec_tune.tuner.regress import default_suite_path, load_suite, to_json, to_junit, to_markdown
 
     if baseline not in ("auto", "latest") and not baseline.isdigit():
         raise InputError(f"--baseline must be auto, latest or a run id, got {baseline!r}")
