@@ -20,22 +20,39 @@ Writes ``benchmarks/results/fidelity_cpu_<workload>_heldout.txt`` and ``.json``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
 import time
 from pathlib import Path
+from typing import Annotated
 
+import typer
 from scipy.stats import spearmanr
 
+from specdec_tune.cli import _options as opts
 from specdec_tune.db import get_run, open_database
-from specdec_tune.profiler.session import ProfileSettings, run_profile
+from specdec_tune.profiler import ProfileSettings, run_profile
 from specdec_tune.tuner.model import SpecConfig
 from specdec_tune.tuner.search import Validated, measure_predicted
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GOAL = {"median_abs_error": 0.05, "inside_ci": 0.80, "spearman": 0.9, "regret": 0.03}
+SPLITS = (("in-sample (the profiled tune prompts)", None), ("out-of-sample (held-out prompts)", "holdout"))
+
+Db = Annotated[str, typer.Option("--db", metavar="URL", help=(
+    "Results database URL, as the CLI's --db; here sqlite:///fidelity.db by default, not the CLI's specdec.db, "
+    "and $SPECDEC_DB is not read."))]
+Run = Annotated[int | None, typer.Option("--run", help="Reuse a stored profile run (profiled on --split tune).")]
+ProfileMaxPrompts = Annotated[int, typer.Option("--profile-max-prompts", help=(
+    "Tuning prompts the profile runs (profile's --max-prompts)."))]
+Ns = Annotated[str, typer.Option("--ns", help="N values of the grid, comma-separated.")]
+Thetas = Annotated[str, typer.Option("--thetas", help="θ values of the grid, comma-separated.")]
+Schedules = Annotated[str, typer.Option("--schedules", help="Schedules of the grid, comma-separated.")]
+MaxPrompts = Annotated[int | None, typer.Option("--max-prompts", help=(
+    "Measure only the first prompts of each split (measure's --max-prompts; default: all)."))]
+Out = Annotated[str | None, typer.Option("--out", help=(
+    "Result file stem (default: fidelity_cpu_WORKLOAD_heldout in benchmarks/results)."))]
 
 
 def profile_ran(settings: dict, draft: str, config: SpecConfig) -> bool:
@@ -106,73 +123,81 @@ def summary_lines(name: str, s: dict, which: str = "not run by the profile") -> 
             f"{s['median_abs_speedup_error'] * 100:.1f}%"]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", default="sqlite:///fidelity.db")
-    ap.add_argument("--target", default="mini-target")
-    ap.add_argument("--drafts", default="mini-draft-1l,mini-draft-2l")
-    ap.add_argument("--workload", default="functions")
-    ap.add_argument("--run", type=int, default=None, help="reuse a stored profile run (profiled on --split tune)")
-    ap.add_argument("--profile-max-prompts", type=int, default=16, help="tuning prompts the profile runs")
-    ap.add_argument("--ns", default="1,2,3,5,8,12")
-    ap.add_argument("--thetas", default="0,0.4")
-    ap.add_argument("--schedules", default="constant")
-    ap.add_argument("--max-prompts", type=int, default=None, help="measure only the first prompts of each split")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved passes over all configurations")
-    ap.add_argument("--out", default=None, help="result file stem (default benchmarks/results/fidelity_cpu_<workload>_heldout)")
-    args = ap.parse_args()
-    drafts = args.drafts.split(",")
-    db = open_database(args.db)
+def main(
+    db: Db = "sqlite:///fidelity.db",
+    target: opts.BundledTargetOption = opts.BUNDLED_TARGET,
+    drafts: opts.BundledDraftsOption = opts.BUNDLED_DRAFTS,
+    workload: opts.WorkloadOption = opts.DEFAULT_WORKLOAD,
+    run: Run = None,
+    profile_max_prompts: ProfileMaxPrompts = opts.PROFILE_MAX_PROMPTS,
+    ns: Ns = "1,2,3,5,8,12",
+    thetas: Thetas = "0,0.4",
+    schedules: Schedules = "constant",
+    max_prompts: MaxPrompts = None,
+    repeats: opts.RepeatsOption = opts.DEFAULT_REPEATS,
+    out: Out = None,
+) -> None:
+    args = dict(locals())  # every option, as the results JSON records them
+    names = drafts.split(",")
+    database = open_database(db)
     started = time.perf_counter()
-    run_id = args.run
-    if run_id is None:
-        t0 = time.perf_counter()
-        settings = ProfileSettings(device="cpu", split="tune", max_prompts=args.profile_max_prompts)
-        run_id = run_profile(db, args.target, drafts, args.workload, settings).run_id
-        print(f"profile run {run_id} on the tune split: {time.perf_counter() - t0:.0f} s", flush=True)
-    settings = get_run(db, run_id).settings
+    run_id = run if run is not None else _profile(database, target, names, workload, profile_max_prompts)
+    settings = get_run(database, run_id).settings
     grid = [(None, SpecConfig(0))] + [
         (draft, SpecConfig(int(n), float(theta), schedule))  # type: ignore[arg-type]
-        for draft in drafts for schedule in args.schedules.split(",") for n in args.ns.split(",")
-        for theta in args.thetas.split(",")]
-    results: dict[str, list[dict]] = {}
-    for name, split in (("in-sample (the profiled tune prompts)", None), ("out-of-sample (held-out prompts)", "holdout")):
-        t0 = time.perf_counter()
-        validated = measure_predicted(db, run_id, grid, split=split, max_prompts=args.max_prompts, repeats=args.repeats)
-        print(f"{name}: {len(grid)} configurations x {args.repeats} interleaved repeats: "
-              f"{time.perf_counter() - t0:.0f} s", flush=True)
-        rows = [row(v, settings) for v in validated]
-        plain = rows[0]["measured"]  # plain decoding, measured in the same interleaved passes
-        for r, v in zip(rows, validated):
-            # Speedup over plain decoding measured in the same passes: a slowdown of the whole machine
-            # cancels, so this error is the model's (acceptance, relative costs), not the machine's drift.
-            r["speedup_measured"] = r["measured"] / plain
-            r["speedup_predicted"] = v.prediction.speedup
-            r["speedup_error"] = r["speedup_predicted"] / r["speedup_measured"] - 1
-        results[name] = rows
-    lines = [f"model fidelity: target {args.target}, drafts {args.drafts}, workload {args.workload}, run {run_id} "
+        for draft in names for schedule in schedules.split(",") for n in ns.split(",")
+        for theta in thetas.split(",")]
+    results = {name: _measure(database, run_id, grid, settings, name, split, max_prompts, repeats)
+               for name, split in SPLITS}
+    lines = [f"model fidelity: target {target}, drafts {drafts}, workload {workload}, run {run_id} "
              f"(profiled on split {settings.get('split')}: {len(settings.get('prompt_ids', []))} prompts), CPU, "
-             f"{settings.get('threads')} thread(s), repeats {args.repeats}, max prompts {args.max_prompts or 'all'}",
+             f"{settings.get('threads')} thread(s), repeats {repeats}, max prompts {max_prompts or 'all'}",
              "throughput: end to end, new tokens / wall seconds of whole decode calls, prefill included; "
              "measured 95% CI: bootstrap over prompts, then repeats", ""]
     summaries = {}
     for name, rows in results.items():
         lines += table(name, rows) + [""]
-        scored = [r for r in rows if r["N"] > 0 and not r["profile_ran_it"]]
-        summaries[name] = summarize(scored)
+        summaries[name] = summarize([r for r in rows if r["N"] > 0 and not r["profile_ran_it"]])
         summaries[name + ", every speculative configuration"] = summarize([r for r in rows if r["N"] > 0])
     for name, s in summaries.items():
         lines += summary_lines(name, s, "(all)" if name.endswith("configuration") else "not run by the profile")
     lines.append(f"total {time.perf_counter() - started:.0f} s")
     text = "\n".join(lines)
     print(text)
-    stem = Path(args.out) if args.out else RESULTS / f"fidelity_cpu_{args.workload}_heldout"
+    stem = Path(out) if out else RESULTS / f"fidelity_cpu_{workload}_heldout"
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".txt").write_text(text + "\n")
     stem.with_suffix(".json").write_text(json.dumps(
-        {"run_id": run_id, "args": vars(args), "rows": results, "summary": summaries, "goal": GOAL},
+        {"run_id": run_id, "args": args, "rows": results, "summary": summaries, "goal": GOAL},
         indent=1, default=str, ensure_ascii=False) + "\n")
 
 
+def _profile(db, target: str, drafts: list[str], workload: str, max_prompts: int) -> int:
+    """A fresh profile on the tune split (the CLI's profile settings otherwise); its run id."""
+    t0 = time.perf_counter()
+    settings = ProfileSettings(device="cpu", split="tune", max_prompts=max_prompts)
+    run_id = run_profile(db, target, drafts, workload, settings).run_id
+    print(f"profile run {run_id} on the tune split: {time.perf_counter() - t0:.0f} s", flush=True)
+    return run_id
+
+
+def _measure(db, run_id: int, grid: list, settings: dict, name: str, split: str | None, max_prompts: int | None,
+             repeats: int) -> list[dict]:
+    """The grid measured on one split, interleaved, each configuration next to its prediction."""
+    t0 = time.perf_counter()
+    validated = measure_predicted(db, run_id, grid, split=split, max_prompts=max_prompts, repeats=repeats)
+    print(f"{name}: {len(grid)} configurations x {repeats} interleaved repeats: "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    rows = [row(v, settings) for v in validated]
+    plain = rows[0]["measured"]  # plain decoding, measured in the same interleaved passes
+    for r, v in zip(rows, validated):
+        # Speedup over plain decoding measured in the same passes: a slowdown of the whole machine
+        # cancels, so this error is the model's (acceptance, relative costs), not the machine's drift.
+        r["speedup_measured"] = r["measured"] / plain
+        r["speedup_predicted"] = v.prediction.speedup
+        r["speedup_error"] = r["speedup_predicted"] / r["speedup_measured"] - 1
+    return rows
+
+
 if __name__ == "__main__":
-    main()
+    opts.run_script(main)
