@@ -35,8 +35,7 @@ def test_bench_hf_forward_gives_the_same_outputs(tiny_model_dirs, tmp_path, caps
 def test_forward_lean_refuses_a_model_it_cannot_run(tmp_path, capsys):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from tests.conftest import CORPUS
-    from tests.tiny import tiny_tokenizer
+    from tests.tiny import CORPUS, tiny_tokenizer
 
     tok = tiny_tokenizer(CORPUS, vocab=280)
     folder = tmp_path / "gpt2"

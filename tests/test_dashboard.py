@@ -83,29 +83,107 @@ def test_profile_info_matches_the_stored_samples(db):
     assert info.thresholds[0] == 0.0 and len(info.thresholds) > 3 and info.telemetry == ()
 
 
-def test_why_uses_the_tuners_predictions(db):
-    from specdec_tune.tuner.model import SpecConfig, best_configs, load_run_profile, predict_baseline, predict_config
+# A hand-made profile run whose predictions can be worked out on paper (no model code involved):
+# one prompt of T_p = 5 tokens decoding M = 6 new tokens; a draft "d" that always agrees with the target
+# (every recorded N_max = 2 cycle accepted all, and the bonus token too) with confidence 0.5 everywhere;
+# T_v(k) = 10, 11, 12 ms for k = 1, 2, 3 new tokens; T_s = 2 ms; prefills 20 ms (target, T_p - 1
+# tokens) and 4 ms (draft, T_p tokens); no engine overhead rows (so o_c = o_f = 0).
+HAND = dict(M=6, P=5, T_v={1: 0.010, 2: 0.011, 3: 0.012}, T_s=0.002, prefill_t=0.020, prefill_d=0.004, conf=0.5)
 
-    info = load_why(db, 1)
-    tops = [best_configs(load_run_profile(db, 1, d), range(1, 5), top=1)[0][1] for d in ("ngram",)]
-    draft = list_runs(db)[0].draft_names[0]
-    tops.append(best_configs(load_run_profile(db, 1, draft), range(1, 5), top=1)[0][1])
-    assert info.ranked[0].tokens_per_s == pytest.approx(max(p.tokens_per_s for p in tops))
+
+def _hand_cycle(n: int, theta: float) -> tuple[int, float, int]:
+    """(cycles, draft forwards per cycle, tokens verified per cycle) of the hand run at (N, θ), by hand.
+
+    θ ≤ 0.5 never cuts: every cycle drafts N tokens, all accepted, and yields N + 1 of the M tokens
+    (M is a multiple of N + 1 for N = 1, 2). θ > 0.5 stops every draft before its first token (rule
+    'before'): one draft forward, one token verified, one token per cycle.
+    """
+    if theta <= HAND["conf"]:
+        return HAND["M"] // (n + 1), float(n), n + 1
+    return HAND["M"], 1.0, 1
+
+
+def _hand_seconds(n: int, theta: float) -> float:
+    """Predicted seconds of the hand run at (N, θ), as the end-to-end model counts them (the docstring
+    of tuner.model's predictions module): per prompt prefill_target + prefill_draft - T_s (the draft's
+    prefill stands in for the first cycle's first draft forward), per cycle F·T_s + T_v(L + 1)."""
+    h = HAND
+    cycles, forwards, verified = _hand_cycle(n, theta)
+    return h["prefill_t"] + h["prefill_d"] - h["T_s"] + cycles * (forwards * h["T_s"] + h["T_v"][verified])
+
+
+@pytest.fixture(scope="module")
+def hand_db(tmp_path_factory):
+    """The hand run (``HAND``) stored through the database's public writers: (database, run id)."""
+    from specdec_tune.db import (
+        TimingRow,
+        TraceRow,
+        add_acceptance,
+        add_timing_samples,
+        add_traces,
+        create_run,
+        finish_run,
+        get_or_create_hardware,
+        get_or_create_model,
+    )
+
+    h = HAND
+    database = open_database(f"sqlite:///{tmp_path_factory.mktemp('hand') / 'hand.db'}")
+    run = create_run(database, target_model_id=get_or_create_model(database, {"name": "t"}),
+                     hardware_id=get_or_create_hardware(database, {"device": "cpu", "device_name": "CPU"}),
+                     drafts=["d"], settings={"n_max": 2, "max_new_tokens": h["M"], "prompt_tokens": [h["P"]],
+                                             "typical_context": 8})
+    rows = [TimingRow("verify", k, 1, 8, t) for k, t in h["T_v"].items() for _ in range(3)]
+    rows += [TimingRow("draft_step", 1, 1, 8, h["T_s"], draft="d") for _ in range(3)]
+    rows += [TimingRow("prefill", h["P"] - 1, 1, 0, h["prefill_t"]), TimingRow("prefill", h["P"], 1, 0, h["prefill_d"],
+                                                                                  draft="d")]
+    add_timing_samples(database, run, rows)
+    # three N_max cycles, all accepted (9 positions: more than M); the bonus token matched after each
+    add_traces(database, run, "d", "greedy", 0.0,
+               [TraceRow(i, (h["conf"], h["conf"]), 2, prompt_index=0) for i in range(3)])
+    add_acceptance(database, run, draft="d", mode="greedy", temperature=0.0, num_speculative=2, cycles=3,
+                   position_attempts=[3, 3], position_accepts=[3, 3], alpha=[1.0, 1.0], beta=[1.0, 1.0],
+                   confidence_bins={"continuations": [[0, 0, h["conf"], True], [0, 1, h["conf"], True]]})
+    finish_run(database, run)
+    yield database, run
+    database.close()
+
+
+def test_why_uses_the_tuners_predictions(hand_db, db):
+    database, run = hand_db
+    h = HAND
+    info = load_why(database, run)
+    # plain decoding: the target's prefill, then M autoregressive steps of T_v(1)
+    base_s = h["prefill_t"] + h["M"] * h["T_v"][1]
+    assert info.baseline.tokens_per_s == pytest.approx(h["M"] / base_s)
+    assert info.baseline.cycle_ms == pytest.approx(1e3 * h["T_v"][1]) and info.baseline.draft_ms == 0
+    (hm,) = info.heatmaps
+    assert hm.ns == (1, 2) and hm.thresholds[0] == 0.0
+    for ti, theta in enumerate(hm.thresholds):
+        for ni, n in enumerate(hm.ns):
+            assert hm.tokens_per_s[ti][ni] == pytest.approx(h["M"] / _hand_seconds(n, theta)), (n, theta)
+    # the ranking: N = 2 at any θ ≤ 0.5 is the best, 6 / (22 ms + 2 × 16 ms)
+    best = h["M"] / _hand_seconds(2, 0.0)
+    assert info.ranked[0].tokens_per_s == pytest.approx(best) and info.ranked[0].num_speculative_tokens == 2
+    assert info.ranked[0].speedup == pytest.approx(best * base_s / h["M"])
     assert [b.tokens_per_s for b in info.ranked] == sorted((b.tokens_per_s for b in info.ranked), reverse=True)
-    assert info.baseline.tokens_per_s == pytest.approx(predict_baseline(load_run_profile(db, 1, baseline_only=True)).tokens_per_s)
-    rp = load_run_profile(db, 1, draft)
-    hm = next(h for h in info.heatmaps if h.draft == draft)
+    for b in info.ranked:  # a cycle: F draft steps, then one verify forward, no overhead
+        cycles, forwards, verified = _hand_cycle(b.num_speculative_tokens, b.threshold)
+        assert b.draft_ms == pytest.approx(1e3 * forwards * h["T_s"])
+        assert b.verify_ms == pytest.approx(1e3 * h["T_v"][verified])
+        assert b.overhead_ms == pytest.approx(0.0, abs=1e-9) and b.tokens_per_cycle == pytest.approx(h["M"] / cycles)
+    # on the real profile: the ranking is sorted, the measured point sits on its draft's map
+    real = load_why(db, 1)
+    assert [b.tokens_per_s for b in real.ranked] == sorted((b.tokens_per_s for b in real.ranked), reverse=True)
+    draft = list_runs(db)[0].draft_names[0]
+    hm = next(h for h in real.heatmaps if h.draft == draft)
     assert hm.ns == (1, 2, 3, 4) and hm.thresholds[0] == 0.0
-    for n, theta in ((1, 0.0), (3, 0.3), (4, 0.8)):
-        cell = hm.tokens_per_s[hm.thresholds.index(theta)][hm.ns.index(n)]
-        assert cell == pytest.approx(predict_config(rp, SpecConfig(n, theta)).tokens_per_s)
-    for b in info.ranked:  # the split adds up to the model's cycle time
-        p = predict_config(load_run_profile(db, 1, b.draft), SpecConfig(b.num_speculative_tokens, b.threshold))
-        assert b.cycle_ms == pytest.approx(p.cycle_time_s * 1e3) and b.draft_ms >= 0 and b.verify_ms > 0
     measured = [m for m in list_measured(db) if m.draft == draft]
     assert [(p.num_speculative_tokens, p.threshold, p.measured) for p in hm.measured] == [
         (2, 0.3, measured[0].measured_tokens_per_s)]
-    assert next(h for h in info.heatmaps if h.draft == "ngram").thresholds == (0.0,)
+    assert next(h for h in real.heatmaps if h.draft == "ngram").thresholds == (0.0,)
+    assert real.ranked[0].tokens_per_s == max(t for m in real.heatmaps for row in m.tokens_per_s for t in row
+                                              if t is not None)
 
 
 def _point(pred, meas, ci=None, split=HELD_OUT, run=1):
@@ -278,40 +356,12 @@ def test_held_out_rows_with_cis(tmp_path):
     assert best.speedup == pytest.approx(1.5)  # against plain decoding measured on the same held-out prompts
 
 
-def _regress_db(tmp_path):
-    """Three regression runs stored through db.regress: a baseline, a pass, a flagged slowdown."""
-
-    q = pytest.importorskip("specdec_tune.db.regress", reason="regression tables not in this version")
-    db = open_database(f"sqlite:///{tmp_path / 'reg.db'}")
-    secs = [[0.10, 0.11, 0.12], [0.20, 0.19, 0.21], [0.05, 0.05, 0.06], [0.08, 0.09, 0.08]]
-
-    def samples(scale):
-        return [{"prompt_id": f"p{i}", "new_tokens": 32, "seconds": [x * scale for x in s], "cycles": 16}
-                for i, s in enumerate(secs)]
-
-    ids = []
-    for scale, verdict in ((1.0, "baseline"), (1.0, "pass"), (1.3, "regression")):
-        rid = q.create_regress_run(db, "default", fingerprint={"torch": "2.13"})
-        q.add_regress_benchmark(db, rid, "functions-1l", {"N": 4}, samples(scale))
-        if verdict != "baseline":
-            flagged = verdict == "regression"
-            q.add_regress_cells(db, [
-                q.RegressCellRecord(rid, "functions-1l", "tokens_per_s", "regression" if flagged else "ok",
-                                    effect=1 / scale, ci_low=0.72 if flagged else 0.95, ci_high=0.8 if flagged else 1.05,
-                                    p_value=0.001 if flagged else 0.6, q_value=0.003 if flagged else 0.6,
-                                    explanation="slower because the draft got slower" if flagged else None),
-                q.RegressCellRecord(rid, "functions-1l", "model_error", "ok", current_value=0.04)])
-        q.finish_regress_run(db, rid, status="completed", verdict=verdict, exit_code=1 if verdict == "regression" else 0)
-        ids.append(rid)
-    return db, ids, samples
-
-
-def test_trends_from_regression_runs(tmp_path):
+def test_trends_from_regression_runs(regress_db, tmp_path):
     import statistics as st
 
     from specdec_tune.dashboard.trends import flagged, load_trends
 
-    db, ids, samples = _regress_db(tmp_path)
+    db, ids, samples = regress_db
     info = load_trends(db)
     assert info.runs == 3 and info.benchmarks == ("functions-1l",)
     tps = sorted((p for p in info.points if p.metric == "tokens_per_s"), key=lambda p: p.regress_run)
@@ -329,17 +379,24 @@ def test_trends_from_regression_runs(tmp_path):
     assert empty.runs == 0 and empty.points == ()
 
 
-def test_chosen_budget_is_the_tuners_prediction(db, urls):
+def test_chosen_budget_is_the_tuners_prediction(hand_db, db, urls):
     from specdec_tune.dashboard.why import chosen_budget
-    from specdec_tune.tuner.model import load_run_profile, predict_config, spec_config
-
-    result = next(s.result for s in list_studies(open_storage(urls["storage"])) if s.result)
-    b = chosen_budget(db, 1, result.candidate)
-    p = predict_config(load_run_profile(db, 1, result.candidate.drafter), spec_config(result.candidate))
-    assert b.label.startswith("tuner's choice") and b.tokens_per_s == pytest.approx(p.tokens_per_s)
-    assert b.cycle_ms == pytest.approx(p.cycle_time_s * 1e3)
     from specdec_tune.tuner.model import Candidate
 
+    database, run = hand_db
+    h = HAND
+    for c in (Candidate("d", 2), Candidate("d", 1), Candidate("d", 2, 0.7, "before")):
+        cycles, forwards, verified = _hand_cycle(c.num_speculative_tokens, c.threshold)
+        b = chosen_budget(database, run, c)
+        assert b.label.startswith("tuner's choice") and b.tokens_per_s == pytest.approx(
+            h["M"] / _hand_seconds(c.num_speculative_tokens, c.threshold)), c
+        assert b.cycle_ms == pytest.approx(1e3 * (forwards * h["T_s"] + h["T_v"][verified])), c
+    plain = chosen_budget(database, run, Candidate("none", 0))
+    assert plain.tokens_per_s == pytest.approx(h["M"] / (h["prefill_t"] + h["M"] * h["T_v"][1]))
+    # a study's result on the real profile gets its bar, labelled as the tuner's choice
+    result = next(s.result for s in list_studies(open_storage(urls["storage"])) if s.result)
+    b = chosen_budget(db, 1, result.candidate)
+    assert b.label.startswith("tuner's choice") and b.draft == result.candidate.drafter and b.tokens_per_s > 0
     assert chosen_budget(db, 1, Candidate("not-a-draft", 2)) is None  # not in this run: no bar, no crash
 
 

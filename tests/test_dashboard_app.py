@@ -145,10 +145,8 @@ def test_draft_filter_narrows_the_profile_page(monkeypatch, urls):
     assert len([m for m in at.metric if m.label == "Acceptance rate"]) == 1
 
 
-def test_trends_and_overview_with_regression_runs(monkeypatch, tmp_path):
-    from tests.test_dashboard import _regress_db
-
-    db, ids, _ = _regress_db(tmp_path)
+def test_trends_and_overview_with_regression_runs(monkeypatch, regress_db):
+    db, ids, _ = regress_db
     at = render(monkeypatch, "trends", db.url, None)
     assert metric(at, "Regression runs") == "3" and metric(at, "Flagged changes") == "1"
     assert charts(at) == 3  # tokens/s, τ, model error

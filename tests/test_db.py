@@ -7,16 +7,10 @@ throwaway server is started on 127.0.0.1 for the session; otherwise it is skippe
 
 from __future__ import annotations
 
-import glob
 import itertools
 import math
 import os
-import pwd
 import re
-import shutil
-import socket
-import subprocess
-import tempfile
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -59,71 +53,7 @@ from specdec_tune.db.models import Base
 from specdec_tune.errors import InputError, NotFoundError, StorageError
 
 # ---------------------------------------------------------------------------------------------
-# Backends
-
-
-def _pg_bin(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    return candidates[-1] if candidates else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[str]:
-    """URL of a PostgreSQL server (maintenance database) on which tests may create databases."""
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        pytest.skip("psycopg is not installed (pip install 'specdec-tune[postgres]')")
-    if os.environ.get("SPECDEC_TEST_POSTGRES_URL"):
-        yield os.environ["SPECDEC_TEST_POSTGRES_URL"]
-        return
-    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
-    if initdb is None or pg_ctl is None:
-        pytest.skip(
-            "no PostgreSQL server: initdb/pg_ctl not found and SPECDEC_TEST_POSTGRES_URL unset"
-        )
-    prefix: list[str] = []
-    workdir = tempfile.mkdtemp(prefix="specdec-pg-")
-    if os.geteuid() == 0:  # initdb refuses to run as root
-        try:
-            user = pwd.getpwnam("postgres")
-        except KeyError:
-            shutil.rmtree(workdir)
-            pytest.skip("running as root and there is no 'postgres' user to run initdb as")
-        os.chown(workdir, user.pw_uid, user.pw_gid)
-        prefix = ["runuser", "-u", "postgres", "--"]
-    data, port = os.path.join(workdir, "data"), _free_port()
-    try:
-        subprocess.run(
-            [*prefix, initdb, "-D", data, "-A", "trust", "-U", "specdec", "--no-sync"],
-            check=True, capture_output=True, timeout=120,
-        )  # fmt: skip
-        options = f"-h 127.0.0.1 -p {port} -k {workdir} -F -c full_page_writes=off"
-        subprocess.run(
-            [*prefix, pg_ctl, "-D", data, "-o", options, "-l", os.path.join(workdir, "log"), "-w",
-             "start"],
-            check=True, capture_output=True, timeout=60,
-        )  # fmt: skip
-    except (subprocess.SubprocessError, OSError) as exc:
-        shutil.rmtree(workdir, ignore_errors=True)
-        pytest.skip(f"could not start a PostgreSQL test server: {exc}")
-    try:
-        yield f"postgresql+psycopg://specdec@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run(
-            [*prefix, pg_ctl, "-D", data, "-m", "immediate", "stop"], capture_output=True
-        )
-        shutil.rmtree(workdir, ignore_errors=True)
-
+# Backends (the PostgreSQL server fixture, postgres_server, is in conftest.py)
 
 _counter = itertools.count()
 

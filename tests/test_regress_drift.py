@@ -9,6 +9,7 @@ wrong, and the re-tune must say it moved and measure the old winner slower.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 import xml.etree.ElementTree as ET
@@ -17,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from specdec_tune.cli import main
-from tests.test_tune_cli import TINY
 
 PROMPTS = ["def add(a, b):", "class Point:", "for i in range(10):", "print(i, i * i)", "def sub(a, b):",
            "x = [i for i in range(3)]", "return a + b", "self.x = x"]
@@ -29,9 +29,10 @@ def _workload(root: Path) -> str:
     return str(path)
 
 
-def _tune(target: str, drafts: str, wl: str, root: Path, storage: str, study: str, trials: int = 8) -> None:
+def _tune(flags: tuple[str, ...], target: str, drafts: str, wl: str, root: Path, storage: str, study: str,
+          trials: int = 8) -> None:
     code = main(["tune", "--target", target, "--drafts", drafts, "--workload", wl, "--db", f"sqlite:///{root / 't.db'}",
-                 "--storage", storage, "--study", study, "--server", "vllm", "--trials", str(trials), "--json", *TINY])
+                 "--storage", storage, "--study", study, "--server", "vllm", "--trials", str(trials), "--json", *flags])
     assert code == 0
 
 
@@ -52,18 +53,20 @@ def _slow_forward(monkeypatch, folder: str, seconds: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def tuned(tiny_model_dirs, tmp_path_factory):
+def tuned(tiny_model_dirs, tune_flags, tmp_path_factory):
     root = tmp_path_factory.mktemp("drift")
     wl = _workload(root)
     storage = f"sqlite:///{root / 'studies.db'}"
-    _tune(tiny_model_dirs["target"], f"{tiny_model_dirs['draft']},ngram", wl, root, storage, "old")
+    _tune(tune_flags, tiny_model_dirs["target"], f"{tiny_model_dirs['draft']},ngram", wl, root, storage, "old")
     return root, wl, storage, tiny_model_dirs
 
 
 def test_retune_warm_starts_from_the_study_and_reports_drift(tuned, capsys):
     import optuna
+    from optuna.trial import TrialState
 
-    from specdec_tune.tuner.regress import top_params
+    from specdec_tune.tuner.model import TuningResult
+    from specdec_tune.tuner.regress._drift import WARM_START_TRIALS
 
     root, wl, storage, dirs = tuned
     capsys.readouterr()
@@ -79,15 +82,33 @@ def test_retune_warm_starts_from_the_study_and_reports_drift(tuned, capsys):
     assert code == 3 and out["exit_code"] == 3  # first run: no baseline; the drift check leaves the exit code alone
     (d,) = out["drift"]
     assert d["benchmark"] == "winner" and d["study"] == "old" and d["new_study"] == f"old/retune-{out['run_id']}"
-    assert isinstance(d["moved"], bool) and d["old_measured_tokens_per_s"] > 0 and d["plain_measured_tokens_per_s"] > 0
+    assert d["old_measured_tokens_per_s"] > 0 and d["plain_measured_tokens_per_s"] > 0
     assert d["old_predicted_tokens_per_s"] > 0 and d["new_predicted_tokens_per_s"] > 0
-    assert d["moved"] == (d["old"] != d["new"]) and (d["loss_ci"] is not None) == d["moved"]
     old = optuna.load_study(study_name="old", storage=storage)
     new = optuna.load_study(study_name=d["new_study"], storage=storage)
-    warm = top_params(old)
-    assert d["enqueued"] == len(warm) >= 2
-    assert [t.params for t in new.trials[: len(warm)]] == warm  # warm start: the old best trials come first
-    assert len(warm) < len(new.trials) <= 12 and all(t.state.is_finished() for t in new.trials)  # none left waiting
+    # the winners are the two studies' stored results, and "moved" says whether they differ
+    old_winner = TuningResult.from_dict(old.user_attrs["result"]).candidate
+    new_winner = TuningResult.from_dict(new.user_attrs["result"]).candidate
+    assert d["old"] == old_winner.to_dict() and d["new"] == new_winner.to_dict()
+    assert d["moved"] is (old_winner != new_winner)
+    assert (d["loss_ci"] is not None) == d["moved"] and (d["moved"] or d["loss"] == 0.0)
+    # warm start: the new study's first trials were enqueued (fixed parameters, not sampled) with the
+    # old study's best distinct parameters, best first
+    best_value: dict[tuple, float] = {}
+    for t in old.trials:
+        if t.state == TrialState.COMPLETE:
+            key = tuple(sorted(t.params.items()))
+            best_value[key] = max(best_value.get(key, -math.inf), t.value)
+    k = min(WARM_START_TRIALS, 12, len(best_value))
+    assert d["enqueued"] == k >= 2
+    first = new.trials[:k]
+    assert all(t.system_attrs.get("fixed_params") == t.params for t in first)
+    keys = [tuple(sorted(t.params.items())) for t in first]
+    assert len(set(keys)) == k and set(keys) <= set(best_value)
+    values = [best_value[key] for key in keys]
+    assert values == sorted(best_value.values(), reverse=True)[:k]  # the k best, in order
+    assert not any(t.system_attrs.get("fixed_params") for t in new.trials[k:])
+    assert k < len(new.trials) <= 12 and all(t.state.is_finished() for t in new.trials)  # none left waiting
     assert new.user_attrs["result"] and new.user_attrs["tune"]["request"]["trials"] == 12
     assert d["run_id"] != old.user_attrs["tune"]["run_id"]  # a fresh profile (the stored one matches)
     cases = [c for c in ET.parse(junit).getroot().iter("testcase") if c.get("name") == "tuning_drift"]
@@ -97,8 +118,8 @@ def test_retune_warm_starts_from_the_study_and_reports_drift(tuned, capsys):
     assert "## Tuning drift" in md.read_text() and d["new_study"] in md.read_text()
 
 
-def test_a_planted_slowdown_moves_the_optimum_and_the_old_winner_measures_slower(tiny_model_dirs, tmp_path,
-                                                                                  monkeypatch):
+def test_a_planted_slowdown_moves_the_optimum_and_the_old_winner_measures_slower(tiny_model_dirs, tune_flags,
+                                                                                  tmp_path, monkeypatch):
     """Tuned with a slow target and a fast identical draft (speculation pays), re-tuned with that
     draft slow and the target fast (it does not): the winner must move and the old one lose."""
     import optuna
@@ -111,7 +132,7 @@ def test_a_planted_slowdown_moves_the_optimum_and_the_old_winner_measures_slower
     wl, storage = _workload(tmp_path), f"sqlite:///{tmp_path / 's.db'}"
     with monkeypatch.context() as m:
         _slow_forward(m, tiny_model_dirs["target"], 0.01)
-        _tune(tiny_model_dirs["target"], twin, wl, tmp_path, storage, "slow-target")
+        _tune(tune_flags, tiny_model_dirs["target"], twin, wl, tmp_path, storage, "slow-target")
     old = TuningResult.from_dict(optuna.load_study(study_name="slow-target", storage=storage).user_attrs["result"])
     assert old.candidate.drafter == twin and old.candidate.num_speculative_tokens >= 2, old  # the plant holds
     _slow_forward(monkeypatch, twin, 0.02)

@@ -56,8 +56,28 @@ def test_speed_test_recovers_a_planted_ratio_despite_prompt_spread():
 
 
 def test_minimum_detectable_change_grows_with_noise():
-    assert minimum_detectable_change(0.01) < minimum_detectable_change(0.05) < 1
-    assert minimum_detectable_change(0.01) == pytest.approx(1 - math.exp(-3.4174 * 0.01), rel=1e-3)
+    mdc = [minimum_detectable_change(se) for se in (0.0, 0.001, 0.01, 0.05, 0.2, 1.0, 5.0)]
+    assert mdc[0] == 0.0 and all(a < b for a, b in zip(mdc, mdc[1:])) and mdc[-1] < 1
+    assert mdc[-1] == pytest.approx(1.0, abs=1e-6)  # a hopelessly noisy benchmark detects nothing short of -100 %
+    assert math.isnan(minimum_detectable_change(math.nan)) and math.isnan(minimum_detectable_change(math.inf))
+
+
+@pytest.mark.parametrize("se", [0.01, 0.05, 0.2])
+def test_a_drop_of_the_minimum_detectable_change_is_found_with_80_percent_power(se):
+    """What the number promises, checked by simulation: runs of tokens/s samples, log-normal, whose
+    true median drops by exactly minimum_detectable_change(se), compared by a two-sided test at
+    α = 0.01 on the log ratio whose standard error is se, are flagged 80 % of the time."""
+    import numpy as np
+
+    n, sims = 20, 20_000
+    sigma = se / math.sqrt(2 / n)  # per-sample spread of log tokens/s that makes SE(log ratio) = se
+    drop = minimum_detectable_change(se)
+    rng = np.random.default_rng(7)
+    base = rng.lognormal(math.log(100.0), sigma, (sims, n))
+    cur = rng.lognormal(math.log(100.0 * (1 - drop)), sigma, (sims, n))
+    z = (np.log(cur).mean(axis=1) - np.log(base).mean(axis=1)) / se
+    power = float(np.mean(np.abs(z) > stats.norm.ppf(1 - 0.01 / 2)))
+    assert power == pytest.approx(0.80, abs=0.015)  # ±0.015 is 5 binomial standard errors of 20 000 runs
 
 
 def _decide(base, cur, rules=Rules(), history=None):

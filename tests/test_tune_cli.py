@@ -9,9 +9,6 @@ import pytest
 from specdec_tune.cli import main
 from specdec_tune.db import list_measured, list_runs, open_database
 
-TINY = ["--device", "cpu", "--max-prompts", "2", "--max-new-tokens", "8", "--profile-repeats", "2", "--n-max", "4",
-        "--measure-prompts", "2", "--heldout-prompts", "2", "--repeats", "1", "--measure-top", "2",
-        "--batch-sizes", "1,2"]
 KEYS = ("drafter", "num_speculative_tokens", "threshold", "schedule", "server", "measured_tokens_per_s",
         "predicted_tokens_per_s", "baseline_tokens_per_s", "speedup", "speedup_ci", "heldout", "study", "exports")
 
@@ -32,18 +29,18 @@ def workload(tmp_path_factory):
     return str(path)
 
 
-def _args(tiny_model_dirs, workload, tmp_path, *extra):
+def _args(tiny_model_dirs, workload, tmp_path, tune_flags, *extra):
     return ["tune", "--target", tiny_model_dirs["target"], "--drafts", f"{tiny_model_dirs['draft']},ngram",
-            "--workload", workload, "--db", f"sqlite:///{tmp_path / 'r.db'}", *TINY, *extra]
+            "--workload", workload, "--db", f"sqlite:///{tmp_path / 'r.db'}", *tune_flags, *extra]
 
 
-def test_tune_json_contract_resume_and_export(tiny_model_dirs, workload, tmp_path, capsys):
+def test_tune_json_contract_resume_and_export(tiny_model_dirs, workload, tmp_path, tune_flags, capsys):
     import optuna
 
     from specdec_tune.tuner.model import TuningResult
     from specdec_tune.tuner.search import open_storage
 
-    args = _args(tiny_model_dirs, workload, tmp_path, "--server", "any", "--trials", "12", "--json",
+    args = _args(tiny_model_dirs, workload, tmp_path, tune_flags, "--server", "any", "--trials", "12", "--json",
                  "--export", str(tmp_path / "out"), "--formats", "vllm")
     code, out, err = run(args, capsys)
     assert code == 0, err
@@ -98,13 +95,13 @@ def test_tune_json_contract_resume_and_export(tiny_model_dirs, workload, tmp_pat
     (["--temperature", "-1"], "--temperature must be >= 0"),
     (["--storage", "postgresql+psycopg://nobody@127.0.0.1:1/none"], "cannot open study storage"),
 ])
-def test_bad_input_is_one_line_and_exit_2(tiny_model_dirs, workload, tmp_path, capsys, extra, message):
-    code, out, err = run(_args(tiny_model_dirs, workload, tmp_path, *extra), capsys)
+def test_bad_input_is_one_line_and_exit_2(tiny_model_dirs, workload, tmp_path, tune_flags, capsys, extra, message):
+    code, out, err = run(_args(tiny_model_dirs, workload, tmp_path, tune_flags, *extra), capsys)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and message in err, err
 
 
-def test_bad_names_lose_nothing_stored(tiny_model_dirs, workload, tmp_path, capsys):
+def test_bad_names_lose_nothing_stored(tiny_model_dirs, workload, tmp_path, tune_flags, capsys):
     url = f"sqlite:///{tmp_path / 'r.db'}"
     code, _, err = run(["profile", "--target", tiny_model_dirs["target"], "--draft", "ngram", "--workload", workload,
                         "--db", url, "--device", "cpu", "--repeats", "1", "--k-max", "2", "--n-max", "2",
@@ -115,7 +112,7 @@ def test_bad_names_lose_nothing_stored(tiny_model_dirs, workload, tmp_path, caps
         (["--workload", "nosuchworkload"], "unknown workload 'nosuchworkload'"),
         (["--storage", url], "is the results database"),
     ]:
-        argv = _args(tiny_model_dirs, workload, tmp_path)
+        argv = _args(tiny_model_dirs, workload, tmp_path, tune_flags)
         if args[0] in argv:
             argv[argv.index(args[0]) + 1] = args[1]
         else:

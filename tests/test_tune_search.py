@@ -22,7 +22,6 @@ from specdec_tune.tuner.search import (
     unsupported,
 )
 from specdec_tune.tuner.servers import SERVERS
-from tests.test_db import postgres_server  # noqa: F401  (the PostgreSQL server fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 

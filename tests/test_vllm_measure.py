@@ -182,12 +182,11 @@ def test_a_server_that_fails_to_start_shows_its_last_log_line(profiled, tmp_path
     assert os.path.exists(fake)
 
 
-def test_tune_backend_vllm_end_to_end_on_a_fake_server(tiny_model_dirs, tmp_path, capsys, monkeypatch):
+def test_tune_backend_vllm_end_to_end_on_a_fake_server(tiny_model_dirs, tune_flags, tmp_path, capsys, monkeypatch):
     """``tune --server vllm --backend vllm``: calibration, confirmation, per-B schedule and held-out runs
     all go to the server (a fake one here); the report has one row per batch size with plain decoding,
     the winner's constant N and (when N varies) the schedule as a whole; measured rows are stored with
     backend vllm; the export is the vLLM config that was measured."""
-    from tests.test_tune_cli import TINY
 
     class SpeculationPays(FakeWorker):
         """Seconds grow with the decode steps (so drafting pays) and with K × B (so the best N falls
@@ -207,7 +206,7 @@ def test_tune_backend_vllm_end_to_end_on_a_fake_server(tiny_model_dirs, tmp_path
                "x = [i for i in range(3)]", "return a + b", "self.x = x"]
     wl.write_text("".join(json.dumps({"id": str(i), "prompt": p}) + "\n" for i, p in enumerate(prompts)))
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    sizes = [x for x in TINY]
+    sizes = list(tune_flags)
     sizes[sizes.index("--heldout-prompts") + 1] = "4"
     code = main(["tune", "--target", tiny_model_dirs["target"], "--drafts", tiny_model_dirs["draft"], "--workload",
                  str(wl), "--db", url, *sizes, "--server", "vllm", "--backend", "vllm", "--vllm-python", sys.executable,

@@ -8,6 +8,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 EOS = "<|endoftext|>"
 
+CORPUS = (
+    "def add(a, b):\n    return a + b\n\n"
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n\n"
+    "for i in range(10):\n    print(i, i * i)\n"
+) * 4  # what the tiny tokenizers of the test models are trained on
+
 
 def tiny_llama(vocab: int = 32, layers: int = 2, hidden: int = 32, seed: int = 0, sharpness: float = 1.0,
                dtype: torch.dtype = torch.float64) -> LlamaForCausalLM:
