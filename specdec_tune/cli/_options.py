@@ -73,10 +73,12 @@ SuiteOption = Annotated[
     Path | None, typer.Option("--suite", help="Suite file (TOML or YAML); default: the bundled suite.")
 ]
 
-# The same flags with the bundled zoo as default, for the benchmark scripts.
+# The same flags with the bundled zoo as default, and --db required, for the benchmark scripts.
 BundledTargetOption = Annotated[str, typer.Option("--target", help=TARGET_HELP + BUNDLED_NOTE)]
 BundledDraftOption = Annotated[str, typer.Option("--draft", help=DRAFT_HELP + BUNDLED_NOTE)]
 BundledDraftsOption = Annotated[str, typer.Option("--drafts", help=DRAFTS_HELP + BUNDLED_NOTE)]
+RequiredDbOption = Annotated[str, typer.Option("--db", metavar="URL", help=(
+    "Results database URL, as the CLI's --db, but required here ($SPECDEC_DB is not read)."))]
 
 DbOption = Annotated[
     str | None,
