@@ -15,7 +15,6 @@ Timings on a shared machine are noisy: report the load average next to them (pri
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -23,6 +22,11 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specdec_tune.cli import _options as opts
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -36,23 +40,30 @@ MIN_CHARTS = {"overview": 0, "profile": 6, "why": 3, "fidelity": 1, "study": 2, 
 
 
 def build(out: Path, runs: int, trials: int, source_db: str | None) -> dict[str, str]:
-    from specdec_tune.cli import main
-    from specdec_tune.db import (
-        add_acceptance,
-        add_measured_run,
-        add_timing_samples,
-        add_traces,
-        create_run,
-        finish_run,
-        get_run,
-        list_measured,
-        load_acceptance,
-        load_timings,
-        load_traces,
-        open_database,
-    )
+    from specdec_tune.db import open_database
 
     out.mkdir(parents=True, exist_ok=True)
+    src = _source(out, source_db)
+    db_url = f"sqlite:///{out / 'results.db'}"
+    if (out / "results.db").exists():
+        (out / "results.db").unlink()
+    db = open_database(db_url)
+    _copy_runs(src, db, runs)
+    storage_url = f"sqlite:///{out / 'studies.db'}"
+    if (out / "studies.db").exists():
+        (out / "studies.db").unlink()
+    _study(db, runs, trials, storage_url)
+    urls = {"db": db_url, "storage": storage_url}
+    (out / "urls.json").write_text(json.dumps(urls))
+    return urls
+
+
+def _source(out: Path, source_db: str | None):
+    """The database whose run 1 is copied: ``source_db``, else one real profile (and three measured
+    configurations) of the bundled models, made once in ``out``."""
+    from specdec_tune.cli import main
+    from specdec_tune.db import open_database
+
     src_url = source_db or f"sqlite:///{out / 'source.db'}"
     if source_db is None and not (out / "source.db").exists():
         assert main(["profile", "--target", "mini-target", "--draft", "mini-draft-1l,ngram", "--workload", "functions",
@@ -60,19 +71,34 @@ def build(out: Path, runs: int, trials: int, source_db: str | None) -> dict[str,
         for n, theta in ((2, 0.0), (4, 0.0), (6, 0.3)):
             assert main(["measure", "--run", "1", "-N", str(n), "--threshold", str(theta), "--repeats", "1",
                          "--db", src_url]) == 0
-    src = open_database(src_url)
+    return open_database(src_url)
+
+
+def _copy_runs(src, db, runs: int) -> None:
+    """``runs`` copies of the source's run 1 in ``db``: its timings, acceptance, traces and measured runs."""
+    from specdec_tune.db import (
+        add_acceptance,
+        add_measured_run,
+        add_timing_samples,
+        add_traces,
+        create_run,
+        finish_run,
+        get_or_create_hardware,
+        get_or_create_model,
+        get_or_create_workload,
+        get_run,
+        list_measured,
+        load_acceptance,
+        load_timings,
+        load_traces,
+    )
+
     run = get_run(src, 1)
     timings = load_timings(src, 1, include_warmup=True)
     acceptance = load_acceptance(src, 1)
     traces = {(a.draft, a.mode, a.temperature): load_traces(src, 1, a.draft, a.mode, temperature=a.temperature)
               for a in acceptance}
     measured = list_measured(src, 1)
-    db_url = f"sqlite:///{out / 'results.db'}"
-    if (out / "results.db").exists():
-        (out / "results.db").unlink()
-    db = open_database(db_url)
-    from specdec_tune.db import get_or_create_hardware, get_or_create_model, get_or_create_workload
-
     hw = get_or_create_hardware(db, {k: getattr(run.hardware, k) for k in (
         "device", "device_name", "device_count", "memory_mb", "driver_version", "cuda_version", "torch_version",
         "transformers_version", "hostname", "extra")})
@@ -96,13 +122,6 @@ def build(out: Path, runs: int, trials: int, source_db: str | None) -> dict[str,
                              seconds=m.seconds, new_tokens=m.new_tokens, predicted_tokens_per_s=m.predicted_tokens_per_s,
                              measured_tau=m.measured_tau, predicted_tau=m.predicted_tau)
         finish_run(db, rid, "completed")
-    storage_url = f"sqlite:///{out / 'studies.db'}"
-    if (out / "studies.db").exists():
-        (out / "studies.db").unlink()
-    _study(db, runs, trials, storage_url)
-    urls = {"db": db_url, "storage": storage_url}
-    (out / "urls.json").write_text(json.dumps(urls))
-    return urls
 
 
 def _study(db, run_id: int, trials: int, storage_url: str) -> None:
@@ -210,24 +229,28 @@ def time_browser(urls: dict[str, str]) -> dict[str, dict[str, float]] | None:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path("dashboard-speed"))
-    p.add_argument("--runs", type=int, default=100)
-    p.add_argument("--trials", type=int, default=5000)
-    p.add_argument("--source-db", default=None, help="copy run 1 of this database instead of profiling")
-    p.add_argument("--reuse", action="store_true", help="time an existing build in --out")
-    p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args()
+Out = Annotated[Path, typer.Option("--out", help="Folder of the build (databases, urls.json) and timings.json.")]
+Runs = Annotated[int, typer.Option("--runs", help="Copies of the source run in the results database.")]
+Trials = Annotated[int, typer.Option("--trials", help=(
+    f"Trials of the synthetic study (predicted values, nothing measured; tune's --trials default is "
+    f"{opts.DEFAULT_TRIALS})."))]
+SourceDb = Annotated[str | None, typer.Option("--source-db", metavar="URL", help=(
+    "Copy run 1 of this database instead of profiling."))]
+Reuse = Annotated[bool, typer.Option("--reuse", help="Time an existing build in --out.")]
+Repeats = Annotated[int, typer.Option("--repeats", help="Server-side timings of each page (the median is reported).")]
+
+
+def main(out: Out = Path("dashboard-speed"), runs: Runs = 100, trials: Trials = 5000, source_db: SourceDb = None,
+         reuse: Reuse = False, repeats: Repeats = 3) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    if args.reuse:
-        urls = json.loads((args.out / "urls.json").read_text())
+    if reuse:
+        urls = json.loads((out / "urls.json").read_text())
     else:
         t0 = time.perf_counter()
-        urls = build(args.out, args.runs, args.trials, args.source_db)
-        print(f"built {args.runs} runs and a {args.trials}-trial study in {time.perf_counter() - t0:.0f} s: {urls}")
+        urls = build(out, runs, trials, source_db)
+        print(f"built {runs} runs and a {trials}-trial study in {time.perf_counter() - t0:.0f} s: {urls}")
     load = os.getloadavg()
-    server = time_apptest(urls, args.repeats)
+    server = time_apptest(urls, repeats)
     browser = time_browser(urls)
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs (a shared machine)")
     print(f"{'page':<10} {'server cold':>12} {'server warm':>12} {'browser cold':>13} {'browser warm':>13}")
@@ -235,8 +258,8 @@ def main() -> None:
         b = (browser or {}).get(page, {})
         print(f"{page:<10} {server[page]['cold_s']:>11.2f}s {server[page]['warm_s']:>11.2f}s "
               f"{b.get('cold_s', float('nan')):>12.2f}s {b.get('warm_s', float('nan')):>12.2f}s")
-    (args.out / "timings.json").write_text(json.dumps({"server": server, "browser": browser, "load": load}, indent=1))
+    (out / "timings.json").write_text(json.dumps({"server": server, "browser": browser, "load": load}, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    opts.run_script(main)
