@@ -13,75 +13,21 @@ return plain frozen dataclasses::
 
 from __future__ import annotations
 
-from specdec_tune.db.engine import (
-    DEFAULT_URL,
-    ENV_VAR,
-    Database,
-    default_storage_url,
-    mask_url,
-    open_database,
-    resolve_url,
-    sqlite_file,
-)
+from specdec_tune.db.engine import DEFAULT_URL, ENV_VAR, Database, default_storage_url, mask_url, open_database
+from specdec_tune.db.engine import resolve_url, sqlite_file
 from specdec_tune.db.migrate import current_revision, head_revision, known_revisions, upgrade
-from specdec_tune.db.queries import (
-    add_acceptance,
-    add_measured_run,
-    add_run_draft,
-    add_telemetry,
-    add_timing_samples,
-    add_traces,
-    create_run,
-    delete_run,
-    finish_run,
-    get_or_create_hardware,
-    get_or_create_model,
-    get_or_create_workload,
-    set_prediction,
-)
-from specdec_tune.db.reads import (
-    get_run,
-    list_measured,
-    list_models,
-    list_runs,
-    load_acceptance,
-    load_telemetry,
-    load_timings,
-    load_traces,
-)
-from specdec_tune.db.records import (
-    FINISHED_STATUSES,
-    MODES,
-    RUN_STATUSES,
-    TIMING_KINDS,
-    AcceptanceRecord,
-    DraftRecord,
-    HardwareRecord,
-    MeasuredRecord,
-    ModelRecord,
-    RunRecord,
-    TelemetryRow,
-    TimingRow,
-    TraceRow,
-    WorkloadRecord,
-)
-from specdec_tune.db.regress import (
-    CalibrationRecord,
-    RegressBenchmarkRecord,
-    RegressCellRecord,
-    RegressRunRecord,
-    add_calibration,
-    add_regress_benchmark,
-    add_regress_cells,
-    create_regress_run,
-    finish_regress_run,
-    get_regress_run,
-    latest_calibration,
-    list_regress_runs,
-    load_regress_benchmarks,
-    load_regress_cells,
-    metric_trend,
-)
+from specdec_tune.db.queries import add_acceptance, add_measured_run, add_run_draft, add_telemetry, add_timing_samples
+from specdec_tune.db.queries import add_traces, create_run, delete_run, finish_run, get_or_create_hardware
+from specdec_tune.db.queries import get_or_create_model, get_or_create_workload, set_prediction
+from specdec_tune.db.reads import get_run, list_measured, list_models, list_runs, load_acceptance, load_telemetry
+from specdec_tune.db.reads import load_timings, load_traces
+from specdec_tune.db.records import FINISHED_STATUSES, MODES, RUN_STATUSES, TIMING_KINDS, AcceptanceRecord, DraftRecord
+from specdec_tune.db.records import HardwareRecord, MeasuredRecord, ModelRecord, RunRecord, TelemetryRow, TimingRow
+from specdec_tune.db.records import TraceRow, WorkloadRecord
+from specdec_tune.db.regress import CalibrationRecord, CellVerdict, RegressBenchmarkRecord, RegressCellRecord
+from specdec_tune.db.regress import RegressRunRecord, add_calibration, add_regress_benchmark, add_regress_cells
+from specdec_tune.db.regress import create_regress_run, finish_regress_run, get_regress_run, latest_calibration
+from specdec_tune.db.regress import list_regress_runs, load_regress_benchmarks, load_regress_cells, metric_trend
 from specdec_tune.db.session import session_scope
 
 __all__ = [
@@ -94,7 +40,7 @@ __all__ = [
     "head_revision", "known_revisions", "list_measured", "list_models", "list_runs",
     "load_acceptance", "load_telemetry", "load_timings", "load_traces", "mask_url",
     "open_database", "resolve_url", "session_scope", "upgrade",
-    "CalibrationRecord", "RegressBenchmarkRecord", "RegressCellRecord", "RegressRunRecord", "add_calibration",
+    "CalibrationRecord", "CellVerdict", "RegressBenchmarkRecord", "RegressCellRecord", "RegressRunRecord", "add_calibration",
     "add_regress_benchmark", "add_regress_cells", "create_regress_run", "finish_regress_run", "get_regress_run",
     "latest_calibration", "list_regress_runs", "load_regress_benchmarks", "load_regress_cells", "metric_trend",
 ]  # fmt: skip

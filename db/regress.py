@@ -56,13 +56,16 @@ class RegressBenchmarkRecord:
 
 
 @dataclass(frozen=True)
-class RegressCellRecord:
-    """One (benchmark, metric) verdict; ``effect`` is the ratio current / baseline."""
+class CellVerdict:
+    """One (benchmark, metric) verdict of a regression comparison; ``effect`` is current / baseline.
 
-    run_id: int
+    The regression room builds these (its ``Cell`` adds only derived properties); a stored one is a
+    :class:`RegressCellRecord`.
+    """
+
     benchmark: str
     metric: str
-    verdict: str
+    verdict: str  # ok | improved | suspicious | regression | fail | no_verdict
     baseline_value: float | None = None
     current_value: float | None = None
     effect: float | None = None
@@ -73,6 +76,13 @@ class RegressCellRecord:
     mdc: float | None = None
     explanation: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegressCellRecord(CellVerdict):
+    """A stored verdict: the :class:`CellVerdict` of regression run ``run_id``."""
+
+    run_id: int
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,8 @@ from specdec_tune.engine.drafters import ModelDrafter, NgramDrafter, build_draft
 from specdec_tune.engine.kvcache import PreallocatedCache, make_cache
 from specdec_tune.engine.lean import LeanCausalLM, lean_unsupported, wrap_forward
 from specdec_tune.engine.loading import LoadedModel, check_compatible, load_model, resolve_source
-from specdec_tune.engine.types import (
-    CycleStats,
-    Draft,
-    Drafter,
-    GenerationResult,
-    VerifyResult,
-    acceptance_counts,
-    acceptance_per_position,
-)
+from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult, VerifyResult, acceptance_counts
+from specdec_tune.engine.types import acceptance_per_position
 from specdec_tune.engine.verify import verify_greedy, verify_sampling
 
 __all__ = [

@@ -9,24 +9,12 @@ from __future__ import annotations
 
 from specdec_tune.engine import resolve_source
 from specdec_tune.engine.workloads import resolve_workload
-from specdec_tune.profiler.measure import (
-    PLAIN,
-    Measurement,
-    MeasureSpec,
-    chosen_prompts,
-    default_split,
-    measure_configs,
-)
+from specdec_tune.profiler.measure import PLAIN, Measurement, MeasureSpec, chosen_prompts, default_split
+from specdec_tune.profiler.measure import measure_configs
 from specdec_tune.profiler.session import run_profile
 from specdec_tune.profiler.settings import ProfileResult, ProfileSettings, Progress, StageLog
-from specdec_tune.profiler.suite_runs import (
-    ArmSpec,
-    PromptSample,
-    environment_fingerprint,
-    measure_arms,
-    model_identity,
-    model_source,
-)
+from specdec_tune.profiler.suite_runs import ArmSpec, PromptSample, environment_fingerprint, measure_arms
+from specdec_tune.profiler.suite_runs import model_identity, model_source
 from specdec_tune.profiler.suite_runs_vllm import measure_arms_vllm
 from specdec_tune.profiler.vllm_backend import VllmError, require_vllm_python, server_version
 from specdec_tune.profiler.vllm_measure import ServerConfig, ServerGroup, ServerMeasurement, measure_on_server

@@ -208,11 +208,11 @@ def regress_db(tmp_path):
         if verdict != "baseline":
             flagged = verdict == "regression"
             add_regress_cells(db, [
-                RegressCellRecord(rid, "functions-1l", "tokens_per_s", "regression" if flagged else "ok",
+                RegressCellRecord("functions-1l", "tokens_per_s", "regression" if flagged else "ok", run_id=rid,
                                   effect=1 / scale, ci_low=0.72 if flagged else 0.95, ci_high=0.8 if flagged else 1.05,
                                   p_value=0.001 if flagged else 0.6, q_value=0.003 if flagged else 0.6,
                                   explanation="slower because the draft got slower" if flagged else None),
-                RegressCellRecord(rid, "functions-1l", "model_error", "ok", current_value=0.04)])
+                RegressCellRecord("functions-1l", "model_error", "ok", run_id=rid, current_value=0.04)])
         finish_regress_run(db, rid, status="completed", verdict=verdict, exit_code=1 if verdict == "regression" else 0)
         ids.append(rid)
     yield db, ids, samples

@@ -30,7 +30,7 @@ def test_runs_cells_and_trend_round_trip(tmp_path):
     for value, verdict in ((100.0, "baseline"), (90.0, "suspicious"), (80.0, "regression")):
         run = q.create_regress_run(db, "s", fingerprint={"threads": 1})
         q.add_regress_benchmark(db, run, "b", {"draft": "d"}, [{"prompt_id": "p", "seconds": [0.1]}])
-        q.add_regress_cells(db, [q.RegressCellRecord(run, "b", "tokens_per_s", verdict, 100.0, value, value / 100,
+        q.add_regress_cells(db, [q.RegressCellRecord("b", "tokens_per_s", verdict, 100.0, value, value / 100, run_id=run,
                                                      p_value=float("nan") if verdict == "baseline" else 0.001)])
         q.finish_regress_run(db, run, status="completed", verdict=verdict, exit_code=0)
         ids.append(run)

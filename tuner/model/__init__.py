@@ -14,32 +14,14 @@ from specdec_tune.tuner.model._evaluator import Evaluator, Scored
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, simulate_prompt
 from specdec_tune.tuner.model._grid import THRESHOLD_GRID, best_configs
 from specdec_tune.tuner.model._load import load_run_profile
-from specdec_tune.tuner.model._predict import (
-    PromptSpec,
-    RunPrediction,
-    predict_baseline,
-    predict_config,
-    predict_prompts,
-    profiled_specs,
-    split_specs,
-)
+from specdec_tune.tuner.model._predict import PromptSpec, RunPrediction, predict_baseline, predict_config
+from specdec_tune.tuner.model._predict import predict_prompts, profiled_specs, split_specs
 from specdec_tune.tuner.model._profile import PromptInfo, RunProfile, build_run_profile, resolve_draft, run_drafts
 from specdec_tune.tuner.model._replay import ReplayStats, Trace, heuristic_stationary, replay
-from specdec_tune.tuner.model._throughput import (
-    ModelProfile,
-    Prediction,
-    SpecConfig,
-    alphas_from_traces,
-    baseline_tokens_per_s,
-    best_n_per_batch_size,
-    closed_form_tokens_per_cycle,
-    draft_step_time,
-    predict,
-    rank_configs,
-    relative_error,
-    tokens_per_cycle_per_position,
-    verify_time,
-)
+from specdec_tune.tuner.model._throughput import ModelProfile, Prediction, SpecConfig, alphas_from_traces
+from specdec_tune.tuner.model._throughput import baseline_tokens_per_s, best_n_per_batch_size
+from specdec_tune.tuner.model._throughput import closed_form_tokens_per_cycle, draft_step_time, predict, rank_configs
+from specdec_tune.tuner.model._throughput import relative_error, tokens_per_cycle_per_position, verify_time
 
 __all__ = [
     "NGRAM", "NONE", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator", "ModelProfile", "OverheadFit",

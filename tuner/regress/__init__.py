@@ -11,24 +11,10 @@ from specdec_tune.tuner.regress._compare import FLAGGED, SPEED_METRICS, Cell, co
 from specdec_tune.tuner.regress._drift import Drift, retune, run_drift, top_params
 from specdec_tune.tuner.regress._explain import SideTerms, explain
 from specdec_tune.tuner.regress._report import EXIT_MEANING, to_json, to_junit, to_markdown
-from specdec_tune.tuner.regress._run import (
-    EXIT_ERROR,
-    EXIT_NO_VERDICT,
-    EXIT_OK,
-    EXIT_REGRESSION,
-    RegressReport,
-    resolve_config,
-    run_regress,
-)
-from specdec_tune.tuner.regress._stats import (
-    align,
-    bh_adjust,
-    median_ratio,
-    minimum_detectable_change,
-    proportion_mdc,
-    speed_test,
-    two_proportion,
-)
+from specdec_tune.tuner.regress._run import EXIT_ERROR, EXIT_NO_VERDICT, EXIT_OK, EXIT_REGRESSION, RegressReport
+from specdec_tune.tuner.regress._run import resolve_config, run_regress
+from specdec_tune.tuner.regress._stats import align, bh_adjust, median_ratio, minimum_detectable_change, proportion_mdc
+from specdec_tune.tuner.regress._stats import speed_test, two_proportion
 from specdec_tune.tuner.regress._suite import Benchmark, Rules, Suite, default_suite_path, load_suite
 
 __all__ = [

@@ -20,7 +20,7 @@ from specdec_tune.db import Database
 from specdec_tune.db import regress as q
 from specdec_tune.profiler import environment_fingerprint, measure_arms
 from specdec_tune.tuner.regress._compare import FLAGGED, compare_benchmark, decide
-from specdec_tune.tuner.regress._run import EXIT_OK, RegressReport, _arm, _cell_fields, resolve_config, suite_backend
+from specdec_tune.tuner.regress._run import EXIT_OK, RegressReport, _arm, resolve_config, stored_cell, suite_backend
 from specdec_tune.tuner.regress._stats import minimum_detectable_change, proportion_mdc
 from specdec_tune.tuner.regress._suite import Suite
 
@@ -103,7 +103,7 @@ def run_calibration(suite: Suite, db: Database, *, rounds: int | None = None, pr
     alarms = sum(r["false_alarms"] for r in table)
     report.notes.append(f"A/A calibration: {rounds} rounds; {alarms} cell(s) flagged by the rule in total "
                         "(each is a false alarm: both sides ran the same code)")
-    q.add_regress_cells(db, [q.RegressCellRecord(run_id, **_cell_fields(c)) for c in last_cells])
+    q.add_regress_cells(db, [stored_cell(c, run_id) for c in last_cells])
     q.finish_regress_run(db, run_id, status="completed", verdict="calibration", exit_code=EXIT_OK,
                          summary={"calibration": table, "notes": report.notes})
     return report

@@ -23,15 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from specdec_tune.db import CellVerdict
 from specdec_tune.tuner.regress._explain import explain, side_terms
-from specdec_tune.tuner.regress._stats import (
-    bh_adjust,
-    median_ratio,
-    minimum_detectable_change,
-    proportion_mdc,
-    speed_test,
-    two_proportion,
-)
+from specdec_tune.tuner.regress._stats import bh_adjust, median_ratio, minimum_detectable_change, proportion_mdc
+from specdec_tune.tuner.regress._stats import speed_test, two_proportion
 from specdec_tune.tuner.regress._suite import Rules
 
 SPEED_METRICS = ("speedup", "tokens_per_s", "latency")
@@ -39,22 +34,8 @@ FLAGGED = ("suspicious", "regression")
 
 
 @dataclass(frozen=True)
-class Cell:
-    """A verdict on one (benchmark, metric). ``effect`` = current / baseline (1.0 = unchanged)."""
-
-    benchmark: str
-    metric: str
-    verdict: str  # ok | improved | suspicious | regression | fail | no_verdict
-    baseline_value: float | None = None
-    current_value: float | None = None
-    effect: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    p_value: float | None = None
-    q_value: float | None = None
-    mdc: float | None = None
-    explanation: str | None = None
-    details: dict[str, Any] = field(default_factory=dict)
+class Cell(CellVerdict):
+    """A verdict on one (benchmark, metric), as stored (``db.CellVerdict``); ``effect`` = current / baseline."""
 
     @property
     def higher_is_better(self) -> bool:

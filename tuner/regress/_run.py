@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from specdec_tune.db import Database
+from specdec_tune.db import CellVerdict, Database, RegressCellRecord
 from specdec_tune.db import regress as q
 from specdec_tune.errors import InputError, NotFoundError
 from specdec_tune.profiler import ArmSpec, environment_fingerprint, measure_arms, model_identity
@@ -246,7 +246,7 @@ def _compare_run(db: Database, suite: Suite, run_id: int, configs: dict[str, dic
              else _with_explanation(c, report.explanations[c.benchmark]) for c in cells]
     report.cells = cells
     report.verdict, report.exit_code = _overall(cells, base_run is None or no_speed is not None)
-    q.add_regress_cells(db, [q.RegressCellRecord(run_id, **_cell_fields(c)) for c in cells])
+    q.add_regress_cells(db, [stored_cell(c, run_id) for c in cells])
     q.finish_regress_run(db, run_id, status="completed", verdict=report.verdict, exit_code=report.exit_code,
                          baseline_id=report.baseline_id, summary=_summary(report))
     return report
@@ -258,14 +258,15 @@ def _with_explanation(c: Cell, text: str) -> Cell:
     return replace(c, explanation=text)
 
 
-def _cell_fields(c: Cell) -> dict[str, Any]:
-    def num(x):
-        return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else float(x)
+def stored_cell(c: Cell, run_id: int) -> RegressCellRecord:
+    """The cell as run ``run_id`` stores it: numbers as floats, a non-finite one as NULL."""
+    def num(x: Any) -> Any:
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            return x
+        return float(x) if math.isfinite(x) else None
 
-    return dict(benchmark=c.benchmark, metric=c.metric, verdict=c.verdict, baseline_value=num(c.baseline_value),
-                current_value=num(c.current_value), effect=num(c.effect), ci_low=num(c.ci_low), ci_high=num(c.ci_high),
-                p_value=num(c.p_value), q_value=num(c.q_value), mdc=num(c.mdc), explanation=c.explanation,
-                details=dict(c.details))
+    values = {f.name: num(getattr(c, f.name)) for f in fields(CellVerdict)}
+    return RegressCellRecord(**{**values, "details": dict(c.details)}, run_id=run_id)
 
 
 def _overall(cells: list[Cell], becomes_baseline: bool) -> tuple[str, int]:

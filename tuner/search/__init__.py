@@ -8,34 +8,13 @@ modules behind them are private (``_space``, ``_optuna``, ``_study``, ``_request
 from __future__ import annotations
 
 from specdec_tune.tuner.search._measure import Measured, completed_trials, measure_candidates, measured_speedup
-from specdec_tune.tuner.search._optuna import (
-    OBJECTIVES,
-    SearchOutcome,
-    best_per_server,
-    brute_force,
-    expressible_on,
-    per_batch_size,
-    run_search,
-)
+from specdec_tune.tuner.search._optuna import OBJECTIVES, SearchOutcome, best_per_server, brute_force, expressible_on
+from specdec_tune.tuner.search._optuna import per_batch_size, run_search
 from specdec_tune.tuner.search._request import TuneReport, TuneRequest, find_profile
-from specdec_tune.tuner.search._server_tune import (
-    CALIBRATION_NS,
-    NGRAM_CALIBRATION_N,
-    ServerTuneReport,
-    close_calls,
-    pick_among_tied,
-    run_server_tune,
-    schedule_from_measured,
-)
-from specdec_tune.tuner.search._space import (
-    ANY,
-    N_LIMIT,
-    THETA_GRID,
-    SearchSpace,
-    check_server,
-    server_search_space,
-    unsupported,
-)
+from specdec_tune.tuner.search._server_tune import CALIBRATION_NS, NGRAM_CALIBRATION_N, ServerTuneReport, close_calls
+from specdec_tune.tuner.search._server_tune import pick_among_tied, run_server_tune, schedule_from_measured
+from specdec_tune.tuner.search._space import ANY, N_LIMIT, THETA_GRID, SearchSpace, check_server, server_search_space
+from specdec_tune.tuner.search._space import unsupported
 from specdec_tune.tuner.search._study import check_storage, load_existing, open_storage
 from specdec_tune.tuner.search._tune import run_tune
 from specdec_tune.tuner.search._validate import Validated, measure_predicted

@@ -7,49 +7,18 @@ result comes from).
 """
 from __future__ import annotations
 
-from specdec_tune.tuner.servers._calibration import (
-    ServerPrediction,
-    acceptance_terms,
-    best_server_n_per_batch_size,
-    calibrate_from,
-    group_points_of,
-    kind_of,
-    mean_prompt_tokens,
-    points_of,
-    predict_server,
-)
-from specdec_tune.tuner.servers._exports import (
-    ALL,
-    FORMATS,
-    batch_ranges,
-    build_exports,
-    model_path,
-    render_exports,
-    resolve_formats,
-    server_best,
-    vllm_config,
-    write_exports,
-)
-from specdec_tune.tuner.servers._schemas import (
-    HfAssistantGenerationConfig,
-    HfPromptLookupGenerationConfig,
-    LlamacppSpeculativeArgs,
-    SglangSpeculativeArgs,
-    TrtllmExtraOptions,
-    TrtllmSpeculativeConfig,
-    VllmSpeculativeConfig,
-)
+from specdec_tune.tuner.servers._calibration import ServerPrediction, acceptance_terms, best_server_n_per_batch_size
+from specdec_tune.tuner.servers._calibration import calibrate_from, group_points_of, kind_of, mean_prompt_tokens
+from specdec_tune.tuner.servers._calibration import points_of, predict_server
+from specdec_tune.tuner.servers._exports import ALL, FORMATS, batch_ranges, build_exports, model_path, render_exports
+from specdec_tune.tuner.servers._exports import resolve_formats, server_best, vllm_config, write_exports
+from specdec_tune.tuner.servers._schemas import HfAssistantGenerationConfig, HfPromptLookupGenerationConfig
+from specdec_tune.tuner.servers._schemas import LlamacppSpeculativeArgs, SglangSpeculativeArgs, TrtllmExtraOptions
+from specdec_tune.tuner.servers._schemas import TrtllmSpeculativeConfig, VllmSpeculativeConfig
 from specdec_tune.tuner.servers._sources import parse_config, result_from_run, result_from_study
 from specdec_tune.tuner.servers._table import SERVERS, ServerSpace, caveats, expressible, project, server_space
-from specdec_tune.tuner.servers._time_model import (
-    KINDS,
-    ServerModel,
-    ServerPoint,
-    ServerTimes,
-    calibrate,
-    context_tokens,
-    point_from_counts,
-)
+from specdec_tune.tuner.servers._time_model import KINDS, ServerModel, ServerPoint, ServerTimes, calibrate
+from specdec_tune.tuner.servers._time_model import context_tokens, point_from_counts
 
 __all__ = [
     "ALL", "FORMATS", "KINDS", "SERVERS", "HfAssistantGenerationConfig", "HfPromptLookupGenerationConfig",
