@@ -108,6 +108,34 @@ def _basics(db) -> tuple[int, int, int]:
 # The contract
 
 
+
+OLD_NOW = "2026-01-02 03:04:05"
+
+
+def _insert_old_rows(url: str, settings_json: str, statements: list[str], tables: tuple[str, ...]) -> None:
+    """Rows written by an older schema: one machine, one target, profile run 1 (with ``settings_json``),
+    then ``statements``; PostgreSQL's id sequences of ``tables`` are moved past the explicit ids."""
+    catalog = [
+        "INSERT INTO hardware (id, fingerprint, device, device_name, device_count, extra, "
+        f"created_at) VALUES (1, 'f1', 'cpu', 'Old CPU', 1, '{{}}', '{OLD_NOW}')",
+        "INSERT INTO models (id, fingerprint, name, extra, created_at) "
+        f"VALUES (1, 'm1', 'old/target', '{{}}', '{OLD_NOW}')",
+        "INSERT INTO profile_runs (id, target_model_id, hardware_id, settings, status, "
+        f"started_at) VALUES (1, 1, 1, '{settings_json}', 'completed', '{OLD_NOW}')",
+    ]
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            for statement in catalog + statements:
+                conn.exec_driver_sql(statement)
+        if engine.dialect.name == "postgresql":  # explicit ids leave the sequences behind
+            with engine.begin() as conn:
+                for table in tables:
+                    conn.exec_driver_sql(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), 1)")
+    finally:
+        engine.dispose()
+
+
 class TestStorageContract:
     def test_get_or_create_deduplicates_and_distinguishes(self, db):
         hw, target, wl = _basics(db)
@@ -353,33 +381,13 @@ class TestStorageContract:
         assert len(revisions) >= 3 and revisions[-1] == head_revision()
         previous = "0001"  # the oldest schema: every later revision must keep its rows
         assert upgrade(url, previous) == (None, previous)
-        engine = sa.create_engine(url)
-        now = "2026-01-02 03:04:05"
-        statements = [
-            "INSERT INTO hardware (id, fingerprint, device, device_name, device_count, extra, "
-            f"created_at) VALUES (1, 'f1', 'cpu', 'Old CPU', 1, '{{}}', '{now}')",
-            "INSERT INTO models (id, fingerprint, name, extra, created_at) "
-            f"VALUES (1, 'm1', 'old/target', '{{}}', '{now}')",
-            "INSERT INTO profile_runs (id, target_model_id, hardware_id, settings, status, "
-            f"started_at) VALUES (1, 1, 1, '{{\"n_max\": 4}}', 'completed', '{now}')",
+        _insert_old_rows(url, '{"n_max": 4}', [
             "INSERT INTO run_drafts (id, run_id, name, role) VALUES (1, 1, 'ngram', 'draft')",
             "INSERT INTO timing_samples (run_id, draft, kind, k, batch_size, context_len, seconds, "
             "warmup) VALUES (1, NULL, 'verify', 5, 1, 32, 0.0125, false)",
             "INSERT INTO acceptance_traces (run_id, draft, mode, temperature, cycle_index, "
             "confidences, num_accepted) VALUES (1, 'ngram', 'greedy', 0.0, 0, '[1.0, 1.0]', 1)",
-        ]
-        try:
-            with engine.begin() as conn:
-                for statement in statements:
-                    conn.exec_driver_sql(statement)
-            if engine.dialect.name == "postgresql":  # explicit ids leave the sequences behind
-                with engine.begin() as conn:
-                    for table in ("hardware", "models", "profile_runs", "run_drafts"):
-                        conn.exec_driver_sql(
-                            f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), 1)"
-                        )
-        finally:
-            engine.dispose()
+        ], ("hardware", "models", "profile_runs", "run_drafts"))
 
         with open_database(url) as db:  # migrates on first use
             assert current_revision(url) == head_revision()
@@ -397,31 +405,11 @@ class TestStorageContract:
     def test_migrate_0002_to_0003_keeps_measured_runs(self, new_url):
         url = new_url()
         upgrade(url, "0002")
-        engine = sa.create_engine(url)
-        now = "2026-01-02 03:04:05"
-        statements = [
-            "INSERT INTO hardware (id, fingerprint, device, device_name, device_count, extra, "
-            f"created_at) VALUES (1, 'f1', 'cpu', 'Old CPU', 1, '{{}}', '{now}')",
-            "INSERT INTO models (id, fingerprint, name, extra, created_at) "
-            f"VALUES (1, 'm1', 'old/target', '{{}}', '{now}')",
-            "INSERT INTO profile_runs (id, target_model_id, hardware_id, settings, status, "
-            f"started_at) VALUES (1, 1, 1, '{{}}', 'completed', '{now}')",
+        _insert_old_rows(url, "{}", [
             "INSERT INTO measured_runs (run_id, draft, config, measured_tokens_per_s, "
             "predicted_tokens_per_s, seconds, new_tokens, created_at) VALUES "
-            f"(1, 'ngram', '{{\"N\": 3}}', 80.0, 84.0, 2.0, 160, '{now}')",
-        ]
-        try:
-            with engine.begin() as conn:
-                for statement in statements:
-                    conn.exec_driver_sql(statement)
-            if engine.dialect.name == "postgresql":
-                with engine.begin() as conn:
-                    for table in ("hardware", "models", "profile_runs"):
-                        conn.exec_driver_sql(
-                            f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), 1)"
-                        )
-        finally:
-            engine.dispose()
+            f"(1, 'ngram', '{{\"N\": 3}}', 80.0, 84.0, 2.0, 160, '{OLD_NOW}')",
+        ], ("hardware", "models", "profile_runs"))
         assert upgrade(url, "0003") == ("0002", "0003")
         with open_database(url) as db:
             (old,) = list_measured(db, 1)
