@@ -2,7 +2,7 @@
 then draw the dashboard.
 
 This is the composition root of the dashboard process: the dashboard itself reads only ``db`` and
-``tuner.model`` (import contracts, ``docs/architecture.md``), so the capability table and the exporters
+``tuner.model`` (``docs/architecture.md``, Import contracts), so the capability table and the exporters
 of ``tuner.servers`` reach it from here, as plain data and two functions.
 """
 from __future__ import annotations

@@ -39,6 +39,7 @@ BUNDLED_TARGET = "mini-target"
 BUNDLED_DRAFT = "mini-draft-1l"
 BUNDLED_DRAFTS = "mini-draft-1l,mini-draft-2l"
 
+# Help texts, for a command or script whose variant of an option needs its own alias.
 TARGET_HELP = "Target model: bundled name (see `zoo list`), local folder or hub id."
 DRAFT_HELP = "Draft model sharing the target's tokenizer."
 DRAFTS_HELP = "Candidate drafts, comma-separated: draft models and/or 'ngram'."
@@ -48,6 +49,7 @@ MAX_NEW_TOKENS_HELP = "Most new tokens per prompt."
 REPEATS_HELP = "Interleaved passes of each measurement."
 BUNDLED_NOTE = " Default here: the bundled zoo's (the CLI requires it)."
 
+# The options themselves.
 TargetOption = Annotated[str, typer.Option("--target", help=TARGET_HELP)]
 DraftOption = Annotated[str, typer.Option("--draft", help=DRAFT_HELP)]
 DraftsOption = Annotated[str, typer.Option("--drafts", help=DRAFTS_HELP)]
@@ -72,13 +74,6 @@ TrialsOption = Annotated[int, typer.Option("--trials", help="Completed trials th
 SuiteOption = Annotated[
     Path | None, typer.Option("--suite", help="Suite file (TOML or YAML); default: the bundled suite.")
 ]
-
-# The same flags with the bundled zoo as default, and --db required, for the benchmark scripts.
-BundledTargetOption = Annotated[str, typer.Option("--target", help=TARGET_HELP + BUNDLED_NOTE)]
-BundledDraftOption = Annotated[str, typer.Option("--draft", help=DRAFT_HELP + BUNDLED_NOTE)]
-BundledDraftsOption = Annotated[str, typer.Option("--drafts", help=DRAFTS_HELP + BUNDLED_NOTE)]
-RequiredDbOption = Annotated[str, typer.Option("--db", metavar="URL", help=(
-    "Results database URL, as the CLI's --db, but required here ($SPECDEC_DB is not read)."))]
 
 DbOption = Annotated[
     str | None,
@@ -115,6 +110,13 @@ VllmPythonOption = Annotated[
         help="Python of the vLLM environment (created by scripts/setup_vllm_env.sh, e.g. .venv-vllm/bin/python).",
     ),
 ]
+
+# The same flags with the bundled zoo as default, and --db required, for the benchmark scripts.
+BundledTargetOption = Annotated[str, typer.Option("--target", help=TARGET_HELP + BUNDLED_NOTE)]
+BundledDraftOption = Annotated[str, typer.Option("--draft", help=DRAFT_HELP + BUNDLED_NOTE)]
+BundledDraftsOption = Annotated[str, typer.Option("--drafts", help=DRAFTS_HELP + BUNDLED_NOTE)]
+RequiredDbOption = Annotated[str, typer.Option("--db", metavar="URL", help=(
+    "Results database URL, as the CLI's --db, but required here ($SPECDEC_DB is not read)."))]
 
 
 def run_script(command: Callable[..., Any]) -> None:
