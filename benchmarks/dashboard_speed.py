@@ -76,52 +76,39 @@ def _source(out: Path, source_db: str | None):
 
 def _copy_runs(src, db, runs: int) -> None:
     """``runs`` copies of the source's run 1 in ``db``: its timings, acceptance, traces and measured runs."""
-    from specdec_tune.db import (
-        add_acceptance,
-        add_measured_run,
-        add_timing_samples,
-        add_traces,
-        create_run,
-        finish_run,
-        get_or_create_hardware,
-        get_or_create_model,
-        get_or_create_workload,
-        get_run,
-        list_measured,
-        load_acceptance,
-        load_timings,
-        load_traces,
-    )
+    from specdec_tune import db as store
 
-    run = get_run(src, 1)
-    timings = load_timings(src, 1, include_warmup=True)
-    acceptance = load_acceptance(src, 1)
-    traces = {(a.draft, a.mode, a.temperature): load_traces(src, 1, a.draft, a.mode, temperature=a.temperature)
+    run = store.get_run(src, 1)
+    timings = store.load_timings(src, 1, include_warmup=True)
+    acceptance = store.load_acceptance(src, 1)
+    traces = {(a.draft, a.mode, a.temperature): store.load_traces(src, 1, a.draft, a.mode, temperature=a.temperature)
               for a in acceptance}
-    measured = list_measured(src, 1)
-    hw = get_or_create_hardware(db, {k: getattr(run.hardware, k) for k in (
+    measured = store.list_measured(src, 1)
+    hw = store.get_or_create_hardware(db, {k: getattr(run.hardware, k) for k in (
         "device", "device_name", "device_count", "memory_mb", "driver_version", "cuda_version", "torch_version",
         "transformers_version", "hostname", "extra")})
-    target = get_or_create_model(db, {"name": run.target.name, "num_parameters": run.target.num_parameters,
-                                      "num_layers": run.target.num_layers, "dtype": run.target.dtype})
-    workload = get_or_create_workload(db, {"name": run.workload.name, "content_hash": run.workload.content_hash,
-                                           "prompt_count": run.workload.prompt_count})
+    target = store.get_or_create_model(db, {"name": run.target.name, "num_parameters": run.target.num_parameters,
+                                            "num_layers": run.target.num_layers, "dtype": run.target.dtype})
+    workload = store.get_or_create_workload(db, {"name": run.workload.name, "prompt_count": run.workload.prompt_count,
+                                                 "content_hash": run.workload.content_hash})
     for i in range(runs):
-        rid = create_run(db, target_model_id=target, hardware_id=hw, workload_id=workload, drafts=run.draft_names,
-                         settings=run.settings, label=f"copy {i + 1} of run 1")
-        add_timing_samples(db, rid, timings)
+        rid = store.create_run(db, target_model_id=target, hardware_id=hw, workload_id=workload,
+                               drafts=run.draft_names, settings=run.settings, label=f"copy {i + 1} of run 1")
+        store.add_timing_samples(db, rid, timings)
         for a in acceptance:
-            add_acceptance(db, rid, draft=a.draft, mode=a.mode, temperature=a.temperature,
-                           num_speculative=a.num_speculative, cycles=a.cycles, position_attempts=a.position_attempts,
-                           position_accepts=a.position_accepts, alpha=a.alpha, beta=a.beta,
-                           confidence_bins=a.confidence_bins, teacher_forced_tokens=a.teacher_forced_tokens,
-                           greedy_agreement=a.greedy_agreement, one_minus_tv=a.one_minus_tv)
-            add_traces(db, rid, a.draft, a.mode, a.temperature, traces[(a.draft, a.mode, a.temperature)])
+            store.add_acceptance(db, rid, draft=a.draft, mode=a.mode, temperature=a.temperature,
+                                 num_speculative=a.num_speculative, cycles=a.cycles,
+                                 position_attempts=a.position_attempts, position_accepts=a.position_accepts,
+                                 alpha=a.alpha, beta=a.beta, confidence_bins=a.confidence_bins,
+                                 teacher_forced_tokens=a.teacher_forced_tokens,
+                                 greedy_agreement=a.greedy_agreement, one_minus_tv=a.one_minus_tv)
+            store.add_traces(db, rid, a.draft, a.mode, a.temperature, traces[(a.draft, a.mode, a.temperature)])
         for m in measured:
-            add_measured_run(db, rid, draft=m.draft, config=m.config, measured_tokens_per_s=m.measured_tokens_per_s,
-                             seconds=m.seconds, new_tokens=m.new_tokens, predicted_tokens_per_s=m.predicted_tokens_per_s,
-                             measured_tau=m.measured_tau, predicted_tau=m.predicted_tau)
-        finish_run(db, rid, "completed")
+            store.add_measured_run(db, rid, draft=m.draft, config=m.config, seconds=m.seconds,
+                                   measured_tokens_per_s=m.measured_tokens_per_s, new_tokens=m.new_tokens,
+                                   predicted_tokens_per_s=m.predicted_tokens_per_s, measured_tau=m.measured_tau,
+                                   predicted_tau=m.predicted_tau)
+        store.finish_run(db, rid, "completed")
 
 
 def _study(db, run_id: int, trials: int, storage_url: str) -> None:

@@ -21,7 +21,8 @@ from specdec_tune.profiler.runs import encode_prompt
 from specdec_tune.stats import RateSamples, speedup_ci, tokens_per_s_ci
 
 Prompts = Annotated[int, typer.Option("--max-prompts", "--prompts", help=(
-    f"{opts.MAX_PROMPTS_HELP} 12 here, not bench's {opts.BENCH_MAX_PROMPTS}: the setting of results/lean_kernels_cpu.txt."))]
+    f"{opts.MAX_PROMPTS_HELP} 12 here, not bench's {opts.BENCH_MAX_PROMPTS}: the setting of "
+    "results/lean_kernels_cpu.txt."))]
 MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help=(
     f"{opts.MAX_NEW_TOKENS_HELP} 96 here, not the CLI's {opts.DEFAULT_MAX_NEW_TOKENS}: the setting of "
     "results/lean_kernels_cpu.txt."))]
@@ -53,8 +54,8 @@ def main(
         lo, hi = speedup_ci(on, off)
         same = all(len({tuple(o) for o in outs}) == 1 for (m, _), outs in outputs.items() if m == method)
         print(f"  {method:12s} kernels {rate[True]:6.1f} tok/s (CI {lo_on:.1f}-{hi_on:.1f})  eager {rate[False]:6.1f} "
-              f"(CI {lo_off:.1f}-{hi_off:.1f})  kernels/eager {rate[True] / rate[False]:.2f}x (95% CI {lo:.2f}-{hi:.2f}), "
-              f"greedy outputs {'identical' if same else 'DIFFER'} (measured)")
+              f"(CI {lo_off:.1f}-{hi_off:.1f})  kernels/eager {rate[True] / rate[False]:.2f}x "
+              f"(95% CI {lo:.2f}-{hi:.2f}), greedy outputs {'identical' if same else 'DIFFER'} (measured)")
 
 
 def _measure(tgt, drf, prompts: list[tuple[str, torch.Tensor]], cfg: DecodeConfig,

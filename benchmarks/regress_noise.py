@@ -51,7 +51,8 @@ from specdec_tune.tuner.regress import (
 )
 from specdec_tune.tuner.regress._run import _arm
 
-AaRuns = Annotated[int, typer.Option("--aa-runs", help="A/A runs: unchanged code, each compared with the newest passing run.")]
+AaRuns = Annotated[int, typer.Option("--aa-runs", help=(
+    "A/A runs: unchanged code, each compared with the newest passing run."))]
 CalibRuns = Annotated[int, typer.Option("--calib-runs", help="Runs measuring the run-to-run noise floor first.")]
 Slowdowns = Annotated[str, typer.Option("--slowdowns", help="Planted per-cycle delays, percent, comma-separated.")]
 RunsPerSlowdown = Annotated[int, typer.Option("--runs-per-slowdown", help="Runs at each planted slowdown.")]

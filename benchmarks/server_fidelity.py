@@ -41,7 +41,7 @@ from specdec_tune.profiler import StageLog
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CalibNs = Annotated[str, typer.Option("--calib-ns", help="Draft N values vLLM runs on the tuning prompts to calibrate.")]
+CalibNs = Annotated[str, typer.Option("--calib-ns", help="Draft N values vLLM runs on the tuning prompts (calibration).")]
 ValidateNs = Annotated[str, typer.Option("--validate-ns", help="Draft N values checked on the held-out prompts.")]
 CalibNgram = Annotated[str, typer.Option("--calib-ngram", help="n-gram N calibrated on ('' = no n-gram).")]
 ValidateNgram = Annotated[str, typer.Option("--validate-ngram", help="n-gram N checked on the held-out prompts.")]

@@ -70,7 +70,9 @@ ThresholdOption = Annotated[
 ScheduleOption = Annotated[str, typer.Option("--schedule", help="constant | heuristic")]
 ServerOption = Annotated[str, typer.Option("--server", help=(
     "Deploy target: any (whole space, best per server side by side) | vllm | sglang | trtllm | llamacpp | hf."))]
-TrialsOption = Annotated[int, typer.Option("--trials", help="Completed trials the study should hold (a rerun resumes).")]
+TrialsOption = Annotated[
+    int, typer.Option("--trials", help="Completed trials the study should hold (a rerun resumes).")
+]
 SuiteOption = Annotated[
     Path | None, typer.Option("--suite", help="Suite file (TOML or YAML); default: the bundled suite.")
 ]

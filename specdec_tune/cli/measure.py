@@ -161,7 +161,8 @@ def _print_measured(v, run: int) -> None:
     ci = f"95% CI {m.ci95[0]:.1f}-{m.ci95[1]:.1f}" if m.ci95 else "no CI"
     typer.echo(
         f"measured: {m.tokens_per_s:.1f} tokens/s ({ci}; {m.new_tokens} new tokens in {m.seconds:.2f} s over {where}, "
-        f"{m.repeats} repeats), τ = {opt.format_rate(m.mean_tokens_per_cycle)}, α = {opt.format_alphas(m.acceptance_per_position)}"
+        f"{m.repeats} repeats), τ = {opt.format_rate(m.mean_tokens_per_cycle)}, "
+        f"α = {opt.format_alphas(m.acceptance_per_position)}"
     )
     if p is not None:
         inside = {True: "inside", False: "outside", None: "no CI"}[v.inside_ci]

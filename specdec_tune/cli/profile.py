@@ -106,8 +106,8 @@ def _print_summary(console: Console, s: dict) -> None:
     console.print(
         "target (measured): " + ", ".join(f"T_v({k}) {curve[str(k)]:.2f} ms" for k in shown)
         + f"; baseline {opt.format_rate(base['measured_tokens_per_s'])} tokens/s measured, "
-        f"{opt.format_rate(base['predicted_tokens_per_s'])} recomputed from the same run (a calibration identity, not a "
-        "validation: use measure on held-out prompts for that)", highlight=False)
+        f"{opt.format_rate(base['predicted_tokens_per_s'])} recomputed from the same run (a calibration identity, "
+        "not a validation: use measure on held-out prompts for that)", highlight=False)
     for d in s["drafts"]:
         table = Table(title=f"draft {d['name']}", show_header=True, title_justify="left")
         table.add_column("quantity")
@@ -166,9 +166,10 @@ def profile(
 
     opt.check_temperature(temperature)
     drafts = [d.strip() for d in draft.split(",") if d.strip()]
-    settings = ProfileSettings(split=split,
-        device=device, dtype=dtype, forward=forward, temperature=temperature, batch_sizes=opt.int_list(batch_sizes, "--batch-sizes"),
-        k_max=k_max, n_max=n_max, repeats=repeats, max_prompts=max_prompts, max_new_tokens=max_new_tokens,
+    settings = ProfileSettings(
+        split=split, device=device, dtype=dtype, forward=forward, temperature=temperature,
+        batch_sizes=opt.int_list(batch_sizes, "--batch-sizes"), k_max=k_max, n_max=n_max, repeats=repeats,
+        max_prompts=max_prompts, max_new_tokens=max_new_tokens,
         context_lens=opt.int_list(context_lens, "--context-lens"), seed=seed, label=label,
     )
     database = open_database(db)  # a bad --db fails here, before any model is loaded

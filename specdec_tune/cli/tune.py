@@ -41,7 +41,8 @@ _Backend = Annotated[str, typer.Option("--backend", help=(
     "one engine start per configuration)."))]
 _VllmPython = Annotated[str | None, typer.Option("--vllm-python", metavar="PATH", help=(
     "The vLLM venv's Python (--backend vllm; default $SPECDEC_VLLM_PYTHON; scripts/setup_vllm_env.sh makes it)."))]
-_MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help="New tokens per prompt (profile and measurements).")]
+_MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help=(
+    "New tokens per prompt (profile and measurements)."))]
 
 
 def _fmt_ci(ci) -> str:
