@@ -37,10 +37,10 @@ def measure(seconds: float) -> list[tuple[float, float, float, float]]:
     from specdec_tune.engine.workloads import load_workload
     from specdec_tune.profiler.machine_probe import MachineProbe
     from specdec_tune.profiler.runs import encode_prompt
-    from specdec_tune.profiler.suite_runs import ArmSpec, _Models, _timed
+    from specdec_tune.profiler.suite_runs import ArmSpec, ModelCache, timed_decode
 
     torch.set_num_threads(1)
-    models = _Models()
+    models = ModelCache()
     target = models.get("mini-target", "cpu", "auto", "auto")
     draft = models.get("mini-draft-1l", "cpu", "auto", "auto")
     arm = ArmSpec("x", "mini-target", "mini-draft-1l", "functions", 1)
@@ -49,12 +49,12 @@ def measure(seconds: float) -> list[tuple[float, float, float, float]]:
     cfg = DecodeConfig(max_new_tokens=48, num_speculative_tokens=4, eos_token_id=target.eos_token_id)
     probe = MachineProbe()
     probe.run()
-    _timed(target, arm, draft, ids, cfg, 0)  # warm-up
+    timed_decode(target, arm, draft, ids, cfg, 0)  # warm-up
     out = []
     end = time.time() + seconds
     while time.time() < end:
-        _, spec_s, _ = _timed(target, arm, draft, ids, cfg, 0)
-        _, plain_s, _ = _timed(target, arm, None, ids, cfg, 0, plain=True)
+        _, spec_s, _ = timed_decode(target, arm, draft, ids, cfg, 0)
+        _, plain_s, _ = timed_decode(target, arm, None, ids, cfg, 0, plain=True)
         out.append((time.time(), spec_s, plain_s, probe.run()))
     return out
 

@@ -49,7 +49,7 @@ from specdec_tune.tuner.regress import (
     noise_floor,
     resolve_config,
 )
-from specdec_tune.tuner.regress._run import _arm
+from specdec_tune.tuner.regress import arm_spec
 
 AaRuns = Annotated[int, typer.Option("--aa-runs", help=(
     "A/A runs: unchanged code, each compared with the newest passing run."))]
@@ -62,7 +62,7 @@ Out = Annotated[str | None, typer.Option("--out", help="Write the results here (
 
 
 def measure(configs: dict[str, dict], delays: dict[str, float] | None = None) -> dict[str, list[dict]]:
-    arms = [_arm(dict(c, draft_delay_ms=(delays or {}).get(n, 0.0)), n) for n, c in configs.items()]
+    arms = [arm_spec(dict(c, draft_delay_ms=(delays or {}).get(n, 0.0)), n) for n, c in configs.items()]
     return {k: [s.to_json() for s in v] for k, v in measure_arms(arms).items()}
 
 

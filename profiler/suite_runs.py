@@ -147,7 +147,7 @@ def model_source(name: str) -> str:
         return name
 
 
-class _Models:
+class ModelCache:
     """Loads each model once per measurement (cache keyed by name, device, dtype, forward)."""
 
     def __init__(self) -> None:
@@ -160,8 +160,8 @@ class _Models:
         return self.cache[key]
 
 
-def _timed(target: LoadedModel, arm: ArmSpec, draft_model: LoadedModel | None, ids: torch.Tensor,
-           cfg: DecodeConfig, seed: int, plain: bool = False):
+def timed_decode(target: LoadedModel, arm: ArmSpec, draft_model: LoadedModel | None, ids: torch.Tensor,
+                 cfg: DecodeConfig, seed: int, plain: bool = False):
     """One wall-clock timed decode (``plain``: without the draft, whatever the arm says); returns
     (result, seconds, seconds inside the drafter)."""
     generator = None
@@ -194,13 +194,13 @@ def measure_arms(arms: list[ArmSpec], *, seed: int = 0, progress=None) -> dict[s
     """
     if not arms:
         raise InputError("no benchmark to measure")
-    models = _Models()
+    models = ModelCache()
     probes: dict[str, MachineProbe] = {}
     plans: list[_Plan] = []
     for arm in arms:
         plan = _plan(arm, models)
         plans.append(plan)
-        _timed(plan.target, arm, plan.draft_model, plan.ids[0], plan.cfg, seed)  # warm-up, untimed for the samples
+        timed_decode(plan.target, arm, plan.draft_model, plan.ids[0], plan.cfg, seed)  # warm-up, not a sample
         if str(plan.target.device) not in probes:
             probes[str(plan.target.device)] = MachineProbe(plan.target.device)
             probes[str(plan.target.device)].run()  # warm-up
@@ -231,7 +231,7 @@ class _Plan:
     samples: list[PromptSample]  # [prompt]
 
 
-def _plan(arm: ArmSpec, models: _Models) -> _Plan:
+def _plan(arm: ArmSpec, models: ModelCache) -> _Plan:
     target = models.get(arm.target, arm.device, arm.dtype, arm.forward)
     draft_model = None
     if not arm.plain and arm.draft != NGRAM:
@@ -253,11 +253,11 @@ def _measure_prompt(plan: _Plan, x: torch.Tensor, s: PromptSample, repeat: int, 
     The first repeat also keeps the outputs, the cycles and the per-position counts.
     """
     arm = plan.arm
-    result, seconds, draft_s = _timed(plan.target, arm, plan.draft_model, x, plan.cfg, seed)
+    result, seconds, draft_s = timed_decode(plan.target, arm, plan.draft_model, x, plan.cfg, seed)
     s.seconds.append(seconds)
     s.draft_seconds.append(draft_s)
     if not arm.plain:  # the paired plain reference, right after (module docstring)
-        ref, ref_seconds, _ = _timed(plan.target, arm, None, x, plan.cfg, seed, plain=True)
+        ref, ref_seconds, _ = timed_decode(plan.target, arm, None, x, plan.cfg, seed, plain=True)
         s.plain_seconds.append(ref_seconds)
         if repeat == 0:
             s.plain_new_tokens = ref.new_tokens

@@ -25,7 +25,7 @@ from typing import Any
 from specdec_tune.engine.loading import resolve_device
 from specdec_tune.errors import InputError
 from specdec_tune.profiler.machine_probe import MachineProbe
-from specdec_tune.profiler.suite_runs import ArmSpec, PromptSample, _Models, arm_prompts, model_source
+from specdec_tune.profiler.suite_runs import ArmSpec, PromptSample, ModelCache, arm_prompts, model_source
 from specdec_tune.profiler.vllm_backend import VllmWorker, omp_bind_env, require_vllm_python
 
 __all__ = ["measure_arms_vllm", "step_counts"]
@@ -60,7 +60,7 @@ def measure_arms_vllm(arms: list[ArmSpec], *, vllm_python: str | None = None, th
     _check_arms(arms)
     python = require_vllm_python(vllm_python)
     env = omp_bind_env(threads)
-    models = _Models()
+    models = ModelCache()
     plans = []
     for arm in arms:
         target = models.get(arm.target, "cpu", "auto", "auto")  # the tokenizer: vLLM decodes our token ids

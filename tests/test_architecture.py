@@ -53,6 +53,7 @@ PLANTED = [
     ("db/planted.py", "def f():\n    from specdec_tune.engine import load_model\n", "rooms"),
     ("profiler/planted.py", "from specdec_tune.tuner.model import predict\n", "rooms"),
     ("tuner/model/planted.py", "from specdec_tune.tuner.search import run_tune\n", "tuner-rooms"),
+    ("tuner/search/planted.py", "from specdec_tune.training import card\n", "rooms"),  # tuner | training: apart
     ("stats.py", "from specdec_tune.engine import load_model\n", "shared"),
     ("dashboard/planted.py", "from specdec_tune.tuner.servers import SERVERS\n", "dashboard-reads"),
     ("dashboard/planted.py", "from specdec_tune.db.engine import sqlite_path\n", "dashboard-public"),

@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from specdec_tune.cli import main
 from specdec_tune.engine import zoo
 from specdec_tune.engine.workloads import load_workload
-from specdec_tune.engine.zoo import build_workloads, card, corpus, evaluate, train
-from specdec_tune.engine.zoo.corpus import SourceFile
+from specdec_tune.training import build_workloads, card, corpus, evaluate, train
+from specdec_tune.training.corpus import SourceFile
 
 REQUIRED = {"mini-target": "target", "mini-draft-1l": "draft", "mini-draft-2l": "draft"}
 MB = 1_000_000
@@ -321,7 +321,7 @@ def test_zoo_train_refuses_to_overwrite_a_zoo(tmp_path: Path, capsys) -> None:
 
 @pytest.mark.slow
 def test_quick_recipe_end_to_end(tmp_path: Path) -> None:
-    from specdec_tune.engine.zoo.recipe import run_recipe
+    from specdec_tune.training.recipe import run_recipe
 
     manifest = run_recipe(tmp_path / "z", quick=True, seed=random.Random(0).randint(0, 9))
     assert {m["name"] for m in manifest["models"]} >= set(REQUIRED)
@@ -341,7 +341,7 @@ def test_quick_recipe_end_to_end(tmp_path: Path) -> None:
 
 def test_on_policy_data_is_training_prompts_plus_the_targets_greedy_text() -> None:
     from specdec_tune.engine import DecodeConfig, autoregressive
-    from specdec_tune.engine.zoo.onpolicy import OnPolicyPlan, greedy_continuations
+    from specdec_tune.training.onpolicy import OnPolicyPlan, greedy_continuations
     from tests.tiny import tiny_llama
 
     target = tiny_llama(vocab=40, layers=2, seed=3, dtype=torch.float32, sharpness=3.0)

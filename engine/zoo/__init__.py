@@ -1,8 +1,9 @@
-"""The bundled mini model family ("zoo"): registry, workloads and training recipe.
+"""The bundled mini model family ("zoo"): the registry of the bundled models and workloads.
 
 The models live in ``models/<name>/`` next to this file (Hugging Face folders with config, float16
 safetensors weights and the shared tokenizer); ``zoo.json`` is their manifest, ``MODEL_CARD.md``
-describes them. Bundled names are accepted wherever a model path or hub id is.
+describes them, ``train_log.txt`` is the log of the run that made them (``specdec_tune.training``).
+Bundled names are accepted wherever a model path or hub id is.
 """
 from __future__ import annotations
 

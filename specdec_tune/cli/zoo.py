@@ -18,14 +18,14 @@ _CONTEXT_TOKENS = 128
 
 def _measure_ms(path: Path, new_tokens: tuple[int, ...], repeats: int, forward: str) -> dict[str, float]:
     """Median ms per forward of ``new_tokens`` tokens after a 128-token KV cache, measured live the
-    way the model card measures it (:func:`specdec_tune.engine.zoo.assess.forward_samples`)."""
+    way the model card measures it (:func:`specdec_tune.training.assess.forward_samples`)."""
     import statistics
 
     import torch
     import transformers
 
     from specdec_tune.engine import load_model
-    from specdec_tune.engine.zoo.assess import forward_samples
+    from specdec_tune.training.assess import forward_samples
 
     transformers.utils.logging.disable_progress_bar()  # keep stderr for real messages
     loaded = load_model(str(path), "cpu", "float32", forward)
@@ -92,7 +92,7 @@ def zoo_train(
     """Rerun the zoo recipe (about 70 minutes on 2 CPU cores; --quick for a smoke run)."""
     if (out / "zoo.json").exists() and not force:
         raise InputError(f"--out {str(out)!r} already holds a zoo (zoo.json); pass --force to overwrite it")
-    from specdec_tune.engine.zoo.recipe import run_recipe
+    from specdec_tune.training.recipe import run_recipe
 
     manifest = run_recipe(out, quick=quick, seed=seed)
     typer.echo(f"wrote {len(manifest['models'])} models and {len(manifest['workloads'])} workloads to {out}")
@@ -108,7 +108,7 @@ def zoo_refine(
     about 10 minutes), then re-measure the zoo and rewrite its card."""
     if not (out / "zoo.json").is_file():
         raise InputError(f"--out {str(out)!r} holds no zoo.json; build one with `specdec-tune zoo train`")
-    from specdec_tune.engine.zoo.recipe import refine
+    from specdec_tune.training.recipe import refine
 
     refine(out, quick=quick, seed=seed)
     typer.echo(f"refined the drafts in {out / 'models'}; rewrote {out / 'zoo.json'} and {out / 'MODEL_CARD.md'}")
@@ -122,7 +122,7 @@ def zoo_evaluate(
     """Rerun only the recipe's final step (held-out quality, latency, card) on a built zoo."""
     if not (out / "zoo.json").is_file():
         raise InputError(f"--out {str(out)!r} holds no zoo.json; build one with `specdec-tune zoo train`")
-    from specdec_tune.engine.zoo.recipe import reassess
+    from specdec_tune.training.recipe import reassess
 
     reassess(out, repeats=repeats)
     typer.echo(f"rewrote {out / 'zoo.json'} and {out / 'MODEL_CARD.md'}")

@@ -12,14 +12,14 @@ from specdec_tune.tuner.regress._drift import Drift, retune, run_drift, top_para
 from specdec_tune.tuner.regress._explain import SideTerms, explain
 from specdec_tune.tuner.regress._report import EXIT_MEANING, to_json, to_junit, to_markdown
 from specdec_tune.tuner.regress._run import EXIT_ERROR, EXIT_NO_VERDICT, EXIT_OK, EXIT_REGRESSION, RegressReport
-from specdec_tune.tuner.regress._run import resolve_config, run_regress
+from specdec_tune.tuner.regress._run import arm_spec, resolve_config, run_regress
 from specdec_tune.tuner.regress._stats import align, bh_adjust, median_ratio, minimum_detectable_change, proportion_mdc
 from specdec_tune.tuner.regress._stats import speed_test, two_proportion
 from specdec_tune.tuner.regress._suite import Benchmark, Rules, Suite, default_suite_path, load_suite
 
 __all__ = [
     "EXIT_ERROR", "EXIT_MEANING", "EXIT_NO_VERDICT", "EXIT_OK", "EXIT_REGRESSION", "FLAGGED", "SPEED_METRICS",
-    "Benchmark", "Cell", "Drift", "RegressReport", "Rules", "SideTerms", "Suite", "align", "bh_adjust",
+    "Benchmark", "Cell", "Drift", "RegressReport", "Rules", "SideTerms", "Suite", "align", "arm_spec", "bh_adjust",
     "compare_benchmark", "decide", "default_suite_path", "explain", "load_suite", "median_ratio",
     "minimum_detectable_change", "noise_floor", "noise_spread", "proportion_mdc", "resolve_config", "retune",
     "run_calibration", "run_drift", "run_regress", "speed_test", "to_json", "to_junit", "to_markdown", "top_params",

@@ -20,7 +20,7 @@ from specdec_tune.db import Database
 from specdec_tune.db import regress as q
 from specdec_tune.profiler import environment_fingerprint, measure_arms
 from specdec_tune.tuner.regress._compare import FLAGGED, compare_benchmark, decide
-from specdec_tune.tuner.regress._run import EXIT_OK, RegressReport, _arm, resolve_config, stored_cell, suite_backend
+from specdec_tune.tuner.regress._run import EXIT_OK, RegressReport, arm_spec, resolve_config, stored_cell, suite_backend
 from specdec_tune.tuner.regress._stats import minimum_detectable_change, proportion_mdc
 from specdec_tune.tuner.regress._suite import Suite
 
@@ -42,7 +42,7 @@ def noise_floor(within_logs: list[float], between_logs: list[float], se_logs: li
 
 def aa_round(suite: Suite, configs: dict[str, dict], measure: Callable[..., dict] = measure_arms, progress=None):
     """One A/A round: both arms of every benchmark measured interleaved; returns (cells, samples A)."""
-    arms = [_arm(c, f"{name}#{side}") for name, c in configs.items() for side in "AB"]
+    arms = [arm_spec(c, f"{name}#{side}") for name, c in configs.items() for side in "AB"]
     samples = measure(arms, progress=progress)
     cells = []
     for name, cfg in configs.items():

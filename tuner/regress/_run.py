@@ -74,7 +74,8 @@ def resolve_config(b: Benchmark) -> dict[str, Any]:
     return out
 
 
-def _arm(cfg: Mapping[str, Any], key: str) -> ArmSpec:
+def arm_spec(cfg: Mapping[str, Any], key: str) -> ArmSpec:
+    """What the profiler measures for one benchmark configuration (``key`` names it in the samples)."""
     backend = cfg.get("backend", "engine")
     server_config = None
     if backend == "vllm" and cfg["draft"] != "none" and int(cfg["num_speculative_tokens"]) > 0:
@@ -194,7 +195,7 @@ def run_regress(suite: Suite, db: Database, *, baseline: str = "auto", progress=
     default_measure, server = suite_backend(suite, vllm_python)
     measure = measure or default_measure
     fp = environment_fingerprint(suite.benchmark[0].device, suite.benchmark[0].backend, server)
-    samples = measure([_arm(c, name) for name, c in configs.items()], progress=progress)
+    samples = measure([arm_spec(c, name) for name, c in configs.items()], progress=progress)
     run_id = q.create_regress_run(db, suite.name, fingerprint=fp)
     try:
         for name, cfg in configs.items():

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .corpus import SourceFile
+from specdec_tune.training.corpus import SourceFile
 
 WORKLOAD_KINDS = ("functions", "docstrings", "tables")
 

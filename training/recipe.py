@@ -24,11 +24,12 @@ import torch
 import transformers
 from transformers import GenerationConfig, LlamaForCausalLM
 
-from .assess import MANIFEST_NAME, assess_zoo
-from .build_workloads import WORKLOAD_KINDS, build_workload, write_jsonl
-from .corpus import Corpus, load_corpus
-from .onpolicy import QUICK_PLAN, OnPolicyPlan, refine_drafts
-from .train import Shape, batches, build_model, encode_stream, init_draft_from_target, train_loop, train_tokenizer
+from specdec_tune.training.assess import MANIFEST_NAME, assess_zoo
+from specdec_tune.training.build_workloads import WORKLOAD_KINDS, build_workload, write_jsonl
+from specdec_tune.training.corpus import Corpus, load_corpus
+from specdec_tune.training.onpolicy import QUICK_PLAN, OnPolicyPlan, refine_drafts
+from specdec_tune.training.train import Shape, batches, build_model, encode_stream, init_draft_from_target, train_loop
+from specdec_tune.training.train import train_tokenizer
 
 SAVE_DTYPE = torch.float16  # more mantissa than bf16; the weights' range fits easily
 

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaForCausalLM
 
-from ..kvcache import forward_with_cache, make_cache
-from ..lean import wrap_forward
-from .train import TrainReport, batches, train_loop
+from specdec_tune.engine import forward_with_cache, make_cache, wrap_forward
+from specdec_tune.training.train import TrainReport, batches, train_loop
 
 
 @dataclass(frozen=True)

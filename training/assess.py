@@ -13,19 +13,18 @@ import json
 import os
 import platform
 import statistics
-import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
-from ..kvcache import forward_with_cache, make_cache
-from ..lean import wrap_forward
-from . import card
-from .corpus import stdlib_root
-from .evaluate import agreement, eval_windows, held_out_loss, token_byte_lengths
-from .train import encode_stream
+from specdec_tune.engine import forward_with_cache, make_cache, wrap_forward
+from specdec_tune.profiler.timers import Stopwatch
+from specdec_tune.training import card
+from specdec_tune.training.corpus import stdlib_root
+from specdec_tune.training.evaluate import agreement, eval_windows, held_out_loss, token_byte_lengths
+from specdec_tune.training.train import encode_stream
 
 MANIFEST_NAME = "zoo.json"
 CONTEXT_TOKENS = 128
@@ -52,10 +51,11 @@ def forward_samples(model: PreTrainedModel, new_tokens: int, *, repeats: int, wa
     forward_with_cache(model, torch.randint(0, vocab, (1, context), generator=gen), cache)
     new = torch.randint(0, vocab, (1, new_tokens), generator=gen)
     out: list[float] = []
+    watch = Stopwatch()
     for i in range(warmup + repeats):
-        t0 = time.perf_counter()
+        watch.start()
         forward_with_cache(model, new, cache, **kwargs)
-        elapsed = time.perf_counter() - t0
+        elapsed = watch.stop()
         cache.crop(-new_tokens)
         if i >= warmup:
             out.append(elapsed * 1e3)
