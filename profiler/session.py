@@ -16,21 +16,9 @@ from dataclasses import asdict
 
 import torch
 
-from specdec_tune.db import (
-    Database,
-    DraftRecord,
-    TimingRow,
-    add_acceptance,
-    add_measured_run,
-    add_telemetry,
-    add_timing_samples,
-    add_traces,
-    create_run,
-    finish_run,
-    get_or_create_hardware,
-    get_or_create_model,
-    get_or_create_workload,
-)
+from specdec_tune.db import Database, DraftRecord, TimingRow, add_acceptance, add_measured_run, add_telemetry
+from specdec_tune.db import add_timing_samples, add_traces, create_run, finish_run, get_or_create_hardware
+from specdec_tune.db import get_or_create_model, get_or_create_workload
 from specdec_tune.engine import DecodeConfig, check_compatible, load_model
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.errors import InputError
