@@ -1,4 +1,4 @@
-"""Server calibration math (issue 11 §2) on synthetic groups whose true time terms are known, and
+"""Server calibration math on synthetic groups whose true time terms are known, and
 on a recorded real vLLM run (tests/data/vllm_recorded_measure.json, committed): calibrate on some
 configurations, predict the others."""
 from __future__ import annotations
@@ -192,7 +192,7 @@ def test_context_slope_needs_spread_and_never_goes_negative():
 
 
 def test_schedule_takes_the_best_measured_n_at_each_batch_size():
-    """§3: the model proposes, the server's measurements decide; the smallest batch size keeps the
+    """The model proposes, the server's measurements decide; the smallest batch size keeps the
     measured winner, and a batch size without measurements keeps the proposal."""
     from specdec_tune.tuner.search import schedule_from_measured
 

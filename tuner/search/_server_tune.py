@@ -114,7 +114,7 @@ def pick_among_tied(tied: Sequence[Candidate], predicted: dict[Candidate, float]
     where the model interpolates: plain decoding, a draft model at N within the calibration's N
     (``calibration_ns``), n-gram at its calibration N. The model's acceptance comes from every
     profiled prompt, more than the few each confirmation measures; beyond the calibrated N it
-    extrapolates and was seen to over-predict (README), so it decides nothing there."""
+    extrapolates and was seen to over-predict (docs/results.md), so it decides nothing there."""
     def interpolated(c: Candidate) -> bool:
         if c.is_plain:
             return True
