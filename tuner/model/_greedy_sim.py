@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from specdec_tune.db.records import TraceRow
 from specdec_tune.schedules import heuristic_grows, next_num_speculative, threshold_cut
@@ -71,6 +72,15 @@ def position_traces(
     return tuple(out)
 
 
+class SimulatedCycle(NamedTuple):
+    """One cycle of the replayed loop: the draft length proposed (L), the tokens accepted (A) and the
+    draft forwards run (F: L, or L + 1 when the θ rule 'before' computed one more position to stop)."""
+
+    proposed: int
+    accepted: int
+    forwards: int
+
+
 def simulate_prompt(
     positions: Sequence[PositionTrace],
     new_tokens: int,
@@ -80,13 +90,13 @@ def simulate_prompt(
     schedule: str = "constant",
     tail_rate: float = 1.0,
     threshold_rule: str = "before",
-) -> list[tuple[int, int, int]]:
+) -> list[SimulatedCycle]:
     """Replay the engine's loop over one prompt's greedy position traces.
 
     Returns:
         (L, A, F) per cycle: proposed length, accepted, draft forwards, in decode order.
     """
-    out: list[tuple[int, int, int]] = []
+    out: list[SimulatedCycle] = []
     j, n_cur = 0, n
     while j < new_tokens and j < len(positions):
         pt = positions[j]
@@ -99,13 +109,13 @@ def simulate_prompt(
             length = len(confs) + int(round(expected))
             cut = length < budget
         accepted = min(length, pt.accepted)
-        out.append((length, accepted, length + 1 if cut and threshold_rule == "before" else length))
+        out.append(SimulatedCycle(length, accepted, length + 1 if cut and threshold_rule == "before" else length))
         j += accepted + 1
         n_cur = next_num_speculative(schedule, n_cur, n, length, accepted)  # the engine's rule
     return out
 
 
-def stats_from_cycles(cycles: Sequence[tuple[int, int, int]], n: int) -> ReplayStats:
+def stats_from_cycles(cycles: Sequence[SimulatedCycle], n: int) -> ReplayStats:
     count = len(cycles)
     lengths: dict[int, int] = defaultdict(int)
     reached, accepted = [0] * n, [0] * n

@@ -29,15 +29,12 @@ from dataclasses import dataclass
 
 from specdec_tune.errors import InputError
 from specdec_tune.splits import split_prompts
-from specdec_tune.tuner.model._greedy_sim import simulate_prompt, stats_from_cycles
+from specdec_tune.tuner.model._greedy_sim import SimulatedCycle, simulate_prompt, stats_from_cycles
 from specdec_tune.tuner.model._prefill import prefill_fits, prompt_prefill
 from specdec_tune.tuner.model._profile import RunProfile
 from specdec_tune.tuner.model._replay import ReplayStats
 from specdec_tune.tuner.model._throughput import Prediction, SpecConfig, draft_step_time, verify_time
 from specdec_tune.tuner.model._throughput import predict as model_predict
-
-Cycle = tuple[int, int, int]  # one simulated cycle: (proposed length L, accepted A, draft forwards F)
-
 
 @dataclass(frozen=True, kw_only=True)
 class RunPrediction(Prediction):
@@ -158,11 +155,11 @@ def _simulated(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) 
     """Greedy with a model draft: every profiled prompt's cycles simulated exactly; the others pooled."""
     n, b = config.num_speculative_tokens, config.batch_size
 
-    def simulate(i: int) -> list[Cycle]:
+    def simulate(i: int) -> list[SimulatedCycle]:
         return simulate_prompt(rp.positions[i], rp.prompts[i].new_tokens, rp.max_new_tokens, n, config.threshold,
                                config.schedule, rp.tail_rate(config.threshold), config.threshold_rule)
 
-    def cycle_s(cycles: Sequence[Cycle]) -> float:
+    def cycle_s(cycles: Sequence[SimulatedCycle]) -> float:
         return sum(f * draft_step_time(rp.model, b) + verify_time(rp.model, b, length + 1) + rp.cycle_overhead_s
                    for length, _, f in cycles)
 
