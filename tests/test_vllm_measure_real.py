@@ -138,8 +138,7 @@ def test_regress_vllm_arm_on_real_vllm(vllm_python):
     from specdec_tune.engine.workloads import load_workload
     from specdec_tune.profiler.runs import encode_prompt
     from specdec_tune.profiler.suite_runs_vllm import measure_arms_vllm
-    from specdec_tune.tuner.regress import Benchmark, resolve_config
-    from specdec_tune.tuner.regress._run import _arm
+    from specdec_tune.tuner.regress import Benchmark, arm_spec, resolve_config
 
     class Eager(VllmWorker):
         def start(self, model, speculative_config=None, **kw):
@@ -147,7 +146,7 @@ def test_regress_vllm_arm_on_real_vllm(vllm_python):
 
     bench = Benchmark(name="v", target="mini-target", draft="mini-draft-1l", workload="functions", prompts=3,
                       max_new_tokens=MAX_NEW, num_speculative_tokens=N, repeats=2, backend="vllm")
-    arm = _arm(resolve_config(bench), "v")
+    arm = arm_spec(resolve_config(bench), "v")
     assert arm.server_config["num_speculative_tokens"] == N
     samples = measure_arms_vllm([arm], vllm_python=str(vllm_python), worker=Eager)["v"]
     target, draft = load_model("mini-target", "cpu"), load_model("mini-draft-1l", "cpu")
