@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 # target forward over k new tokens with a KV cache (T_v(k)); autoregressive: a plain decode step
 # (T_ar = T_v(1) measured inside the baseline loop); prefill: a prompt forward; overhead: per-cycle
 # bookkeeping outside the forwards.
-TIMING_KINDS = ("draft_step", "verify", "autoregressive", "prefill", "overhead")
+TIMING_KINDS = ("draft_step", "verify", "autoregressive", "prefill", "overhead", "machine_probe")
 RUN_STATUSES = ("running", "completed", "interrupted", "failed")
 FINISHED_STATUSES = RUN_STATUSES[1:]
 MODES = ("greedy", "sampling")

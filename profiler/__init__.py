@@ -11,15 +11,17 @@ from specdec_tune.engine import resolve_source
 from specdec_tune.engine.workloads import resolve_workload
 from specdec_tune.profiler.measure import PLAIN, Measurement, MeasureSpec, chosen_prompts, default_split
 from specdec_tune.profiler.measure import measure_configs
-from specdec_tune.profiler.session import run_profile
+from specdec_tune.profiler.session import check_inputs, run_profile
 from specdec_tune.profiler.settings import ProfileResult, ProfileSettings, Progress, StageLog
 from specdec_tune.profiler.suite_runs import ArmSpec, PromptSample, environment_fingerprint, measure_arms
 from specdec_tune.profiler.suite_runs import model_identity, model_source
 from specdec_tune.profiler.suite_runs_vllm import measure_arms_vllm
+from specdec_tune.profiler.threads import AUTO, ThreadChoice, apply_threads, choose_threads, idle_cpus, parse_threads
 from specdec_tune.profiler.vllm_backend import VllmError, require_vllm_python, server_version
 from specdec_tune.profiler.vllm_measure import ServerConfig, ServerGroup, ServerMeasurement, measure_on_server
 
 __all__ = [
+    "AUTO", "ThreadChoice", "check_inputs", "apply_threads", "choose_threads", "idle_cpus", "parse_threads",
     "PLAIN", "ArmSpec", "MeasureSpec", "Measurement", "ProfileResult", "ProfileSettings", "Progress", "PromptSample",
     "ServerConfig", "ServerGroup", "ServerMeasurement", "StageLog", "VllmError", "chosen_prompts", "default_split",
     "environment_fingerprint", "measure_arms", "measure_arms_vllm", "measure_configs", "measure_on_server",

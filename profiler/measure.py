@@ -20,8 +20,10 @@ from specdec_tune.engine import DecodeConfig, LoadedModel, acceptance_per_positi
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.errors import InputError
 from specdec_tune.profiler.describe import tokenizer_hash
+from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
 from specdec_tune.profiler.settings import Progress
+from specdec_tune.profiler.threads import ThreadChoice, apply_threads, choose_threads
 from specdec_tune.splits import check_split, split_prompts
 from specdec_tune.stats import RateSamples, tokens_per_s_ci
 
@@ -75,6 +77,13 @@ class Measurement:
     prompt_ids: list[str] = field(default_factory=list)
     prompt_tokens: list[int] = field(default_factory=list)  # per prompt, its length in tokens
     profiled: list[bool] = field(default_factory=list)  # per prompt: did the profile run it?
+    threads: dict = field(default_factory=dict)  # the thread choice (profiler.threads.ThreadChoice.to_dict())
+    probe_seconds: list[float] = field(default_factory=list)  # the machine probe after each pass of this config
+
+    @property
+    def machine_probe_s(self) -> float | None:
+        """The machine probe's median seconds while this configuration was measured (None: not probed)."""
+        return statistics.median(self.probe_seconds) if self.probe_seconds else None
 
     @property
     def in_sample(self) -> bool:
@@ -111,6 +120,7 @@ class _Case:
     times: list[list[float]]  # [prompt][repeat] seconds
     tokens: list[list[int]]  # [prompt][repeat] new tokens
     cycles: list = field(default_factory=list)
+    probes: list[float] = field(default_factory=list)  # [repeat] the machine probe's seconds after this pass
 
 
 def default_split(settings: dict) -> str | None:
@@ -153,6 +163,7 @@ def measure_configs(
     repeats: int = 3,
     seed: int = 0,
     progress: Progress | None = None,
+    threads: int | None = None,
 ) -> list[Measurement]:
     """Measure several configurations of one run, interleaved, and store each measurement.
 
@@ -173,23 +184,19 @@ def measure_configs(
         repeats: decode the prompt set this many times; each prompt counts with its median time.
         seed: sampling seed.
         progress: progress sink.
+        threads: intra-op threads (None: the profile's count, lowered to the CPUs idle now;
+            :mod:`profiler.threads`).
 
     Raises:
         NotFoundError: unknown run or draft.
         InputError: a configuration the engine cannot run, or a bad split.
     """
-    if not items:
-        raise InputError("no configuration to measure")
-    if repeats < 1:
-        raise InputError(f"--repeats must be >= 1, got {repeats}")
     run = get_run(db, run_id)
+    _check(run, items, repeats, temperature)
     settings = run.settings
-    if temperature > 0 and abs(float(settings.get("temperature", 0.0)) - temperature) > 1e-9:
-        raise InputError(f"run {run_id} was profiled at --temperature {settings.get('temperature', 0.0)}; "
-                         f"measure at that temperature or 0 (greedy), not {temperature}")
     planned = [(None if item.is_plain else run.resolve_draft(item.draft), item) for item in items]
     split, prompts = chosen_prompts(run, split, max_prompts)
-    target, specs = _load_models(run, [name for name, _ in planned])
+    target, specs, choice = _load_models(run, [name for name, _ in planned], threads)
     wanted = [p.id for p in prompts]
     ids = [encode_prompt(target, p.prompt, p.id) for p in prompts]
     max_new = int(settings.get("max_new_tokens", 64))
@@ -201,7 +208,18 @@ def measure_configs(
     profiled = set(settings.get("prompt_ids", []))
     flags = [pid in profiled for pid in wanted]
     lengths = [int(x.shape[0]) for x in ids]
-    return [_store(db, run_id, case, temperature, repeats, split, wanted, flags, lengths) for case in cases]
+    return [_store(db, run_id, case, temperature, repeats, split, wanted, flags, lengths, choice) for case in cases]
+
+
+def _check(run, items: list[MeasureSpec], repeats: int, temperature: float) -> None:
+    if not items:
+        raise InputError("no configuration to measure")
+    if repeats < 1:
+        raise InputError(f"--repeats must be >= 1, got {repeats}")
+    profiled = float(run.settings.get("temperature", 0.0))
+    if temperature > 0 and abs(profiled - temperature) > 1e-9:
+        raise InputError(f"run {run.id} was profiled at --temperature {profiled}; "
+                         f"measure at that temperature or 0 (greedy), not {temperature}")
 
 
 def measure_config(db: Database, run_id: int, config: MeasureSpec, **options: Any) -> Measurement:
@@ -209,14 +227,13 @@ def measure_config(db: Database, run_id: int, config: MeasureSpec, **options: An
     return measure_configs(db, run_id, [config], **options)[0]
 
 
-def _load_models(run, drafts: list[str | None]) -> tuple[LoadedModel, dict[str | None, DraftSpec]]:
-    """The run's target, loaded as profiled, and a drafter spec per draft (``None``: plain decoding)."""
+def _load_models(run, drafts: list[str | None],
+                 threads: int | None) -> tuple[LoadedModel, dict[str | None, DraftSpec], ThreadChoice]:
+    """The run's target, loaded as profiled, a drafter spec per draft (``None``: plain decoding), and the
+    thread count set (the profile's timings hold for its count: ``auto`` keeps it unless CPUs are busy)."""
     settings = run.settings
     device, dtype = settings.get("device", "auto"), settings.get("dtype", "auto")
     forward = settings.get("forward", "hf")  # runs profiled before the lean forward existed used HF's
-    if settings.get("threads"):
-        # The profile's timings hold for its thread count; measure with the same one.
-        torch.set_num_threads(int(settings["threads"]))
     target = _load(run.target.name, run.target.extra.get("source"), device, dtype, forward)
     _warn_if_changed(target, run.target.tokenizer_hash, run.target.num_parameters)
     specs: dict[str | None, DraftSpec] = {None: DraftSpec("none")}
@@ -227,7 +244,9 @@ def _load_models(run, drafts: list[str | None]) -> tuple[LoadedModel, dict[str |
         loaded = load_model(name, target.device, target.dtype, settings.get("draft_forwards", {}).get(name, forward))
         check_compatible(target, loaded)
         specs[name] = DraftSpec("model", loaded)
-    return target, specs
+    first = next((d.model for d in specs.values() if d.model is not None), None)
+    choice = choose_threads(threads, target, first, profiled=int(settings.get("threads") or 0) or None)
+    return target, specs, apply_threads(choice)
 
 
 def _decode_config(config: MeasureSpec, max_new: int, temperature: float, target: LoadedModel) -> DecodeConfig:
@@ -242,6 +261,8 @@ def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: 
     label = (f"measure {cases[0].draft or 'plain'} N={cases[0].config.num_speculative_tokens} θ={cases[0].config.threshold}"
              if len(cases) == 1 else f"measure {len(cases)} configurations")
     progress.stage(label, len(cases) * (len(ids) * repeats + 1))
+    probe = MachineProbe(target.device)
+    probe.run()  # warm-up
     for case in cases:
         warm_up(target, case.spec, ids[0], case.decode)
         progress.advance()
@@ -258,10 +279,11 @@ def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: 
                 if r == 0 and m.result is not None:
                     case.cycles += m.result.cycles
                 progress.advance()
+            case.probes.append(probe.run())  # how fast the machine was during this pass
 
 
 def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: int, split: str | None,
-           prompt_ids: list[str], profiled: list[bool], lengths: list[int]) -> Measurement:
+           prompt_ids: list[str], profiled: list[bool], lengths: list[int], choice: ThreadChoice) -> Measurement:
     samples = RateSamples(tuple(prompt_ids), tuple(tuple(float(t) for t in row) for row in case.tokens),
                           tuple(tuple(row) for row in case.times))
     seconds = sum(statistics.median(t) for t in case.times)
@@ -279,6 +301,7 @@ def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: 
         seconds=seconds, new_tokens=new_tokens, mean_tokens_per_cycle=tau, acceptance_per_position=alpha,
         prompts=len(case.times), repeats=repeats, per_repeat_tokens_per_s=per_repeat, samples=samples, ci95=ci,
         split=split, prompt_ids=list(prompt_ids), prompt_tokens=list(lengths), profiled=list(profiled),
+        threads=choice.to_dict(), probe_seconds=list(case.probes),
     )
     result.measured_id = add_measured_run(
         db, run_id, draft=case.draft,
@@ -289,7 +312,9 @@ def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: 
                 "split": split or "profiled prompts", "prompt_ids": list(prompt_ids),
                 "prompt_tokens": list(lengths),
                 "in_sample": result.in_sample, "profiled_prompts": sum(profiled),
-                "measured_acceptance_per_position": alpha, "throughput": "end to end, prefill included"},
+                "measured_acceptance_per_position": alpha, "throughput": "end to end, prefill included",
+                "threads": choice.threads, "thread_choice": choice.to_dict(), "machine_probe_s": result.machine_probe_s,
+                "probe_seconds": list(case.probes)},
         measured_tokens_per_s=tps, seconds=seconds, new_tokens=new_tokens, measured_tau=tau,
         ci=ci, samples=samples.to_json(),
     )

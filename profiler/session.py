@@ -19,7 +19,7 @@ import torch
 from specdec_tune.db import Database, DraftRecord, TimingRow, add_acceptance, add_measured_run, add_telemetry
 from specdec_tune.db import add_timing_samples, add_traces, create_run, finish_run, get_or_create_hardware
 from specdec_tune.db import get_or_create_model, get_or_create_workload
-from specdec_tune.engine import DecodeConfig, check_compatible, load_model
+from specdec_tune.engine import DecodeConfig, check_compatible, load_model, resolve_source
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.errors import InputError
 from specdec_tune.profiler import acceptance as acc
@@ -27,7 +27,9 @@ from specdec_tune.profiler import microbench as mb
 from specdec_tune.profiler.describe import hardware_info, model_info, workload_info
 from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline, in_loop_medians
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
+from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.settings import ProfileResult, ProfileSettings, Progress, StageLog
+from specdec_tune.profiler.threads import apply_threads, choose_threads
 from specdec_tune.profiler.telemetry import NullMonitor, open_monitor
 from specdec_tune.splits import split_prompts
 
@@ -144,6 +146,7 @@ class ProfileSession:
             "workload_prompt_tokens": self.workload_lengths,
             "typical_context": self.typical_context, "context_lens": self.context_lens,
             "ks": list(range(1, s.k_max + 1)), "threads": torch.get_num_threads(),
+            "thread_choice": self.thread_choice.to_dict(),
             "throughput": "end to end: new tokens / wall seconds of whole decode calls, prefill included",
         }
         return create_run(db, target_model_id=target_id, hardware_id=hw, workload_id=wl, drafts=drafts,
@@ -152,6 +155,10 @@ class ProfileSession:
     def run(self) -> ProfileResult:
         """Measure everything and store it; return the run id and a summary."""
         self._load()
+        first_draft = next((d.model for d in self.drafts if d.model is not None), None)
+        self.thread_choice = apply_threads(choose_threads(self.settings.threads, self.target, first_draft))
+        self.probe = MachineProbe(self.device)
+        self.probe.run()  # warm-up
         monitor = open_monitor(self.device)
         self.run_id = self._create(monitor)
         summary: dict = {}
@@ -168,7 +175,8 @@ class ProfileSession:
             self._store_telemetry(monitor, quiet=True)
             _finish(self.db, self.run_id, "failed")
             raise
-        return ProfileResult(self.run_id, self.target_name, self.draft_names, asdict(self.settings), summary)
+        return ProfileResult(self.run_id, self.target_name, self.draft_names, asdict(self.settings), summary,
+                             self.thread_choice.to_dict())
 
     def _store_telemetry(self, monitor, quiet: bool = False) -> dict:
         try:
@@ -185,10 +193,14 @@ class ProfileSession:
 
     # -- stages
     def _stages(self) -> None:
-        self.warm_up()
-        self.bench_forwards()
-        self.bench_prefill()
-        self.decode_passes()
+        for stage in (self.warm_up, self.bench_forwards, self.bench_prefill, self.decode_passes):
+            stage()
+            add_timing_samples(self.db, self.run_id, self._probe_rows(3))
+
+    def _probe_rows(self, runs: int = 1) -> list[TimingRow]:
+        """The machine probe's seconds now (``profiler.machine_probe``): how fast this machine was while
+        the profile measured, so predictions can be rescaled to a machine that runs faster or slower."""
+        return [TimingRow("machine_probe", self.probe.steps, 1, 0, self.probe.run()) for _ in range(runs)]
 
     def _store(self, timings: Sequence[mb.ForwardTiming]) -> None:
         add_timing_samples(self.db, self.run_id, [r for t in timings for r in t.rows()])
@@ -277,7 +289,7 @@ class ProfileSession:
                         self._sampled[name].append(st)
                         add_traces(self.db, self.run_id, name, "sampling", s.temperature, acc.trace_rows([st]))
                         self.progress.advance()
-                add_timing_samples(self.db, self.run_id, rows)
+                add_timing_samples(self.db, self.run_id, rows + self._probe_rows())
         self._store_baseline()
         for spec in self.drafts:
             self._store_acceptance(spec)
@@ -340,8 +352,22 @@ class ProfileSession:
                            confidence_bins={**ssum.confidence_bins, "tv_temperature": s.temperature}, **teacher)
 
 
+def check_inputs(target: str, drafts: Sequence[str], workload: str) -> None:
+    """Fail fast, before any model loads: the workload parses and every model name resolves.
+
+    Raises:
+        InputError: a malformed or missing workload (file and line named).
+        ModelLoadError: a model name that is neither bundled, a local folder nor a reachable hub id.
+    """
+    load_workload(workload)
+    for name in (target, *drafts):
+        if name not in (NGRAM, "none"):
+            resolve_source(name)
+
+
 def run_profile(db: Database, target: str, drafts: Sequence[str], workload: str,
                 settings: ProfileSettings = ProfileSettings(), progress: Progress | None = None) -> ProfileResult:
     """Profile ``target`` against ``drafts`` on ``workload`` into ``db`` (see :class:`ProfileSession`)."""
+    check_inputs(target, drafts, workload)
     return ProfileSession(db, target, drafts, workload, settings, progress).run()
 

@@ -32,6 +32,7 @@ class ProfileSettings:
     seed: int = 0
     label: str | None = None
     split: str = "tune"  # which prompts of the workload (specdec_tune.splits.split_prompts); then max_prompts
+    threads: int | None = None  # intra-op threads (None: chosen by profiler.threads, "auto")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split", check_split(self.split))
@@ -47,6 +48,7 @@ class ProfileSettings:
              f"--batch-sizes must be integers >= 1, got {list(self.batch_sizes)}"),
             (all(c >= 1 for c in self.context_lens), f"context lengths must be >= 1, got {list(self.context_lens)}"),
             (all(n >= 1 for n in self.overhead_ns), f"overhead N values must be >= 1, got {list(self.overhead_ns)}"),
+            (self.threads is None or self.threads >= 1, f"--threads must be 'auto' or >= 1, got {self.threads}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -79,3 +81,4 @@ class ProfileResult:
     drafts: list[str]
     settings: dict
     telemetry: dict = field(default_factory=dict)
+    threads: dict = field(default_factory=dict)  # the thread choice (profiler.threads.ThreadChoice.to_dict())

@@ -159,3 +159,24 @@ def speedup_ci(a: Any, b: Any, *, confidence: float = CONFIDENCE, resamples: int
     rate_a = _resampled_medians(ta, prompts, repeats).sum(1) / _resampled_medians(xa, prompts, repeats).sum(1)
     rate_b = _resampled_medians(tb, prompts, repeats).sum(1) / _resampled_medians(xb, prompts, repeats).sum(1)
     return _interval(rate_a / rate_b, confidence)
+
+
+def paired_speedup(a: Any, b: Any) -> float:
+    """Speedup of ``a`` over ``b`` pass by pass: the median over repeats r of (tokens/s of ``a`` in pass r)
+    ÷ (tokens/s of ``b`` in pass r), both over all prompts.
+
+    Two configurations measured interleaved share each pass's minutes, so a machine that slows down
+    for one pass (another process, a frequency drop) slows both: the pass's ratio keeps the speedup
+    and the median over passes drops a pass that was disturbed unevenly. What decisions rank on.
+
+    Raises:
+        ValueError: the two were not measured on the same prompts.
+    """
+    sa, sb = _as_samples(a), _as_samples(b)
+    if sa.prompt_ids != sb.prompt_ids:
+        raise ValueError("a paired speedup needs two measurements of the same prompts in the same order")
+    ta, xa = _arrays(sa)
+    tb, xb = _arrays(sb)
+    r = min(xa.shape[1], xb.shape[1])
+    ratios = (ta[:, :r].sum(0) / xa[:, :r].sum(0)) / (tb[:, :r].sum(0) / xb[:, :r].sum(0))
+    return float(np.median(ratios))

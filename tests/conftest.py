@@ -58,6 +58,9 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(1)
+    # What the tool caches per machine (thread calibrations) goes to a folder of this test session, never
+    # the user's (specdec_tune.cache).
+    os.environ["SPECDEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="specdec-test-cache-")
 
 
 # ----------------------------------------------------------------------------------------- vLLM

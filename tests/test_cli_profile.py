@@ -148,6 +148,7 @@ def test_bad_split_is_one_line_exit_2(profiled, tiny_model_dirs, command, split,
 
 def test_measure_configs_interleaved_store_each_with_its_prediction(profiled):
     from specdec_tune.tuner.model import SpecConfig
+    from specdec_tune.tuner.model import load_run_profile
     from specdec_tune.tuner.search import measure_predicted
 
     url, _ = profiled
@@ -171,6 +172,12 @@ def test_measure_configs_interleaved_store_each_with_its_prediction(profiled):
         assert row.config["num_speculative_tokens"] == v.config.num_speculative_tokens
         assert row.predicted_tokens_per_s == pytest.approx(v.prediction.tokens_per_s)
         assert row.config["prediction_source"] == v.prediction.source
+        # the machine probe ran after each pass, and the prediction was rescaled to the speed it saw
+        assert len(row.config["probe_seconds"]) == 2 and row.config["machine_probe_s"] > 0
+        profile_probe = load_run_profile(db, 1).machine_probe_s
+        assert v.prediction.machine_speed == pytest.approx(profile_probe / row.config["machine_probe_s"])
+        assert row.config["prediction_machine_speed"] == pytest.approx(v.prediction.machine_speed)
+        assert row.config["threads"] == row.config["thread_choice"]["threads"] >= 1
 
 
 def _one_line_error(code, err, needle):

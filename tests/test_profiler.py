@@ -238,7 +238,12 @@ def test_profile_session_stores_everything_and_predicts(tiny_model_dirs, workloa
     assert run.status == "completed" and [d.name for d in run.drafts] == [tiny_model_dirs["draft"], "ngram"]
     assert run.target.tokenizer_hash and run.hardware.device == "cpu" and run.workload.prompt_count == 3
     kinds = {r.kind for r in load_timings(db, result.run_id)}
-    assert kinds == {"verify", "draft_step", "prefill", "autoregressive", "overhead"}
+    assert kinds == {"verify", "draft_step", "prefill", "autoregressive", "overhead", "machine_probe"}
+    # the thread count chosen (stored and returned) and the machine's speed while profiling
+    assert run.settings["thread_choice"]["threads"] == run.settings["threads"] == result.threads["threads"] >= 1
+    assert result.threads["source"] in ("calibrated", "calibrated, lowered to the idle CPUs")
+    probes = [r.seconds for r in load_timings(db, result.run_id, kind="machine_probe")]
+    assert len(probes) >= 4 * 3 and load_run_profile(db, result.run_id).machine_probe_s > 0
     verify = {r.k for r in load_timings(db, result.run_id, kind="verify")}
     assert verify == {1, 2, 3}
     traces = load_traces(db, result.run_id, tiny_model_dirs["draft"], "greedy")

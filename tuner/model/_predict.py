@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specdec_tune.errors import InputError
 from specdec_tune.splits import split_prompts
@@ -56,6 +56,8 @@ class RunPrediction(Prediction):
             per token after the prefill's). At batch size 1, ``(new_tokens - prompts) / cycles`` is
             the tokens per decode step after the first token, as a server counts its steps
             (``tuner.servers.acceptance_terms``).
+        machine_speed: the factor the rates were rescaled by for a machine running at another speed
+            than during the profile (:func:`at_machine_speed`; 1.0: as profiled).
     """
 
     decode_tokens_per_s: float
@@ -65,6 +67,7 @@ class RunPrediction(Prediction):
     in_sample: bool = True
     prompts: int = 0
     cycles: float = 0.0
+    machine_speed: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -298,3 +301,22 @@ def predict_prompts(
     if config.num_speculative_tokens == 0:
         return _baseline(rp, _check_specs(rp, specs), config.batch_size)
     return _predict(rp, config, specs)
+
+
+def machine_speed(rp: RunProfile, probe_now_s: float | None) -> float:
+    """How fast the machine runs now relative to the profile: the profile's machine-probe seconds over
+    the probe's seconds now (``profiler.machine_probe``: a fixed decoder-shaped workload no model or
+    code of ours can move). 1.0 when either was not measured."""
+    if not rp.machine_probe_s or not probe_now_s or probe_now_s <= 0:
+        return 1.0
+    return rp.machine_probe_s / probe_now_s
+
+
+def at_machine_speed(p: RunPrediction, factor: float) -> RunPrediction:
+    """``p`` on a machine ``factor`` times as fast as the profile's: every rate times ``factor``, every
+    time divided by it; speedups and acceptance are ratios of the same machine and stay."""
+    if factor == 1.0:
+        return p
+    return replace(p, tokens_per_s=p.tokens_per_s * factor, baseline_tokens_per_s=p.baseline_tokens_per_s * factor,
+                   decode_tokens_per_s=p.decode_tokens_per_s * factor, cycle_time_s=p.cycle_time_s / factor,
+                   seconds=p.seconds / factor, machine_speed=p.machine_speed * factor)

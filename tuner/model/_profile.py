@@ -62,6 +62,8 @@ class RunProfile:
         calibrated: whether B = 1 timings were calibrated to the in-loop forwards.
         ar_forward_s: the plain loop's in-loop target forward (T_ar for the B = 1 baseline), if calibrated.
         engine_overhead_s: the hooked engine overhead per cycle (the fit's intercept, as measured).
+        machine_probe_s: the machine probe's median seconds during the profile (None: a run profiled
+            before the probe was recorded); see :func:`machine_speed`.
     """
 
     run: RunRecord
@@ -81,6 +83,7 @@ class RunProfile:
     calibrated: bool = False
     ar_forward_s: float | None = None
     engine_overhead_s: float = 0.0
+    machine_probe_s: float | None = None
 
     @property
     def is_ngram(self) -> bool:
@@ -157,6 +160,11 @@ class _Timings:
             if points:
                 out[b] = interp(points, context)
         return out
+
+    def probe(self) -> float | None:
+        """The machine probe's median seconds over the run (None: not recorded)."""
+        xs = [x for _, samples in self.select("machine_probe") for x in samples]
+        return statistics.median(xs) if xs else None
 
     def plain_loop(self) -> list[float]:
         """The plain decoding loop's in-loop target forwards at B = 1."""
@@ -286,7 +294,7 @@ def build_run_profile(
         sequence_overhead_s=max(trimmed_mean(sequence), 0.0) if sequence else 0.0,
         prompts=infos, prefill_target_s=times.prefill_target_s, prefill_draft_s=times.prefill_draft_s,
         positions=positions, after_rejection=tuple(c for tr in traces for c in tr.confidences[tr.num_accepted + 1:]),
-        max_new_tokens=max_new,
+        max_new_tokens=max_new, machine_probe_s=t.probe(),
     )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from specdec_tune.db import Database
 from specdec_tune.profiler import Progress
-from specdec_tune.stats import speedup_ci
+from specdec_tune.stats import paired_speedup, speedup_ci
 from specdec_tune.tuner.model import Candidate
 
 
@@ -28,25 +28,33 @@ class Measured:
     ci: tuple[float, float] | None
     heldout: bool
     validated: Any  # Validated (._validate)
+    speedup: float | None = None  # pass by pass over plain decoding measured in the same passes (None: none)
 
 
 def measure_candidates(db: Database, run_id: int, candidates: Sequence[Candidate], *, split: str, max_prompts: int,
-            temperature: float, repeats: int, seed: int, progress: Progress | None) -> list[Measured]:
-    """Measure ``candidates`` interleaved on ``split`` of the run's workload (stored with predictions)."""
+                       temperature: float, repeats: int, seed: int, progress: Progress | None,
+                       threads: int | None = None) -> list[Measured]:
+    """Measure ``candidates`` interleaved on ``split`` of the run's workload (stored with predictions).
+
+    Where plain decoding is one of the candidates, each gets its speedup over it pass by pass
+    (``stats.paired_speedup``): what a decision ranks on, robust to a machine whose speed moves.
+    """
     from specdec_tune.tuner.model import spec_config
     from specdec_tune.tuner.search._validate import measure_predicted
 
     mode = "sampling" if temperature > 0 else "greedy"
     items = [(None if c.is_plain else c.drafter, spec_config(c, mode)) for c in candidates]
     kwargs: dict[str, Any] = dict(temperature=temperature, max_prompts=max_prompts, repeats=repeats, seed=seed,
-                                  progress=progress)
+                                  progress=progress, threads=threads)
     validated = measure_predicted(db, run_id, items, split=split, **kwargs)
     heldout = split == "holdout"
+    plain = next((v.measurement for c, v in zip(candidates, validated) if c.is_plain), None)
     out = []
     for c, v in zip(candidates, validated):
-        p = getattr(v, "prediction", None)
+        p = v.prediction
+        speedup = paired_speedup(v.measurement, plain) if plain is not None else None
         out.append(Measured(c, float(v.measurement.tokens_per_s), None if p is None else float(p.tokens_per_s),
-                            v.ci95, bool(heldout and not getattr(v, "in_sample", False)), v))
+                            v.ci95, bool(heldout and not v.in_sample), v, speedup))
     return out
 
 

@@ -40,6 +40,7 @@ class TuneRequest:
     reprofile: bool = False  # profile afresh even when a matching profile is stored (regress --retune)
     backend: str = "engine"  # engine | vllm: where the confirmation and held-out measurements run
     vllm_python: str | None = None  # the vLLM venv's Python (--backend vllm; else $SPECDEC_VLLM_PYTHON)
+    threads: int | None = None  # intra-op threads (None: chosen by the profiler, "auto")
 
     def __post_init__(self) -> None:
         check_server(self.server)
@@ -59,6 +60,8 @@ class TuneRequest:
             raise InputError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if self.thresholds is not None and (not self.thresholds or any(not 0 <= t <= 0.95 for t in self.thresholds)):
             raise InputError(f"thresholds must lie in [0, 0.95], got {list(self.thresholds)}")
+        if self.threads is not None and self.threads < 1:
+            raise InputError(f"--threads must be 'auto' or >= 1, got {self.threads}")
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
             raise InputError(f"--batch-sizes must be integers >= 1, got {list(self.batch_sizes)}")
         if self.backend not in ("engine", "vllm"):
@@ -118,7 +121,7 @@ def profile_settings(req: TuneRequest) -> ProfileSettings:
     kwargs: dict[str, Any] = dict(
         device=req.device, temperature=req.temperature, batch_sizes=tuple(sorted(set(req.batch_sizes))),
         n_max=req.n_max, k_max=req.n_max + 1, repeats=req.profile_repeats, max_prompts=req.max_prompts,
-        max_new_tokens=req.max_new_tokens, seed=req.seed, label="tune",
+        max_new_tokens=req.max_new_tokens, seed=req.seed, label="tune", threads=req.threads,
     )
     return ProfileSettings(split="tune", **kwargs)
 

@@ -109,10 +109,10 @@ def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progres
     Raises:
         InputError / NotFoundError / ModelLoadError / StorageError: one line each (the CLI exits 2).
     """
-    from specdec_tune.profiler import resolve_workload
+    from specdec_tune.profiler import check_inputs
 
     progress = progress or Progress()
-    resolve_workload(req.workload)  # an unknown workload fails before anything is loaded
+    check_inputs(req.target, req.drafts, req.workload)  # a bad workload or model name fails before anything loads
     searched = _search(db, req, storage_url, progress)
     confirm = _server_tune if req.backend == "vllm" else _engine_tune
     result, report = confirm(db, req, searched, progress)
@@ -148,10 +148,13 @@ def _engine_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
     pool = s.outcome.pareto if len(req.objectives) > 1 else s.outcome.ranked
     top = _distinct_top(pool, req.measure_top)
     plain = Candidate("none", 0)
-    common: dict[str, Any] = dict(temperature=req.temperature, repeats=req.repeats, seed=req.seed, progress=progress)
+    common: dict[str, Any] = dict(temperature=req.temperature, repeats=req.repeats, seed=req.seed, progress=progress,
+                                  threads=req.threads)
     confirm = measure_candidates(db, run_id, [t.candidate for t in top] + [plain], split="tune",
                                  max_prompts=req.measure_prompts, **common)
-    winner = max(confirm, key=lambda m: m.tokens_per_s)
+    # The clock decides, on speedups over plain decoding paired pass by pass: a machine that slows down
+    # during one pass slows plain decoding in it too.
+    winner = max(confirm, key=lambda m: m.speedup)
     heldout = measure_candidates(db, run_id, [winner.candidate] + ([] if winner.candidate.is_plain else [plain]),
                                  split="holdout", max_prompts=req.heldout_prompts, **common)
     win_h, base_h = heldout[0], heldout[-1]

@@ -32,7 +32,9 @@ from specdec_tune.tuner.model import (
     RunPrediction,
     RunProfile,
     SpecConfig,
+    at_machine_speed,
     load_run_profile,
+    machine_speed,
     predict_prompts,
 )
 
@@ -84,6 +86,7 @@ def measure_predicted(
     repeats: int = 3,
     seed: int = 0,
     progress: Progress | None = None,
+    threads: int | None = None,
 ) -> list[Validated]:
     """Predict, then measure (interleaved), each ``(draft, config)`` of run ``run_id``; store both.
 
@@ -100,6 +103,7 @@ def measure_predicted(
         repeats: interleaved passes.
         seed: sampling seed.
         progress: progress sink.
+        threads: intra-op threads (None: the profile's, lowered to the CPUs idle now).
 
     Raises:
         NotFoundError: unknown run or draft.
@@ -118,10 +122,13 @@ def measure_predicted(
     specs = [MeasureSpec(PLAIN if plain else rp.draft, c.num_speculative_tokens, c.threshold, c.schedule,
                          c.threshold_rule) for plain, rp, c in planned]
     measured = measure_configs(db, run_id, specs, split=split, temperature=temperature, max_prompts=max_prompts,
-                               repeats=repeats, seed=seed, progress=progress)
+                               repeats=repeats, seed=seed, progress=progress, threads=threads)
     out = []
     for m, (_, rp, config) in zip(measured, planned):
-        prediction = predict_prompts(rp, config, _prompt_specs(run, m))
+        # Rates predicted at the profile's machine speed, rescaled to the speed the probe saw during this
+        # measurement (a busier or quieter machine); speedups are unchanged by it.
+        prediction = at_machine_speed(predict_prompts(rp, config, _prompt_specs(run, m)),
+                                      machine_speed(rp, m.machine_probe_s))
         _store_prediction(db, m, prediction)
         out.append(Validated(m, prediction, config, in_sample=m.in_sample))
     return out
@@ -150,6 +157,7 @@ def _store_prediction(db: Database, m: Measurement, prediction: RunPrediction) -
     set_prediction(db, m.measured_id, predicted_tokens_per_s=prediction.tokens_per_s,
                    predicted_tau=prediction.expected_tokens_per_cycle,
                    extra={"prediction_source": prediction.source, "prediction_in_sample": prediction.in_sample,
+                          "prediction_machine_speed": prediction.machine_speed,
                           "prediction_inside_ci": None if m.ci95 is None else
                           m.ci95[0] <= prediction.tokens_per_s <= m.ci95[1]})
 
