@@ -20,10 +20,14 @@ Writes ``benchmarks/results/fidelity_cpu_<workload>_heldout.txt`` and ``.json``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -53,6 +57,10 @@ MaxPrompts = Annotated[int | None, typer.Option("--max-prompts", help=(
     "Measure only the first prompts of each split (measure's --max-prompts; default: all)."))]
 Out = Annotated[str | None, typer.Option("--out", help=(
     "Result file stem (default: fidelity_cpu_WORKLOAD_heldout in benchmarks/results)."))]
+Neighbour = Annotated[bool, typer.Option("--neighbour", help=(
+    "Run one CPU-bound process (a busy Python loop) beside the whole benchmark, profile included: the "
+    "shared machine users tune on."))]
+Splits = Annotated[str, typer.Option("--splits", help="Which prompt splits to measure: in, out or in,out.")]
 
 
 def profile_ran(settings: dict, draft: str, config: SpecConfig) -> bool:
@@ -94,7 +102,8 @@ def row(v: Validated, settings: dict) -> dict:
             "ci95": list(m.ci95) if m.ci95 else None, "predicted": p.tokens_per_s, "error": v.relative_error,
             "inside_ci": v.inside_ci, "tau_measured": m.mean_tokens_per_cycle,
             "tau_predicted": p.expected_tokens_per_cycle, "tau_error": tau_err, "source": p.source,
-            "prompts": m.prompts, "repeats": m.repeats, "measured_id": m.measured_id}
+            "prompts": m.prompts, "repeats": m.repeats, "measured_id": m.measured_id,
+            "machine_speed": p.machine_speed, "threads": (m.threads or {}).get("threads")}
 
 
 def table(title: str, rows: list[dict]) -> list[str]:
@@ -136,22 +145,52 @@ def main(
     max_prompts: MaxPrompts = None,
     repeats: opts.RepeatsOption = opts.DEFAULT_REPEATS,
     out: Out = None,
+    neighbour: Neighbour = False,
+    splits: Splits = "in,out",
 ) -> None:
     args = dict(locals())  # every option, as the results JSON records them
+    with _neighbour(neighbour):
+        _main(args)
+
+
+@contextlib.contextmanager
+def _neighbour(on: bool) -> Iterator[None]:
+    """One CPU-bound process beside the block (a busy loop), stopped after it."""
+    if not on:
+        yield
+        return
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(2.0)  # let it take its CPU before anything is measured
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _main(args: dict) -> None:
+    db, target, drafts, workload, run = args["db"], args["target"], args["drafts"], args["workload"], args["run"]
+    max_prompts, repeats, out = args["max_prompts"], args["repeats"], args["out"]
+    wanted = {"in": SPLITS[0], "out": SPLITS[1]}
+    chosen = [wanted[k.strip()] for k in args["splits"].split(",") if k.strip() in wanted]
+    if not chosen:
+        raise typer.BadParameter(f"--splits must be in, out or in,out, got {args['splits']!r}")
     names = drafts.split(",")
     database = open_database(db)
     started = time.perf_counter()
-    run_id = run if run is not None else _profile(database, target, names, workload, profile_max_prompts)
+    run_id = run if run is not None else _profile(database, target, names, workload, args["profile_max_prompts"])
     settings = get_run(database, run_id).settings
     grid = [(None, SpecConfig(0))] + [
         (draft, SpecConfig(int(n), float(theta), schedule))  # type: ignore[arg-type]
-        for draft in names for schedule in schedules.split(",") for n in ns.split(",")
-        for theta in thetas.split(",")]
+        for draft in names for schedule in args["schedules"].split(",") for n in args["ns"].split(",")
+        for theta in args["thetas"].split(",")]
     results = {name: _measure(database, run_id, grid, settings, name, split, max_prompts, repeats)
-               for name, split in SPLITS}
+               for name, split in chosen}
     lines = [f"model fidelity: target {target}, drafts {drafts}, workload {workload}, run {run_id} "
              f"(profiled on split {settings.get('split')}: {len(settings.get('prompt_ids', []))} prompts), CPU, "
-             f"{settings.get('threads')} thread(s), repeats {repeats}, max prompts {max_prompts or 'all'}",
+             f"{settings.get('threads')} thread(s) ({(settings.get('thread_choice') or {}).get('source', 'as set')}), "
+             f"repeats {repeats}, max prompts {max_prompts or 'all'}"
+             + (", one CPU-bound neighbour throughout" if args["neighbour"] else ", no neighbour started"),
              "throughput: end to end, new tokens / wall seconds of whole decode calls, prefill included; "
              "measured 95% CI: bootstrap over prompts, then repeats", ""]
     summaries = {}
