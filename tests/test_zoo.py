@@ -307,6 +307,15 @@ def test_zoo_list_json_without_measuring(manifest: dict, capsys) -> None:
     assert all(Path(r["path"]).is_dir() and r["parameters"] > 0 and r["layers"] >= 1 for r in rows)
 
 
+def test_zoo_list_table_keeps_each_path_on_one_line_when_piped(manifest: dict, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(["zoo", "list", "--no-measure"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for m in zoo.list_models():
+        assert sum(str(m.path) in line and m.name in line for line in lines) == 1, "\n".join(lines)
+    assert not any("…" in line for line in lines)
+
+
 def test_zoo_list_measures_live(manifest: dict, capsys) -> None:
     assert main(["zoo", "list", "--json", "--repeats", "2"]) == 0
     rows = json.loads(capsys.readouterr().out)

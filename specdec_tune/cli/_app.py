@@ -2,15 +2,22 @@
 
 Command modules (``specdec_tune/cli/*.py``) import :data:`app` and register commands on it; ``cli.main`` imports
 them all and runs the app with the project's error policy: a :class:`SpecdecError` becomes one line
-on stderr and exit code 2, never a traceback.
+on stderr and exit code 2, never a traceback. Every command prints through :func:`console` (tables in
+full when piped, labels never cut with an ellipsis); the rooms' logged notices reach stderr as one line
+each (:func:`show_notices`, installed before every command).
 """
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 from typing import Any
 
 import typer
+from rich.console import Console, ConsoleRenderable, RenderHook
+from rich.measure import Measurement
+from rich.table import Table
 
 from specdec_tune.jsonsafe import finite
 
@@ -26,6 +33,80 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+# Rich falls back to 80 columns on a stream that is not a terminal and squeezes tables into them
+# ("mini-draft… N=7"); piped output is as wide as its longest line instead.
+PIPED_WIDTH = 10_000
+
+
+def console(*, stderr: bool = False) -> Console:
+    """The console a command prints through (stdout, or stderr for progress and notices).
+
+    Its width is ``$COLUMNS`` where set, the terminal's on a terminal, and unlimited when piped (no
+    table squeezed, no line wrapped). A table that still does not fit (a narrow terminal) wraps its
+    cells onto more lines: no label is ever cut short with an ellipsis.
+    """
+    stream = sys.stderr if stderr else sys.stdout
+    piped = "COLUMNS" not in os.environ and not _isatty(stream)
+    out = Console(stderr=stderr, width=PIPED_WIDTH, soft_wrap=True) if piped else Console(stderr=stderr)
+    out.push_render_hook(_FoldCells(out))
+    return out
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+class _FoldCells(RenderHook):
+    """Every printed table's cells wrap (folding a word longer than the column) instead of ending in "…"."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def process_renderables(self, renderables: list[ConsoleRenderable]) -> list[ConsoleRenderable]:
+        for renderable in renderables:
+            if isinstance(renderable, Table):
+                _fold(renderable, self.console)
+        return renderables
+
+
+def _fold(table: Table, out: Console) -> None:
+    """Cells fold rather than end in "…"; ``no_wrap`` columns keep one line while the table can fit them
+    (Rich would cut them, not wrap them, in a terminal too narrow for them)."""
+    for column in table.columns:
+        column.overflow = "fold"
+    fixed = [c for c in table.columns if c.no_wrap]
+    cell_gap = 3  # one space each side and a border
+    needed = 1 + cell_gap * len(table.columns) + len(table.columns) - len(fixed) + sum(
+        max(Measurement.get(out, out.options, cell).maximum for cell in (c.header, *c.cells)) for c in fixed)
+    if needed > out.width:
+        for column in fixed:
+            column.no_wrap = False
+
+
+class _Notice(logging.Handler):
+    """A notice the rooms log (a kernel build, say) as one line on stderr, read at emit time (tests swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"specdec-tune: {record.getMessage()}", file=sys.stderr)
+
+
+def show_notices() -> None:
+    """Show the rooms' notices (``logging`` at INFO and above under ``specdec_tune``) on stderr: the
+    rooms never print (``docs/architecture.md``, Rooms). Idempotent."""
+    log = logging.getLogger("specdec_tune")
+    if not any(isinstance(h, _Notice) for h in log.handlers):
+        log.addHandler(_Notice(logging.INFO))
+        log.setLevel(min(log.getEffectiveLevel(), logging.INFO))
+
+
+@app.callback()
+def _every_command() -> None:
+    show_notices()
 
 
 def print_json(obj: Any) -> None:

@@ -10,7 +10,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from specdec_tune.cli import _checks as chk
-from specdec_tune.cli._app import app, print_json, quiet_loading
+from specdec_tune.cli._app import app, console, print_json, quiet_loading
 from specdec_tune.cli._options import (
     BENCH_MAX_PROMPTS,
     DEFAULT_DEVICE,
@@ -112,13 +112,13 @@ def bench(
     check_compatible(tgt, drf)
     ids = [encode_prompt(tgt, p.prompt, p.id) for p in prompts]
     methods = (HF_METHODS if "hf" in others else ()) + OURS + (VLLM_METHODS if "vllm" in others else ())
-    console = Console(stderr=True)
+    progress = console(stderr=True)
     with ExitStack() as stack:
         pair = None
         if python is not None:
             pair = stack.enter_context(_start_vllm(python, tgt, drf, ids, num_speculative_tokens,
-                                                   max_new_tokens, vllm_enforce_eager, console, json_out))
-        with Progress(console=console, transient=True, disable=json_out) as bar:
+                                                   max_new_tokens, vllm_enforce_eager, progress, json_out))
+        with Progress(console=progress, transient=True, disable=json_out) as bar:
             task = bar.add_task("bench", total=len(ids) * repeats)
             result = run_bench(tgt, drf, ids, num_speculative_tokens=num_speculative_tokens, max_new_tokens=max_new_tokens,
                                repeats=repeats, methods=methods, progress=lambda _: bar.advance(task), vllm=pair)
@@ -130,7 +130,7 @@ def bench(
     title = (f"measured, greedy, N = {num_speculative_tokens}, {len(ids)} prompts × {max_new_tokens} new tokens × "
              f"{repeats}, our forward: {tgt.forward} (target), {drf.forward} (draft)"
              + (f", CPU kernels: {tgt.kernels}" if tgt.kernels else ""))
-    _print_result(Console(), title, result)
+    _print_result(console(), title, result)
 
 
 def _print_result(out: Console, title: str, result) -> None:

@@ -4,10 +4,9 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from specdec_tune.cli import _checks as opt
-from specdec_tune.cli._app import app, print_json, quiet_loading
+from specdec_tune.cli._app import app, console, print_json, quiet_loading
 from specdec_tune.cli._options import (
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
@@ -73,18 +72,18 @@ def generate(
     )
     encoded = [(p, encode_prompt(tgt, p.prompt, p.id)) for p in items]
     warm_up(tgt, spec, encoded[0][1], config)
-    console = Console(stderr=json_out)
+    out = console(stderr=json_out)
     for i, (p, ids) in enumerate(encoded):
         run = measure_prompt(tgt, spec, ids, config, prompt_id=p.id, seed=seed + i)
         if json_out:
             print_json({**run.to_json(), "target": target, "draft": spec.name, "category": p.category})
             continue
-        console.print(f"[bold]{p.id}[/bold]", highlight=False)
-        console.print(run.text, markup=False, highlight=False)
+        out.print(f"[bold]{p.id}[/bold]", highlight=False)
+        out.print(run.text, markup=False, highlight=False)
         line = f"measured: {run.tokens_per_s:.1f} tokens/s ({run.new_tokens} new tokens in {run.seconds:.3f} s)"
         if run.cycles:
             line += f", τ = {run.mean_tokens_per_cycle:.2f} tokens/cycle over {run.cycles} cycles, α = {opt.format_alphas(run.acceptance_per_position)}"
-        console.print(line, highlight=False)
+        out.print(line, highlight=False)
 
 
 def _collect_prompts(prompt: str | None, prompts: str | None) -> list[Prompt]:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from specdec_tune.cli._app import app, print_json
+from specdec_tune.cli._app import app, console, print_json
 from specdec_tune.cli._options import DEFAULT_FORWARD, ForwardOption
 from specdec_tune.errors import InputError, NotFoundError
 
@@ -67,7 +67,6 @@ def zoo_list(
     if as_json:
         print_json(rows)
         return
-    from rich.console import Console
     from rich.table import Table
 
     label = f"measured now, {forward} forward" if measure else "measured at build time"
@@ -79,7 +78,7 @@ def zoo_list(
         ms = r["ms_per_forward_measured"] if measure else r["ms_per_forward_at_build"]
         table.add_row(r["name"], r["role"], f"{r['parameters'] / 1e6:.2f}M", str(r["layers"]),
                       f"{ms.get('1', float('nan')):.2f}", f"{ms.get('8', float('nan')):.2f}", r["path"])
-    Console().print(table)
+    console().print(table)
 
 
 @zoo_app.command("train")
