@@ -1,37 +1,70 @@
-"""The lean forward's fused CPU kernels (``lean_kernels.cpp``), compiled once per machine.
+"""The lean forward's fused CPU kernels (``lean_kernels.cpp``), compiled once per source, torch and CPU.
 
 At the sizes of a draft step or a verify step most of a decoder layer's time on a CPU is operator
 dispatch, not arithmetic: RMSNorm alone is a composite of about ten ATen operators, the rotary
 embedding and the cache write another dozen. The C++ file computes each group in one call. It is
-compiled on first use with torch's extension builder (a C++ compiler and ninja; about 30 s on this
-project's CI machine) into torch's extension cache (``TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``), so later processes load it in milliseconds. Where it cannot be built
-the lean forward runs its eager operators (the same function); ``SPECDEC_LEAN_KERNELS=0`` asks for
-that explicitly.
+compiled on first use with torch's extension builder (a C++ compiler and ninja; 30 to 100 s) into a
+folder of specdec-tune's cache (:func:`specdec_tune.cache.cache_dir`, ``lean_kernels/<key>``) named by
+what the library depends on: the source's hash, the torch version, the CPU's instruction set
+(``-march=native``) and the Python ABI. The source is copied into that folder and compiled from there,
+so checkouts at different paths share one build instead of rebuilding each other's; later processes
+load it in milliseconds. A build is announced with one ``logging`` warning (the engine never prints;
+the CLI shows it on stderr). Where the kernels cannot be built the lean forward runs its eager
+operators (the same function); ``SPECDEC_LEAN_KERNELS=0`` asks for that explicitly.
 """
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import platform
+import re
 import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
 
+from specdec_tune.cache import cache_dir
+
 SOURCE = Path(__file__).with_name("lean_kernels.cpp")
 ENV = "SPECDEC_LEAN_KERNELS"
 _state: dict[str, object] = {}
+log = logging.getLogger(__name__)
+
+
+def build_directory() -> Path:
+    """The folder the kernels are built in: one per (source, torch version, CPU, Python), per user."""
+    import torch
+
+    source = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    version = re.sub(r"[^A-Za-z0-9.]+", "_", torch.__version__)
+    key = f"torch-{version}-{sys.implementation.cache_tag}-cpu-{_cpu_tag()}-src-{source}"
+    return cache_dir() / "lean_kernels" / key
 
 
 def _build() -> ModuleType:
-    from torch.utils.cpp_extension import load
+    from torch.utils.cpp_extension import LIB_EXT, load
 
-    name = f"specdec_lean_kernels_{_cpu_tag()}"  # -march=native: one build per kind of CPU (shared homes)
-    if _needs_build(name):
-        print("specdec-tune: building the lean forward's CPU kernels (once per machine, about 30 s)", file=sys.stderr)
-    return load(name=name, sources=[str(SOURCE)], extra_cflags=["-O3", "-march=native"],
-                verbose=False)
+    folder = build_directory()
+    folder.mkdir(parents=True, exist_ok=True)
+    name = "specdec_lean_kernels_" + hashlib.sha1(folder.name.encode()).hexdigest()[:12]  # an identifier
+    source = _stage(folder)
+    if not (folder / f"{name}{LIB_EXT}").exists():
+        log.warning("building the lean forward's CPU kernels once for this source, torch and CPU (30 to 100 s) "
+                    "in %s", folder)
+    return load(name=name, sources=[str(source)], extra_cflags=["-O3", "-march=native"],
+                build_directory=str(folder), verbose=False)
+
+
+def _stage(folder: Path) -> Path:
+    """The source copied into the build folder (written once, atomically: its content is in the
+    folder's name, and an unchanged file keeps ninja from rebuilding)."""
+    staged = folder / SOURCE.name
+    if not staged.exists():
+        partial = folder / f".{SOURCE.name}.{os.getpid()}"
+        partial.write_bytes(SOURCE.read_bytes())
+        os.replace(partial, staged)
+    return staged
 
 
 def _cpu_tag() -> str:
@@ -43,16 +76,6 @@ def _cpu_tag() -> str:
     except OSError:
         pass
     return hashlib.sha1(text.encode()).hexdigest()[:10]
-
-
-def _needs_build(name: str) -> bool:
-    try:
-        from torch.utils.cpp_extension import _get_build_directory
-
-        built = Path(_get_build_directory(name, verbose=False)) / f"{name}.so"
-    except Exception:  # noqa: BLE001 - only decides whether to announce a build
-        return True
-    return not built.exists() or built.stat().st_mtime < SOURCE.stat().st_mtime
 
 
 def kernels() -> ModuleType | None:

@@ -241,3 +241,91 @@ def test_fused_kernels_build_where_a_compiler_exists() -> None:
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         pytest.skip("no C++ compiler on this machine")
     assert lean_kernels.kernels() is not None, lean_kernels.unavailable()
+
+
+# --- where the kernels are built, and what a build says -------------------------------------------
+
+
+class _FakeBuilder:
+    """Stands in for torch's extension builder: records each call, leaves the built library behind."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def __call__(self, name, sources, **kwargs):
+        import types
+        from pathlib import Path
+
+        self.calls.append({"name": name, "sources": list(sources), **kwargs})
+        Path(kwargs["build_directory"], f"{name}.so").write_bytes(b"")
+        return types.ModuleType(name)
+
+
+@pytest.fixture
+def fake_builder(monkeypatch, tmp_path):
+    import logging
+
+    import torch.utils.cpp_extension
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(lean_kernels.ENV, raising=False)
+    monkeypatch.setattr(lean_kernels, "_state", {})
+    monkeypatch.setattr(logging.getLogger("specdec_tune"), "handlers", [])  # the CLI's, if a CLI test ran
+    builder = _FakeBuilder()
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", builder)
+    return builder
+
+
+def _load_from(monkeypatch, source) -> None:
+    """A fresh process's first use of the kernels, with ``source`` as engine/lean_kernels.cpp."""
+    monkeypatch.setattr(lean_kernels, "SOURCE", source)
+    monkeypatch.setattr(lean_kernels, "_state", {})
+    assert lean_kernels.kernels() is not None, lean_kernels.unavailable()
+
+
+def _building(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == lean_kernels.__name__ and "building" in r.getMessage()]
+
+
+def test_kernels_build_once_in_the_user_cache_and_say_so_without_printing(fake_builder, monkeypatch, tmp_path, caplog,
+                                                                             capsys):
+    import logging
+
+    caplog.set_level(logging.INFO, logger=lean_kernels.__name__)
+    assert lean_kernels.kernels() is not None, lean_kernels.unavailable()
+    (call,) = fake_builder.calls
+    build = call["build_directory"]
+    assert build.startswith(str(tmp_path / "cache" / "lean_kernels")), build
+    assert torch.__version__.split("+")[0] in build and lean_kernels._cpu_tag() in build
+    (source,) = call["sources"]
+    assert source.startswith(build) and open(source, "rb").read() == lean_kernels.SOURCE.read_bytes()
+    assert len(_building(caplog)) == 1 and capsys.readouterr() == ("", "")  # logged for the CLI, never printed
+    caplog.clear()
+    _load_from(monkeypatch, lean_kernels.SOURCE)  # the next process loads what was built
+    assert [c["build_directory"] for c in fake_builder.calls] == [build, build] and not _building(caplog)
+
+
+def test_two_checkouts_share_one_build(fake_builder, monkeypatch, tmp_path, caplog):
+    import logging
+    import shutil
+
+    caplog.set_level(logging.INFO, logger=lean_kernels.__name__)
+    for checkout in ("a", "b", "a"):
+        copy = tmp_path / checkout / "lean_kernels.cpp"
+        copy.parent.mkdir(exist_ok=True)
+        shutil.copyfile(lean_kernels.SOURCE, copy)
+        _load_from(monkeypatch, copy)
+    assert len({(c["build_directory"], tuple(c["sources"])) for c in fake_builder.calls}) == 1
+    assert len(_building(caplog)) == 1
+
+
+def test_a_new_source_torch_or_cpu_builds_apart(fake_builder, monkeypatch, tmp_path):
+    edited = tmp_path / "lean_kernels.cpp"
+    edited.write_bytes(lean_kernels.SOURCE.read_bytes() + b"\n// edited\n")
+    _load_from(monkeypatch, lean_kernels.SOURCE)
+    _load_from(monkeypatch, edited)
+    monkeypatch.setattr(torch, "__version__", "9.9.9+cpu")
+    _load_from(monkeypatch, edited)
+    monkeypatch.setattr(lean_kernels, "_cpu_tag", lambda: "0123456789")
+    _load_from(monkeypatch, edited)
+    assert len({c["build_directory"] for c in fake_builder.calls}) == 4
