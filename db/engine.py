@@ -31,6 +31,11 @@ VALID_URLS = (
 )
 BUSY_TIMEOUT_MS = 5000
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+# Kernel interfaces mounted as file systems: files there are not files (SQLite fails on them late,
+# with an error that reads like a damaged database).
+_PSEUDO_FILESYSTEMS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs",
+                                 "pstore", "bpf", "configfs", "devpts", "mqueue", "binfmt_misc", "efivarfs",
+                                 "fusectl", "nsfs", "hugetlbfs"})
 # Execution option read by the "begin" hook: write transactions take SQLite's write lock up front
 # (BEGIN IMMEDIATE), so two writers queue on busy_timeout instead of failing on a lock upgrade.
 WRITE_OPTION = "specdec_write"
@@ -109,12 +114,18 @@ def default_storage_url(db_url: str) -> str:
 
 def _check_sqlite_file(url: str, path: Path, read_only: bool) -> None:
     """Refuse paths that SQLite would fail on late or, worse, silently mishandle."""
-    problem = _sqlite_file_problem(path, read_only)
+    problem = sqlite_file_problem(path, read_only)
     if problem is not None:
         raise StorageError(f"cannot open {mask_url(url)}: {problem}")
 
 
-def _sqlite_file_problem(path: Path, read_only: bool) -> str | None:
+def sqlite_file_problem(path: Path, read_only: bool = False) -> str | None:
+    """Why SQLite cannot use ``path`` as a database (one clause naming the path), or None."""
+    directory = Path(os.path.abspath(path.parent if str(path.parent) else "."))  # named in full, never "."
+    pseudo = pseudo_filesystem(directory)
+    if pseudo is not None:
+        return (f"{directory} is on the {pseudo} file system, which exposes the kernel, not files: it is no place "
+                "for a database file; give a path on a disk, e.g. sqlite:///specdec.db")
     if path.is_dir():
         return f"{path} is a directory; give a file path"
     if path.exists():
@@ -127,13 +138,35 @@ def _sqlite_file_problem(path: Path, read_only: bool) -> str | None:
         if not read_only and not os.access(path, os.W_OK):
             return (f"{path} is read-only; specdec-tune needs write access to the "
                     "database file (fix its permissions or copy it to a writable place)")
-    directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         return f"directory {directory} does not exist; create it or choose another path"
     if not read_only and not os.access(directory, os.W_OK):
         return (f"directory {directory} is read-only; SQLite needs to create "
-                f"{path.name}-wal and {path.name}-shm next to the database")
+                f"{path.name}-wal and {path.name}-shm next to the database (give a folder you can write)")
     return None
+
+
+def pseudo_filesystem(directory: Path) -> str | None:
+    """The type of the kernel file system (``proc``, ``sysfs``, ...) ``directory`` lies on, else None.
+
+    Read from ``/proc/self/mountinfo`` (Linux): the longest mount point above ``directory``. As root
+    every permission check passes there, and SQLite only fails when it opens the file.
+    """
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:  # not Linux
+        return None
+    best, fstype = "", None
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not rest:
+            continue
+        mount = parts[4].encode().decode("unicode_escape")  # \040 is a space in a mount point
+        inside = str(directory) == mount or str(directory).startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, fstype = mount, rest.split()[0]
+    return fstype if fstype in _PSEUDO_FILESYSTEMS else None
 
 
 def _json_serializer(obj: Any) -> str:

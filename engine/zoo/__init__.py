@@ -7,6 +7,7 @@ Bundled names are accepted wherever a model path or hub id is.
 """
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ ZOO_DIR = Path(__file__).resolve().parent
 MANIFEST_PATH = ZOO_DIR / "zoo.json"
 
 __all__ = ["ZOO_DIR", "MANIFEST_PATH", "ZooModel", "list_models", "get_model", "resolve_model",
-           "list_workloads", "read_manifest"]
+           "nearest_model", "list_workloads", "read_manifest"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,14 @@ def resolve_model(name_or_path: str) -> str:
     """
     model = get_model(str(name_or_path))
     return str(model.path) if model is not None else str(name_or_path)
+
+
+def nearest_model(name: str) -> str | None:
+    """The bundled model name closest to ``name`` (what a typo probably meant), or None without a zoo."""
+    names = [m.name for m in list_models()]
+    if not names:
+        return None
+    return max(names, key=lambda n: difflib.SequenceMatcher(None, name.lower(), n).ratio())
 
 
 def list_workloads() -> list[str]:

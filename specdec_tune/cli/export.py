@@ -14,9 +14,42 @@ import typer
 
 from specdec_tune.cli._app import app, print_json
 from specdec_tune.cli._options import DbOption
+from specdec_tune.db.engine import pseudo_filesystem
 from specdec_tune.errors import InputError
 
 FORMAT_HELP = "vllm | sglang | trtllm | llamacpp | hf | all (comma-separated for several)."
+
+
+def check_out_folder(out: Path, flag: str = "--out") -> None:
+    """Refuse an output folder that cannot be created or written, before anything is written.
+
+    Raises:
+        InputError: one line naming the folder and why (a file in the way, a read-only folder above it).
+    """
+    path = Path(os.path.abspath(Path(out).expanduser()))
+    above = next(p for p in (path, *path.parents) if p.exists())
+    if above == path and not path.is_dir():
+        raise InputError(f"{flag} {out} exists and is not a folder; give a folder to write the files in")
+    if not above.is_dir():
+        raise InputError(f"{flag} {out} cannot be created: {above} is a file, not a folder; give another folder")
+    kernel = pseudo_filesystem(above)
+    if kernel is not None:
+        raise InputError(f"{flag} {out} cannot be created: {above} is on the {kernel} file system, which exposes the "
+                         "kernel, not files; give a folder on a disk")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {out} cannot be {'written' if above == path else 'created'}: {above} is read-only; "
+                         "give a folder you can write")
+
+
+def written_or_refused(write, out: Path, flag: str = "--out"):
+    """``write()``; an operating-system refusal (say a kernel file system such as /proc, where even root
+    cannot create folders) becomes one line naming ``out``."""
+    try:
+        return write()
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(out) else ""
+        raise InputError(f"{flag} {out} cannot be written: {exc.strerror or exc}{where}; give a folder you can write") \
+            from None
 
 
 def _storage_url(storage: str | None, db: str | None) -> str:
@@ -51,6 +84,7 @@ def export(
         raise InputError("--config goes with --run (a study's configuration is its tuned winner)")
     formats = fmt.split(",")
     resolve_formats(formats)  # an unknown format is refused before any database is opened
+    check_out_folder(out)
     if study is not None:
         from specdec_tune.tuner.servers import result_from_study
 
@@ -61,7 +95,7 @@ def export(
 
         with open_database(db) as database:
             result = result_from_run(database, run, config)
-    written = write_exports(result, formats, out)
+    written = written_or_refused(lambda: write_exports(result, formats, out), out)
     if json_out:
         print_json({"config": result.candidate.label(), "exports": {k: [str(p) for p in v] for k, v in written.items()}})
         return

@@ -6,6 +6,7 @@ report (or with ``--json`` one object) to stdout.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -219,14 +220,17 @@ def _check_temperature(temperature: float) -> None:
 
 
 def _export_formats(formats: str, export: str | None) -> list[str]:
-    """The --formats list; with --export, an unknown format fails before anything is measured.
+    """The --formats list; with --export, an unknown format or a folder that cannot be written fails
+    before anything is measured.
 
     "all" is passed through: the exporters then skip a server that cannot express the winner and say
     why in the README, while a format named explicitly must express it.
     """
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
     if export:
+        from specdec_tune.cli.export import check_out_folder
         from specdec_tune.tuner.servers import resolve_formats
 
         resolve_formats(fmts)
+        check_out_folder(Path(export), "--export")
     return fmts

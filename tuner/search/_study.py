@@ -14,6 +14,7 @@ import warnings
 from typing import Any
 
 from specdec_tune.db import default_storage_url, mask_url, sqlite_file
+from specdec_tune.db.engine import sqlite_file_problem
 from specdec_tune.errors import InputError, StorageError
 
 OUR_TABLE = "profile_runs"  # a table only specdec-tune's results database has
@@ -61,8 +62,9 @@ def open_storage(storage_url: str) -> Any:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("optuna").setLevel(logging.WARNING)
     path = sqlite_file(storage_url)
-    if path is not None and not path.parent.is_dir():
-        raise StorageError(f"cannot open study storage {mask_url(storage_url)}: directory {path.parent} does not exist")
+    problem = None if path is None else sqlite_file_problem(path)
+    if problem is not None:  # a missing or read-only folder, /proc: one line before SQLite fails late
+        raise StorageError(f"cannot open study storage {mask_url(storage_url)}: {problem}")
     try:
         engine = sa.create_engine(storage_url)
         with engine.connect() as conn:
