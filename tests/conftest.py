@@ -59,8 +59,15 @@ def pytest_configure(config):
 
     torch.set_num_threads(1)
     # What the tool caches per machine (thread calibrations) goes to a folder of this test session, never
-    # the user's (specdec_tune.cache).
-    os.environ["SPECDEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="specdec-test-cache-")
+    # the user's (specdec_tune.cache); the compiled CPU kernels are shared with the user's cache, so a
+    # test session does not rebuild them (their folder is keyed by source, torch and CPU).
+    from specdec_tune.cache import cache_dir
+
+    kernels = cache_dir() / "lean_kernels"
+    session = Path(tempfile.mkdtemp(prefix="specdec-test-cache-"))
+    kernels.mkdir(parents=True, exist_ok=True)
+    (session / "lean_kernels").symlink_to(kernels, target_is_directory=True)
+    os.environ["SPECDEC_CACHE_DIR"] = str(session)
 
 
 # ----------------------------------------------------------------------------------------- vLLM
