@@ -1,6 +1,8 @@
 """The lean decoder forward computes what the HF forward computes, on every supported family."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -254,7 +256,6 @@ class _FakeBuilder:
 
     def __call__(self, name, sources, **kwargs):
         import types
-        from pathlib import Path
 
         self.calls.append({"name": name, "sources": list(sources), **kwargs})
         Path(kwargs["build_directory"], f"{name}.so").write_bytes(b"")
@@ -298,7 +299,7 @@ def test_kernels_build_once_in_the_user_cache_and_say_so_without_printing(fake_b
     assert build.startswith(str(tmp_path / "cache" / "lean_kernels")), build
     assert torch.__version__.split("+")[0] in build and lean_kernels._cpu_tag() in build
     (source,) = call["sources"]
-    assert source.startswith(build) and open(source, "rb").read() == lean_kernels.SOURCE.read_bytes()
+    assert source.startswith(build) and Path(source).read_bytes() == lean_kernels.SOURCE.read_bytes()
     assert len(_building(caplog)) == 1 and capsys.readouterr() == ("", "")  # logged for the CLI, never printed
     caplog.clear()
     _load_from(monkeypatch, lean_kernels.SOURCE)  # the next process loads what was built
