@@ -8,6 +8,7 @@ prompts it was measured on.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from specdec_tune.dashboard.measured import (
 from specdec_tune.dashboard.studies import StudyRow
 from specdec_tune.dashboard.trends import TrendsInfo, Verdict
 from specdec_tune.db import Database, HardwareRecord, MeasuredRecord, RunRecord, list_measured, list_models, list_runs
+
+NGRAM_ROLE = "draft (n-gram lookup, no model)"
 
 
 def hardware_label(h: HardwareRecord) -> str:
@@ -97,7 +100,18 @@ class OverviewInfo:
         return self.run_count == 0 and not self.studies and self.regress_runs == 0
 
 
-def _best_from_studies(studies: Sequence[StudyRow]) -> list[BestRow]:
+def stored_ci(measured: Sequence[MeasuredRecord], run_id: int | None, tokens_per_s: float | None
+              ) -> tuple[float, float] | None:
+    """The measured 95% CI of the stored row a study's measured tokens/s came from (same run, same
+    tokens/s: the study keeps the number, the results database its CI); ``None`` where none is stored."""
+    if run_id is None or tokens_per_s is None:
+        return None
+    rows = [m for m in measured if m.run_id == run_id and not is_baseline(m)
+            and math.isclose(m.measured_tokens_per_s, tokens_per_s, rel_tol=1e-9)]
+    return measured_ci(rows[-1]) if rows else None
+
+
+def _best_from_studies(studies: Sequence[StudyRow], measured: Sequence[MeasuredRecord] = ()) -> list[BestRow]:
     rows = []
     for s in studies:
         r = s.result
@@ -107,7 +121,8 @@ def _best_from_studies(studies: Sequence[StudyRow]) -> list[BestRow]:
             target=short_name(r.target), hardware=r.hardware or "?", workload=short_name(r.workload), server=r.server,
             config=r.candidate.label(), measured_tokens_per_s=r.measured_tokens_per_s,
             predicted_tokens_per_s=r.predicted_tokens_per_s, speedup=r.speedup, speedup_ci=r.speedup_ci,
-            tokens_ci=None, heldout=r.heldout, source=f"study {s.name}",
+            tokens_ci=stored_ci(measured, r.run_id, r.measured_tokens_per_s), heldout=r.heldout,
+            source=f"study {s.name}",
         ))
         for server, best in sorted(r.best_per_server.items()):
             if server == r.server:
@@ -119,7 +134,8 @@ def _best_from_studies(studies: Sequence[StudyRow]) -> list[BestRow]:
                 server=server, config=Candidate.from_dict(best).label(),
                 measured_tokens_per_s=best.get("measured_tokens_per_s"),
                 predicted_tokens_per_s=best.get("predicted_tokens_per_s"), speedup=best.get("speedup"),
-                speedup_ci=tuple(best["speedup_ci"]) if best.get("speedup_ci") else None, tokens_ci=None,
+                speedup_ci=tuple(best["speedup_ci"]) if best.get("speedup_ci") else None,
+                tokens_ci=stored_ci(measured, r.run_id, best.get("measured_tokens_per_s")),
                 heldout=best.get("heldout"), source=f"study {s.name} (best inside {server}'s space)",
             ))
     return rows
@@ -171,7 +187,10 @@ def load_overview(db: Database, studies: Sequence[StudyRow] = (), trends: Trends
         t = run.target
         models.setdefault(t.name, (t.name, "target", t.num_parameters, t.num_layers))
         for d in run.drafts:
-            rec = known.get(d.model_id) if d.model_id is not None else None
+            if d.model_id is None:  # a drafter that runs no model: the n-gram (prompt) lookup
+                models.setdefault(d.name, (d.name, NGRAM_ROLE, None, None))
+                continue
+            rec = known.get(d.model_id)
             models.setdefault(d.name, (d.name, "draft", rec.num_parameters if rec else None,
                                        rec.num_layers if rec else None))
         if run.workload is not None:
@@ -183,7 +202,7 @@ def load_overview(db: Database, studies: Sequence[StudyRow] = (), trends: Trends
                drafts=", ".join(short_name(d.name) for d in r.drafts), label=r.label or "", measured=per_run[r.id])
         for r in runs[:latest]
     )
-    best = _best_from_studies(studies)
+    best = _best_from_studies(studies, measured)
     covered = {(b.target, b.workload) for b in best}
     best += [b for b in _best_from_measured(runs, measured) if (b.target, b.workload) not in covered]
     return OverviewInfo(

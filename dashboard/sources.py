@@ -15,13 +15,19 @@ from specdec_tune.errors import StorageError
 
 STORAGE_ENV = "SPECDEC_STORAGE"
 
-# What to run first, shown by every page whose data is missing (never an error).
+# What to run first, shown by every page whose data is missing (never an error); {run}: see first_command.
 FIRST_COMMANDS = {
     "profile": "specdec-tune profile --target mini-target --draft mini-draft-1l,ngram --workload functions",
-    "measure": "specdec-tune measure --run 1 --num-speculative-tokens 4",
+    "measure": "specdec-tune measure --run {run} --num-speculative-tokens 4",
     "tune": "specdec-tune tune --target mini-target --drafts mini-draft-1l,ngram --workload functions",
     "regress": "specdec-tune regress",
 }
+
+
+def first_command(what: str, run_id: int | None = None) -> str:
+    """The command that fills the missing data ``what``; ``measure`` names the run ``run_id`` (the
+    selected one; run 1, the first profile's, when none is selected yet)."""
+    return FIRST_COMMANDS[what].format(run=1 if run_id is None else run_id)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """The sidebar's selection widgets (target, hardware, workload, run, draft, server) and small renderers
 shared by the pages. The filtering itself is pure (:func:`filter_runs`) and tested without Streamlit.
+
+The selection rides in the page's URL (``?run=3&draft=ngram``): every page keeps it, and a reload, a
+bookmark or a link opens on it instead of on the newest run.
 """
 from __future__ import annotations
 
@@ -12,11 +15,14 @@ from specdec_tune.dashboard import cache
 from specdec_tune.dashboard.measured import short_name
 from specdec_tune.dashboard.overview import hardware_label, run_label
 from specdec_tune.dashboard.servers_info import server_names
-from specdec_tune.dashboard.sources import FIRST_COMMANDS, Sources
+from specdec_tune.dashboard.sources import Sources, first_command
 from specdec_tune.db import RunRecord
 
 ALL = "all"
 _KEY = "specdec_selection"
+# Each sidebar widget's key and the URL query parameter that carries its choice.
+_PARAMS = {"sel_target": "target", "sel_hardware": "hardware", "sel_workload": "workload", "sel_run": "run",
+           "sel_draft": "draft", "sel_server": "server"}
 
 
 @dataclass(frozen=True)
@@ -49,9 +55,35 @@ def filter_runs(runs: Sequence[RunRecord], target: str | None = None, hardware: 
             and (workload is None or (r.workload.name if r.workload else None) == workload)]
 
 
+def _from_url(key: str, options: Sequence) -> None:
+    """A new session (a reload, a bookmark, a link) starts from the choice its URL carries, if offered."""
+    if key in st.session_state:
+        return
+    wanted = st.query_params.get(_PARAMS[key])
+    match = next((o for o in options if str(o) == wanted), None)
+    if match is not None:
+        st.session_state[key] = match
+
+
+def _to_url(key: str, value: object, default: object) -> None:
+    """Write the choice into the URL (the default leaves no parameter)."""
+    param = _PARAMS[key]
+    if value is None or value == default:
+        st.query_params.pop(param, None)
+    elif st.query_params.get(param) != str(value):
+        st.query_params[param] = str(value)
+
+
+def _select(label: str, options: Sequence, key: str, default: object, **kwargs):
+    """A sidebar selectbox whose choice is kept in the URL (``default``: the choice that needs no parameter)."""
+    _from_url(key, options)
+    value = st.sidebar.selectbox(label, options, key=key, **kwargs)
+    _to_url(key, value, default)
+    return value
+
+
 def _pick(label: str, options: Sequence[str], key: str, fmt=short_name) -> str | None:
-    choices = [ALL, *options]
-    value = st.sidebar.selectbox(label, choices, key=key, format_func=lambda o: o if o == ALL else fmt(o))
+    value = _select(label, [ALL, *options], key, ALL, format_func=lambda o: o if o == ALL else fmt(o))
     return None if value == ALL else value
 
 
@@ -69,10 +101,13 @@ def sidebar(sources: Sources) -> Selection:
     if pool:
         ids = [r.id for r in pool]
         by_id = {r.id: r for r in pool}
-        run_id = st.sidebar.selectbox("Run", ids, key="sel_run", format_func=lambda i: run_label(by_id[i]))
+        # A run id always goes into the URL: the newest run now is not the newest after the next profile.
+        run_id = _select("Run", ids, "sel_run", None, format_func=lambda i: run_label(by_id[i]))
         run = by_id.get(run_id, pool[0])
+    else:
+        st.query_params.pop(_PARAMS["sel_run"], None)
     draft = _pick("Draft", run.draft_names if run else [], "sel_draft")
-    server = st.sidebar.selectbox("Server", ["any", *server_names()], key="sel_server")
+    server = _select("Server", ["any", *server_names()], "sel_server", "any")
     if st.sidebar.button("Reload data", help="Read the database again (data is cached for a minute)"):
         cache.clear()
         st.rerun()
@@ -90,10 +125,17 @@ def selection() -> Selection:
     return sel
 
 
+def commands(*what: str) -> str:
+    """The commands that fill the missing data, one a line, for the selected run (``measure --run <id>``)."""
+    sel = st.session_state.get(_KEY)
+    run_id = sel.run.id if sel is not None and sel.run is not None else None
+    return "\n".join(first_command(w, run_id) for w in what)
+
+
 def need(what: str, message: str) -> None:
     """Say which command fills the missing data, then stop the page (an empty state, not an error)."""
     st.info(f"{message} Run first:")
-    st.code(FIRST_COMMANDS[what], language="bash")
+    st.code(commands(what), language="bash")
     st.stop()
 
 

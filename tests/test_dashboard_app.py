@@ -156,3 +156,25 @@ def test_trends_and_overview_with_regression_runs(monkeypatch, regress_db):
     assert metric(at, "Regression runs") == "3" and metric(at, "Profile runs") == "0"
     tables = [d.value for d in at.dataframe if "verdict" in d.value.columns]
     assert len(tables) == 1 and list(tables[0]["verdict"]) == ["regression"]
+
+
+def test_overview_shows_the_measured_ci_a_study_row_has_in_the_database(monkeypatch, urls):
+    """A study's winner was measured and stored with its 95% CI: its row shows that CI, not "–"."""
+    from specdec_tune.db import list_measured
+
+    at = render(monkeypatch, "overview", urls["db"], urls["storage"])
+    best = at.dataframe[0].value
+    row = best[best["from"] == f"study {dashboard_data.STUDY}"].iloc[0]
+    stored = [m for m in list_measured(open_database(urls["db"]), 1)
+              if m.draft and ui.fmt(m.measured_tokens_per_s) == row["measured tokens/s"]]
+    assert len(stored) == 1 and stored[0].ci95 is not None
+    assert row["measured 95% CI"] == ui.ci_text(stored[0].ci95)
+
+
+def test_overview_models_table_names_the_ngram_drafter(monkeypatch, urls):
+    at = render(monkeypatch, "overview", urls["db"], urls["storage"])
+    models = next(d.value for d in at.dataframe if "model" in d.value.columns)
+    ngram = models[models["model"] == "ngram"].iloc[0]
+    assert ngram["role"] == "draft (n-gram lookup, no model)"
+    assert ngram["parameters"] == "–" and ngram["layers"] == "–"
+    assert not models.isna().any().any() and "None" not in models.astype(str).values

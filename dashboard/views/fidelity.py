@@ -13,7 +13,14 @@ scope = st.radio("Runs", ["selected run", "all runs matching the filters"], hori
 ids = (sel.run.id,) if scope == "selected run" and sel.run else tuple(r.id for r in sel.runs)
 info = cache.fidelity(sel.sources.db_url, ids, sel.draft)
 if not info.points:
-    ui.need("measure", "No measured configuration with a prediction in these runs yet.")
+    if len(ids) == 1:  # the selected run has none: say which runs matching the filters have some
+        others = sorted({p.run_id for p in cache.fidelity(sel.sources.db_url, tuple(r.id for r in sel.runs),
+                                                          sel.draft).points})
+        if others:
+            st.info(f"Measured configurations with predictions are in run{'s' if len(others) > 1 else ''} "
+                    f"{', '.join(map(str, others))}: select one in the sidebar, or show all runs matching the filters.")
+    where = f"run {ids[0]}" if len(ids) == 1 else "these runs"
+    ui.need("measure", f"No measured configuration with a prediction in {where} yet.")
 
 st.plotly_chart(charts.fidelity_chart(info), key="fidelity")
 st.header("Error table")

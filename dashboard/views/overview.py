@@ -5,7 +5,6 @@ import streamlit as st
 
 from specdec_tune.dashboard import cache, ui
 from specdec_tune.dashboard.measured import short_name
-from specdec_tune.dashboard.sources import FIRST_COMMANDS
 from specdec_tune.dashboard.trends import FLAGGED
 
 sel = ui.selection()
@@ -14,7 +13,7 @@ info = cache.overview(sel.sources.db_url, sel.sources.storage_url)
 if info.empty:
     st.info("The database is empty: nothing has been profiled or tuned yet. Start with a profile "
             "(it measures T_s, T_v(k) and acceptance on your hardware), then measure or tune:")
-    st.code("\n".join(FIRST_COMMANDS[k] for k in ("profile", "measure", "tune")), language="bash")
+    st.code(ui.commands("profile", "measure", "tune"), language="bash")
     st.stop()
 
 cols = st.columns(5)
@@ -41,7 +40,7 @@ if best:
                "profile's own prompts; a tuning's winner is confirmed on held-out prompts.")
 else:
     st.info("No measured configuration matches the selection yet. Measure one or tune:")
-    st.code(FIRST_COMMANDS["measure"] + "\n" + FIRST_COMMANDS["tune"], language="bash")
+    st.code(ui.commands("measure", "tune"), language="bash")
 
 st.header("Latest runs")
 st.dataframe([r.__dict__ for r in info.runs], hide_index=True)
@@ -57,7 +56,7 @@ if info.studies:
     } for s in info.studies], hide_index=True)
 else:
     st.info(f"No tuning studies yet (storage: {sel.sources.display_storage}). Run:")
-    st.code(FIRST_COMMANDS["tune"], language="bash")
+    st.code(ui.commands("tune"), language="bash")
 
 st.header("Regression verdicts")
 hot = [v for v in info.verdicts if v.verdict in FLAGGED]
@@ -78,7 +77,8 @@ with left:
     st.dataframe([{"hardware": h} for h in info.hardware], hide_index=True)
 with mid:
     st.subheader("Models")
-    st.dataframe([{"model": short_name(n), "role": role, "parameters": p, "layers": layers}
+    st.dataframe([{"model": short_name(n), "role": role, "parameters": "–" if p is None else f"{p:,}",
+                   "layers": "–" if layers is None else str(layers)}
                   for n, role, p, layers in info.models], hide_index=True)
 with right:
     st.subheader("Workloads")
