@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from specdec_tune.cli._app import app, print_json, quiet_loading
+from specdec_tune.cli._app import app, console, print_json, quiet_loading
 from specdec_tune.cli._options import DbOption, SuiteOption, VllmPythonOption
 from specdec_tune.errors import InputError
 
@@ -92,7 +91,7 @@ def regress(
     if spec.threads:
         torch.set_num_threads(spec.threads)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True, disable=json_out) as bar:
+    with Progress(*columns, console=console(stderr=True), transient=True, disable=json_out) as bar:
         report = _run(spec, database, baseline, calibrate, rounds, vllm_python, _Bar(bar))
         if retune:
             from specdec_tune.tuner.regress import run_drift
