@@ -88,7 +88,7 @@ def test_predict_json_contract(profiled, tiny_model_dirs, capsys):
     two = json.loads(out)
     assert code == 0 and two["batch_size"] == 2 and two["tokens_per_s"] > 0
     code, _, err = run(["predict", "--run", "1", "-N", "2", "--batch-size", "3", "--db", url], capsys)
-    _one_line_error(code, err, "outside the measured range")
+    _one_line_error(code, err, "--batch-size 3 is outside run 1's profiled batch sizes 1, 2")
 
 
 def test_measure_stores_measured_next_to_predicted(profiled, capsys):

@@ -50,6 +50,24 @@ def _spec_config(n: int, threshold: float, schedule: str, batch_size: int, tempe
     return SpecConfig(n, threshold, schedule, batch_size, "sampling" if temperature > 0 else "greedy")
 
 
+def interpolated_between(batch_size: int, profiled: list[int], run: int) -> tuple[int, int] | None:
+    """The profiled batch sizes around an unprofiled ``batch_size`` (its T_v(B, k) and T_s(B) are
+    interpolated between theirs), None for a profiled one.
+
+    Raises:
+        InputError: ``batch_size`` lies outside the profiled ones: a prediction there would extrapolate.
+    """
+    if batch_size in profiled:
+        return None
+    below, above = [b for b in profiled if b < batch_size], [b for b in profiled if b > batch_size]
+    if not below or not above:
+        wanted = ",".join(str(b) for b in sorted({*profiled, batch_size}))
+        raise InputError(f"--batch-size {batch_size} is outside run {run}'s profiled batch sizes "
+                         f"{', '.join(map(str, profiled))}: predictions interpolate between profiled batch sizes but "
+                         f"never extrapolate (profile with --batch-sizes {wanted})")
+    return max(below), min(above)
+
+
 @app.command()
 def predict(
     run: int = typer.Option(..., "--run", help="Profile run id (printed by `profile`)."),
@@ -70,20 +88,23 @@ def predict(
     config = _spec_config(num_speculative_tokens, threshold, schedule, batch_size, temperature)
     database = open_database(db)
     rp = load_run_profile(database, run, draft)
+    between = interpolated_between(batch_size, sorted(rp.model.verify_s), run)
     p = predict_config(rp, config, max_prompts)
+    label = "predicted" if between is None else f"predicted, interpolated between profiled B = {between[0]} and {between[1]}"
     obj = {
         "run_id": run, "draft": rp.draft, "num_speculative_tokens": config.num_speculative_tokens,
         "threshold": config.threshold, "schedule": config.schedule, "batch_size": config.batch_size,
         "mode": config.mode, "tokens_per_s": p.tokens_per_s, "speedup": p.speedup,
         "baseline_tokens_per_s": p.baseline_tokens_per_s, "decode_tokens_per_s": p.decode_tokens_per_s,
         "expected_tokens_per_cycle": p.expected_tokens_per_cycle, "expected_draft_length": p.expected_draft_length,
-        "source": p.source, "throughput": THROUGHPUT_NOTE, "label": "predicted",
+        "source": p.source, "throughput": THROUGHPUT_NOTE, "label": label,
+        "interpolated_between": list(between) if between else None,
     }
     if json_out:
         print_json(obj)
         return
     typer.echo(
-        f"predicted: {p.tokens_per_s:.1f} tokens/s ({p.speedup:.2f}× over {p.baseline_tokens_per_s:.1f} tokens/s plain "
+        f"{label}: {p.tokens_per_s:.1f} tokens/s ({p.speedup:.2f}× over {p.baseline_tokens_per_s:.1f} tokens/s plain "
         f"decoding), τ = {p.expected_tokens_per_cycle:.2f} tokens/cycle, E[L] = {p.expected_draft_length:.2f} "
         f"[run {run}, draft {rp.draft}, N = {config.num_speculative_tokens}, θ = {config.threshold}, "
         f"{config.schedule}, B = {config.batch_size}, {config.mode}; {p.source}]"
