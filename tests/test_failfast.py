@@ -192,3 +192,98 @@ def test_export_to_a_folder_it_cannot_create_is_one_line(tmp_path, world_dir, cl
     code, err = cli_as_unprivileged([*export, "--out", str(world_dir / "out")])
     one_error_line(code, err, f"--out {world_dir / 'out'} cannot be created: {world_dir} is read-only")
     assert [p.name for p in world_dir.iterdir()] == ["studies.db"]
+
+
+# -- predictions at a batch size the profile did not measure -------------------------------------------
+
+TINY = ["--device", "cpu", "--repeats", "2", "--k-max", "3", "--n-max", "4", "--max-prompts", "2",
+        "--max-new-tokens", "8", "--context-lens", "8,16"]
+
+
+@pytest.fixture(scope="module")
+def tiny_workload(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("failfast") / "w.jsonl"
+    path.write_text('{"id": "a", "prompt": "def add(a, b):"}\n{"id": "b", "prompt": "class Point:"}\n'
+                    '{"id": "c", "prompt": "for i in range(10):"}\n{"id": "d", "prompt": "print(i, i * i)"}\n')
+    return str(path)
+
+
+def test_predict_interpolates_between_profiled_batch_sizes_and_says_so(tiny_model_dirs, tiny_workload, tmp_path):
+    import json
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    code, _, err = cli(["profile", "--target", tiny_model_dirs["target"], "--draft", tiny_model_dirs["draft"],
+                        "--workload", tiny_workload, "--db", url, "--batch-sizes", "1,3", *TINY])
+    assert code == 0, err
+    predict = ["predict", "--run", "1", "-N", "2", "--db", url]
+    code, out, _ = cli([*predict, "--batch-size", "2", "--json"])
+    obj = json.loads(out)
+    assert code == 0 and obj["label"] == "predicted, interpolated between profiled B = 1 and 3"
+    assert obj["interpolated_between"] == [1, 3] and obj["tokens_per_s"] > 0
+    code, out, _ = cli([*predict, "--batch-size", "2"])
+    assert code == 0 and out.startswith("predicted, interpolated between profiled B = 1 and 3: ")
+    for b in ("1", "3"):
+        code, out, _ = cli([*predict, "--batch-size", b, "--json"])
+        assert json.loads(out)["label"] == "predicted" and json.loads(out)["interpolated_between"] is None
+    code, _, err = cli([*predict, "--batch-size", "4"])
+    one_error_line(code, err, "--batch-size 4 is outside run 1's profiled batch sizes 1, 3", "never extrapolate",
+                   "--batch-sizes 1,3,4")
+
+
+# -- Ctrl-C and kill -9 --------------------------------------------------------------------------------
+
+
+def _ctrl_c() -> None:
+    """What pressing Ctrl-C does: SIGINT to this process (Python's handler, or the search's own)."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def _interrupted_line(code: int, err: str) -> str:
+    assert code == 130 and "Traceback" not in err and "Trial " not in err, err
+    lines = [line for line in err.splitlines() if "interrupt" in line]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_ctrl_c_during_profile_says_what_was_kept(tiny_model_dirs, tiny_workload, tmp_path, monkeypatch):
+    from specdec_tune.db import get_run, load_timings, open_database
+    from specdec_tune.profiler.session import ProfileSession
+
+    monkeypatch.setattr(ProfileSession, "bench_prefill", lambda self: _ctrl_c())
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    code, _, err = cli(["profile", "--target", tiny_model_dirs["target"], "--draft", tiny_model_dirs["draft"],
+                        "--workload", tiny_workload, "--db", url, *TINY])
+    line = _interrupted_line(code, err)
+    assert line == ("interrupted: profile run 1 kept as interrupted with forward timings T_v(k), T_s; "
+                    "re-run the same command to profile again")
+    db = open_database(url)
+    assert get_run(db, 1).status == "interrupted" and load_timings(db, 1, kind="verify")
+
+
+def test_ctrl_c_during_tune_keeps_the_trials_in_one_line(tiny_model_dirs, tiny_workload, tmp_path, tune_flags,
+                                                         monkeypatch):
+    import optuna
+
+    from specdec_tune.tuner.model import Evaluator
+
+    score, calls = Evaluator.score, []
+
+    def score_then_ctrl_c(self, candidate):
+        calls.append(candidate)
+        if len(calls) == 3:
+            _ctrl_c()  # in the middle of a trial: the search finishes it, stores it and stops
+        return score(self, candidate)
+
+    monkeypatch.setattr(Evaluator, "score", score_then_ctrl_c)
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    code, out, err = cli(["tune", "--target", tiny_model_dirs["target"], "--drafts", tiny_model_dirs["draft"],
+                          "--workload", tiny_workload, "--db", f"sqlite:///{tmp_path / 'r.db'}", "--storage", storage,
+                          "--study", "s", "--trials", "40", *tune_flags])
+    line = _interrupted_line(code, err)
+    trials = optuna.load_study(study_name="s", storage=storage).get_trials()
+    kept = [t for t in trials if t.state.name == "COMPLETE"]
+    assert line == f"interrupted: {len(kept)} trials kept; re-run the same command to resume" and len(kept) >= 1
+    assert {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}  # none left RUNNING, none FAIL

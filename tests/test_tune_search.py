@@ -170,6 +170,42 @@ def test_kill_9_loses_no_completed_trial(profile_db, tmp_path):
     assert out.completed == len(stored) + 5
 
 
+# A worker killed in the middle of a trial: the trial holds its first parameter and a heartbeat, and the
+# process sleeps until it is killed.
+_KILLED_MID_TRIAL = """
+import sys, time
+import optuna
+from specdec_tune.tuner.search import open_storage
+storage = open_storage(sys.argv[1])
+trial = optuna.load_study(study_name=sys.argv[2], storage=storage).ask()
+trial.suggest_categorical("drafter", sys.argv[3].split(","))
+storage.record_heartbeat(trial._trial_id)
+print(trial.number, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_trial_left_running_by_kill_9_is_failed_and_run_again(profile_db, tmp_path):
+    """The next run fails the killed worker's trial (its heartbeat went stale) and runs its point again, even
+    when it starts right after the kill; no trial stays RUNNING for ever."""
+    url, run_id, _, _ = profile_db
+    storage_url, space = f"sqlite:///{tmp_path / 'stale.db'}", _space(profile_db)
+    run_search(Evaluator(open_database(url), run_id), space, storage=open_storage(storage_url), study_name="s", trials=4)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_MID_TRIAL, storage_url, "s", ",".join(space.drafters)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    killed = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    out = run_search(Evaluator(open_database(url), run_id), space, storage=open_storage(storage_url), study_name="s",
+                     trials=6)
+    trials = out.study.get_trials()
+    assert trials[killed].state.name == "FAIL" and not [t for t in trials if t.state.name == "RUNNING"]
+    (again,) = [t for t in trials if t.system_attrs.get("failed_trial") == killed]
+    assert again.state.name == "COMPLETE" and again.params["drafter"] == trials[killed].params["drafter"]
+    assert out.completed == 6
+
+
 def test_two_workers_on_one_postgresql_study(profile_db, postgres_server, tmp_path):
     import optuna
     import sqlalchemy as sa

@@ -3,14 +3,15 @@
 One module per command group; importing a module registers its commands on the shared Typer app.
 :func:`main` applies the error policy (``docs/architecture.md``, Errors and bad input): a
 :class:`SpecdecError` or a usage error (unknown command or option, missing or bad value) becomes one
-line on stderr and exit code 2, never a traceback.
+line on stderr and exit code 2, never a traceback; Ctrl-C becomes one line (``interrupted: <what was
+kept>``) and exit code 130.
 """
 from __future__ import annotations
 
 import importlib
 import sys
 
-from specdec_tune.cli._app import app
+from specdec_tune.cli._app import Interrupted, app
 from specdec_tune.errors import SpecdecError
 
 # Command modules, imported for their side effect of registering commands.
@@ -59,11 +60,15 @@ def main(argv: list[str] | None = None) -> int:
         command = getattr(getattr(exc, "ctx", None), "command_path", None) or "specdec-tune"
         print(f"error: {' '.join(message.split())} (see '{command} --help')", file=sys.stderr)
         code = 2
-    except (*_ABORT, KeyboardInterrupt):
-        print("interrupted", file=sys.stderr)
+    except (Interrupted, *_ABORT, KeyboardInterrupt) as exc:
+        # Ctrl-C: one line saying what the command kept (a profile run, a study's trials), exit 130.
+        kept = str(exc) if isinstance(exc, Interrupted) else ""
+        print(f"interrupted: {kept}" if kept else "interrupted", file=sys.stderr)
         code = 130
     else:
         code = result if isinstance(result, int) else 0
+        if code == 130:  # Typer's own answer to a Ctrl-C outside any command (while parsing)
+            print("interrupted", file=sys.stderr)
     if argv is None:
         sys.exit(code)
     return code

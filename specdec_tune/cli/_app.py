@@ -18,10 +18,30 @@ import typer
 from rich.console import Console, ConsoleRenderable, RenderHook
 from rich.measure import Measurement
 from rich.table import Table
+from typer.core import TyperGroup
 
 from specdec_tune.jsonsafe import finite
 
 THROUGHPUT_NOTE = "end to end: new tokens / wall seconds of whole decode calls, prefill included"
+
+
+class Interrupted(BaseException):
+    """Ctrl-C on its way to ``cli.main``, which prints ``interrupted: <what the command kept>`` and exits 130.
+
+    Typer turns a ``KeyboardInterrupt`` into a silent exit code, losing the line a command raised it
+    with (``raise KeyboardInterrupt("12 trials kept; ...")``); this carries the line past Typer.
+    """
+
+
+class InterruptibleGroup(TyperGroup):
+    """The app's command group: a ``KeyboardInterrupt`` leaving a command becomes :class:`Interrupted`."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:
+            raise Interrupted(str(exc)) from None
+
 
 app = typer.Typer(
     name="specdec-tune",
@@ -32,6 +52,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=InterruptibleGroup,
 )
 
 

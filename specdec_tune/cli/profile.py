@@ -138,6 +138,28 @@ def _print_summary(console: Console, s: dict) -> None:
     console.print(f"throughput is {THROUGHPUT_NOTE}", highlight=False)
 
 
+def kept_by_interrupt(db, newest: int, target: str) -> str:
+    """What a profile interrupted by Ctrl-C kept: its run (stored as ``interrupted``, newer than run
+    ``newest``) and the stages whose samples it stored, as the one line after ``interrupted:``."""
+    from specdec_tune.db import list_runs, load_timings, load_traces
+    from specdec_tune.errors import SpecdecError
+
+    try:
+        run = next((r for r in list_runs(db, status="interrupted", limit=10)
+                    if r.id > newest and r.settings.get("target") == target), None)
+        if run is None:
+            return "nothing stored (no measurement had started); re-run the same command to profile"
+        kinds = {row.kind for row in load_timings(db, run.id)}
+        decoded = {t.prompt_index for t in load_traces(db, run.id, run.drafts[0].name, "greedy")} if run.drafts else set()
+    except SpecdecError as exc:  # the database itself failed: what was kept cannot be read back now
+        return f"what was kept cannot be read back ({exc})"
+    stages = ["forward timings T_v(k), T_s"] * ("verify" in kinds) + ["prefill timings"] * ("prefill" in kinds)
+    if decoded:
+        stages.append(f"{len(decoded)} of {len(run.settings.get('prompt_ids', []))} prompts decoded")
+    return (f"profile run {run.id} kept as interrupted with {', '.join(stages) or 'no stage finished'}; "
+            "re-run the same command to profile again")
+
+
 @app.command()
 def profile(
     target: TargetOption,
@@ -161,7 +183,7 @@ def profile(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (run id, timings, acceptance, best configs)."),
 ) -> None:
     """Measure T_s, T_v(k), prefill, overhead and acceptance; store them; print the predicted best N and θ."""
-    from specdec_tune.db import open_database
+    from specdec_tune.db import list_runs, open_database
     from specdec_tune.profiler import ProfileSettings, run_profile
 
     opt.check_temperature(temperature)
@@ -173,10 +195,14 @@ def profile(
         context_lens=opt.int_list(context_lens, "--context-lens"), seed=seed, label=label,
     )
     database = open_database(db)  # a bad --db fails here, before any model is loaded
+    newest = max((r.id for r in list_runs(database, limit=1)), default=0)
     quiet_loading()
     console = Console(stderr=True)
-    with progress_bar(console) as bar:
-        result = run_profile(database, target, drafts, workload, settings, Bar(bar))
+    try:
+        with progress_bar(console) as bar:
+            result = run_profile(database, target, drafts, workload, settings, Bar(bar))
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(kept_by_interrupt(database, newest, target)) from None
     summary = profile_summary(database, result.run_id)
     summary["telemetry"] = result.telemetry
     if json_out:

@@ -199,12 +199,30 @@ def tune(
     fmts = _export_formats(formats, export)
     database = open_database(db_url)
     quiet_loading()
-    with LazyBar(Console(stderr=True)) as progress:
-        report = run_tune(database, req, storage_url, progress, export=(export, fmts) if export else None)
+    try:
+        with LazyBar(Console(stderr=True)) as progress:
+            report = run_tune(database, req, storage_url, progress, export=(export, fmts) if export else None)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"{_kept_trials(storage_url, req.study or req.study_name())} trials kept; "
+                                "re-run the same command to resume") from None
     if json_out:
         print_json(report_json(report))
         return
     _print(Console(), report)
+
+
+def _kept_trials(storage_url: str, study: str) -> int | str:
+    """Completed trials of ``study`` after an interrupt (0 before the search began; "the" when unreadable)."""
+    from specdec_tune.db import sqlite_file
+    from specdec_tune.tuner.search import completed_trials
+
+    path = sqlite_file(storage_url)
+    if path is not None and not path.exists():  # interrupted before the storage was made: do not make it now
+        return 0
+    try:
+        return completed_trials(storage_url, study)
+    except Exception:  # noqa: BLE001 - the interrupt matters more than the count
+        return "the completed"
 
 
 def _objectives(objectives: str) -> tuple[str, ...]:

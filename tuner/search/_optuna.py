@@ -13,9 +13,13 @@ minimise the memory speculation adds) whose Pareto front is ``study.best_trials`
 """
 from __future__ import annotations
 
+import logging
 import math
+import signal
+import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,8 +94,10 @@ def run_search(
     """Run (or resume, or join) the study until it holds ``trials`` completed trials.
 
     Completed trials are counted over the whole study, so a rerun continues where a stopped one ended
-    and several workers on one storage share the budget. An interrupt (Ctrl-C) keeps every completed
-    trial (each is committed when it completes) and re-raises.
+    and several workers on one storage share the budget. Ctrl-C ends the search after the trial in
+    flight, keeps every completed trial (each is committed when it completes) and raises
+    ``KeyboardInterrupt``; a trial a killed worker left RUNNING is failed and run again
+    (:func:`~specdec_tune.tuner.search.open_storage`).
 
     Args:
         evaluator: cached predictions from the profile.
@@ -200,17 +206,61 @@ def _optimize(study: Any, objective: Callable[[Any], Any], trials: int, on_trial
     if remaining <= 0:
         return new
 
-    def counted(study_: Any, trial: Any) -> None:
-        nonlocal new
-        new += 1
-        if on_trial is not None:
-            on_trial(trial)
+    with _stop_on_ctrl_c() as asked, _quiet("optuna"):
 
-    # n_trials bounds a pathological run of pruned trials; MaxTrialsCallback stops at the study's
-    # completed count (every worker's), which is what --trials means.
-    study.optimize(objective, n_trials=2 * remaining + 20, gc_after_trial=False,
-                   callbacks=[MaxTrialsCallback(trials, states=(TrialState.COMPLETE,)), counted])
+        def counted(study_: Any, trial: Any) -> None:
+            nonlocal new
+            new += 1
+            if on_trial is not None:
+                on_trial(trial)
+            if asked:
+                study_.stop()
+
+        # n_trials bounds a pathological run of pruned trials; MaxTrialsCallback stops at the study's
+        # completed count (every worker's), which is what --trials means.
+        study.optimize(objective, n_trials=2 * remaining + 20, gc_after_trial=False,
+                       callbacks=[MaxTrialsCallback(trials, states=(TrialState.COMPLETE,)), counted])
+    if asked:
+        raise KeyboardInterrupt
     return new
+
+
+@contextmanager
+def _stop_on_ctrl_c() -> Iterator[list[bool]]:
+    """Ctrl-C during the search ends it after the trial in flight, which completes and is committed:
+    no trial is left RUNNING or FAIL, and no traceback is logged. The caller raises
+    ``KeyboardInterrupt`` when the list it gets is not empty. A second Ctrl-C interrupts at once.
+
+    Only the main thread receives signals; elsewhere Ctrl-C is Python's usual ``KeyboardInterrupt``.
+    """
+    asked: list[bool] = []
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous in (None, signal.SIG_IGN):  # not the main thread, or Ctrl-C deliberately ignored (a background job)
+        yield asked
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        asked.append(True)
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield asked
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    """Optuna logs a failed trial with its whole traceback (a second Ctrl-C); the error itself is what
+    the caller reports, in one line."""
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _ranked(done: Sequence[Any]) -> list[Scored]:

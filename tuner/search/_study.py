@@ -10,6 +10,7 @@ and so is a storage URL whose database already holds specdec-tune's tables.
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from typing import Any
 
@@ -18,6 +19,9 @@ from specdec_tune.db.engine import sqlite_file_problem
 from specdec_tune.errors import InputError, StorageError
 
 OUR_TABLE = "profile_runs"  # a table only specdec-tune's results database has
+# A trial predicts in milliseconds, so any trial still RUNNING after a few heartbeats is a killed worker's.
+HEARTBEAT_S = 2
+GRACE_S = 6
 
 
 def _same_database(a: str, b: str) -> bool:
@@ -47,11 +51,13 @@ def check_storage(storage_url: str, db_url: str) -> None:
             f"(default: {mask_url(default_storage_url(db_url))})")
 
 
-def open_storage(storage_url: str) -> Any:
+def open_storage(storage_url: str, grace_s: int = GRACE_S) -> Any:
     """Open Optuna's RDB storage (created on first use); a bad or unreachable URL is one line.
 
-    Heartbeats let a trial of a killed worker be marked failed instead of running forever; completed
-    trials are committed one by one, so a kill loses none.
+    Completed trials are committed one by one, so a kill loses none. A running trial records a
+    heartbeat every ``HEARTBEAT_S`` seconds; one whose heartbeat is older than ``grace_s`` seconds
+    belongs to a worker that was killed (``kill -9``): the next run fails it and runs its point again
+    (Optuna's stale-trial retry; :func:`fail_stale`), instead of leaving it RUNNING for ever.
 
     Raises:
         StorageError: the URL cannot be parsed or reached, or its database holds specdec-tune's tables.
@@ -79,12 +85,47 @@ def open_storage(storage_url: str) -> Any:
     try:
         with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna 5.0; we rely on them knowingly
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            warnings.simplefilter("ignore", FutureWarning)  # RetryFailedTrialCallback's rename (Optuna < 4.9)
             return optuna.storages.RDBStorage(
-                storage_url, heartbeat_interval=30, grace_period=90,
+                storage_url, heartbeat_interval=HEARTBEAT_S, grace_period=grace_s, **_retry_stale(optuna),
                 engine_kwargs={"pool_pre_ping": True} if not storage_url.startswith("sqlite") else None,
             )
     except Exception as exc:
         raise StorageError(f"cannot open study storage {mask_url(storage_url)}: {_first_line(exc)}") from None
+
+
+def _retry_stale(optuna: Any) -> dict[str, Any]:
+    """The storage argument that re-queues a stale trial's point (its name changed in Optuna 4.9)."""
+    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
+    if retry is not None:
+        return {"heartbeat_stale_trial_callback": retry(max_retry=3)}
+    return {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=3)}
+
+
+def fail_stale(study: Any, storage: Any) -> None:
+    """Fail the trials a killed worker left RUNNING, so that their points run again (:func:`open_storage`).
+
+    A trial RUNNING now is either another live worker's, which finishes within milliseconds, or a
+    killed one's, whose heartbeat goes stale ``grace_s`` seconds after the kill: wait at most that long
+    for each to do one or the other, so that a run started right after a ``kill -9`` retries it too.
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    interval, grace = getattr(storage, "heartbeat_interval", None), getattr(storage, "grace_period", None)
+    if interval is None:  # no heartbeats (not an RDB storage from open_storage): nothing can go stale
+        return
+    deadline = time.monotonic() + (grace or 2 * interval) + interval
+    running = lambda: {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}  # noqa: E731
+    waiting_for = running()
+    while waiting_for:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        waiting_for &= running()
+        if not waiting_for or time.monotonic() > deadline:
+            return
+        time.sleep(0.5)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -106,6 +147,7 @@ def load_or_create(storage: Any, name: str, directions: list[str], attrs: dict[s
 
     study = optuna.create_study(storage=storage, study_name=name, directions=directions, sampler=sampler,
                                 load_if_exists=True)
+    fail_stale(study, storage)  # a killed worker's trial is failed and queued again before this run counts
     stored = study.user_attrs
     if "tune" not in stored:
         study.set_user_attr("tune", attrs)
