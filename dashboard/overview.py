@@ -161,7 +161,8 @@ def _best_from_measured(runs: Sequence[RunRecord], measured: Sequence[MeasuredRe
         # Speedup only against plain decoding measured the same way (not the profile's hooked pass).
         bases = [m for m in by_run[run.id] if is_baseline(m) and not m.config.get("hooked") and measured_split(m) == split
                  and backend_of(m) == backend and int(m.config.get("batch_size", 1) or 1) == batch]
-        base = bases[-1] if bases else None
+        # the plain decoding measured in the same passes (measure stores it right after the configuration)
+        base = min(bases, key=lambda m: (m.id < best.id, abs(m.id - best.id))) if bases else None
         rows.append(BestRow(
             target=target, hardware=hw, workload=workload, server=f"{backend} (measured)", config=config_label(best),
             measured_tokens_per_s=best.measured_tokens_per_s, predicted_tokens_per_s=best.predicted_tokens_per_s,

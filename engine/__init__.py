@@ -1,18 +1,48 @@
-"""Engine: model loading, drafters, the pure verify step and the decode loops (no timing, no I/O)."""
+"""Engine: model loading, drafters, the pure verify step and the decode loops (no timing, no I/O).
+
+The public names below load their module on first use (PEP 562), so that ``import
+specdec_tune.engine.zoo`` or a check of a model name (:func:`resolve_source`) does not import torch
+and transformers: a command refuses bad input before it pays for them. Type checkers and the import
+contracts read the ``TYPE_CHECKING`` imports.
+"""
 from __future__ import annotations
 
-from specdec_tune.engine.decode import DecodeConfig, autoregressive, speculative
-from specdec_tune.engine.drafters import ModelDrafter, NgramDrafter, build_drafter
-from specdec_tune.engine.kvcache import PreallocatedCache, forward_with_cache, make_cache
-from specdec_tune.engine.lean import LeanCausalLM, lean_unsupported, wrap_forward
-from specdec_tune.engine.loading import LoadedModel, check_compatible, load_model, resolve_source
-from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult, VerifyResult, acceptance_counts
-from specdec_tune.engine.types import acceptance_per_position
-from specdec_tune.engine.verify import verify_greedy, verify_sampling
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "CycleStats", "DecodeConfig", "Draft", "Drafter", "GenerationResult", "LeanCausalLM", "LoadedModel", "ModelDrafter",
-    "NgramDrafter", "PreallocatedCache", "VerifyResult", "acceptance_counts", "acceptance_per_position",
-    "autoregressive", "build_drafter", "check_compatible", "forward_with_cache", "lean_unsupported", "load_model", "make_cache",
-    "resolve_source", "speculative", "verify_greedy", "verify_sampling", "wrap_forward",
-]  # fmt: skip
+if TYPE_CHECKING:
+    from specdec_tune.engine.decode import DecodeConfig, autoregressive, speculative
+    from specdec_tune.engine.drafters import ModelDrafter, NgramDrafter, build_drafter
+    from specdec_tune.engine.kvcache import PreallocatedCache, forward_with_cache, make_cache
+    from specdec_tune.engine.lean import LeanCausalLM, lean_unsupported, wrap_forward
+    from specdec_tune.engine.loading import LoadedModel, check_compatible, load_model
+    from specdec_tune.engine.names import resolve_source
+    from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult, VerifyResult
+    from specdec_tune.engine.types import acceptance_counts, acceptance_per_position
+    from specdec_tune.engine.verify import verify_greedy, verify_sampling
+
+_HOME = {  # public name -> the module that defines it
+    "DecodeConfig": "decode", "autoregressive": "decode", "speculative": "decode",
+    "ModelDrafter": "drafters", "NgramDrafter": "drafters", "build_drafter": "drafters",
+    "PreallocatedCache": "kvcache", "forward_with_cache": "kvcache", "make_cache": "kvcache",
+    "LeanCausalLM": "lean", "lean_unsupported": "lean", "wrap_forward": "lean",
+    "LoadedModel": "loading", "check_compatible": "loading", "load_model": "loading",
+    "resolve_source": "names",
+    "CycleStats": "types", "Draft": "types", "Drafter": "types", "GenerationResult": "types", "VerifyResult": "types",
+    "acceptance_counts": "types", "acceptance_per_position": "types",
+    "verify_greedy": "verify", "verify_sampling": "verify",
+}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))

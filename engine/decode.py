@@ -16,9 +16,7 @@ from specdec_tune.engine.drafters import probs_from_logits
 from specdec_tune.engine.kvcache import PreallocatedCache, forward_with_cache, make_cache
 from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult, VerifyResult
 from specdec_tune.engine.verify import greedy_accept, verify_sampling
-from specdec_tune.schedules import SCHEDULES, THRESHOLD_RULES, next_num_speculative
-
-MAX_SPECULATIVE_TOKENS = 64
+from specdec_tune.schedules import MAX_SPECULATIVE_TOKENS, SCHEDULES, THRESHOLD_RULES, next_num_speculative
 
 
 @dataclass(frozen=True)

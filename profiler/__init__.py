@@ -16,12 +16,12 @@ from specdec_tune.profiler.settings import ProfileResult, ProfileSettings, Progr
 from specdec_tune.profiler.suite_runs import ArmSpec, PromptSample, environment_fingerprint, measure_arms
 from specdec_tune.profiler.suite_runs import model_identity, model_source
 from specdec_tune.profiler.suite_runs_vllm import measure_arms_vllm
-from specdec_tune.profiler.threads import AUTO, ThreadChoice, apply_threads, choose_threads, idle_cpus, parse_threads
+from specdec_tune.profiler.threads import ThreadChoice, apply_threads, choose_threads, idle_cpus
 from specdec_tune.profiler.vllm_backend import VllmError, require_vllm_python, server_version
 from specdec_tune.profiler.vllm_measure import ServerConfig, ServerGroup, ServerMeasurement, measure_on_server
 
 __all__ = [
-    "AUTO", "ThreadChoice", "check_inputs", "apply_threads", "choose_threads", "idle_cpus", "parse_threads",
+    "ThreadChoice", "check_inputs", "apply_threads", "choose_threads", "idle_cpus",
     "PLAIN", "ArmSpec", "MeasureSpec", "Measurement", "ProfileResult", "ProfileSettings", "Progress", "PromptSample",
     "ServerConfig", "ServerGroup", "ServerMeasurement", "StageLog", "VllmError", "chosen_prompts", "default_split",
     "environment_fingerprint", "measure_arms", "measure_arms_vllm", "measure_configs", "measure_on_server",

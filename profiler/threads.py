@@ -26,6 +26,7 @@ setting measured above). On a GPU the thread count is torch's default: the forwa
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import time
@@ -37,17 +38,15 @@ import torch
 
 from specdec_tune.cache import cache_dir
 from specdec_tune.engine import LoadedModel, forward_with_cache, make_cache
-from specdec_tune.errors import InputError
 from specdec_tune.profiler.timers import Stopwatch
 
 WORTH = 0.10  # more threads must make the cycle at least 10 % faster
 IDLE_SHARE = 0.8  # a CPU at least 80 % idle over the window counts as free
 WINDOW_S = 0.25
-AUTO = "auto"
 CACHE_FILE = "threads.json"
+log = logging.getLogger(__name__)
 
-__all__ = ["AUTO", "ThreadChoice", "apply_threads", "busy_warning", "calibrate", "choose_threads", "idle_cpus",
-           "parse_threads", "usable_cpus"]
+__all__ = ["ThreadChoice", "apply_threads", "busy_warning", "calibrate", "choose_threads", "idle_cpus", "usable_cpus"]
 
 
 @dataclass(frozen=True)
@@ -78,23 +77,6 @@ class ThreadChoice:
         idle = "" if self.idle_cpus is None else f"; {self.idle_cpus:.1f} of {self.cpus} CPUs idle at start"
         calib = f", calibrated {self.calibrated}" if self.calibrated is not None and self.source != "calibrated" else ""
         return f"threads: {self.threads} ({self.source}{calib}{idle})"
-
-
-def parse_threads(value: str | int | None) -> int | None:
-    """``auto`` (or None) -> None; a whole number >= 1 -> itself.
-
-    Raises:
-        InputError: anything else (one line naming the valid values).
-    """
-    if value is None or str(value).strip().lower() == AUTO:
-        return None
-    try:
-        n = int(str(value).strip())
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise InputError(f"--threads must be 'auto' or a whole number >= 1, got {value!r}")
-    return n
 
 
 def usable_cpus() -> int:
@@ -155,13 +137,21 @@ def busy_warning(threads: int, idle: float | None, cpus: int) -> str | None:
             f"this way); use --threads {free} or --threads auto")
 
 
+def _positions(loaded: LoadedModel) -> int:
+    config = loaded.model.config.get_text_config(decoder=True)
+    return int(getattr(config, "max_position_embeddings", 0) or getattr(config, "n_positions", 0) or 4096)
+
+
 def _cycle(target: LoadedModel, draft: LoadedModel | None, k: int) -> Callable[[], None]:
-    """One cycle's shapes on a fixed 64-token context: draft steps, then a k-token target forward."""
+    """One cycle's shapes on a fixed context (64 tokens, fewer for a short model): draft steps, then a
+    k-token target forward."""
+    context = max(1, min(64, min(_positions(m) for m in (target, draft) if m is not None) - k - 1))
+
     def prepared(loaded: LoadedModel, tokens: int):  # noqa: ANN202 - a (model, cache, input) triple
-        vocab = int(loaded.model.config.vocab_size)
+        vocab = int(loaded.model.config.get_text_config(decoder=True).vocab_size)
         g = torch.Generator().manual_seed(0)
-        cache = make_cache(loaded.model, 64 + tokens)
-        forward_with_cache(loaded.model, torch.randint(0, vocab, (1, 64), generator=g).to(loaded.device), cache)
+        cache = make_cache(loaded.model, context + tokens)
+        forward_with_cache(loaded.model, torch.randint(0, vocab, (1, context), generator=g).to(loaded.device), cache)
         return loaded.model, cache, torch.randint(0, vocab, (1, tokens), generator=g).to(loaded.device)
 
     t_model, t_cache, t_in = prepared(target, k)
@@ -229,7 +219,11 @@ def _calibrated(target: LoadedModel, draft: LoadedModel | None) -> int:
         cache = {}
     if key in cache:
         return int(cache[key]["threads"])
-    times = calibrate(target, draft, _counts(usable_cpus()))
+    try:
+        times = calibrate(target, draft, _counts(usable_cpus()))
+    except Exception as exc:  # noqa: BLE001 - a model the cycle cannot be timed on keeps torch's default
+        log.warning("thread calibration failed (%s); keeping torch's %d threads", exc, torch.get_num_threads())
+        return torch.get_num_threads()
     best = min(times.values())
     threads = min(n for n, s in times.items() if s <= best * (1 + WORTH))
     cache[key] = {"threads": threads, "cycle_ms": {str(n): s * 1e3 for n, s in times.items()}}

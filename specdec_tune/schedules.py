@@ -17,6 +17,7 @@ from __future__ import annotations
 
 SCHEDULES = ("constant", "heuristic")
 THRESHOLD_RULES = ("before", "hf")
+MAX_SPECULATIVE_TOKENS = 64  # the most tokens one cycle may draft (the engine's and the CLI's limit)
 
 
 def heuristic_grows(drafted: int, accepted: int) -> bool:

@@ -45,8 +45,9 @@ def test_overview_of_an_empty_database(tmp_path):
 def test_overview_of_a_filled_database(db, urls, tiny_model_dirs):
     studies = list_studies(open_storage(urls["storage"]))
     info = load_overview(db, studies)
-    assert not info.empty and info.run_count == 1 and info.measured_count == len(list_measured(db)) == 3
-    assert info.runs[0].drafts == "draft, ngram" and info.runs[0].measured == 3
+    # the profile's hooked baseline, and each of the two measures with its plain decoding in the same passes
+    assert not info.empty and info.run_count == 1 and info.measured_count == len(list_measured(db)) == 5
+    assert info.runs[0].drafts == "draft, ngram" and info.runs[0].measured == 5
     assert [w[:2] for w in info.workloads] == [(info.runs[0].workload and list_runs(db)[0].workload.name, 3)]
     study_rows = [b for b in info.best if b.source == f"study {dashboard_data.STUDY}"]
     result = next(s.result for s in studies if s.name == dashboard_data.STUDY)
@@ -58,7 +59,10 @@ def test_overview_of_a_filled_database(db, urls, tiny_model_dirs):
     best = max(held or [m for m in list_measured(db) if m.draft], key=lambda m: m.measured_tokens_per_s)
     assert measured_row.measured_tokens_per_s == best.measured_tokens_per_s
     assert measured_row.heldout is (measured_split(best) == HELD_OUT)
-    assert measured_row.speedup is None  # only the profile's hooked baseline exists: no like-for-like speedup
+    # like for like: over the plain decoding measured in the same passes (stored right after it), never
+    # over the profile's hooked baseline
+    plain = next(m for m in list_measured(db) if m.draft is None and m.id == best.id + 1)
+    assert measured_row.speedup == pytest.approx(best.measured_tokens_per_s / plain.measured_tokens_per_s)
 
 
 def test_spread_percentiles():
@@ -213,13 +217,15 @@ def test_split_of_a_measured_row():
 
 def test_fidelity_on_the_fixture(db):
     info = load_fidelity(db)
-    assert len(info.points) == 2 and info.unpredicted == 1  # the profile's baseline has no prediction
+    # the two measured configurations and the plain decoding measured beside each; the profile's hooked
+    # baseline has no prediction
+    assert len(info.points) == 4 and info.unpredicted == 1
     stored = {m.id: m for m in list_measured(db)}
     for p in info.points:
         assert p.predicted == stored[p.measured_id].predicted_tokens_per_s
         assert p.split == measured_split(stored[p.measured_id]) and p.ci == stored[p.measured_id].ci95
-    assert sum(s.count for s in info.summaries) == 2
-    assert all(s.spearman is None for s in info.summaries)  # two points carry no rank correlation
+    assert sum(s.count for s in info.summaries) == 4
+    assert all(s.spearman is None or -1 <= s.spearman <= 1 for s in info.summaries)
     assert load_fidelity(db, [], None).points == ()
 
 
@@ -276,7 +282,7 @@ def test_charts_follow_the_data(db):
     heat = charts.heatmap_chart(why.heatmaps[0])
     assert [list(r) for r in heat.data[0].z] == [list(r) for r in why.heatmaps[0].tokens_per_s]
     fid = charts.fidelity_chart(load_fidelity(db))
-    assert fid.data[0].name.startswith("y = x") and len(fid.data[1].x) == 2
+    assert fid.data[0].name.startswith("y = x") and len(fid.data[1].x) == 4
     budget = charts.budget_chart([*why.ranked, why.baseline])
     assert [t.name for t in budget.data] == ["draft steps", "verify", "overhead"]
 

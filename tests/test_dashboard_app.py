@@ -68,7 +68,8 @@ def test_every_page_on_an_empty_database_says_what_to_run(page, monkeypatch, tmp
 
 def test_overview_filled(monkeypatch, urls):
     at = render(monkeypatch, "overview", urls["db"], urls["storage"])
-    assert metric(at, "Profile runs") == "1" and metric(at, "Measured configurations") == "3"
+    # the profile's hooked baseline, and two measures, each with plain decoding in the same passes
+    assert metric(at, "Profile runs") == "1" and metric(at, "Measured configurations") == "5"
     assert metric(at, "Tuning studies") == "2"
     assert [h.value for h in at.header][:4] == ["Best configuration per target, hardware, workload and server",
                                                 "Latest runs", "Tuning studies", "Regression verdicts"]
@@ -117,8 +118,9 @@ def test_fidelity_page_filled(monkeypatch, urls):
     from specdec_tune.dashboard.measured import measured_split
     from specdec_tune.db import list_measured
 
-    splits = [measured_split(m) for m in list_measured(open_database(urls["db"])) if m.draft]
-    assert sorted(table["prompts"]) == sorted(set(splits)) and sum(table["configurations"]) == len(splits) == 2
+    # every measurement with a prediction: the two configurations and the plain decoding measured beside each
+    splits = [measured_split(m) for m in list_measured(open_database(urls["db"])) if m.predicted_tokens_per_s]
+    assert sorted(table["prompts"]) == sorted(set(splits)) and sum(table["configurations"]) == len(splits) == 4
 
 
 def test_study_page_filled(monkeypatch, urls):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from specdec_tune.cli import main
-from specdec_tune.engine import loading, resolve_source
+from specdec_tune.engine import names, resolve_source
 from specdec_tune.errors import ModelLoadError, StorageError
 
 
@@ -35,7 +35,7 @@ def hub(monkeypatch):
     probes made are counted (``hub.calls``). No test here touches the network."""
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    monkeypatch.setattr(loading, "_HUB_STATE", {}, raising=False)
+    monkeypatch.setattr(names, "_HUB_STATE", {}, raising=False)
 
     class Hub:
         calls = 0
@@ -45,7 +45,7 @@ def hub(monkeypatch):
                 Hub.calls += 1
                 return why
 
-            monkeypatch.setattr(loading, "_probe_hub", probe, raising=False)
+            monkeypatch.setattr(names, "_probe_hub", probe, raising=False)
             return self
 
     return Hub()
@@ -95,7 +95,7 @@ def test_the_probe_never_waits_for_a_silent_hub(monkeypatch):
 
     monkeypatch.setattr(huggingface_hub.utils, "get_session", lambda: Silent())
     start = time.perf_counter()
-    why = loading._probe_hub("https://hub.invalid")
+    why = names._probe_hub("https://hub.invalid")
     assert time.perf_counter() - start < 2.0 and "no answer from https://hub.invalid within" in why
 
 

@@ -24,10 +24,12 @@ def two_cpus(monkeypatch):
 
 
 def test_parse_threads():
-    assert th.parse_threads("auto") is None and th.parse_threads(None) is None and th.parse_threads("3") == 3
+    from specdec_tune.cli._checks import parse_threads
+
+    assert parse_threads("auto") is None and parse_threads(None) is None and parse_threads("3") == 3
     for bad in ("0", "-1", "two", "1.5"):
         with pytest.raises(InputError, match="--threads must be 'auto'"):
-            th.parse_threads(bad)
+            parse_threads(bad)
 
 
 def test_idle_cpus_is_a_share_of_this_process_cpus():

@@ -151,3 +151,21 @@ def quiet_loading() -> None:
     from transformers.utils import logging
 
     logging.disable_progress_bar()
+
+
+def show_threads(choice: Any) -> None:
+    """The thread count a command measures with, and a warning where it is known to be pathological (stderr)."""
+    err = console(stderr=True)
+    err.print(choice.text(), highlight=False, markup=False)
+    if choice.warning:
+        err.print(f"warning: {choice.warning}", highlight=False, markup=False)
+
+
+def set_threads(value: str, target: Any, draft: Any = None) -> Any:
+    """Choose the thread count for ``target`` (and ``draft``) from ``--threads``, set it, show it; return it."""
+    from specdec_tune.cli._checks import parse_threads
+    from specdec_tune.profiler import apply_threads, choose_threads
+
+    choice = apply_threads(choose_threads(parse_threads(value), target, draft))
+    show_threads(choice)
+    return choice

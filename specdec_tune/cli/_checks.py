@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from specdec_tune.engine.decode import MAX_SPECULATIVE_TOKENS, SCHEDULES
+from specdec_tune.schedules import MAX_SPECULATIVE_TOKENS, SCHEDULES
 from specdec_tune.errors import InputError
 
 
@@ -58,3 +58,42 @@ def format_alphas(alphas: list[float], limit: int = 8) -> str:
 def format_rate(x: float | None) -> str:
     """``0.81``, or ``–`` for a rate that is undefined (None or NaN)."""
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+
+
+def parse_threads(value: str | int | None) -> int | None:
+    """``--threads``: ``auto`` (or None) -> None, the profiler chooses; a whole number >= 1 -> itself.
+
+    Raises:
+        InputError: anything else (one line naming the valid values).
+    """
+    if value is None or str(value).strip().lower() == "auto":
+        return None
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise InputError(f"--threads must be 'auto' or a whole number >= 1, got {value!r}")
+    return n
+
+
+def check_model_names(*names: str) -> None:
+    """Every model name resolves (bundled, a local model folder, or a reachable hub id), in about a second
+    and before torch is imported; ``none`` and ``ngram`` are drafters, not models.
+
+    Raises:
+        ModelLoadError: one line naming the model, with the nearest bundled name.
+    """
+    from specdec_tune.engine import resolve_source
+
+    for name in names:
+        if name not in ("none", "ngram"):
+            resolve_source(name)
+
+
+def check_workload(workload: str) -> None:
+    """The workload resolves and every line parses (one line naming the file and line where not), before
+    torch and the models load."""
+    from specdec_tune.engine.workloads import load_workload
+
+    load_workload(workload)

@@ -33,6 +33,7 @@ DEFAULT_THRESHOLD = 0.0
 DEFAULT_SCHEDULE = "constant"
 DEFAULT_SERVER = "any"
 DEFAULT_TRIALS = 200
+DEFAULT_THREADS = "auto"
 
 # The bundled zoo: what the benchmark scripts run by default, where the CLI requires a model.
 BUNDLED_TARGET = "mini-target"
@@ -64,6 +65,9 @@ DtypeOption = Annotated[
     str, typer.Option("--dtype", help="auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16 | float16")
 ]
 SeedOption = Annotated[int, typer.Option("--seed", help="Sampling seed.")]
+ThreadsOption = Annotated[str, typer.Option("--threads", metavar="auto|N", help=(
+    "CPU threads per forward: auto (calibrated once per machine and model pair, never more than the CPUs "
+    "other processes leave idle; docs/engine.md#threads) or a whole number."))]
 ThresholdOption = Annotated[
     float, typer.Option("--threshold", help="θ: stop drafting below this draft confidence (0 disables).")
 ]

@@ -10,7 +10,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from specdec_tune.cli import _checks as chk
-from specdec_tune.cli._app import app, console, print_json, quiet_loading
+from specdec_tune.cli._app import app, console, print_json, quiet_loading, set_threads
 from specdec_tune.cli._options import (
     BENCH_MAX_PROMPTS,
     DEFAULT_DEVICE,
@@ -18,6 +18,7 @@ from specdec_tune.cli._options import (
     DEFAULT_FORWARD,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_NUM_SPECULATIVE_TOKENS,
+    DEFAULT_THREADS,
     DEFAULT_WORKLOAD,
     MAX_PROMPTS_HELP,
     DeviceOption,
@@ -26,15 +27,11 @@ from specdec_tune.cli._options import (
     ForwardOption,
     MaxNewTokensOption,
     TargetOption,
+    ThreadsOption,
     VllmPythonOption,
     WorkloadOption,
 )
-from specdec_tune.engine import check_compatible, load_model
-from specdec_tune.engine.workloads import load_workload
 from specdec_tune.errors import InputError
-from specdec_tune.profiler.bench import HF_METHODS, OURS, RATIOS, VLLM_METHODS, run_bench
-from specdec_tune.profiler.runs import encode_prompt
-from specdec_tune.profiler.vllm_backend import require_vllm_python
 
 COMPARE = ("hf", "vllm", "none")
 
@@ -94,6 +91,7 @@ def bench(
     device: DeviceOption = DEFAULT_DEVICE,
     dtype: DtypeOption = DEFAULT_DTYPE,
     forward: ForwardOption = DEFAULT_FORWARD,
+    threads: ThreadsOption = DEFAULT_THREADS,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ) -> None:
     """Greedy tokens/s of (a) HF generate, (b) HF assisted generation, (c) our baseline, (d) our
@@ -104,13 +102,13 @@ def bench(
     if max_prompts < 1 or repeats < 1:
         raise InputError(f"--max-prompts and --repeats must be >= 1, got {max_prompts} and {repeats}")
     others = _parse_compare(compare)
+    chk.parse_threads(threads)
+    chk.check_model_names(target, draft)  # a mistyped name fails before torch and the models load
+    from specdec_tune.profiler import require_vllm_python
+    from specdec_tune.profiler.bench import HF_METHODS, OURS, VLLM_METHODS, run_bench
+
     python = require_vllm_python(vllm_python) if "vllm" in others else None
-    prompts = load_workload(workload)[:max_prompts]
-    quiet_loading()
-    tgt = load_model(target, device, dtype, forward)
-    drf = load_model(draft, device, dtype, forward)
-    check_compatible(tgt, drf)
-    ids = [encode_prompt(tgt, p.prompt, p.id) for p in prompts]
+    tgt, drf, ids, choice = _load(target, draft, workload, max_prompts, (device, dtype, forward), threads)
     methods = (HF_METHODS if "hf" in others else ()) + OURS + (VLLM_METHODS if "vllm" in others else ())
     progress = console(stderr=True)
     with ExitStack() as stack:
@@ -125,16 +123,34 @@ def bench(
     if json_out:
         print_json({**result.to_json(), "target": target, "draft": draft, "workload": workload,
                     "device": str(tgt.device), "dtype": str(tgt.dtype).replace("torch.", ""),
-                    "forward": {"target": tgt.forward, "draft": drf.forward}, "lean_kernels": tgt.kernels})
+                    "forward": {"target": tgt.forward, "draft": drf.forward}, "lean_kernels": tgt.kernels,
+                    "threads": choice.to_dict()})
         return
     title = (f"measured, greedy, N = {num_speculative_tokens}, {len(ids)} prompts × {max_new_tokens} new tokens × "
              f"{repeats}, our forward: {tgt.forward} (target), {drf.forward} (draft)"
-             + (f", CPU kernels: {tgt.kernels}" if tgt.kernels else ""))
+             + (f", CPU kernels: {tgt.kernels}" if tgt.kernels else "") + f", {choice.text()}")
     _print_result(console(), title, result)
+
+
+def _load(target: str, draft: str, workload: str, max_prompts: int, how: tuple[str, str, str], threads: str):
+    """The pair loaded (names checked first), the prompts encoded, the thread count set and shown."""
+    from specdec_tune.engine import check_compatible, load_model
+    from specdec_tune.engine.workloads import load_workload
+    from specdec_tune.profiler.runs import encode_prompt
+
+    prompts = load_workload(workload)[:max_prompts]
+    quiet_loading()
+    tgt = load_model(target, *how)
+    drf = load_model(draft, *how)
+    check_compatible(tgt, drf)
+    choice = set_threads(threads, tgt, drf)
+    return tgt, drf, [encode_prompt(tgt, p.prompt, p.id) for p in prompts], choice
 
 
 def _print_result(out: Console, title: str, result) -> None:
     """The methods' table, their ratios with CIs, vLLM's own numbers and the greedy-output verdict."""
+    from specdec_tune.profiler.bench import RATIOS
+
     table = Table(title=title)
     table.add_column("method")
     table.add_column("tokens/s (measured)", justify="right")

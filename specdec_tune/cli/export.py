@@ -14,7 +14,6 @@ import typer
 
 from specdec_tune.cli._app import app, print_json
 from specdec_tune.cli._options import DbOption
-from specdec_tune.db.engine import pseudo_filesystem
 from specdec_tune.errors import InputError
 
 FORMAT_HELP = "vllm | sglang | trtllm | llamacpp | hf | all (comma-separated for several)."
@@ -32,6 +31,8 @@ def check_out_folder(out: Path, flag: str = "--out") -> None:
         raise InputError(f"{flag} {out} exists and is not a folder; give a folder to write the files in")
     if not above.is_dir():
         raise InputError(f"{flag} {out} cannot be created: {above} is a file, not a folder; give another folder")
+    from specdec_tune.db.engine import pseudo_filesystem
+
     kernel = pseudo_filesystem(above)
     if kernel is not None:
         raise InputError(f"{flag} {out} cannot be created: {above} is on the {kernel} file system, which exposes the "

@@ -6,7 +6,7 @@ from typing import Optional
 import typer
 
 from specdec_tune.cli import _checks as opt
-from specdec_tune.cli._app import app, console, print_json, quiet_loading
+from specdec_tune.cli._app import app, console, print_json, quiet_loading, set_threads
 from specdec_tune.cli._options import (
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
@@ -15,6 +15,7 @@ from specdec_tune.cli._options import (
     DEFAULT_NUM_SPECULATIVE_TOKENS,
     DEFAULT_SCHEDULE,
     DEFAULT_SEED,
+    DEFAULT_THREADS,
     DEFAULT_THRESHOLD,
     DeviceOption,
     DtypeOption,
@@ -23,12 +24,12 @@ from specdec_tune.cli._options import (
     NumSpeculativeTokensOption,
     SeedOption,
     TargetOption,
+    ThreadsOption,
 )
-from specdec_tune.engine import DecodeConfig, check_compatible, load_model
-from specdec_tune.engine.workloads import Prompt, load_workload
 from specdec_tune.errors import InputError
-from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
 from specdec_tune.schedules import THRESHOLD_RULES
+
+NGRAM = "ngram"  # profiler.runs.NGRAM: the prompt-lookup drafter (the engine is imported only once a command runs)
 
 
 @app.command()
@@ -47,20 +48,21 @@ def generate(
     device: DeviceOption = DEFAULT_DEVICE,
     dtype: DtypeOption = DEFAULT_DTYPE,
     forward: ForwardOption = DEFAULT_FORWARD,
+    threads: ThreadsOption = DEFAULT_THREADS,
     json_out: bool = typer.Option(False, "--json", help="One JSON object per prompt on stdout."),
 ) -> None:
     """Generate text and print measured tokens/s, tokens per cycle τ and per-position acceptance α_i."""
-    opt.check_max_new_tokens(max_new_tokens)
-    opt.check_num_speculative_tokens(num_speculative_tokens)
-    opt.check_threshold(threshold)
-    opt.check_schedule(schedule)
-    if threshold_rule not in THRESHOLD_RULES:
-        raise InputError(f"--threshold-rule must be one of {', '.join(THRESHOLD_RULES)}, got {threshold_rule!r}")
-    opt.check_temperature(temperature)
+
+    _check(max_new_tokens, num_speculative_tokens, threshold, threshold_rule, schedule, temperature, threads)
     items = _collect_prompts(prompt, prompts)
+    opt.check_model_names(target, draft)  # a mistyped name fails now, before torch and the models load
+    from specdec_tune.engine import DecodeConfig
+    from specdec_tune.profiler.runs import encode_prompt, measure_prompt, warm_up
+
     quiet_loading()
-    tgt = load_model(target, device, dtype, forward)
+    tgt = _load(target, device, dtype, forward)
     spec = _draft_spec(draft, tgt, device, dtype, forward)
+    choice = set_threads(threads, tgt, spec.model)
     config = DecodeConfig(
         max_new_tokens=max_new_tokens,
         num_speculative_tokens=num_speculative_tokens,
@@ -76,7 +78,8 @@ def generate(
     for i, (p, ids) in enumerate(encoded):
         run = measure_prompt(tgt, spec, ids, config, prompt_id=p.id, seed=seed + i)
         if json_out:
-            print_json({**run.to_json(), "target": target, "draft": spec.name, "category": p.category})
+            print_json({**run.to_json(), "target": target, "draft": spec.name, "category": p.category,
+                        "threads": choice.to_dict()})
             continue
         out.print(f"[bold]{p.id}[/bold]", highlight=False)
         out.print(run.text, markup=False, highlight=False)
@@ -86,7 +89,21 @@ def generate(
         out.print(line, highlight=False)
 
 
-def _collect_prompts(prompt: str | None, prompts: str | None) -> list[Prompt]:
+def _check(max_new_tokens: int, n: int, threshold: float, threshold_rule: str, schedule: str, temperature: float,
+           threads: str) -> None:
+    opt.check_max_new_tokens(max_new_tokens)
+    opt.check_num_speculative_tokens(n)
+    opt.check_threshold(threshold)
+    opt.check_schedule(schedule)
+    if threshold_rule not in THRESHOLD_RULES:
+        raise InputError(f"--threshold-rule must be one of {', '.join(THRESHOLD_RULES)}, got {threshold_rule!r}")
+    opt.check_temperature(temperature)
+    opt.parse_threads(threads)
+
+
+def _collect_prompts(prompt: str | None, prompts: str | None) -> list:
+    from specdec_tune.engine.workloads import Prompt, load_workload
+
     if (prompt is None) == (prompts is None):
         raise InputError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
     if prompt is not None:
@@ -96,11 +113,20 @@ def _collect_prompts(prompt: str | None, prompts: str | None) -> list[Prompt]:
     return load_workload(prompts)
 
 
-def _draft_spec(draft: str, target, device: str, dtype: str, forward: str) -> DraftSpec:
+def _load(name: str, device: str, dtype: str, forward: str):  # noqa: ANN202 - an engine LoadedModel
+    from specdec_tune.engine import load_model
+
+    return load_model(name, device, dtype, forward)
+
+
+def _draft_spec(draft: str, target, device: str, dtype: str, forward: str):  # noqa: ANN202 - a profiler DraftSpec
+    from specdec_tune.engine import check_compatible
+    from specdec_tune.profiler.runs import DraftSpec
+
     if draft == "none":
         return DraftSpec("none")
     if draft == NGRAM:
         return DraftSpec("ngram")
-    loaded = load_model(draft, device, dtype, forward)
+    loaded = _load(draft, device, dtype, forward)
     check_compatible(target, loaded)
     return DraftSpec("model", loaded)

@@ -9,18 +9,19 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
 from specdec_tune.cli import _checks as opt
-from specdec_tune.cli._app import THROUGHPUT_NOTE, app, print_json, quiet_loading
+from specdec_tune.cli._app import THROUGHPUT_NOTE, app, console, print_json, quiet_loading
 from specdec_tune.cli._options import (
     DEFAULT_REPEATS,
     DEFAULT_SCHEDULE,
     DEFAULT_SEED,
+    DEFAULT_THREADS,
     DEFAULT_THRESHOLD,
     DbOption,
     ScheduleOption,
     SeedOption,
+    ThreadsOption,
     ThresholdOption,
 )
 from specdec_tune.cli._progress import Bar, progress_bar
@@ -126,15 +127,18 @@ def measure(
     backend: _Backend = "engine",
     vllm_python: _VllmPython = None,
     batch_sizes: _BatchSizes = "1",
+    threads: ThreadsOption = DEFAULT_THREADS,
     db: DbOption = None,
     json_out: _Json = False,
 ) -> None:
-    """Measure one configuration for real (held-out prompts by default); store it next to its prediction."""
+    """Measure one configuration for real (held-out prompts by default), interleaved with plain decoding on
+    the same prompts, and store both next to their predictions; print the measured speedup with its CI."""
     from specdec_tune.db import get_run, open_database
     from specdec_tune.splits import check_split
     from specdec_tune.tuner.search import measure_predicted
 
     config = _spec_config(num_speculative_tokens, threshold, schedule, 1, temperature)
+    n_threads = opt.parse_threads(threads)
     if backend not in ("engine", "vllm"):
         raise InputError(f"--backend must be engine or vllm, got {backend!r}")
     if split is not None:
@@ -147,16 +151,32 @@ def measure(
         _measure_vllm(database, run, draft, config, temperature, split, max_prompts, repeats,
                       opt.int_list(batch_sizes, "--batch-sizes"), vllm_python, json_out)
         return
-    with progress_bar(Console(stderr=True)) as bar:
-        v = measure_predicted(database, run, [(draft, config)], split=split, temperature=temperature,
-                              max_prompts=max_prompts, repeats=repeats, seed=seed, progress=Bar(bar))[0]
+    items = [(draft, config)] + ([("none", _spec_config(0, 0.0, "constant", 1, temperature))]
+                                 if config.num_speculative_tokens else [])
+    with progress_bar(console(stderr=True)) as bar:
+        got = measure_predicted(database, run, items, split=split, temperature=temperature, max_prompts=max_prompts,
+                                repeats=repeats, seed=seed, progress=Bar(bar), threads=n_threads)
+    v, plain = got[0], (got[1] if len(got) > 1 else None)
     if json_out:
-        print_json(_measured_json(v, run, temperature))
+        print_json(_measured_json(v, plain, run, temperature))
         return
-    _print_measured(v, run)
+    _print_measured(v, plain, run)
 
 
-def _measured_json(v, run: int, temperature: float) -> dict:
+def _speedup(v, plain) -> dict | None:
+    """The measured speedup over plain decoding (pass by pass, with the paired 95% CI) and the predicted one."""
+    if plain is None:
+        return None
+    from specdec_tune.stats import paired_speedup, speedup_ci
+
+    measured = paired_speedup(v.measurement, plain.measurement)
+    predicted = v.prediction.speedup if v.prediction else None
+    return {"measured": measured, "ci95": list(speedup_ci(v.measurement, plain.measurement)), "predicted": predicted,
+            "relative_error": None if predicted is None else predicted / measured - 1,
+            "plain_tokens_per_s": plain.measurement.tokens_per_s, "plain_measured_id": plain.measurement.measured_id}
+
+
+def _measured_json(v, plain, run: int, temperature: float) -> dict:
     """``measure --json``: the measurement, its prediction and how they compare."""
     m, p, config = v.measurement, v.prediction, v.config
     return {
@@ -169,12 +189,17 @@ def _measured_json(v, run: int, temperature: float) -> dict:
         "predicted_tokens_per_cycle": p.expected_tokens_per_cycle if p else None,
         "acceptance_per_position": m.acceptance_per_position, "new_tokens": m.new_tokens, "seconds": m.seconds,
         "prompts": m.prompts, "repeats": m.repeats, "measured_id": m.measured_id, "throughput": THROUGHPUT_NOTE,
-        "label": "measured",
+        "label": "measured", "speedup": _speedup(v, plain), "threads": m.threads,
+        "machine_probe_s": m.machine_probe_s, "prediction_machine_speed": p.machine_speed if p else None,
     }
 
 
-def _print_measured(v, run: int) -> None:
+def _print_measured(v, plain, run: int) -> None:
+    from specdec_tune.profiler import ThreadChoice
+
     m, p = v.measurement, v.prediction
+    if m.threads:
+        console(stderr=True).print(ThreadChoice(**m.threads).text(), highlight=False, markup=False)
     where = (f"{m.prompts} prompts of split {m.split}" if m.split else f"the run's {m.prompts} profiled prompts")
     ran = sum(m.profiled)
     sample = ("in-sample: the profile ran these prompts" if v.in_sample else
@@ -187,9 +212,17 @@ def _print_measured(v, run: int) -> None:
     )
     if p is not None:
         inside = {True: "inside", False: "outside", None: "no CI"}[v.inside_ci]
+        speed = (f", rescaled ×{p.machine_speed:.3f} to the machine speed the probe measured"
+                 if p.machine_speed != 1.0 else "")
         typer.echo(f"predicted: {p.tokens_per_s:.1f} tokens/s, τ = {p.expected_tokens_per_cycle:.2f} "
-                   f"(error {v.relative_error * 100:+.1f}% of measured, {inside} the measured 95% CI; {sample}) "
+                   f"(error {v.relative_error * 100:+.1f}% of measured, {inside} the measured 95% CI; {sample}{speed}) "
                    f"[run {run}, draft {m.draft}, stored as #{m.measured_id}]")
+    s = _speedup(v, plain)
+    if s is not None:
+        predicted = "" if s["predicted"] is None else (f"; predicted {s['predicted']:.2f}× (error "
+                                                       f"{s['relative_error'] * 100:+.1f}%)")
+        typer.echo(f"speedup over plain decoding measured in the same passes: {s['measured']:.2f}× (95% CI "
+                   f"{s['ci95'][0]:.2f}-{s['ci95'][1]:.2f}; plain {s['plain_tokens_per_s']:.1f} tokens/s){predicted}")
 
 
 def _measure_vllm(database, run: int, draft, config, temperature: float, split, max_prompts, repeats: int,
@@ -212,7 +245,7 @@ def _measure_vllm(database, run: int, draft, config, temperature: float, split, 
     n = config.num_speculative_tokens
     drafter = "none" if n == 0 or draft == "none" else r.resolve_draft(draft)
     cfg = vllm_config(r.target.name, Candidate(drafter, n if drafter != "none" else 0))
-    with progress_bar(Console(stderr=True)) as bar:
+    with progress_bar(console(stderr=True)) as bar:
         ms = measure_on_server(database, run, [cfg], batch_sizes=batch_sizes, split=split, max_prompts=max_prompts,
                                repeats=repeats, vllm_python=vllm_python, threads=torch.get_num_threads(),
                                progress=Bar(bar))

@@ -14,13 +14,14 @@ from rich.console import Console
 from rich.table import Table
 
 from specdec_tune.cli import _checks as opt
-from specdec_tune.cli._app import THROUGHPUT_NOTE, app, print_json, quiet_loading
+from specdec_tune.cli._app import THROUGHPUT_NOTE, app, console, print_json, quiet_loading
 from specdec_tune.cli._options import (
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
     DEFAULT_FORWARD,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_SEED,
+    DEFAULT_THREADS,
     PROFILE_MAX_PROMPTS,
     DbOption,
     DeviceOption,
@@ -29,6 +30,7 @@ from specdec_tune.cli._options import (
     MaxNewTokensOption,
     SeedOption,
     TargetOption,
+    ThreadsOption,
     WorkloadOption,
 )
 from specdec_tune.cli._progress import Bar, progress_bar
@@ -53,7 +55,8 @@ def profile_summary(db, run_id: int) -> dict:
         "run_id": run_id, "status": run.status, "target": run.target.name,
         "workload": run.workload.name if run.workload else None, "throughput": THROUGHPUT_NOTE,
         "prompts": len(run.settings.get("prompt_ids", [])), "max_new_tokens": run.settings.get("max_new_tokens"),
-        "typical_context": run.settings.get("typical_context"),
+        "typical_context": run.settings.get("typical_context"), "threads": run.settings.get("thread_choice"),
+        "machine_probe_ms": None if base_rp.machine_probe_s is None else base_rp.machine_probe_s * 1e3,
         "verify_ms": {str(b): {str(k): s * 1e3 for k, s in c.items()} for b, c in verify.items()},
         "baseline": {
             "measured_tokens_per_s": baseline.measured_tokens_per_s if baseline else None,
@@ -96,14 +99,19 @@ def profile_summary(db, run_id: int) -> dict:
     return out
 
 
-def _print_summary(console: Console, s: dict) -> None:
-    console.print(f"[bold]run {s['run_id']}[/bold] ({s['status']}): target {s['target']}, workload {s['workload']}, "
+def _print_summary(out: Console, s: dict) -> None:
+    out.print(f"[bold]run {s['run_id']}[/bold] ({s['status']}): target {s['target']}, workload {s['workload']}, "
                   f"{s['prompts']} prompts × {s['max_new_tokens']} new tokens, typical context {s['typical_context']}",
                   highlight=False)
+    if s.get("threads"):
+        from specdec_tune.profiler import ThreadChoice
+
+        probe = f"; machine probe {s['machine_probe_ms']:.2f} ms (measured)" if s.get("machine_probe_ms") else ""
+        out.print(ThreadChoice(**s["threads"]).text() + probe, highlight=False, markup=False)
     curve = s["verify_ms"].get("1") or next(iter(s["verify_ms"].values()), {})
     shown = [k for k in SHOWN_K if str(k) in curve] or list(curve)[:6]
     base = s["baseline"]
-    console.print(
+    out.print(
         "target (measured): " + ", ".join(f"T_v({k}) {curve[str(k)]:.2f} ms" for k in shown)
         + f"; baseline {opt.format_rate(base['measured_tokens_per_s'])} tokens/s measured, "
         f"{opt.format_rate(base['predicted_tokens_per_s'])} recomputed from the same run (a calibration identity, "
@@ -134,8 +142,8 @@ def _print_summary(console: Console, s: dict) -> None:
         if d["best_n_per_batch_size"]:
             table.add_row("best N per batch size (θ = 0; 0 = do not speculate)",
                           ", ".join(f"B={b}: {n}" for b, n in d["best_n_per_batch_size"].items()), "predicted")
-        console.print(table)
-    console.print(f"throughput is {THROUGHPUT_NOTE}", highlight=False)
+        out.print(table)
+    out.print(f"throughput is {THROUGHPUT_NOTE}", highlight=False)
 
 
 def kept_by_interrupt(db, newest: int, target: str) -> str:
@@ -179,27 +187,30 @@ def profile(
     context_lens: str = typer.Option("128,256,512", "--context-lens", help="Context lengths for T_s (the workload's typical one is added)."),
     seed: SeedOption = DEFAULT_SEED,
     label: Optional[str] = typer.Option(None, "--label", help="Free-text label stored with the run."),
+    threads: ThreadsOption = DEFAULT_THREADS,
     db: DbOption = None,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (run id, timings, acceptance, best configs)."),
 ) -> None:
     """Measure T_s, T_v(k), prefill, overhead and acceptance; store them; print the predicted best N and θ."""
+    opt.check_temperature(temperature)
+    drafts = [d.strip() for d in draft.split(",") if d.strip()]
+    opt.check_model_names(target, *drafts)  # a mistyped name or a bad workload fails before torch and the models load
+    opt.check_workload(workload)
     from specdec_tune.db import list_runs, open_database
     from specdec_tune.profiler import ProfileSettings, run_profile
 
-    opt.check_temperature(temperature)
-    drafts = [d.strip() for d in draft.split(",") if d.strip()]
     settings = ProfileSettings(
         split=split, device=device, dtype=dtype, forward=forward, temperature=temperature,
         batch_sizes=opt.int_list(batch_sizes, "--batch-sizes"), k_max=k_max, n_max=n_max, repeats=repeats,
         max_prompts=max_prompts, max_new_tokens=max_new_tokens,
         context_lens=opt.int_list(context_lens, "--context-lens"), seed=seed, label=label,
+        threads=opt.parse_threads(threads),
     )
     database = open_database(db)  # a bad --db fails here, before any model is loaded
     newest = max((r.id for r in list_runs(database, limit=1)), default=0)
     quiet_loading()
-    console = Console(stderr=True)
     try:
-        with progress_bar(console) as bar:
+        with progress_bar(console(stderr=True)) as bar:
             result = run_profile(database, target, drafts, workload, settings, Bar(bar))
     except KeyboardInterrupt:
         raise KeyboardInterrupt(kept_by_interrupt(database, newest, target)) from None
@@ -208,4 +219,4 @@ def profile(
     if json_out:
         print_json(summary)
         return
-    _print_summary(Console(), summary)
+    _print_summary(console(), summary)

@@ -13,13 +13,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from specdec_tune.cli._app import THROUGHPUT_NOTE, app, print_json, quiet_loading
-from specdec_tune.cli._checks import int_list
+from specdec_tune.cli._app import THROUGHPUT_NOTE, app, console, print_json, quiet_loading
+from specdec_tune.cli._checks import check_model_names, check_workload, int_list, parse_threads
 from specdec_tune.cli._options import (
     DEFAULT_DEVICE,
     DEFAULT_REPEATS,
     DEFAULT_SEED,
     DEFAULT_SERVER,
+    DEFAULT_THREADS,
     DEFAULT_TRIALS,
     TUNE_MAX_NEW_TOKENS,
     TUNE_MAX_PROMPTS,
@@ -29,6 +30,7 @@ from specdec_tune.cli._options import (
     RepeatsOption,
     ServerOption,
     TargetOption,
+    ThreadsOption,
     TrialsOption,
     WorkloadOption,
 )
@@ -71,6 +73,7 @@ def report_json(report) -> dict:
         "sampler": report.sampler, "confirmation": report.confirmation, "pareto": report.pareto,
         "notes": report.notes, "throughput": THROUGHPUT_NOTE,
         "backend": "vllm" if report.server_report else "engine", "server_report": report.server_report,
+        "threads": report.threads,
     }
 
 
@@ -85,15 +88,21 @@ def _print(console: Console, report) -> None:
     if r.per_batch_size:
         console.print(f"  best N per batch size ({r.per_batch_size_source}; 0 = do not speculate): "
                       + ", ".join(f"B={b}: {n}" for b, n in r.per_batch_size.items()), highlight=False)
+    if report.threads:
+        from specdec_tune.profiler import ThreadChoice
+
+        console.print("  " + ThreadChoice(**report.threads).text(), highlight=False, markup=False)
     if report.server_report:
         _print_server(console, report.server_report)
     table = Table(title="measured on the tuning prompts" + (" (vLLM, one engine start each)" if report.server_report
                                                              else " (interleaved)"), title_justify="left")
-    for col in ("configuration", "measured tokens/s", "95% CI", "predicted tokens/s", "servers"):
+    for col in ("configuration", "measured tokens/s", "95% CI", "speedup (measured)", "predicted tokens/s", "servers"):
         table.add_column(col)
     for row in report.confirmation:
+        speedup = row.get("measured_speedup")
         table.add_row(("→ " if row["winner"] else "  ") + row["label"], _rate(row["measured_tokens_per_s"]),
-                      _fmt_ci(row["measured_ci"]), _rate(row["predicted_tokens_per_s"]), ", ".join(row["servers"]))
+                      _fmt_ci(row["measured_ci"]), "–" if speedup is None else f"{speedup:.2f}×",
+                      _rate(row["predicted_tokens_per_s"]), ", ".join(row["servers"]))
     console.print(table)
     if len(r.best_per_server) > 1:
         table = Table(title="best inside each server's space (predicted; measured where it was)", title_justify="left")
@@ -176,22 +185,23 @@ def tune(
     vllm_python: _VllmPython = None,
     export: Optional[str] = typer.Option(None, "--export", metavar="DIR", help="Write the server files for the winner here."),
     formats: str = typer.Option("all", "--formats", help="Export formats: all or a comma list (vllm,sglang,trtllm,llamacpp,hf)."),
+    threads: ThreadsOption = DEFAULT_THREADS,
     db: DbOption = None,
     json_out: bool = typer.Option(False, "--json", help="End with one JSON object for the winner."),
 ) -> None:
     """Find the fastest speculative configuration for a server, confirmed on held-out prompts."""
+    objective_list, names = _checked(objectives, temperature, target, drafts)
+    check_workload(workload)
     from specdec_tune.db import default_storage_url, open_database, resolve_url
     from specdec_tune.tuner.search import TuneRequest, check_storage, run_tune
 
-    objective_list = _objectives(objectives)
-    _check_temperature(temperature)
     req = TuneRequest(
-        target=target, drafts=tuple(d.strip() for d in drafts.split(",") if d.strip()), workload=workload,
+        target=target, drafts=names, workload=workload,
         server=server, trials=trials, measure_top=measure_top, batch_sizes=int_list(batch_sizes, "--batch-sizes"),
         temperature=temperature, objectives=objective_list, study=study, n_max=n_max,
         max_prompts=max_prompts, max_new_tokens=max_new_tokens, profile_repeats=profile_repeats,
         measure_prompts=measure_prompts, heldout_prompts=heldout_prompts, repeats=repeats, seed=seed, device=device,
-        backend=backend, vllm_python=vllm_python,
+        backend=backend, vllm_python=vllm_python, threads=parse_threads(threads),
     )
     db_url = resolve_url(db)
     storage_url = storage or default_storage_url(db_url)
@@ -200,7 +210,7 @@ def tune(
     database = open_database(db_url)
     quiet_loading()
     try:
-        with LazyBar(Console(stderr=True)) as progress:
+        with LazyBar(console(stderr=True)) as progress:
             report = run_tune(database, req, storage_url, progress, export=(export, fmts) if export else None)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"{_kept_trials(storage_url, req.study or req.study_name())} trials kept; "
@@ -208,7 +218,7 @@ def tune(
     if json_out:
         print_json(report_json(report))
         return
-    _print(Console(), report)
+    _print(console(), report)
 
 
 def _kept_trials(storage_url: str, study: str) -> int | str:
@@ -223,6 +233,16 @@ def _kept_trials(storage_url: str, study: str) -> int | str:
         return completed_trials(storage_url, study)
     except Exception:  # noqa: BLE001 - the interrupt matters more than the count
         return "the completed"
+
+
+def _checked(objectives: str, temperature: float, target: str, drafts: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(objectives, draft names), checked before anything heavy is imported: a mistyped model name fails
+    before torch and the models load."""
+    objective_list = _objectives(objectives)
+    _check_temperature(temperature)
+    names = tuple(d.strip() for d in drafts.split(",") if d.strip())
+    check_model_names(target, *names)
+    return objective_list, names
 
 
 def _objectives(objectives: str) -> tuple[str, ...]:

@@ -112,6 +112,7 @@ class TuneReport:
     exports: list[str] = field(default_factory=list)
     space: Any = None  # the SearchSpace searched
     server_report: dict[str, Any] | None = None  # --backend vllm: calibration, schedule, per-B held-out
+    threads: dict[str, Any] | None = None  # the thread choice the measurements ran with (profiler.ThreadChoice)
 
 
 # --------------------------------------------------------------------------- profile reuse

@@ -120,9 +120,11 @@ def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progres
 
 
 def _report(s: _Searched, result: TuningResult, confirmation: list[dict[str, Any]], pareto: list[dict[str, Any]],
-            notes: list[str], server_report: dict[str, Any] | None = None) -> TuneReport:
+            notes: list[str], server_report: dict[str, Any] | None = None,
+            threads: dict[str, Any] | None = None) -> TuneReport:
     return TuneReport(result, s.study, s.storage_url, s.run.id, s.profiled, s.outcome.completed, s.outcome.new_trials,
-                      s.outcome.sampler, confirmation, pareto, notes, [], s.space, server_report)
+                      s.outcome.sampler, confirmation, pareto, notes, [], s.space, server_report,
+                      threads or s.run.settings.get("thread_choice"))
 
 
 def _best_per_server(req: TuneRequest, s: _Searched, winner: Candidate, per_b: dict[int, int],
@@ -171,10 +173,10 @@ def _engine_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
         best_per_server=_best_per_server(req, s, winner.candidate, per_b, confirm),
     )
     confirmation = [{**m.candidate.to_dict(), "label": m.candidate.label(), "measured_tokens_per_s": m.tokens_per_s,
-                     "measured_ci": m.ci, "predicted_tokens_per_s": m.predicted_tokens_per_s,
+                     "measured_ci": m.ci, "measured_speedup": m.speedup, "predicted_tokens_per_s": m.predicted_tokens_per_s,
                      "servers": expressible_on(m.candidate), "winner": m is winner} for m in confirm]
     return result, _report(s, result, confirmation, [_scored_dict(t) for t in s.outcome.pareto],
-                           s.notes + heldout_notes(heldout))
+                           s.notes + heldout_notes(heldout), threads=winner.validated.measurement.threads)
 
 
 def _finish(result: TuningResult, outcome: SearchOutcome, export: tuple[str, Sequence[str]] | None,
