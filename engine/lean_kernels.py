@@ -6,9 +6,10 @@ embedding and the cache write another dozen. The C++ file computes each group in
 compiled on first use with torch's extension builder (a C++ compiler and ninja; 30 to 100 s) into a
 folder of specdec-tune's cache (:func:`specdec_tune.cache.cache_dir`, ``lean_kernels/<key>``) named by
 what the library depends on: the source's hash, the torch version, the CPU's instruction set
-(``-march=native``) and the Python ABI. The source is copied into that folder and compiled from there,
-so checkouts at different paths share one build instead of rebuilding each other's; later processes
-load it in milliseconds. A build is announced with one ``logging`` warning (the engine never prints;
+(``-march=native``), the Python ABI and the torch installation (torch's builder writes its include
+paths into the build file, so two virtual environments sharing one folder would rebuild each other's).
+The source is copied into that folder and compiled from there, so checkouts at different paths share
+one build; later processes load it in milliseconds. A build is announced with one ``logging`` warning (the engine never prints;
 the CLI shows it on stderr). Where the kernels cannot be built the lean forward runs its eager
 operators (the same function); ``SPECDEC_LEAN_KERNELS=0`` asks for that explicitly.
 """
@@ -20,6 +21,7 @@ import os
 import platform
 import re
 import sys
+import sysconfig
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -38,8 +40,13 @@ def build_directory() -> Path:
 
     source = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
     version = re.sub(r"[^A-Za-z0-9.]+", "_", torch.__version__)
-    key = f"torch-{version}-{sys.implementation.cache_tag}-cpu-{_cpu_tag()}-src-{source}"
-    return cache_dir() / "lean_kernels" / key
+    # torch's builder writes the include paths of this torch and this Python, and the folder's own path,
+    # into its build file; a change in any of them rebuilds. So the installation is in the key and the
+    # folder's path is resolved (the test session reaches the same cache through a symlink).
+    install = f"{Path(torch.__file__).resolve().parent}|{sysconfig.get_paths()['include']}"
+    key = (f"torch-{version}-{sys.implementation.cache_tag}-cpu-{_cpu_tag()}-src-{source}"
+           f"-env-{hashlib.sha1(install.encode()).hexdigest()[:8]}")
+    return (cache_dir() / "lean_kernels").resolve() / key
 
 
 def _build() -> ModuleType:

@@ -329,4 +329,20 @@ def test_a_new_source_torch_or_cpu_builds_apart(fake_builder, monkeypatch, tmp_p
     _load_from(monkeypatch, edited)
     monkeypatch.setattr(lean_kernels, "_cpu_tag", lambda: "0123456789")
     _load_from(monkeypatch, edited)
-    assert len({c["build_directory"] for c in fake_builder.calls}) == 4
+    # another virtual environment: torch's include paths go into the build file, so it builds apart
+    monkeypatch.setattr(torch, "__file__", str(tmp_path / "other-venv" / "torch" / "__init__.py"))
+    _load_from(monkeypatch, edited)
+    assert len({c["build_directory"] for c in fake_builder.calls}) == 5
+
+
+def test_a_cache_reached_through_a_symlink_builds_in_the_real_folder(fake_builder, monkeypatch, tmp_path):
+    """The test session reaches the user's kernels through a symlink; torch's build file holds the
+    folder's path, so a path through the link would rebuild the user's kernels on every switch."""
+    _load_from(monkeypatch, lean_kernels.SOURCE)
+    linked = tmp_path / "session"
+    linked.mkdir()
+    (linked / "lean_kernels").symlink_to(tmp_path / "cache" / "lean_kernels", target_is_directory=True)
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(linked))
+    _load_from(monkeypatch, lean_kernels.SOURCE)
+    first, second = (c["build_directory"] for c in fake_builder.calls)
+    assert first == second and "session" not in second
