@@ -18,6 +18,7 @@ Every ratio comes with a paired bootstrap 95% CI over prompts and repeats (specd
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -150,8 +151,24 @@ def _hf_generate(target: LoadedModel, prompt_ids: torch.Tensor, max_new_tokens: 
     return out[0, ids.shape[1]:].tolist()
 
 
+class _HfInternalDeprecation(logging.Filter):
+    """Drops the deprecation warning transformers 5.24 raises against itself in assisted generation.
+
+    ``AssistedCandidateGenerator._prepare_generation_args`` (``generation/candidate_generator.py``) calls
+    the assistant's ``generate`` with ``generation_config`` *and* ``min_new_tokens``/``max_new_tokens``/
+    ``use_cache``, which ``GenerationMixin._prepare_generation_config`` warns about: nothing a user of
+    ``bench`` can change, so it is not shown to them.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Passing `generation_config` together with generation-related" not in record.getMessage()
+
+
 def configure_assistant(draft: LoadedModel, num_speculative_tokens: int) -> torch.nn.Module:
     """A view of the draft model whose generation_config asks HF for a constant N and no threshold."""
+    hf_logger = logging.getLogger("transformers.generation.utils")
+    if not any(isinstance(f, _HfInternalDeprecation) for f in hf_logger.filters):
+        hf_logger.addFilter(_HfInternalDeprecation())
     assistant = copy.copy(draft.hf)  # shallow: shares weights, own generation_config
     assistant.generation_config = copy.deepcopy(draft.hf.generation_config)
     assistant.generation_config.num_assistant_tokens = num_speculative_tokens
