@@ -13,7 +13,8 @@ from pathlib import Path
 
 import yaml
 
-TITLES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp": "llama.cpp", "hf": "HF transformers"}
+TITLES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "llamacpp": "llama.cpp",
+          "hf": "HF transformers"}
 
 
 def _pairs(path: Path) -> dict[str, str]:

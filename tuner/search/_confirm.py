@@ -127,7 +127,8 @@ def server_decisions(conf: Confirmation, bests: Mapping[str, Scored],
         verdict, why = decide(c, speedup, ci, heldout=held.heldout)
         prediction = held.validated.prediction
         out[server] = ServerDecision(
-            server=server, candidate=c, decision=verdict, reason=why, selected=_selected(conf, server, bests.get(server)),
+            server=server, candidate=c, decision=verdict, reason=why,
+            selected=_selected(conf, server, bests.get(server)),
             predicted_tokens_per_s=held.predicted_tokens_per_s,
             predicted_speedup=None if prediction is None else float(prediction.speedup),
             measured_tokens_per_s=held.tokens_per_s, baseline_tokens_per_s=base.tokens_per_s, speedup=speedup,

@@ -252,4 +252,5 @@ def _vllm_decision(result: TuningResult) -> ServerDecision:
                           predicted_tokens_per_s=result.predicted_tokens_per_s,
                           measured_tokens_per_s=result.measured_tokens_per_s,
                           baseline_tokens_per_s=result.baseline_tokens_per_s, speedup=result.speedup,
-                          speedup_ci=result.speedup_ci, heldout=result.heldout, per_batch_size=dict(result.per_batch_size))
+                          speedup_ci=result.speedup_ci, heldout=result.heldout,
+                          per_batch_size=dict(result.per_batch_size))

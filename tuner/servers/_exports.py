@@ -35,8 +35,8 @@ from specdec_tune.tuner.servers._table import SERVERS, expressible, server_space
 FORMATS = tuple(SERVERS)  # one file format per server of the capability table
 ALL = "all"
 
-__all__ = ["ALL", "FORMATS", "Shipped", "batch_ranges", "build_exports", "model_path", "render_exports", "resolve_formats",
-           "schedule_points", "server_best", "ship", "ship_all", "vllm_config", "write_exports"]
+__all__ = ["ALL", "FORMATS", "Shipped", "batch_ranges", "build_exports", "model_path", "render_exports",
+           "resolve_formats", "schedule_points", "server_best", "ship", "ship_all", "vllm_config", "write_exports"]
 
 
 def resolve_formats(formats: Sequence[str]) -> tuple[list[str], bool]:
@@ -279,7 +279,8 @@ def ship_all(result: TuningResult, formats: Sequence[str]) -> tuple[dict[str, Sh
     return shipped, skipped
 
 
-def build_exports(result: TuningResult, formats: Sequence[str]) -> tuple[dict[str, Files], dict[str, str], dict[str, str]]:
+def build_exports(result: TuningResult,
+                  formats: Sequence[str]) -> tuple[dict[str, Files], dict[str, str], dict[str, str]]:
     """Build (not write) every format: ``(files per format, refusal per skipped format, note per format
     whose files carry something other than the overall winner)`` (:func:`ship_all`).
 

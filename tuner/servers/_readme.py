@@ -73,18 +73,26 @@ def _numbers(r: TuningResult) -> list[str]:
             f"- temperature: {r.temperature:g}" + (" (greedy)" if r.temperature == 0 else "")]
 
 
+def _short(r: TuningResult) -> str:
+    """The measured speedup in a table cell."""
+    if r.speedup is None or r.measured_tokens_per_s is None:
+        return "not measured"
+    return f"{r.speedup:.2f}×{_ci(r.speedup_ci)}, " + ("held out" if r.heldout else "tuning prompts")
+
+
 def _carried(s: Shipped | None) -> tuple[str, str]:
     """(what the file carries, its measured speedup) for the servers table."""
     if s is None:
         return "– (not written)", "–"
     measured = s.decision.candidate if s.decision is not None else None
     if s.result.candidate.is_plain and measured is not None and not measured.is_plain:
-        return "plain decoding", f"{measured.label()}: {_speed(s.result)}"
-    return s.result.candidate.label(), _speed(s.result) if not s.result.candidate.is_plain else "–"
+        return "plain decoding", f"{measured.label()}: {_short(s.result)}"
+    return s.result.candidate.label(), _short(s.result) if not s.result.candidate.is_plain else "–"
 
 
 def _servers_table(r: TuningResult, shipped: dict[str, Shipped]) -> list[str]:
-    rows = ["| server | version checked | runs the winner? | what it cannot express | its file carries | measured speedup |",
+    rows = ["| server | version checked | runs the winner? | what it cannot express | its file carries "
+            "| measured speedup |",
             "|---|---|---|---|---|---|"]
     for name, space in SERVERS.items():
         reason = expressible(space, r.candidate)
@@ -105,19 +113,23 @@ def _file_section(s: Shipped) -> list[str]:
     space, this = SERVERS[s.fmt], s.result
     names = ", ".join(f"`{p}`" for p, _ in s.files) or "(none needed)"
     out = [f"### {space.title} ({space.version})", "", f"Files: {names}.", ""]
-    if s.note:
-        out += [f"**Not the overall winner:** {s.note}.", ""]
-    out += _config_lines(this, batch_ranges(this), per_b=space.batch_schedule is not None)
     d = s.decision
-    if d is not None and not d.speculates:
+    if s.note:
+        out += [f"**{'Plain decoding' if this.candidate.is_plain else 'Not the overall winner'}:** {s.note}.", ""]
+    out += _config_lines(this, batch_ranges(this), per_b=space.batch_schedule is not None)
+    if d is not None and d.candidate.is_plain:
+        out.append("- decision: plain decoding (the fastest measured)")
+    elif d is not None and not d.speculates:
         out += [f"- measured: {d.candidate.label()}: {_speed(this)}",
-                f"- decision: plain decoding ({d.reason})"]
+                "- decision: plain decoding" + (f" (the CI's lower bound, {d.speedup_ci[0]:.2f}, is below "
+                                                f"{MIN_LOWER:g})" if d.speedup_ci else "")]
     else:
         out += [f"- measured speedup: {_speed(this)}",
                 f"- throughput: {_rate(this.measured_tokens_per_s, 'measured')}; plain decoding "
                 f"{_rate(this.baseline_tokens_per_s, 'measured' if this.measured_tokens_per_s else 'predicted')}"]
-        if d is not None:
-            out.append(f"- decision: speculate ({d.reason}: the CI's lower bound is at least {MIN_LOWER:g})")
+        if d is not None and d.speedup_ci:
+            out.append(f"- decision: speculate (the CI's lower bound, {d.speedup_ci[0]:.2f}, is at least "
+                       f"{MIN_LOWER:g})")
     out.append(f"- predicted throughput: {_rate(this.predicted_tokens_per_s, 'predicted')}"
                + (f", {d.predicted_speedup:.2f}× (predicted)" if d is not None and d.predicted_speedup else ""))
     if d is not None and d.selected:

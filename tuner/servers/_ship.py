@@ -84,7 +84,7 @@ def _guarded(result: TuningResult) -> tuple[TuningResult, str | None]:
     verdict, why = decide(result.candidate, result.speedup, result.speedup_ci, heldout=result.heldout)
     if verdict == "speculate":
         return result, None
-    return replace(result, candidate=Candidate(NONE, 0), per_batch_size={}), f"plain decoding: {why}"
+    return replace(result, candidate=Candidate(NONE, 0), per_batch_size={}), why
 
 
 def carried(result: TuningResult, fmt: str, every: bool = True) -> Shipped:
@@ -103,7 +103,7 @@ def carried(result: TuningResult, fmt: str, every: bool = True) -> Shipped:
             note = (f"the overall winner is {result.candidate.label()}" + (f" ({why})" if why else "")
                     + f"; this file carries {d.selected or 'the best inside its own space'}")
         else:
-            note = f"plain decoding: {d.reason}"
+            note = d.reason
         return Shipped(fmt, _decided(result, fmt, d), d, note)
     guarded, note = _guarded(result)
     reason = expressible(server_space(fmt), guarded.candidate)
