@@ -246,3 +246,19 @@ def test_the_readme_check_catches_a_planted_mismatch(tmp_path, monkeypatch, plan
                 "raw model schedule": "vllm: B=1 takes N=8 in the files, 11 in the README",
                 "edited file": "llamacpp: n is 7 in the files, 6 in the README"}[plant]
     assert expected in bad, bad
+
+
+@pytest.mark.parametrize("ci, ships", [((0.96, 1.3), False), ((1.04, 1.3), True)])
+def test_tune_backend_vllm_decides_from_its_own_heldout_ci(tmp_path, ci, ships):
+    """``tune --backend vllm``: the vLLM file's decision comes from the winner's held-out CI measured on vLLM."""
+    from specdec_tune.tuner.search._tune import _vllm_decision
+
+    r = TuningResult(candidate=CONST, server="vllm", target="mini-target", workload="w", per_batch_size={1: 8, 4: 3},
+                     measured_tokens_per_s=110.0, baseline_tokens_per_s=100.0, speedup=1.1, speedup_ci=ci, heldout=True)
+    r.best_per_server = {"vllm": _vllm_decision(r).to_dict()}
+    write_exports(r, ["vllm"], tmp_path)
+    assert read_files(tmp_path)["vllm"] == ({"plain": False, "n": 8, "theta": 0.0, "schedule": "constant",
+                                             "per_b": {b: 8 if b < 4 else 3 for b in range(1, 5)},
+                                             "draft": read_files(tmp_path)["vllm"].get("draft")} if ships else
+                                            {"plain": True})
+    assert mismatches(tmp_path) == []
