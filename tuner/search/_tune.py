@@ -32,8 +32,8 @@ from specdec_tune.tuner.search._memory import memory_model
 from specdec_tune.tuner.search._optuna import SearchOutcome, best_per_server, expressible_on, per_batch_size, run_search
 from specdec_tune.tuner.search._request import TuneReport, TuneRequest, find_profile, profile_settings
 from specdec_tune.tuner.search._space import ANY, N_LIMIT, SearchSpace, server_search_space
-from specdec_tune.tuner.servers import SERVERS
 from specdec_tune.tuner.search._study import open_storage
+from specdec_tune.tuner.servers import SERVERS
 
 # --------------------------------------------------------------------------- the job
 
