@@ -21,6 +21,14 @@ Counters (``/metrics``, see ``profiler/llamacpp_server.py``) are vLLM's: a *draf
 with at least one draft token; ``accepted_per_pos[i]`` counts drafts whose first i + 1 tokens were
 accepted. :func:`engine_like_llamacpp` reproduces 1-3 with our own loop and returns counters in
 those terms.
+
+Precision. Both sides compute in float32 from the same weights, but in a different order (ggml's
+CPU kernels vs torch's), so a logit can differ in its last bits. Where a model's two best logits are
+that close, the argmax, hence a draft token or an output token, can differ. Measured on the bundled
+pair (benchmarks/llamacpp_acceptance.py): one draft position in about 600 had its two best draft
+logits one float32 ulp apart (9.2561016 vs 9.2561007) and llama.cpp chose the other token; every
+output token agreed. Such a request is not comparable exactly; :attr:`LlamacppDrafter.gaps` and
+:func:`top2_gap` show the tie (:data:`TIE_GAP`), and a comparison excuses a request only with it.
 """
 from __future__ import annotations
 
@@ -28,10 +36,13 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec_tune.engine import CycleStats, DecodeConfig, Draft, autoregressive, build_drafter, speculative
+from specdec_tune.engine import CycleStats, DecodeConfig, Draft, autoregressive, build_drafter, forward_with_cache
+from specdec_tune.engine import make_cache, speculative
 from specdec_tune.profiler.vllm_backend import SpecCounters, counters_from_steps
 
 DRAFT_TOP_K = 10  # common/speculative.cpp: the draft-simple sampler's top_k
+TIE_GAP = 1e-4  # two logits closer than this (about 100 float32 ulps at |logit| ~ 10) may swap order
+TIE_P = 1e-5  # a probability this close to p_min may fall on either side of it
 
 
 class LlamacppDrafter:
@@ -49,6 +60,8 @@ class LlamacppDrafter:
         self.inner = build_drafter(draft_model, max_len=max_len)
         self.p_min, self.top_k = p_min, top_k
         self._rows: list[torch.Tensor] = []
+        self.gaps: list[float] = []  # per drafted position: best minus second-best draft logit
+        self.p_margins: list[float] = []  # per position compared with p_min: |p - p_min|
         forward = self.inner._forward  # the drafter's one forward per drafted position
         self.inner._forward = lambda ids: self._keep(forward(ids))
 
@@ -68,11 +81,18 @@ class LlamacppDrafter:
     def propose(self, context: torch.Tensor, max_tokens: int) -> Draft:
         self._rows = []
         draft = self.inner.propose(context, max_tokens)
-        if draft.tokens.numel() == 0 or self.p_min <= 0:
+        if draft.tokens.numel() == 0:
             return draft
-        conf = self.confidence(torch.stack(self._rows[:draft.tokens.numel()]))
+        rows = torch.stack(self._rows[:draft.tokens.numel()]).float()
+        top2 = rows.topk(2, dim=-1).values
+        if self.p_min <= 0:
+            self.gaps += (top2[:, 0] - top2[:, 1]).tolist()
+            return draft
+        conf = self.confidence(rows)
         low = (conf < self.p_min).nonzero()
         keep = int(low[0, 0]) if low.numel() else draft.tokens.numel()
+        self.p_margins += (conf[:keep + 1] - self.p_min).abs().tolist()
+        self.gaps += (top2[:keep, 0] - top2[:keep, 1]).tolist()
         return Draft(tokens=draft.tokens[:keep], probs=None, confidence=conf[:keep],
                      stopped_by_threshold=keep < draft.tokens.numel())
 
@@ -119,3 +139,52 @@ def engine_like_llamacpp(target: torch.nn.Module, drafter, prompt_ids: torch.Ten
     # Greedy tokens do not depend on the schedule: the loop's tokens must be plain decoding's prefix.
     assert out == tail[:len(out)], "speculative greedy output differs from plain greedy decoding"
     return ParityRun(tail, list(res.cycles))
+
+
+def top2_gap(model: torch.nn.Module, ids: list[int]) -> float:
+    """Best minus second-best next-token logit of ``model`` after ``ids`` (a full forward, float32)."""
+    with torch.inference_mode():
+        logits = forward_with_cache(model, torch.tensor([ids]), make_cache(model, len(ids) + 1),
+                                    logits_to_keep=1).logits[0, -1].float()
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+@dataclass(frozen=True)
+class PromptParity:
+    """llama-server against our engine (scheduled as llama-server does) on one prompt."""
+
+    server: SpecCounters
+    engine: SpecCounters
+    same_output: bool
+    tie: float | None  # the gap of the float32 tie that explains a difference (None: no difference)
+
+    @property
+    def verdict(self) -> str:
+        if self.tie is None:
+            return "equal"
+        if self.tie < TIE_GAP:
+            return f"float32 tie (gap {self.tie:.1e})"
+        return f"DIFFERS (closest gap {self.tie:.1e}: no tie)"
+
+    @property
+    def explained(self) -> bool:
+        """Equal, or different only where float32 cannot decide (module docstring, Precision)."""
+        return self.tie is None or self.tie < TIE_GAP
+
+
+def compare_prompt(target: torch.nn.Module, prompt_ids: list[int], server_tokens: list[int],
+                   server: SpecCounters, run: ParityRun, drafter: LlamacppDrafter, n_max: int) -> PromptParity:
+    """Compare one prompt; a difference is looked for a float32 tie: at the first differing output
+    token (the target's two best logits), else in the draft (its logit gaps, or a probability at p_min;
+    :data:`TIE_P` is scaled to :data:`TIE_GAP`'s units so one number carries both)."""
+    engine = run.counters(n_max)
+    server = SpecCounters(server.drafts, server.draft_tokens, server.accepted, server.padded(n_max))
+    same = server_tokens == run.token_ids
+    if same and server == engine:
+        return PromptParity(server, engine, True, None)
+    if not same:
+        k = next(i for i, (a, b) in enumerate(zip(server_tokens, run.token_ids)) if a != b)
+        return PromptParity(server, engine, False, top2_gap(target, list(prompt_ids) + run.token_ids[:k]))
+    closest = min([*drafter.gaps, *(m * TIE_GAP / TIE_P for m in drafter.p_margins)], default=float("inf"))
+    return PromptParity(server, engine, True, closest)

@@ -173,3 +173,21 @@ class LlamaServer:
         a one-token request first flushes the last request's slot into them)."""
         self.complete([0], 1)
         return parse_metrics(self._request("GET", "/metrics", raw=True))
+
+
+def completions_with_counters(server: LlamaServer, prompts: Sequence[Sequence[int]],
+                              n_predict: int) -> tuple[list[Completion], list[SpecCounters]]:
+    """Greedy completions of ``prompts`` one after another, and the server's counters over each of
+    them (the difference of :meth:`LlamaServer.counters` around each request)."""
+    done: list[Completion] = []
+    deltas: list[SpecCounters] = []
+    before = server.counters()
+    for ids in prompts:
+        done.append(server.complete(ids, n_predict))
+        after = server.counters()
+        n = len(after.accepted_per_pos)
+        deltas.append(SpecCounters(after.drafts - before.drafts, after.draft_tokens - before.draft_tokens,
+                                   after.accepted - before.accepted,
+                                   tuple(a - b for a, b in zip(after.accepted_per_pos, before.padded(n)))))
+        before = after
+    return done, deltas
