@@ -88,9 +88,9 @@ def main(
                     done, counts = completions_with_counters(srv, prompts, max_new_tokens)
             results, own = _engine_runs(tgt, drf, prompts, done, counts, n, theta, max_new_tokens)
             same = sum(r.same_output for r in results)
-            verdicts = ", ".join(f"{i}: {r.verdict}" for i, r in enumerate(results) if r.tie is not None) or "none"
+            verdicts = ", ".join(f"{i}: {r.verdict}" for i, r in enumerate(results) if not r.equal) or "none"
             print(f"N = {n}, θ = {theta:g}: greedy outputs identical for {same}/{len(prompts)} prompts; counters equal "
-                  f"for {sum(r.tie is None for r in results)}/{len(prompts)}; prompts that differ: {verdicts}")
+                  f"for {sum(r.equal for r in results)}/{len(prompts)}; prompts that differ: {verdicts}")
             print(_row("llama-server (/metrics)", sum((r.server for r in results), SpecCounters())))
             print(_row("engine, llama-server's schedule", sum((r.engine for r in results), SpecCounters())))
             print(_row("engine, its own loop and θ rule", own))

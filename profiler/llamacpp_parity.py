@@ -152,39 +152,46 @@ def top2_gap(model: torch.nn.Module, ids: list[int]) -> float:
 
 @dataclass(frozen=True)
 class PromptParity:
-    """llama-server against our engine (scheduled as llama-server does) on one prompt."""
+    """llama-server against our engine (scheduled as llama-server does) on one prompt. Where they
+    differ, ``gap`` is the smallest logit gap (best minus second best) that could explain it and
+    ``p_margin`` the smallest distance of a draft probability from p_min (``None`` where not looked at)."""
 
     server: SpecCounters
     engine: SpecCounters
     same_output: bool
-    tie: float | None  # the gap of the float32 tie that explains a difference (None: no difference)
+    gap: float | None = None
+    p_margin: float | None = None
 
     @property
-    def verdict(self) -> str:
-        if self.tie is None:
-            return "equal"
-        if self.tie < TIE_GAP:
-            return f"float32 tie (gap {self.tie:.1e})"
-        return f"DIFFERS (closest gap {self.tie:.1e}: no tie)"
+    def equal(self) -> bool:
+        return self.same_output and self.server == self.engine
 
     @property
     def explained(self) -> bool:
         """Equal, or different only where float32 cannot decide (module docstring, Precision)."""
-        return self.tie is None or self.tie < TIE_GAP
+        return self.equal or (self.gap is not None and self.gap < TIE_GAP) or (
+            self.p_margin is not None and self.p_margin < TIE_P)
+
+    @property
+    def verdict(self) -> str:
+        if self.equal:
+            return "equal"
+        where = f"logit gap {self.gap:.1e}" + (f", p - p_min {self.p_margin:.1e}" if self.p_margin is not None else "")
+        return f"float32 tie ({where})" if self.explained else f"DIFFERS (closest: {where}; no tie)"
 
 
 def compare_prompt(target: torch.nn.Module, prompt_ids: list[int], server_tokens: list[int],
                    server: SpecCounters, run: ParityRun, drafter: LlamacppDrafter, n_max: int) -> PromptParity:
     """Compare one prompt; a difference is looked for a float32 tie: at the first differing output
-    token (the target's two best logits), else in the draft (its logit gaps, or a probability at p_min;
-    :data:`TIE_P` is scaled to :data:`TIE_GAP`'s units so one number carries both)."""
+    token (the target's two best logits there), else in the draft (its logit gaps, and its
+    probabilities' distance from p_min)."""
     engine = run.counters(n_max)
     server = SpecCounters(server.drafts, server.draft_tokens, server.accepted, server.padded(n_max))
     same = server_tokens == run.token_ids
     if same and server == engine:
-        return PromptParity(server, engine, True, None)
+        return PromptParity(server, engine, True)
     if not same:
         k = next(i for i, (a, b) in enumerate(zip(server_tokens, run.token_ids)) if a != b)
-        return PromptParity(server, engine, False, top2_gap(target, list(prompt_ids) + run.token_ids[:k]))
-    closest = min([*drafter.gaps, *(m * TIE_GAP / TIE_P for m in drafter.p_margins)], default=float("inf"))
-    return PromptParity(server, engine, True, closest)
+        return PromptParity(server, engine, False, gap=top2_gap(target, list(prompt_ids) + run.token_ids[:k]))
+    return PromptParity(server, engine, True, gap=min(drafter.gaps, default=float("inf")),
+                        p_margin=min(drafter.p_margins) if drafter.p_margins else None)

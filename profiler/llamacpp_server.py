@@ -86,7 +86,8 @@ class LlamaServer:
     ``launch.sh`` or ``llama-server ...``); ``--host 127.0.0.1 --port P`` and ``extra`` are appended.
 
     The process runs in a session of its own, so stopping it also stops a server started by a
-    shell script. Its output goes to :attr:`log_path`; errors quote its last lines.
+    shell script. Its output goes to :attr:`log_path` (removed when it stops); errors quote its last
+    lines.
     """
 
     def __init__(self, argv: Sequence[str], *, cwd: str | os.PathLike | None = None, env: dict[str, str] | None = None,
@@ -108,15 +109,18 @@ class LlamaServer:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise LlamacppError(f"llama-server exited with code {self._proc.returncode}: {self.log_tail()}")
+                tail, code = self.log_tail(), self._proc.returncode
+                self.close()
+                raise LlamacppError(f"llama-server exited with code {code}: {tail}")
             try:
                 if self._request("GET", "/health", timeout=5).get("status") == "ok":
                     return self
             except (urllib.error.URLError, ConnectionError, TimeoutError, LlamacppError):
                 pass
             time.sleep(0.2)
+        tail = self.log_tail()
         self.close()
-        raise LlamacppError(f"llama-server did not answer /health within {START_TIMEOUT_S:.0f} s: {self.log_tail()}")
+        raise LlamacppError(f"llama-server did not answer /health within {START_TIMEOUT_S:.0f} s: {tail}")
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -125,6 +129,7 @@ class LlamaServer:
         """Stop the server (SIGTERM to its session, SIGKILL after 10 s)."""
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
+            self.log_path.unlink(missing_ok=True)
             return
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -134,6 +139,7 @@ class LlamaServer:
             proc.wait(timeout=10)
         except ProcessLookupError:
             pass
+        self.log_path.unlink(missing_ok=True)
 
     def log_tail(self, lines: int = 5) -> str:
         try:
