@@ -58,9 +58,9 @@ if [ "$force" = 1 ] || [ ! -f "$home/llama.cpp/convert_hf_to_gguf.py" ]; then
   sdist="$sdist_dir/llama_cpp_python-$version.tar.gz"
   if [ ! -s "$sdist" ]; then
     mkdir -p "$sdist_dir"
-    # --no-build-isolation: pip must not install the sdist's build requirements just to read its metadata.
-    "$python" -m pip download -q --no-binary llama-cpp-python --no-deps --no-build-isolation \
-      "llama-cpp-python==$version" -d "$work/dl"
+    # pip reads the sdist's metadata with its build backend (scikit-build-core, installed in an
+    # isolated environment for that; 17 s on a quiet network) but builds nothing.
+    "$python" -m pip download -q --no-binary llama-cpp-python --no-deps "llama-cpp-python==$version" -d "$work/dl"
     mv "$work/dl/llama_cpp_python-$version.tar.gz" "$sdist"
   fi
   # Only the vendored llama.cpp; its vocabulary test files and docs are not needed to build or convert.
