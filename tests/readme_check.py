@@ -65,8 +65,12 @@ def _llamacpp(d: Path) -> dict:
     if flags["--spec-type"] == "ngram-simple":
         return {"plain": False, "n": int(flags["--spec-ngram-simple-size-m"]), "theta": 0.0, "schedule": "constant",
                 "draft": "ngram"}
+    draft = flags["--spec-draft-model"]
+    sources = d / "gguf_sources.json"  # the GGUF file beside the flags names the model it was converted from
+    if sources.exists() and draft in (doc := json.loads(sources.read_text())):
+        draft = doc[draft]["model"]
     return {"plain": False, "n": int(flags["--spec-draft-n-max"]), "theta": float(flags["--spec-draft-p-min"]),
-            "schedule": "constant", "draft": flags["--spec-draft-model"].removesuffix(".gguf")}
+            "schedule": "constant", "draft": draft}
 
 
 def _hf(d: Path) -> dict:

@@ -227,8 +227,8 @@ def _raw_model_schedule(monkeypatch):
 
 
 def _edited_file(tmp_path: Path):
-    f = tmp_path / "llamacpp" / "flags.txt"
-    f.write_text(f.read_text().replace("--spec-draft-n-max\n6", "--spec-draft-n-max\n7"))
+    f = tmp_path / "sglang" / "flags.txt"
+    f.write_text(f.read_text().replace("--speculative-num-draft-tokens\n9", "--speculative-num-draft-tokens\n10"))
 
 
 @pytest.mark.parametrize("plant", ["winner everywhere", "raw model schedule", "edited file"])
@@ -244,7 +244,7 @@ def test_the_readme_check_catches_a_planted_mismatch(tmp_path, monkeypatch, plan
     assert bad, plant
     expected = {"winner everywhere": "sglang: n is 8 in the files, 6 in the README",
                 "raw model schedule": "vllm: B=1 takes N=8 in the files, 11 in the README",
-                "edited file": "llamacpp: n is 7 in the files, 6 in the README"}[plant]
+                "edited file": "sglang: n is 9 in the files, 8 in the README"}[plant]
     assert expected in bad, bad
 
 

@@ -29,8 +29,11 @@ from pydantic import ValidationError
 from specdec_tune.errors import InputError
 from specdec_tune.tuner.model import Candidate, TuningResult
 from specdec_tune.tuner.servers import _schemas as sch
+from specdec_tune.tuner.servers._gguf import gguf_sources, prepare_ggufs
 from specdec_tune.tuner.servers._ship import Files, Shipped, carried, server_best
 from specdec_tune.tuner.servers._table import SERVERS, expressible, server_space
+from specdec_tune.tuner.servers._trtllm_fields import TRTLLM_COMMIT
+from specdec_tune.tuner.servers._trtllm_fields import check_options as check_trtllm_options
 
 FORMATS = tuple(SERVERS)  # one file format per server of the capability table
 ALL = "all"
@@ -194,19 +197,27 @@ def _trtllm(result: TuningResult) -> Files:
                     is_use_oldest=False, is_public_pool=False, **fields)
     else:
         spec = dict(decoding_type="Draft_Target", max_draft_len=max_draft, speculative_model=draft, **fields)
-    opts = _validated(sch.TrtllmExtraOptions, "trtllm", speculative_config=spec)
-    text = f"# {SERVERS['trtllm'].version}\n" + yaml.safe_dump(opts.model_dump(exclude_none=True), sort_keys=False)
+    opts = _validated(sch.TrtllmExtraOptions, "trtllm", speculative_config=spec).model_dump(exclude_none=True)
+    problems = check_trtllm_options(opts)  # TensorRT-LLM's own field names and types (_trtllm_fields)
+    if problems:
+        raise InputError(f"trtllm export fails TensorRT-LLM's fields at {TRTLLM_COMMIT[:8]}: {problems[0]}")
+    text = f"# {SERVERS['trtllm'].version}\n" + yaml.safe_dump(opts, sort_keys=False)
     return [("trtllm/extra_llm_api_options.yaml", text),
             ("trtllm/launch.sh", _script(base + ["--extra_llm_api_options", "extra_llm_api_options.yaml"],
                                          "run from this folder"))]
 
 
 def _llamacpp(result: TuningResult) -> Files:
+    """Flags for the GGUF files written beside them (``target.gguf``, ``draft.gguf``: see ``_gguf``),
+    named relative to the llamacpp folder; ``launch.sh`` runs from there. Flag names: llama.cpp
+    0c1e57098's ``common/arg.cpp`` (llama-cpp-python 0.3.36), after the May 2026 ``--spec-*`` rename."""
     c = result.candidate
     target, draft = _paths(result)
-    base = ["llama-server", "-m", f"{target}.gguf"]
+    base = ["llama-server", "-m", "target.gguf"]
+    version = SERVERS["llamacpp"].version
     if c.is_plain:
-        return [("llamacpp/launch.sh", _script(base, "plain decoding: no --spec-* flags"))]
+        return [("llamacpp/launch.sh", _gguf_script(base, f"{version}; plain decoding: no --spec-* flags")),
+                gguf_sources(target, None)]
     _refuse("llamacpp", c)
     n = c.num_speculative_tokens
     if c.is_ngram:
@@ -216,15 +227,21 @@ def _llamacpp(result: TuningResult) -> Files:
     else:
         # n-min 0: llama.cpp clears drafts shorter than n-min; the engine verifies every draft.
         args = _validated(sch.LlamacppSpeculativeArgs, "llamacpp", spec_type="draft-simple",
-                          spec_draft_model=f"{draft}.gguf", spec_draft_n_max=n, spec_draft_n_min=0,
+                          spec_draft_model="draft.gguf", spec_draft_n_max=n, spec_draft_n_min=0,
                           spec_draft_p_min=c.threshold)
-        legacy = ["-md", f"{draft}.gguf", "--draft-max", str(n), "--draft-min", "0", "--draft-p-min", f"{c.threshold:g}"]
+        legacy = ["-md", "draft.gguf", "--draft-max", str(n), "--draft-min", "0", "--draft-p-min", f"{c.threshold:g}"]
     flags = args.flags()
     files = [("llamacpp/flags.txt", "\n".join(flags) + "\n"),
-             ("llamacpp/launch.sh", _script(base + flags, f"{SERVERS['llamacpp'].version}; GGUF files"))]
+             ("llamacpp/launch.sh", _gguf_script(base + flags, version)), gguf_sources(target, draft)]
     if legacy:
         files.append(("llamacpp/flags-before-spec-rename.txt", "\n".join(legacy) + "\n"))
     return files
+
+
+def _gguf_script(cmd: list[str], note: str) -> str:
+    """A launch script that runs from its own folder, where the GGUF files are."""
+    return (f"#!/bin/sh\n# {note}; the GGUF files are beside this script\ncd \"$(dirname \"$0\")\" || exit 1\n"
+            "exec " + " ".join(shlex.quote(x) for x in cmd) + ' "$@"\n')
 
 
 def _hf(result: TuningResult) -> Files:
@@ -308,16 +325,23 @@ def render_exports(result: TuningResult, formats: Sequence[str]) -> dict[str, Fi
 
 
 def write_exports(result: TuningResult, formats: Sequence[str], out_dir: Path) -> dict[str, list[Path]]:
-    """Write the files each format's server reads, and ``README.md``, under ``out_dir``.
+    """Write the files each format's server reads, and ``README.md``, under ``out_dir``; llama.cpp's
+    GGUF files are converted from the models first (``_gguf``).
 
     Returns:
         format -> paths written (``"readme"`` -> the README).
 
     Raises:
-        InputError: unknown format, a named format that cannot express the configuration, or a schema
-            violation; nothing is written then.
+        InputError: unknown format, a named format that cannot express the configuration, a schema
+            violation, or a named llamacpp whose GGUF files cannot be made; nothing is written then.
     """
-    rendered = render_exports(result, formats)
+    from specdec_tune.tuner.servers._readme import render_readme
+
+    shipped, skipped = ship_all(result, formats)
+    built = {fmt: list(s.files) for fmt, s in shipped.items()}
+    ggufs = prepare_ggufs(built, skipped, resolve_formats(formats)[1])  # may move llamacpp to skipped
+    shipped = {fmt: s for fmt, s in shipped.items() if fmt in built}
+    rendered = {**built, "readme": [("README.md", render_readme(result, shipped, skipped))]}
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir} exists and is not a folder")
@@ -332,6 +356,10 @@ def write_exports(result: TuningResult, formats: Sequence[str], out_dir: Path) -
             if rel.endswith(".sh"):
                 path.chmod(0o755)
             written[fmt].append(path)
+    if ggufs:
+        from specdec_tune.profiler import copy_gguf
+
+        written["llamacpp"] += [copy_gguf(src, out_dir / rel) for rel, src in ggufs.items()]
     return written
 
 

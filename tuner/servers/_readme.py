@@ -18,9 +18,11 @@ _HOW = {
                "sglang.launch_server --model-path TARGET` (or `sh sglang/launch.sh`)."),
     "trtllm": ("trtllm/extra_llm_api_options.yaml", "`trtllm-serve TARGET --backend pytorch --extra_llm_api_options "
                "trtllm/extra_llm_api_options.yaml`; in Python pass its `speculative_config` mapping to `LLM(...)`."),
-    "llamacpp": ("llamacpp/flags.txt", "one argument per line: `xargs -d '\\n' -a llamacpp/flags.txt llama-server -m "
-                 "TARGET.gguf` (current `--spec-*` names); builds from before the rename take "
-                 "`llamacpp/flags-before-spec-rename.txt` instead (current builds abort on `--draft-max`)."),
+    "llamacpp": ("llamacpp/flags.txt", "`sh llamacpp/launch.sh` (it runs from its folder, where `target.gguf` and "
+                 "`draft.gguf` are: both models converted to GGUF, float32, by llama.cpp's own converter; "
+                 "`gguf_sources.json` names the models), or from `llamacpp/`, one argument per line: `xargs -d "
+                 "'\\n' -a flags.txt llama-server -m target.gguf` (current `--spec-*` names); builds from before the "
+                 "rename take `flags-before-spec-rename.txt` instead (current builds abort on `--draft-max`)."),
     "hf": ("hf/generation_config.json", "model draft: `assistant.generation_config = GenerationConfig.from_pretrained("
            "'hf')`, then `target.generate(..., assistant_model=assistant)`. n-gram: "
            "`target.generate(..., **json.load(open('hf/generation_config.json')))`."),
