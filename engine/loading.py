@@ -13,7 +13,8 @@ from specdec_tune.engine.names import hub_unreachable, nearest_hint, one_line, r
 from specdec_tune.errors import InputError, ModelLoadError
 
 DEVICES = ("auto", "cpu", "cuda")
-DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # the short names are aliases
 
 
 @dataclass

@@ -62,7 +62,7 @@ NumSpeculativeTokensOption = Annotated[
 ]
 DeviceOption = Annotated[str, typer.Option("--device", help="auto | cpu | cuda")]
 DtypeOption = Annotated[
-    str, typer.Option("--dtype", help="auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16 | float16")
+    str, typer.Option("--dtype", help="auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16 | float16 (fp32 | bf16 | fp16)")
 ]
 SeedOption = Annotated[int, typer.Option("--seed", help="Sampling seed.")]
 ThreadsOption = Annotated[str, typer.Option("--threads", metavar="auto|N", help=(
