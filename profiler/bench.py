@@ -246,10 +246,9 @@ def run_bench(
                     results[m].add(i, out, seconds)
                 if progress is not None:
                     progress(f"repeat {r + 1}/{repeats}, prompt {i + 1}/{len(prompts)}")
-    result = BenchResult(results, len(prompts), max_new_tokens, num_speculative_tokens, repeats,
-                         vllm.summary() if vllm is not None else {}, str(target.dtype).replace("torch.", ""))
-    result.consistency = judge_outputs(target, prompts, results)
-    return result
+    return BenchResult(results, len(prompts), max_new_tokens, num_speculative_tokens, repeats,
+                       vllm.summary() if vllm is not None else {}, str(target.dtype).replace("torch.", ""),
+                       judge_outputs(target, prompts, results))
 
 
 def judge_outputs(target: LoadedModel, prompts: list[torch.Tensor],

@@ -55,10 +55,8 @@ def generate(
 ) -> None:
     """Generate text and print measured tokens/s, tokens per cycle τ and per-position acceptance α_i."""
 
-    _check(max_new_tokens, num_speculative_tokens, threshold, threshold_rule, schedule, temperature, threads)
-    rates = opt.parse_rates(synthetic_acceptance)
-    if rates is not None and temperature > 0:
-        raise InputError("--synthetic-acceptance decodes greedily: leave --temperature at 0")
+    rates = _check(max_new_tokens, num_speculative_tokens, threshold, threshold_rule, schedule, temperature, threads,
+                   synthetic_acceptance)
     items = _collect_prompts(prompt, prompts)
     opt.check_model_names(target, draft)  # a mistyped name fails now, before torch and the models load
     from specdec_tune.engine import DecodeConfig
@@ -100,7 +98,11 @@ def generate(
 
 
 def _check(max_new_tokens: int, n: int, threshold: float, threshold_rule: str, schedule: str, temperature: float,
-           threads: str) -> None:
+           threads: str, synthetic_acceptance: str | None) -> tuple[float, ...] | None:
+    """Every flag checked before anything loads; returns the synthetic acceptance rates (None: off)."""
+    rates = opt.parse_rates(synthetic_acceptance)
+    if rates is not None and temperature > 0:
+        raise InputError("--synthetic-acceptance decodes greedily: leave --temperature at 0")
     opt.check_max_new_tokens(max_new_tokens)
     opt.check_num_speculative_tokens(n)
     opt.check_threshold(threshold)
@@ -109,6 +111,7 @@ def _check(max_new_tokens: int, n: int, threshold: float, threshold_rule: str, s
         raise InputError(f"--threshold-rule must be one of {', '.join(THRESHOLD_RULES)}, got {threshold_rule!r}")
     opt.check_temperature(temperature)
     opt.parse_threads(threads)
+    return rates
 
 
 def _collect_prompts(prompt: str | None, prompts: str | None) -> list:

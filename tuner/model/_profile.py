@@ -285,8 +285,7 @@ def build_run_profile(
         sampling_traces=_traces(sampling_traces) if sampling_traces else None, name=draft or "",
         synthetic_acceptance=synthetic_rates(run.settings),
     )
-    positions = None
-    # Synthetic acceptance is drawn per cycle, not fixed per output position: no exact simulation.
+    positions = None  # synthetic acceptance is drawn per cycle, not per output position: no exact simulation
     if draft is not None and draft != NGRAM and traces and model.synthetic_acceptance is None:
         positions = _positions(traces, continuations, len(infos), int(run.settings.get("n_max", 16)))
     return RunProfile(
