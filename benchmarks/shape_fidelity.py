@@ -3,7 +3,7 @@ pair with synthetic acceptance (random weights; engine.shapes, engine.verify.Syn
 
 Usage: OMP_NUM_THREADS=1 python benchmarks/shape_fidelity.py [--target shape:qwen2.5-0.5b]
        [--draft shape:qwen2.5-draft-2l] [--acceptance 0.7] [--ns 1,2,3] [--max-prompts 4]
-       [--max-new-tokens 16] [--repeats 3] [--db sqlite:////tmp/shape_fidelity.db] [--device cpu]
+       [--max-new-tokens 16] [--repeats 3] [--prompt-chars 0] [--db sqlite:////tmp/shape_fidelity.db] [--device cpu]
 Profiles the pair on the tuning half of --workload (every acceptance drawn at --acceptance), then
 measures every N and plain decoding interleaved on held-out prompts, and prints one JSON object: per N
 the predicted and the measured speedup over plain decoding (paired 95% CI) and the relative error.
@@ -26,6 +26,19 @@ from specdec_tune.tuner.model import SpecConfig
 from specdec_tune.tuner.search import measure_predicted
 
 
+def _shortened(workload: str, chars: int) -> str:
+    """A copy of ``workload`` whose prompts keep their last ``chars`` characters (a temporary JSONL file)."""
+    import tempfile
+
+    from specdec_tune.engine.workloads import load_workload
+
+    fd, path = tempfile.mkstemp(prefix="shape-fidelity-", suffix=".jsonl")
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        for p in load_workload(workload):
+            out.write(json.dumps({"id": p.id, "prompt": p.prompt[-chars:]}) + "\n")
+    return path
+
+
 def main(
     target: str = typer.Option("shape:qwen2.5-0.5b", "--target", help="Target shape."),
     draft: str = typer.Option("shape:qwen2.5-draft-2l", "--draft", help="Draft shape of the same family."),
@@ -38,14 +51,19 @@ def main(
     device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
     db: str = typer.Option("sqlite:////tmp/shape_fidelity.db", "--db", help="Results database."),
     batch_sizes: str = typer.Option("1", "--batch-sizes", help="Batch sizes profiled for T_v(B, k)."),
+    prompt_chars: int = typer.Option(0, "--prompt-chars", help=(
+        "Keep only the last C characters of each prompt (0: whole prompts): on a CPU a long prompt's prefill "
+        "outweighs a short decode.")),
 ) -> None:
     rates = tuple(float(a) for a in acceptance.split(","))
+    if prompt_chars > 0:
+        workload = _shortened(workload, prompt_chars)
     n_list = [int(n) for n in ns.split(",")]
     database = open_database(db)
     start = time.time()
     settings = ProfileSettings(
-        device=device, synthetic_acceptance=rates, n_max=max(n_list), k_max=max(n_list) + 1, repeats=5, warmup=1,
-        max_prompts=max_prompts, max_new_tokens=max_new_tokens, context_lens=(64,), prefill_repeats=1,
+        device=device, synthetic_acceptance=rates, n_max=max(n_list), k_max=max(n_list) + 1, repeats=7, warmup=1,
+        max_prompts=max_prompts, max_new_tokens=max_new_tokens, context_lens=(64,), prefill_repeats=3,
         overhead_prompts=1, overhead_ns=(1,), batch_sizes=tuple(int(b) for b in batch_sizes.split(",")),
         threads=1 if device == "cpu" else None)
     result = run_profile(database, target, [draft], workload, settings, StageLog())
@@ -66,7 +84,7 @@ def main(
     print(json.dumps({
         "label": "measured vs predicted, synthetic acceptance (given, not measured)", "date": time.strftime("%Y-%m-%d"),
         "machine": platform.node(), "load_average": list(os.getloadavg()), "target": target, "draft": draft,
-        "synthetic_acceptance": list(rates), "run_id": result.run_id, "device": device,
+        "synthetic_acceptance": list(rates), "run_id": result.run_id, "device": device, "prompt_chars": prompt_chars,
         "prompts": max_prompts, "max_new_tokens": max_new_tokens, "repeats": repeats, "profile_seconds": profile_s,
         "total_seconds": time.time() - start, "plain_tokens_per_s": plain.tokens_per_s, "rows": rows,
         "max_abs_speedup_error": max(abs(r["speedup_error"]) for r in rows),

@@ -22,8 +22,6 @@ import torch
 from specdec_tune.engine.types import VerifyResult
 
 
-
-
 def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
     """Greedy verification without leaving the device: ``[2]`` int64 (num_accepted, next_token).
 
