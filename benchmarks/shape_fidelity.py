@@ -64,7 +64,10 @@ def main(
     settings = ProfileSettings(
         device=device, synthetic_acceptance=rates, n_max=max(n_list), k_max=max(n_list) + 1, repeats=7, warmup=1,
         max_prompts=max_prompts, max_new_tokens=max_new_tokens, context_lens=(64,), prefill_repeats=3,
-        overhead_prompts=1, overhead_ns=(1,), batch_sizes=tuple(int(b) for b in batch_sizes.split(",")),
+        # In-loop anchors at every k a measured N verifies (k = N + 1): the overhead passes at the smaller N,
+        # the N_max pass at the largest; T_v(k) between anchors would otherwise be a straight line.
+        overhead_prompts=2, overhead_ns=tuple(n_list[:-1]) or (1,),
+        batch_sizes=tuple(int(b) for b in batch_sizes.split(",")),
         threads=1 if device == "cpu" else None)
     result = run_profile(database, target, [draft], workload, settings, StageLog())
     profile_s = time.time() - start
