@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec_tune.consistency import Consistency, overall
 from specdec_tune.engine import DecodeConfig, LoadedModel
+from specdec_tune.profiler.consistency import check_outputs
 from specdec_tune.profiler.runs import DraftSpec, decode_once
 from specdec_tune.profiler.timers import Stopwatch, synchronize
 from specdec_tune.profiler.vllm_bench import VllmPair
@@ -87,6 +89,9 @@ class BenchResult:
     num_speculative_tokens: int
     repeats: int
     vllm: dict = field(default_factory=dict)  # versions, start seconds, counters, latencies
+    dtype: str = "float32"
+    # (prompt, method) -> the consistency rule's verdict against the first method's output
+    consistency: dict[tuple[int, str], Consistency] = field(default_factory=dict)
 
     def ratio(self, a: str, b: str) -> float:
         den = self.methods[b].tokens_per_s
@@ -118,6 +123,29 @@ class BenchResult:
     def identical(self) -> bool:
         return not self.mismatches
 
+    @property
+    def reference(self) -> str:
+        """The method whose greedy output the others are judged against (the first measured)."""
+        return next(iter(self.methods))
+
+    @property
+    def verdict(self) -> str:
+        """``identical``, ``near-tie`` (parted only within the dtype's rounding tolerance) or
+        ``differ`` (``specdec_tune.consistency``)."""
+        return overall([c.status for c in self.consistency.values()] or ["differ"] * bool(self.mismatches))
+
+    def consistency_json(self) -> dict:
+        """The verdict, the share of prompts that parted, and where each parted."""
+        parted = sorted({i for (i, _m), c in self.consistency.items() if c.status != "identical"})
+        return {
+            "verdict": self.verdict, "dtype": self.dtype, "reference": self.reference,
+            "rule": "float32: identical; bfloat16/float16: parted only where the reference's logit margin is within "
+                    "the dtype's rounding tolerance (specdec_tune.consistency)",
+            "prompts_parted": len(parted), "share_parted": len(parted) / self.prompts if self.prompts else 0.0,
+            "parted": [{"prompt": i, "method": m, **c.to_json()} for (i, m), c in sorted(self.consistency.items())
+                       if c.status != "identical"],
+        }
+
     def to_json(self) -> dict:
         return {
             "label": "measured",
@@ -132,6 +160,7 @@ class BenchResult:
             "ratio_ci95": {k: v["ci95"] for k, v in self.ratios().items()},
             "outputs_identical": self.identical,
             "mismatches": [{"prompt": i, "method": m} for i, m in self.mismatches],
+            "consistency": self.consistency_json(),
             **({"vllm": self.vllm} if self.vllm else {}),
         }
 
@@ -235,4 +264,15 @@ def run_bench(
                 if progress is not None:
                     progress(f"repeat {r + 1}/{repeats}, prompt {i + 1}/{len(prompts)}")
     return BenchResult(results, len(prompts), max_new_tokens, num_speculative_tokens, repeats,
-                       vllm.summary() if vllm is not None else {})
+                       vllm.summary() if vllm is not None else {}, str(target.dtype).replace("torch.", ""),
+                       judge_outputs(target, prompts, results))
+
+
+def judge_outputs(target: LoadedModel, prompts: list[torch.Tensor],
+                  results: dict[str, MethodResult]) -> dict[tuple[int, str], Consistency]:
+    """Every method's greedy output on every prompt judged against the first method's by the
+    consistency rule (a margin is measured only where two outputs part)."""
+    ref_name = next(iter(results))
+    ref = results[ref_name].outputs
+    return {(i, name): check_outputs(target, ids, ref[i], res.outputs[i])
+            for name, res in results.items() if name != ref_name for i, ids in enumerate(prompts)}

@@ -19,6 +19,7 @@ from specdec_tune.tuner.model._load import load_run_profile
 from specdec_tune.tuner.model._predict import PromptSpec, RunPrediction, predict_baseline, predict_config
 from specdec_tune.tuner.model._predict import at_machine_speed, machine_speed, predict_prompts, profiled_specs, split_specs
 from specdec_tune.tuner.model._profile import PromptInfo, RunProfile, build_run_profile, resolve_draft, run_drafts
+from specdec_tune.tuner.model._profile import synthetic_rates, with_synthetic_acceptance
 from specdec_tune.tuner.model._replay import ReplayStats, Trace, heuristic_stationary, replay
 from specdec_tune.tuner.model._throughput import ModelProfile, Prediction, SpecConfig, alphas_from_traces
 from specdec_tune.tuner.model._throughput import baseline_tokens_per_s, best_n_per_batch_size
@@ -32,5 +33,6 @@ __all__ = [
     "best_n_per_batch_size", "build_run_profile", "closed_form_tokens_per_cycle", "decide", "decisions", "draft_step_time", "fit_overhead",
     "heuristic_stationary", "machine_speed", "load_run_profile", "position_traces", "predict", "predict_baseline", "predict_config",
     "predict_prompts", "profiled_specs", "rank_configs", "relative_error", "replay", "resolve_draft", "run_drafts",
-    "simulate_prompt", "spec_config", "split_specs", "tokens_per_cycle_per_position", "verify_time",
+    "simulate_prompt", "spec_config", "split_specs", "synthetic_rates", "tokens_per_cycle_per_position", "verify_time",
+    "with_synthetic_acceptance",
 ]  # fmt: skip
