@@ -230,6 +230,7 @@ class AcceptanceTrace(Base):
     cycle_index: Mapped[int] = mapped_column(Integer)
     confidences: Mapped[list[Any]] = mapped_column()  # [L] draft probability of each drafted token
     num_accepted: Mapped[int] = mapped_column(Integer)
+    token_probs: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)  # [L] q(x_i); NULL: older runs
 
 
 class MeasuredRun(Base):

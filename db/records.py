@@ -183,13 +183,16 @@ class AcceptanceRecord:
 class TraceRow:
     """One recorded cycle: the draft's confidence in each drafted token and how many were accepted.
 
-    Recorded with θ = 0 and N = N_max; ``confidences`` has one entry per drafted token ``[L]``.
+    Recorded with θ = 0 and N = N_max; ``confidences`` has one entry per drafted token ``[L]``, and so
+    has ``token_probs`` (each drafted token's own draft probability; ``None`` in runs stored before it
+    was recorded, and the same as ``confidences`` in greedy mode).
     """
 
     cycle_index: int
     confidences: tuple[float, ...]
     num_accepted: int
     prompt_index: int | None = None
+    token_probs: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from specdec_tune.engine.drafters import probs_from_logits
 from specdec_tune.engine.kvcache import PreallocatedCache, forward_with_cache, make_cache
 from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult, VerifyResult
 from specdec_tune.engine.verify import greedy_accept, verify_sampling
-from specdec_tune.schedules import MAX_SPECULATIVE_TOKENS, SCHEDULES, THRESHOLD_RULES, next_num_speculative
+from specdec_tune.schedules import MAX_SPECULATIVE_TOKENS, SCHEDULES, THRESHOLD_RULES, AdaptiveThreshold
+from specdec_tune.schedules import check_threshold_kind, next_num_speculative
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class DecodeConfig:
     temperature: float = 0.0
     eos_token_id: int | None = None
     threshold_rule: str = "before"  # 'before' (exact; ours) or 'hf' (transformers'); see ModelDrafter
+    threshold_kind: str = "per-token"  # 'per-token' | 'cumulative' | 'adaptive' (specdec_tune.schedules)
+    threshold_step: float = 0.05  # the adaptive kind's step (θ moves within schedules.ADAPTIVE_BOUNDS)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -44,6 +47,9 @@ class DecodeConfig:
             raise ValueError(f"threshold_rule must be one of {', '.join(THRESHOLD_RULES)}, got {self.threshold_rule!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        check_threshold_kind(self.threshold_kind, self.threshold_rule)
+        if self.threshold_kind == "adaptive":
+            AdaptiveThreshold(self.threshold, self.threshold_step)  # raises ValueError naming the bad value
 
 
 VerifyFn = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Generator | None], VerifyResult]
@@ -171,6 +177,8 @@ class _Verdict:
     next_token: int  # the target's bonus or recovered token
     drafted: list[int]  # [L] the draft's token ids
     confidences: list[float]  # [L] the draft's confidence per token
+    token_probs: list[float]  # [L] each drafted token's own draft probability (the confidences when greedy)
+    threshold: float  # θ of this cycle
 
 
 def _prefill(
@@ -198,13 +206,18 @@ def _verdict(
     """Verify ``draft`` against the target's ``[L + 1, vocab]`` logits (sampling or greedy)."""
     if config.temperature > 0:
         result = verify_s(draft.tokens, draft.probs, probs_from_logits(logits, config.temperature), generator)
-        return _Verdict(result.num_accepted, result.next_token, draft.tokens.tolist(), draft.confidence.tolist())
+        token_probs = draft.token_probs.tolist() if draft.token_probs is not None else []
+        return _Verdict(result.num_accepted, result.next_token, draft.tokens.tolist(), draft.confidence.tolist(),
+                        token_probs, draft.threshold)
     # The cycle's one host synchronisation: verdict, draft tokens and confidences in one copy
-    # (float64 holds every token id exactly).
+    # (float64 holds every token id exactly). A greedy draft token is the argmax: its own probability
+    # is its confidence.
     n_draft = draft.length
     host = torch.cat([greedy_accept(draft.tokens, logits).double(), draft.tokens.double(),
                       draft.confidence.double()]).tolist()
-    return _Verdict(int(host[0]), int(host[1]), [int(t) for t in host[2:2 + n_draft]], host[2 + n_draft:])
+    confidences = host[2 + n_draft:]
+    return _Verdict(int(host[0]), int(host[1]), [int(t) for t in host[2:2 + n_draft]], confidences,
+                    confidences if draft.token_probs is not None else [], draft.threshold)
 
 
 def _cycle_stats(drafter: Drafter, verdict: _Verdict, emitted: int) -> CycleStats:
@@ -218,6 +231,8 @@ def _cycle_stats(drafter: Drafter, verdict: _Verdict, emitted: int) -> CycleStat
         outcomes=tuple(i < verdict.accepted for i in range(n_draft)),
         draft_forwards=getattr(drafter, "forwards", 0),
         target_positions=n_draft + 1,
+        token_probs=tuple(verdict.token_probs),
+        threshold=verdict.threshold,
     )
 
 

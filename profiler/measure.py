@@ -40,6 +40,8 @@ class MeasureSpec:
         threshold: θ (drafting stops when the draft's top probability is below it).
         schedule: ``constant`` or ``heuristic``.
         threshold_rule: ``before`` (exact) or ``hf`` (transformers' rule).
+        threshold_kind: ``per-token``, ``cumulative`` or ``adaptive`` (``specdec_tune.schedules``).
+        threshold_step: the adaptive kind's step.
     """
 
     draft: str | None
@@ -47,6 +49,8 @@ class MeasureSpec:
     threshold: float = 0.0
     schedule: str = "constant"
     threshold_rule: str = "before"
+    threshold_kind: str = "per-token"
+    threshold_step: float = 0.05
 
     @property
     def is_plain(self) -> bool:
@@ -252,7 +256,8 @@ def _load_models(run, drafts: list[str | None],
 def _decode_config(config: MeasureSpec, max_new: int, temperature: float, target: LoadedModel) -> DecodeConfig:
     return DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=max(config.num_speculative_tokens, 1),
                         threshold=config.threshold, schedule=config.schedule, temperature=temperature,
-                        eos_token_id=target.eos_token_id, threshold_rule=config.threshold_rule)
+                        eos_token_id=target.eos_token_id, threshold_rule=config.threshold_rule,
+                        threshold_kind=config.threshold_kind, threshold_step=config.threshold_step)
 
 
 def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: list[torch.Tensor], repeats: int,
@@ -307,6 +312,7 @@ def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: 
         db, run_id, draft=case.draft,
         config={"num_speculative_tokens": n, "threshold": config.threshold if n else 0.0,
                 "schedule": config.schedule if n else "constant", "threshold_rule": config.threshold_rule,
+                "threshold_kind": config.threshold_kind if n else "per-token", "threshold_step": config.threshold_step,
                 "batch_size": 1, "temperature": temperature,
                 "max_new_tokens": case.decode.max_new_tokens, "prompts": len(case.times), "repeats": repeats,
                 "split": split or "profiled prompts", "prompt_ids": list(prompt_ids),

@@ -17,6 +17,8 @@ from specdec_tune.cli._options import (
     DEFAULT_SEED,
     DEFAULT_THREADS,
     DEFAULT_THRESHOLD,
+    DEFAULT_THRESHOLD_KIND,
+    DEFAULT_THRESHOLD_STEP,
     DeviceOption,
     DtypeOption,
     ForwardOption,
@@ -25,6 +27,8 @@ from specdec_tune.cli._options import (
     SeedOption,
     TargetOption,
     ThreadsOption,
+    ThresholdKindOption,
+    ThresholdStepOption,
 )
 from specdec_tune.errors import InputError
 from specdec_tune.schedules import THRESHOLD_RULES
@@ -42,6 +46,8 @@ def generate(
     num_speculative_tokens: NumSpeculativeTokensOption = DEFAULT_NUM_SPECULATIVE_TOKENS,
     threshold: float = typer.Option(DEFAULT_THRESHOLD, "--threshold", help="θ: stop drafting before a position whose top draft probability is below θ (0 disables; exact when sampling)."),
     threshold_rule: str = typer.Option("before", "--threshold-rule", help="before (default, exact) | hf (transformers' assistant_confidence_threshold: the token below θ is proposed, then drafting stops)."),
+    threshold_kind: ThresholdKindOption = DEFAULT_THRESHOLD_KIND,
+    threshold_step: ThresholdStepOption = DEFAULT_THRESHOLD_STEP,
     schedule: str = typer.Option(DEFAULT_SCHEDULE, "--schedule", help="constant | heuristic (N += 2 after a cycle whose proposed tokens were all accepted, L = 0 included, else N -= 1; capped at N)."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 samples (exact speculative sampling)."),
     seed: SeedOption = DEFAULT_SEED,
@@ -54,6 +60,7 @@ def generate(
     """Generate text and print measured tokens/s, tokens per cycle τ and per-position acceptance α_i."""
 
     _check(max_new_tokens, num_speculative_tokens, threshold, threshold_rule, schedule, temperature, threads)
+    opt.check_threshold_kind(threshold_kind, threshold_step, threshold, threshold_rule, schedule)
     items = _collect_prompts(prompt, prompts)
     opt.check_model_names(target, draft)  # a mistyped name fails now, before torch and the models load
     from specdec_tune.engine import DecodeConfig
@@ -71,6 +78,8 @@ def generate(
         temperature=temperature,
         eos_token_id=tgt.eos_token_id,
         threshold_rule=threshold_rule,
+        threshold_kind=threshold_kind,
+        threshold_step=threshold_step,
     )
     encoded = [(p, encode_prompt(tgt, p.prompt, p.id)) for p in items]
     warm_up(tgt, spec, encoded[0][1], config)

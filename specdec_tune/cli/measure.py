@@ -18,10 +18,14 @@ from specdec_tune.cli._options import (
     DEFAULT_SEED,
     DEFAULT_THREADS,
     DEFAULT_THRESHOLD,
+    DEFAULT_THRESHOLD_KIND,
+    DEFAULT_THRESHOLD_STEP,
     DbOption,
     ScheduleOption,
     SeedOption,
     ThreadsOption,
+    ThresholdKindOption,
+    ThresholdStepOption,
     ThresholdOption,
 )
 from specdec_tune.cli._progress import Bar, progress_bar
@@ -38,17 +42,26 @@ _BatchSizes = Annotated[str, typer.Option("--batch-sizes", help=(
     "--backend vllm: concurrencies B measured (each must divide the prompts), e.g. 1,2,4."))]
 
 
-def _spec_config(n: int, threshold: float, schedule: str, batch_size: int, temperature: float):
+def _spec_config(n: int, threshold: float, schedule: str, batch_size: int, temperature: float,
+                 kind: str = DEFAULT_THRESHOLD_KIND, step: float = DEFAULT_THRESHOLD_STEP):
     from specdec_tune.tuner.model import SpecConfig
 
     if not 0 <= n <= 64:
         raise InputError(f"--num-speculative-tokens must be an integer in 0..64 (0 = plain decoding), got {n}")
     opt.check_threshold(threshold)
     opt.check_schedule(schedule)
+    opt.check_threshold_kind(kind, step, threshold, schedule=schedule)
     opt.check_temperature(temperature)
     if batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {batch_size}")
-    return SpecConfig(n, threshold, schedule, batch_size, "sampling" if temperature > 0 else "greedy")
+    return SpecConfig(n, threshold, schedule, batch_size, "sampling" if temperature > 0 else "greedy",
+                      threshold_kind=kind, threshold_step=step)
+
+
+def _kind_text(config) -> str:
+    """How θ applies, for the summary lines (``per-token``, ``cumulative``, ``adaptive, step 0.05``)."""
+    kind = config.threshold_kind
+    return f"{kind}, step {config.threshold_step:g}" if kind == "adaptive" else kind
 
 
 def interpolated_between(batch_size: int, profiled: list[int], run: int) -> tuple[int, int] | None:
@@ -75,6 +88,8 @@ def predict(
     num_speculative_tokens: int = typer.Option(..., "--num-speculative-tokens", "-N", help="N (0 = plain decoding)."),
     threshold: ThresholdOption = DEFAULT_THRESHOLD,
     schedule: ScheduleOption = DEFAULT_SCHEDULE,
+    threshold_kind: ThresholdKindOption = DEFAULT_THRESHOLD_KIND,
+    threshold_step: ThresholdStepOption = DEFAULT_THRESHOLD_STEP,
     batch_size: int = typer.Option(1, "--batch-size", help="B sequences in lock-step (needs T_v(B, k) in the run)."),
     draft: _RunDraft = None,
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 predicts sampling mode."),
@@ -86,7 +101,8 @@ def predict(
     from specdec_tune.db import open_database
     from specdec_tune.tuner.model import load_run_profile, predict_config
 
-    config = _spec_config(num_speculative_tokens, threshold, schedule, batch_size, temperature)
+    config = _spec_config(num_speculative_tokens, threshold, schedule, batch_size, temperature, threshold_kind,
+                          threshold_step)
     database = open_database(db)
     rp = load_run_profile(database, run, draft)
     between = interpolated_between(batch_size, sorted(rp.model.verify_s), run)
@@ -94,7 +110,9 @@ def predict(
     label = "predicted" if between is None else f"predicted, interpolated between profiled B = {between[0]} and {between[1]}"
     obj = {
         "run_id": run, "draft": rp.draft, "num_speculative_tokens": config.num_speculative_tokens,
-        "threshold": config.threshold, "schedule": config.schedule, "batch_size": config.batch_size,
+        "threshold": config.threshold, "threshold_kind": config.threshold_kind,
+        "threshold_step": config.threshold_step if config.threshold_kind == "adaptive" else None,
+        "schedule": config.schedule, "batch_size": config.batch_size,
         "mode": config.mode, "tokens_per_s": p.tokens_per_s, "speedup": p.speedup,
         "baseline_tokens_per_s": p.baseline_tokens_per_s, "decode_tokens_per_s": p.decode_tokens_per_s,
         "expected_tokens_per_cycle": p.expected_tokens_per_cycle, "expected_draft_length": p.expected_draft_length,
@@ -107,8 +125,8 @@ def predict(
     typer.echo(
         f"{label}: {p.tokens_per_s:.1f} tokens/s ({p.speedup:.2f}× over {p.baseline_tokens_per_s:.1f} tokens/s plain "
         f"decoding), τ = {p.expected_tokens_per_cycle:.2f} tokens/cycle, E[L] = {p.expected_draft_length:.2f} "
-        f"[run {run}, draft {rp.draft}, N = {config.num_speculative_tokens}, θ = {config.threshold}, "
-        f"{config.schedule}, B = {config.batch_size}, {config.mode}; {p.source}]"
+        f"[run {run}, draft {rp.draft}, N = {config.num_speculative_tokens}, θ = {config.threshold} "
+        f"{_kind_text(config)}, {config.schedule}, B = {config.batch_size}, {config.mode}; {p.source}]"
     )
 
 
@@ -119,6 +137,8 @@ def measure(
     num_speculative_tokens: int = typer.Option(..., "--num-speculative-tokens", "-N", help="N: most tokens drafted per cycle (0 = plain decoding)."),
     threshold: ThresholdOption = DEFAULT_THRESHOLD,
     schedule: ScheduleOption = DEFAULT_SCHEDULE,
+    threshold_kind: ThresholdKindOption = DEFAULT_THRESHOLD_KIND,
+    threshold_step: ThresholdStepOption = DEFAULT_THRESHOLD_STEP,
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 must be the run's sampling temperature."),
     split: Optional[str] = typer.Option(None, "--split", help="Prompts to measure: tune | holdout | all | A:B (default: holdout for a run profiled on tune, else the run's own prompts)."),
     max_prompts: Optional[int] = typer.Option(None, "--max-prompts", help="Measure the first prompts of the split only."),
@@ -137,7 +157,7 @@ def measure(
     from specdec_tune.splits import check_split
     from specdec_tune.tuner.search import measure_predicted
 
-    config = _spec_config(num_speculative_tokens, threshold, schedule, 1, temperature)
+    config = _spec_config(num_speculative_tokens, threshold, schedule, 1, temperature, threshold_kind, threshold_step)
     n_threads = opt.parse_threads(threads)
     if backend not in ("engine", "vllm"):
         raise InputError(f"--backend must be engine or vllm, got {backend!r}")
@@ -183,7 +203,8 @@ def _measured_json(v, plain, run: int, temperature: float) -> dict:
         "split": m.split or "profiled prompts", "in_sample": v.in_sample, "prompt_ids": m.prompt_ids,
         "ci95": list(m.ci95) if m.ci95 else None, "prediction_inside_ci": v.inside_ci,
         "run_id": run, "draft": m.draft, "num_speculative_tokens": config.num_speculative_tokens,
-        "threshold": config.threshold, "schedule": config.schedule, "batch_size": 1, "temperature": temperature,
+        "threshold": config.threshold, "threshold_kind": config.threshold_kind, "schedule": config.schedule,
+        "batch_size": 1, "temperature": temperature,
         "tokens_per_s": m.tokens_per_s, "predicted_tokens_per_s": p.tokens_per_s if p else None,
         "relative_error": v.relative_error, "mean_tokens_per_cycle": m.mean_tokens_per_cycle,
         "predicted_tokens_per_cycle": p.expected_tokens_per_cycle if p else None,
@@ -237,7 +258,7 @@ def _measure_vllm(database, run: int, draft, config, temperature: float, split, 
 
     if temperature > 0:
         raise InputError("--backend vllm measures greedy decoding only (--temperature 0)")
-    if config.threshold > 0 or config.schedule != "constant":
+    if config.threshold > 0 or config.schedule != "constant" or config.threshold_kind != "per-token":
         raise InputError("vLLM cannot run this configuration: it has no draft-confidence threshold (θ must be 0) "
                          "and a constant schedule only")
     require_vllm_python(vllm_python)

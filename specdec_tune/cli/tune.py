@@ -62,7 +62,9 @@ def report_json(report) -> dict:
     c = r.candidate
     return {
         "drafter": c.drafter, "num_speculative_tokens": c.num_speculative_tokens, "threshold": c.threshold,
-        "threshold_rule": c.threshold_rule, "schedule": c.schedule, "server": r.server,
+        "threshold_rule": c.threshold_rule, "threshold_kind": c.threshold_kind,
+        "threshold_step": c.threshold_step if c.threshold_kind == "adaptive" else None,
+        "schedule": c.schedule, "server": r.server,
         "measured_tokens_per_s": r.measured_tokens_per_s, "predicted_tokens_per_s": r.predicted_tokens_per_s,
         "baseline_tokens_per_s": r.baseline_tokens_per_s, "speedup": r.speedup,
         "speedup_ci": list(r.speedup_ci) if r.speedup_ci else None, "heldout": r.heldout, "study": report.study,
@@ -170,6 +172,9 @@ def tune(
     batch_sizes: str = typer.Option("1,4,16,64", "--batch-sizes", help="Batch sizes for the per-batch-size N schedule."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 tunes sampling at this temperature."),
     objectives: str = typer.Option("throughput", "--objectives", help="throughput, or throughput,memory (Pareto front)."),
+    threshold_kinds: str = typer.Option("per-token", "--threshold-kinds", help=(
+        "How θ may apply in the search, comma-separated: per-token, cumulative, adaptive (θ's start and step are "
+        "searched; no server runs the last two: exports then hold each server's best per-token configuration).")),
     study: Optional[str] = typer.Option(None, "--study", help="Study name (default: derived from the inputs)."),
     storage: _Storage = None,
     n_max: int = typer.Option(16, "--n-max", help="Largest N searched (1..16)."),
@@ -202,6 +207,7 @@ def tune(
         max_prompts=max_prompts, max_new_tokens=max_new_tokens, profile_repeats=profile_repeats,
         measure_prompts=measure_prompts, heldout_prompts=heldout_prompts, repeats=repeats, seed=seed, device=device,
         backend=backend, vllm_python=vllm_python, threads=parse_threads(threads),
+        threshold_kinds=tuple(k.strip() for k in threshold_kinds.split(",") if k.strip()),
     )
     db_url = resolve_url(db)
     storage_url = storage or default_storage_url(db_url)

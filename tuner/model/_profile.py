@@ -234,7 +234,7 @@ def _positions(traces: Sequence[TraceRow], continuations: Sequence[Sequence] | N
 
 
 def _traces(rows: Sequence[TraceRow]) -> tuple[Trace, ...]:
-    return tuple(Trace(tr.confidences, tr.num_accepted) for tr in rows)
+    return tuple(Trace(tr.confidences, tr.num_accepted, tr.token_probs) for tr in rows)
 
 
 def build_run_profile(

@@ -33,10 +33,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from specdec_tune.errors import InputError
-from specdec_tune.tuner.model._replay import ReplayStats, Trace, constant_alpha_stats, heuristic_stationary, mix, replay
+from specdec_tune.schedules import AdaptiveThreshold, check_threshold_kind
+from specdec_tune.tuner.model._replay import ReplayStats, Trace, adaptive_stationary, constant_alpha_stats
+from specdec_tune.tuner.model._replay import heuristic_stationary, mix, replay
 
 __all__ = [
-    "ModelProfile", "Prediction", "ReplayStats", "SpecConfig", "Trace", "alphas_from_traces",
+    "ModelProfile", "Prediction", "ReplayStats", "SpecConfig", "Trace", "alphas_from_traces", "chain_stats",
     "baseline_tokens_per_s", "best_n_per_batch_size", "closed_form_tokens_per_cycle",
     "draft_step_time", "heuristic_stationary", "predict", "rank_configs", "relative_error",
     "replay", "tokens_per_cycle_per_position", "verify_time",
@@ -109,6 +111,10 @@ class SpecConfig:
         threshold_rule: 'before' (the engine's default: the position whose top draft probability is
             below θ is not drafted) or 'hf' (transformers' rule: that token is proposed, then drafting
             stops); see ``specdec_tune.schedules.threshold_cut``.
+        threshold_kind: 'per-token', 'cumulative' (the drafted prefix's probability times the top
+            probability is compared with θ) or 'adaptive' (θ is the start of a level that moves by
+            ``threshold_step`` after each cycle); ``specdec_tune.schedules``.
+        threshold_step: the adaptive kind's step.
     """
 
     num_speculative_tokens: int
@@ -117,6 +123,8 @@ class SpecConfig:
     batch_size: int = 1
     mode: Literal["greedy", "sampling"] = "greedy"
     threshold_rule: Literal["before", "hf"] = "before"
+    threshold_kind: Literal["per-token", "cumulative", "adaptive"] = "per-token"
+    threshold_step: float = 0.05
 
     def __post_init__(self) -> None:
         n = self.num_speculative_tokens
@@ -133,6 +141,22 @@ class SpecConfig:
             raise InputError(f"mode={self.mode!r} must be 'greedy' or 'sampling'")
         if self.threshold_rule not in ("before", "hf"):
             raise InputError(f"threshold_rule={self.threshold_rule!r} must be 'before' or 'hf'")
+        try:
+            check_threshold_kind(self.threshold_kind, self.threshold_rule)
+            if self.threshold_kind == "adaptive":
+                AdaptiveThreshold(self.threshold, self.threshold_step)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        if self.threshold_kind == "adaptive" and self.schedule != "constant":
+            raise InputError("the adaptive threshold kind is modelled with the constant schedule only, "
+                             f"got schedule={self.schedule!r}")
+
+    @property
+    def adaptive(self) -> AdaptiveThreshold | None:
+        """The adaptive kind's lattice (``None`` for the other kinds)."""
+        if self.threshold_kind != "adaptive":
+            return None
+        return AdaptiveThreshold(self.threshold, self.threshold_step)
 
 
 @dataclass(frozen=True)
@@ -254,21 +278,47 @@ def baseline_tokens_per_s(profile: ModelProfile, batch_size: int = 1) -> float:
     return batch_size / (verify_time(profile, batch_size, 1) + profile.ar_overhead_s)
 
 
-def _stats_for(profile: ModelProfile, config: SpecConfig, n: int) -> tuple[ReplayStats, str]:
-    """Per-cycle expectations at N = n from the best acceptance source for the config's mode."""
-    theta = config.threshold
+def _stats_for(profile: ModelProfile, config: SpecConfig, n: int, theta: float) -> tuple[ReplayStats, str]:
+    """Per-cycle expectations at N = n and θ from the best acceptance source for the config's mode."""
+    kind = "per-token" if config.threshold_kind == "adaptive" else config.threshold_kind  # adaptive: per level
     if config.mode == "greedy":
         if not profile.traces:
             raise InputError(f"profile {profile.name!r} has no greedy traces; profile acceptance first")
-        return replay(profile.traces, n, theta, config.threshold_rule), "traces"
+        return replay(profile.traces, n, theta, config.threshold_rule, kind), "traces"
     if profile.sampling_traces:
-        return replay(profile.sampling_traces, n, theta, config.threshold_rule), "sampling_traces"
+        if kind == "cumulative" and theta > 0 and any(t.token_probs is None for t in profile.sampling_traces):
+            raise InputError(f"the cumulative threshold needs the drafted tokens' probabilities, which the sampling "
+                             f"traces of {profile.name!r} lack (recorded before they were stored); profile again")
+        return replay(profile.sampling_traces, n, theta, config.threshold_rule, kind), "sampling_traces"
     if profile.sampling_acceptance is None:
         raise InputError(f"profile {profile.name!r} has neither sampling traces nor a TV-based acceptance")
-    if theta > 0:
+    if config.threshold > 0:
         # A single TV number carries no confidences, so the threshold's cut cannot be predicted.
-        raise InputError(f"threshold={theta} needs sampling traces; profile {profile.name!r} has only a TV number")
+        raise InputError(f"threshold={config.threshold} needs sampling traces; profile {profile.name!r} has only a TV number")
     return constant_alpha_stats(profile.sampling_acceptance, n), "tv"
+
+
+def chain_stats(profile: ModelProfile, config: SpecConfig) -> tuple[ReplayStats, str]:
+    """Per-cycle expectations of ``config`` in the long run, with the source of its acceptance.
+
+    Constant schedule, fixed θ: one replay. The heuristic schedule (a chain over N_cur) and the adaptive
+    θ (a chain over θ's levels) are Markov chains whose "all proposed accepted" probability per
+    state comes from the same replay; their stationary mixture is returned. Traces are treated as
+    independent draws (no correlation between consecutive cycles), and the start-up transient from
+    the starting state is ignored.
+    """
+    n = config.num_speculative_tokens
+    policy = config.adaptive
+    if policy is not None:
+        states = [_stats_for(profile, config, n, theta) for theta in policy.levels()]
+        pi = adaptive_stationary([s.all_accepted_rate for s, _ in states], policy)
+    elif config.schedule == "constant":
+        return _stats_for(profile, config, n, config.threshold)
+    else:
+        states = [_stats_for(profile, config, m, config.threshold) for m in range(1, n + 1)]
+        pi = heuristic_stationary([s.all_accepted_rate for s, _ in states])
+    # E[T] is linear in the per-state stats, so mixing before timing equals Σ π_s E[T|s].
+    return mix([s for s, _ in states], pi), states[0][1]
 
 
 def _cycle_time(profile: ModelProfile, stats: ReplayStats, batch_size: int) -> float:
@@ -281,11 +331,10 @@ def predict(profile: ModelProfile, config: SpecConfig) -> Prediction:
     """Predict throughput of one configuration (renewal-reward: B·E[τ] / E[T_cycle]).
 
     N = 0 is plain decoding and returns the baseline (speedup 1). The heuristic schedule is a
-    Markov chain over N_cur in 1..N whose "grow" probability per state comes from the same replay;
-    its throughput is Σ π_n E[τ|n]·B / Σ π_n E[T|n] with π the stationary distribution. "Grow"
-    means every *proposed* token was accepted (A == L, so a cycle cut to L = 0 by θ grows too), the
-    one rule of ``specdec_tune.schedules`` that the engine runs and HF's heuristic uses. Traces are treated as independent draws (no correlation between
-    consecutive cycles), and the start-up transient from N_cur = N is ignored.
+    Markov chain over N_cur in 1..N, the adaptive θ one over θ's levels (:func:`chain_stats`); the
+    throughput is Σ π_s E[τ|s]·B / Σ π_s E[T|s] with π the stationary distribution. "Grow" means
+    every *proposed* token was accepted (A == L, so a cycle cut to L = 0 by θ grows too), the one
+    rule of ``specdec_tune.schedules`` that the engine runs and HF's heuristic uses.
 
     Raises:
         InputError: the profile lacks what the config needs (traces, batch size, N beyond traces).
@@ -296,16 +345,8 @@ def predict(profile: ModelProfile, config: SpecConfig) -> Prediction:
     if n == 0:
         step = b / base
         return Prediction(base, 1.0, base, 1.0, 0.0, 0.0, step, (), "baseline")
-    if config.schedule == "constant":
-        stats, source = _stats_for(profile, config, n)
-        time = _cycle_time(profile, stats, b)
-    else:
-        states = [_stats_for(profile, config, m) for m in range(1, n + 1)]
-        source = states[0][1]
-        pi = heuristic_stationary([s.all_accepted_rate for s, _ in states])
-        stats = mix([s for s, _ in states], pi)
-        # E[T] is linear in the per-state stats, so mixing before timing equals Σ π_n E[T|n].
-        time = _cycle_time(profile, stats, b)
+    stats, source = chain_stats(profile, config)
+    time = _cycle_time(profile, stats, b)
     tps = b * stats.mean_tau / time
     return Prediction(
         tokens_per_s=tps,

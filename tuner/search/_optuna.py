@@ -37,15 +37,22 @@ def suggest(trial: Any, space: SearchSpace) -> Candidate:
     if drafter == NONE:
         return Candidate(NONE, 0)
     n = trial.suggest_int("num_speculative_tokens", 1, space.n_max)
-    theta = 0.0
+    kind, theta, step = "per-token", 0.0, 0.05
+    if drafter != NGRAM and len(space.threshold_kinds) > 1:
+        kind = trial.suggest_categorical("threshold_kind", list(space.threshold_kinds))
     if drafter != NGRAM and len(space.thresholds) > 1:
-        theta = trial.suggest_float("threshold", space.thresholds[0], space.thresholds[-1],
+        # one parameter name per range: the kinds search different θ ranges (space.thetas_for)
+        thetas = space.thetas_for(kind)
+        theta = trial.suggest_float("threshold" if kind == "per-token" else f"threshold_{kind}", thetas[0], thetas[-1],
                                     step=round(space.thresholds[1] - space.thresholds[0], 2))
+    if kind == "adaptive":
+        step = trial.suggest_categorical("threshold_step", list(space.steps))
+        return make_candidate(drafter, n, theta, space.threshold_rule, "constant", kind, step)
     schedules = space.schedules_for(drafter)
     # one parameter name per choice set: Optuna refuses a categorical whose choices change between trials
     key = "ngram_schedule" if drafter == NGRAM else "schedule"
     schedule = trial.suggest_categorical(key, list(schedules)) if len(schedules) > 1 else schedules[0]
-    return make_candidate(drafter, n, theta, space.threshold_rule, schedule)
+    return make_candidate(drafter, n, theta, space.threshold_rule, schedule, kind)
 
 
 @dataclass

@@ -29,6 +29,9 @@ THETA_STEP = 0.05
 THETA_MAX = 0.95
 THETA_GRID = tuple(round(i * THETA_STEP, 2) for i in range(int(round(THETA_MAX / THETA_STEP)) + 1))
 SCHEDULES = ("constant", "heuristic")
+THRESHOLD_KINDS = ("per-token", "cumulative", "adaptive")  # specdec_tune.schedules.THRESHOLD_KINDS
+ADAPTIVE_STEPS = (0.02, 0.05, 0.1)  # the adaptive kind's steps searched
+ADAPTIVE_MAX = 0.9  # the adaptive θ's upper bound (specdec_tune.schedules.ADAPTIVE_BOUNDS)
 _PROBE_DRAFT = "draft-model"  # any model draft stands for all of them when probing a server
 
 
@@ -44,6 +47,11 @@ class SearchSpace:
         schedules: schedules for model drafts: ``constant`` and, where allowed, ``heuristic``.
         ngram_schedules: schedules for n-gram lookup.
         server: the server whose space this is (``any``: the whole space).
+        threshold_kinds: how θ applies (``per-token``; with ``tune --threshold-kinds`` also
+            ``cumulative`` and ``adaptive``). A cumulative θ of 0 is per-token θ = 0, so it is not
+            searched twice; the adaptive θ starts at most at 0.9, runs the constant schedule only, and
+            takes a step from ``steps``.
+        steps: the adaptive kind's steps.
     """
 
     drafters: tuple[str, ...]
@@ -53,6 +61,26 @@ class SearchSpace:
     schedules: tuple[str, ...] = SCHEDULES
     ngram_schedules: tuple[str, ...] = SCHEDULES
     server: str = ANY
+    threshold_kinds: tuple[str, ...] = ("per-token",)
+    steps: tuple[float, ...] = ADAPTIVE_STEPS
+
+    def thetas_for(self, kind: str) -> tuple[float, ...]:
+        """θ values searched for ``kind`` (model drafts)."""
+        if kind == "cumulative":
+            return tuple(t for t in self.thresholds if t > 0)
+        if kind == "adaptive":
+            return tuple(t for t in self.thresholds if t <= ADAPTIVE_MAX + 1e-9)
+        return self.thresholds
+
+    def _model_points(self, drafter: str, n: int) -> Iterator[Candidate]:
+        for kind in self.threshold_kinds:
+            for theta in self.thetas_for(kind):
+                if kind == "adaptive":
+                    for step in self.steps:
+                        yield make_candidate(drafter, n, theta, self.threshold_rule, "constant", kind, step)
+                    continue
+                for schedule in self.schedules:
+                    yield make_candidate(drafter, n, theta, self.threshold_rule, schedule, kind)
 
     def schedules_for(self, drafter: str) -> tuple[str, ...]:
         return self.ngram_schedules if drafter == NGRAM else self.schedules
@@ -62,11 +90,12 @@ class SearchSpace:
         for drafter in self.drafters:
             if drafter == NONE:
                 continue
-            thetas = (0.0,) if drafter == NGRAM else self.thresholds
             for n in range(1, self.n_max + 1):
-                for theta in thetas:
-                    for schedule in self.schedules_for(drafter):
-                        yield make_candidate(drafter, n, theta, self.threshold_rule, schedule)
+                if drafter != NGRAM:
+                    yield from self._model_points(drafter, n)
+                    continue
+                for schedule in self.ngram_schedules:
+                    yield make_candidate(drafter, n, 0.0, self.threshold_rule, schedule)
         if NONE in self.drafters:
             yield Candidate(NONE, 0)
 
@@ -77,13 +106,20 @@ class SearchSpace:
     def to_dict(self) -> dict:
         return {"drafters": list(self.drafters), "n_max": self.n_max, "thresholds": list(self.thresholds),
                 "threshold_rule": self.threshold_rule, "schedules": list(self.schedules),
-                "ngram_schedules": list(self.ngram_schedules), "server": self.server}
+                "ngram_schedules": list(self.ngram_schedules), "server": self.server,
+                "threshold_kinds": list(self.threshold_kinds), "steps": list(self.steps)}
 
 
-def make_candidate(drafter: str, n: int, theta: float, rule: str, schedule: str) -> Candidate:
-    """A candidate with θ rounded to the grid (Optuna's stepped floats carry binary noise)."""
+def make_candidate(drafter: str, n: int, theta: float, rule: str, schedule: str, kind: str = "per-token",
+                   step: float = 0.05) -> Candidate:
+    """A candidate with θ rounded to the grid (Optuna's stepped floats carry binary noise); a cumulative
+    θ of 0 is per-token θ = 0, and only the adaptive kind keeps its step."""
     theta = round(float(theta), 2)
-    return Candidate(drafter, int(n), theta, rule if theta > 0 else "before", schedule)
+    if kind == "cumulative" and theta == 0:
+        kind = "per-token"
+    step = round(float(step), 3) if kind == "adaptive" else 0.05
+    return Candidate(drafter, int(n), theta, rule if theta > 0 else "before", schedule, threshold_kind=kind,
+                     threshold_step=step)
 
 
 # --------------------------------------------------------------------------- servers
@@ -105,7 +141,8 @@ def check_server(server: str) -> str:
     return server
 
 
-def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ngram: bool) -> SearchSpace:
+def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ngram: bool,
+                        kinds: Sequence[str] = ("per-token",)) -> SearchSpace:
     """The part of the whole space ``server`` can express, found by probing :func:`expressible`.
 
     Args:
@@ -113,6 +150,7 @@ def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ng
         model_drafts: the draft models profiled (names as stored in the run).
         n_max: largest N the profile can predict (capped at 16).
         ngram: whether n-gram lookup was profiled.
+        kinds: the threshold kinds asked (``tune --threshold-kinds``); the server keeps those it can express.
     """
     check_server(server)
     n_max = min(int(n_max), N_LIMIT)
@@ -132,5 +170,10 @@ def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ng
         rule = "before"
     schedules = tuple(s for s in SCHEDULES if ok(Candidate(probe, 4, schedule=s))) or ("constant",)
     ngram_schedules = tuple(s for s in SCHEDULES if ok(Candidate(NGRAM, 4, schedule=s))) or ("constant",)
+    bad = [k for k in kinds if k not in THRESHOLD_KINDS]
+    if bad or not kinds:
+        raise InputError(f"--threshold-kinds must list some of {', '.join(THRESHOLD_KINDS)}, got {','.join(kinds)!r}")
+    kept = tuple(k for k in THRESHOLD_KINDS if k in kinds and (
+        k == "per-token" or (rule == "before" and ok(make_candidate(probe, 4, 0.3, "before", "constant", k)))))
     return SearchSpace(tuple(drafters), n_max, THETA_GRID if rule else (0.0,), rule or "before", schedules,
-                       ngram_schedules, server)
+                       ngram_schedules, server, kept or ("per-token",))

@@ -83,7 +83,8 @@ def _search(db: Database, req: TuneRequest, storage_url: str, progress: Progress
     max_context = max(run.settings.get("prompt_tokens", [0]) or [0]) + req.max_new_tokens
     memory = memory_model(db, run_id, max_context) if "memory" in req.objectives else None
     evaluator = Evaluator(db, run_id, req.mode, memory)
-    space = server_search_space(req.server, [d for d in req.drafts if d != NGRAM], n_max, NGRAM in req.drafts)
+    space = server_search_space(req.server, [d for d in req.drafts if d != NGRAM], n_max, NGRAM in req.drafts,
+                                req.threshold_kinds)
     if req.thresholds is not None and len(space.thresholds) > 1:
         space = replace(space, thresholds=tuple(req.thresholds))
     if NGRAM in req.drafts:

@@ -36,7 +36,9 @@ def _config_lines(r: TuningResult, ranges: list[tuple[int, int, int]] | None) ->
     if not c.is_plain:
         lines += [f"- drafter: `{c.drafter}`" + (f" (path `{r.draft_path}`)" if r.draft_path else ""),
                   f"- N (num_speculative_tokens): {c.num_speculative_tokens}",
-                  f"- θ: {c.threshold:g}" + (f" (rule `{c.threshold_rule}`)" if c.threshold > 0 else " (off)"),
+                  f"- θ: {c.threshold:g}" + (f" (rule `{c.threshold_rule}`, {c.threshold_kind}"
+                                             + (f", step {c.threshold_step:g})" if c.threshold_kind == "adaptive" else ")")
+                                             if c.threshold > 0 or c.threshold_kind == "adaptive" else " (off)"),
                   f"- schedule: {c.schedule}"]
         if c.is_ngram:
             lines.append(f"- n-gram sizes: {c.ngram_min}..{c.ngram_max}")
