@@ -30,7 +30,7 @@ from typing import Annotated
 import typer
 
 from specdec_tune.cli import _options as opts
-from specdec_tune.db import get_run, open_database
+from specdec_tune.db import open_database
 from specdec_tune.errors import InputError
 from specdec_tune.profiler import ProfileSettings, run_profile
 from specdec_tune.stats import paired_speedup, speedup_ci

@@ -140,7 +140,7 @@ def load_traces(
 ) -> list[rec.TraceRow]:
     """Per-cycle traces of one draft and mode, in recording order (the threshold model input)."""
     t = m.AcceptanceTrace
-    query = select(t.cycle_index, t.confidences, t.num_accepted, t.prompt_index, t.token_probs)
+    query = select(t.cycle_index, t.confidences, t.num_accepted, t.prompt_index, t.token_probs, t.target_probs)
     query = query.where(t.run_id == run_id, t.draft == draft, t.mode == mode).order_by(t.id)
     if temperature is not None:
         query = query.where(t.temperature == temperature)
@@ -148,8 +148,8 @@ def load_traces(
         require_run(s, db, run_id)
         return [
             rec.TraceRow(cycle_index=c, confidences=tuple(conf), num_accepted=n, prompt_index=p,
-                         token_probs=None if tp is None else tuple(tp))
-            for c, conf, n, p, tp in s.execute(query)
+                         token_probs=None if tp is None else tuple(tp), target_probs=None if pp is None else tuple(pp))
+            for c, conf, n, p, tp, pp in s.execute(query)
         ]
 
 

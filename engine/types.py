@@ -74,6 +74,8 @@ class CycleStats:
         token_probs: each proposed token's own draft probability (``Draft.token_probs``), ``[L]``;
             empty for n-gram.
         threshold: θ of this cycle (``Draft.threshold``; moves with the adaptive kind).
+        target_probs: the target's probability of each proposed token, ``[L]`` (sampling mode; the
+            replay of lossy acceptance reads it); empty when greedy.
     """
 
     drafted: int
@@ -85,6 +87,7 @@ class CycleStats:
     target_positions: int = 0
     token_probs: tuple[float, ...] = ()
     threshold: float = 0.0
+    target_probs: tuple[float, ...] = ()
 
 
 @dataclass

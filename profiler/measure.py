@@ -42,6 +42,8 @@ class MeasureSpec:
         threshold_rule: ``before`` (exact) or ``hf`` (transformers' rule).
         threshold_kind: ``per-token``, ``cumulative`` or ``adaptive`` (``specdec_tune.schedules``).
         threshold_step: the adaptive kind's step.
+        acceptance: ``exact``, ``opt`` or ``uno`` (``engine.lossy``; sampling only).
+        epsilon: the lossy rules' over-acceptance ε.
     """
 
     draft: str | None
@@ -51,6 +53,8 @@ class MeasureSpec:
     threshold_rule: str = "before"
     threshold_kind: str = "per-token"
     threshold_step: float = 0.05
+    acceptance: str = "exact"
+    epsilon: float = 0.0
 
     @property
     def is_plain(self) -> bool:
@@ -257,7 +261,9 @@ def _decode_config(config: MeasureSpec, max_new: int, temperature: float, target
     return DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=max(config.num_speculative_tokens, 1),
                         threshold=config.threshold, schedule=config.schedule, temperature=temperature,
                         eos_token_id=target.eos_token_id, threshold_rule=config.threshold_rule,
-                        threshold_kind=config.threshold_kind, threshold_step=config.threshold_step)
+                        threshold_kind=config.threshold_kind, threshold_step=config.threshold_step,
+                        acceptance=config.acceptance if not config.is_plain else "exact",
+                        epsilon=config.epsilon if not config.is_plain else 0.0)
 
 
 def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: list[torch.Tensor], repeats: int,
@@ -313,6 +319,7 @@ def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: 
         config={"num_speculative_tokens": n, "threshold": config.threshold if n else 0.0,
                 "schedule": config.schedule if n else "constant", "threshold_rule": config.threshold_rule,
                 "threshold_kind": config.threshold_kind if n else "per-token", "threshold_step": config.threshold_step,
+                "acceptance": config.acceptance if n else "exact", "epsilon": config.epsilon if n else 0.0,
                 "batch_size": 1, "temperature": temperature,
                 "max_new_tokens": case.decode.max_new_tokens, "prompts": len(case.times), "repeats": repeats,
                 "split": split or "profiled prompts", "prompt_ids": list(prompt_ids),

@@ -162,6 +162,8 @@ def warm_up(target: LoadedModel, draft: DraftSpec, prompt_ids: torch.Tensor, con
         threshold_rule=config.threshold_rule,
         threshold_kind=config.threshold_kind,
         threshold_step=config.threshold_step,
+        acceptance=config.acceptance,
+        epsilon=config.epsilon,
     )
     watch = Stopwatch(target.device)
     watch.start()

@@ -33,6 +33,7 @@ class ProfileSettings:
     label: str | None = None
     split: str = "tune"  # which prompts of the workload (specdec_tune.splits.split_prompts); then max_prompts
     threads: int | None = None  # intra-op threads (None: chosen by profiler.threads, "auto")
+    front_prompts: int = 4  # sampling: prompts each lossy rule and ε decodes for the measured front (0: none)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split", check_split(self.split))
@@ -49,6 +50,7 @@ class ProfileSettings:
             (all(c >= 1 for c in self.context_lens), f"context lengths must be >= 1, got {list(self.context_lens)}"),
             (all(n >= 1 for n in self.overhead_ns), f"overhead N values must be >= 1, got {list(self.overhead_ns)}"),
             (self.threads is None or self.threads >= 1, f"--threads must be 'auto' or >= 1, got {self.threads}"),
+            (self.front_prompts >= 0, f"--front-prompts must be >= 0, got {self.front_prompts}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -37,6 +37,21 @@ def check_threshold_kind(kind: str, step: float, threshold: float, rule: str = "
     return kind
 
 
+def check_acceptance(acceptance: str, epsilon: float, temperature: float, source: str = "auto") -> str:
+    """``--acceptance``, ``--epsilon`` and ``--acceptance-source`` as one line each."""
+    if acceptance not in ("exact", "opt", "uno"):
+        raise InputError(f"--acceptance must be one of exact, opt, uno, got {acceptance!r}")
+    if not 0.0 <= epsilon <= 1.0:
+        raise InputError(f"--epsilon must be in [0, 1], got {epsilon}")
+    if acceptance == "exact" and epsilon != 0:
+        raise InputError(f"--epsilon {epsilon} needs --acceptance opt or uno (exact acceptance has no over-acceptance)")
+    if acceptance != "exact" and temperature <= 0:
+        raise InputError(f"--acceptance {acceptance} is a sampling rule: give --temperature > 0")
+    if source not in ("auto", "traces", "tv"):
+        raise InputError(f"--acceptance-source must be traces or tv, got {source!r}")
+    return acceptance
+
+
 def check_temperature(t: float) -> float:
     if t < 0:
         raise InputError(f"--temperature must be >= 0 (0 = greedy), got {t}")

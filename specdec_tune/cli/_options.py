@@ -79,6 +79,11 @@ ThresholdKindOption = Annotated[str, typer.Option("--threshold-kind", help=(
     "(stop when the drafted prefix's probability times it is below θ) | adaptive (per-token, θ starts at "
     "--threshold and moves one --threshold-step up after a rejection, down after a fully accepted draft, "
     "within [0, 0.9]). All decide before the token is drawn: sampling stays exact."))]
+AcceptanceOption = Annotated[str, typer.Option("--acceptance", help=(
+    "--temperature > 0: exact (default) | opt (Decoding-OPT: accept with min(1, (p + ε)/q), resample from "
+    "Theorem 4's optimal distribution) | uno (Decoding-UNO: the same acceptance, resample from p). Lossy: see "
+    "docs/model.md#lossy-acceptance."))]
+EpsilonOption = Annotated[float, typer.Option("--epsilon", help="--acceptance opt|uno: the over-acceptance ε in [0, 1].")]
 ThresholdStepOption = Annotated[float, typer.Option("--threshold-step", help=(
     "--threshold-kind adaptive: how far one cycle's verdict moves θ."))]
 ServerOption = Annotated[str, typer.Option("--server", help=(

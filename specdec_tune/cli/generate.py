@@ -27,6 +27,8 @@ from specdec_tune.cli._options import (
     SeedOption,
     TargetOption,
     ThreadsOption,
+    AcceptanceOption,
+    EpsilonOption,
     ThresholdKindOption,
     ThresholdStepOption,
 )
@@ -48,6 +50,8 @@ def generate(
     threshold_rule: str = typer.Option("before", "--threshold-rule", help="before (default, exact) | hf (transformers' assistant_confidence_threshold: the token below θ is proposed, then drafting stops)."),
     threshold_kind: ThresholdKindOption = DEFAULT_THRESHOLD_KIND,
     threshold_step: ThresholdStepOption = DEFAULT_THRESHOLD_STEP,
+    acceptance: AcceptanceOption = "exact",
+    epsilon: EpsilonOption = 0.0,
     schedule: str = typer.Option(DEFAULT_SCHEDULE, "--schedule", help="constant | heuristic (N += 2 after a cycle whose proposed tokens were all accepted, L = 0 included, else N -= 1; capped at N)."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 samples (exact speculative sampling)."),
     seed: SeedOption = DEFAULT_SEED,
@@ -61,6 +65,7 @@ def generate(
 
     _check(max_new_tokens, num_speculative_tokens, threshold, threshold_rule, schedule, temperature, threads)
     opt.check_threshold_kind(threshold_kind, threshold_step, threshold, threshold_rule, schedule)
+    opt.check_acceptance(acceptance, epsilon, temperature)
     items = _collect_prompts(prompt, prompts)
     opt.check_model_names(target, draft)  # a mistyped name fails now, before torch and the models load
     from specdec_tune.engine import DecodeConfig
@@ -80,6 +85,8 @@ def generate(
         threshold_rule=threshold_rule,
         threshold_kind=threshold_kind,
         threshold_step=threshold_step,
+        acceptance=acceptance,
+        epsilon=epsilon,
     )
     encoded = [(p, encode_prompt(tgt, p.prompt, p.id)) for p in items]
     warm_up(tgt, spec, encoded[0][1], config)

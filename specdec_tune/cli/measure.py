@@ -24,6 +24,8 @@ from specdec_tune.cli._options import (
     ScheduleOption,
     SeedOption,
     ThreadsOption,
+    AcceptanceOption,
+    EpsilonOption,
     ThresholdKindOption,
     ThresholdStepOption,
     ThresholdOption,
@@ -43,8 +45,11 @@ _BatchSizes = Annotated[str, typer.Option("--batch-sizes", help=(
 
 
 def _spec_config(n: int, threshold: float, schedule: str, batch_size: int, temperature: float,
-                 kind: str = DEFAULT_THRESHOLD_KIND, step: float = DEFAULT_THRESHOLD_STEP):
+                 kind: str = DEFAULT_THRESHOLD_KIND, step: float = DEFAULT_THRESHOLD_STEP, acceptance: str = "exact",
+                 epsilon: float = 0.0, source: str = "auto"):
     from specdec_tune.tuner.model import SpecConfig
+
+    opt.check_acceptance(acceptance, epsilon, temperature, source)
 
     if not 0 <= n <= 64:
         raise InputError(f"--num-speculative-tokens must be an integer in 0..64 (0 = plain decoding), got {n}")
@@ -55,7 +60,19 @@ def _spec_config(n: int, threshold: float, schedule: str, batch_size: int, tempe
     if batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {batch_size}")
     return SpecConfig(n, threshold, schedule, batch_size, "sampling" if temperature > 0 else "greedy",
-                      threshold_kind=kind, threshold_step=step)
+                      threshold_kind=kind, threshold_step=step, acceptance=acceptance, epsilon=epsilon,
+                      acceptance_source=source)
+
+
+def _bias_json(rp, config) -> dict | None:
+    """A lossy configuration's bias per verified position (the stored front), or None for exact acceptance."""
+    if config.acceptance == "exact":
+        return None
+    from specdec_tune.tuner.model import bias_of
+
+    b = bias_of(rp.bias_front, config.acceptance, config.epsilon)
+    return {"bias": b.bias, "rejection": b.rejection, "label": b.label, "measured_bias": b.measured_bias,
+            "unit": "mean TV(emitted, target) per verified position"}
 
 
 def _kind_text(config) -> str:
@@ -93,6 +110,11 @@ def predict(
     batch_size: int = typer.Option(1, "--batch-size", help="B sequences in lock-step (needs T_v(B, k) in the run)."),
     draft: _RunDraft = None,
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 predicts sampling mode."),
+    acceptance: AcceptanceOption = "exact",
+    epsilon: EpsilonOption = 0.0,
+    acceptance_source: str = typer.Option("traces", "--acceptance-source", help=(
+        "--temperature > 0: traces (the profile's sampling cycles) | tv (the teacher-forced 1 - TV per position of "
+        "target-sampled text: no speculative run needed; per-token θ only)")),
     max_prompts: Optional[int] = typer.Option(None, "--max-prompts", help="Predict for the run's first prompts only."),
     db: DbOption = None,
     json_out: _Json = False,
@@ -101,8 +123,9 @@ def predict(
     from specdec_tune.db import open_database
     from specdec_tune.tuner.model import load_run_profile, predict_config
 
+    source = acceptance_source if temperature > 0 else "auto"
     config = _spec_config(num_speculative_tokens, threshold, schedule, batch_size, temperature, threshold_kind,
-                          threshold_step)
+                          threshold_step, acceptance, epsilon, source)
     database = open_database(db)
     rp = load_run_profile(database, run, draft)
     between = interpolated_between(batch_size, sorted(rp.model.verify_s), run)
@@ -118,6 +141,8 @@ def predict(
         "expected_tokens_per_cycle": p.expected_tokens_per_cycle, "expected_draft_length": p.expected_draft_length,
         "source": p.source, "throughput": THROUGHPUT_NOTE, "label": label,
         "interpolated_between": list(between) if between else None,
+        "acceptance": config.acceptance, "epsilon": config.epsilon, "acceptance_source": source,
+        "bias": _bias_json(rp, config),
     }
     if json_out:
         print_json(obj)
@@ -128,6 +153,10 @@ def predict(
         f"[run {run}, draft {rp.draft}, N = {config.num_speculative_tokens}, θ = {config.threshold} "
         f"{_kind_text(config)}, {config.schedule}, B = {config.batch_size}, {config.mode}; {p.source}]"
     )
+    if obj["bias"] is not None:
+        b = obj["bias"]
+        typer.echo(f"predicted bias of {config.acceptance} ε = {config.epsilon:g}: {b['bias']:.4f} per verified position "
+                   f"(mean TV(emitted, target); {b['label']})")
 
 
 @app.command()
@@ -140,6 +169,8 @@ def measure(
     threshold_kind: ThresholdKindOption = DEFAULT_THRESHOLD_KIND,
     threshold_step: ThresholdStepOption = DEFAULT_THRESHOLD_STEP,
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 must be the run's sampling temperature."),
+    acceptance: AcceptanceOption = "exact",
+    epsilon: EpsilonOption = 0.0,
     split: Optional[str] = typer.Option(None, "--split", help="Prompts to measure: tune | holdout | all | A:B (default: holdout for a run profiled on tune, else the run's own prompts)."),
     max_prompts: Optional[int] = typer.Option(None, "--max-prompts", help="Measure the first prompts of the split only."),
     repeats: int = typer.Option(DEFAULT_REPEATS, "--repeats", help="Decode the prompt set this many times; each prompt counts with its median time (robust to load bursts)."),
@@ -157,7 +188,8 @@ def measure(
     from specdec_tune.splits import check_split
     from specdec_tune.tuner.search import measure_predicted
 
-    config = _spec_config(num_speculative_tokens, threshold, schedule, 1, temperature, threshold_kind, threshold_step)
+    config = _spec_config(num_speculative_tokens, threshold, schedule, 1, temperature, threshold_kind, threshold_step,
+                          acceptance, epsilon)
     n_threads = opt.parse_threads(threads)
     if backend not in ("engine", "vllm"):
         raise InputError(f"--backend must be engine or vllm, got {backend!r}")
@@ -258,7 +290,8 @@ def _measure_vllm(database, run: int, draft, config, temperature: float, split, 
 
     if temperature > 0:
         raise InputError("--backend vllm measures greedy decoding only (--temperature 0)")
-    if config.threshold > 0 or config.schedule != "constant" or config.threshold_kind != "per-token":
+    if config.threshold > 0 or config.schedule != "constant" or config.threshold_kind != "per-token" \
+            or config.acceptance != "exact":
         raise InputError("vLLM cannot run this configuration: it has no draft-confidence threshold (θ must be 0) "
                          "and a constant schedule only")
     require_vllm_python(vllm_python)

@@ -173,7 +173,8 @@ def profile(
     target: TargetOption,
     draft: _Drafts,
     workload: WorkloadOption,
-    temperature: float = typer.Option(0.0, "--temperature", help="Also profile sampling acceptance at this temperature (0 = greedy only)."),
+    temperature: float = typer.Option(0.0, "--temperature", help="Also profile sampling acceptance at this temperature (0 = greedy only); with a model draft also the teacher-forced 1 - TV per position and the lossy acceptance front."),
+    front_prompts: int = typer.Option(4, "--front-prompts", help="--temperature > 0: prompts each lossy rule (Decoding-OPT, Decoding-UNO) and ε decodes for the measured rejection–bias front (0: theory only)."),
     batch_sizes: str = typer.Option("1", "--batch-sizes", help="Batch sizes for T_v(B, k) and T_s(B), e.g. 1,4,16."),
     device: DeviceOption = DEFAULT_DEVICE,
     dtype: DtypeOption = DEFAULT_DTYPE,
@@ -204,7 +205,7 @@ def profile(
         batch_sizes=opt.int_list(batch_sizes, "--batch-sizes"), k_max=k_max, n_max=n_max, repeats=repeats,
         max_prompts=max_prompts, max_new_tokens=max_new_tokens,
         context_lens=opt.int_list(context_lens, "--context-lens"), seed=seed, label=label,
-        threads=opt.parse_threads(threads),
+        threads=opt.parse_threads(threads), front_prompts=front_prompts,
     )
     database = open_database(db)  # a bad --db fails here, before any model is loaded
     newest = max((r.id for r in list_runs(database, limit=1)), default=0)

@@ -28,19 +28,23 @@ class Trace:
         num_accepted: length of the accepted prefix, 0..len(confidences).
         token_probs: each drafted token's own draft probability (the cumulative kind's prefix
             product); ``None`` means the confidences, right for greedy traces (the argmax is drafted).
+        target_probs: each drafted token's target probability (sampling traces; lossy acceptance).
     """
 
     confidences: tuple[float, ...]  # [N_max]
     num_accepted: int
     token_probs: tuple[float, ...] | None = None  # [N_max] q(x_i) of each drafted token; None: the confidences
+    target_probs: tuple[float, ...] | None = None  # [N_max] p(x_i) of each drafted token (sampling traces)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "confidences", tuple(float(c) for c in self.confidences))
-        if self.token_probs is not None:
-            object.__setattr__(self, "token_probs", tuple(float(c) for c in self.token_probs))
-            if len(self.token_probs) != len(self.confidences):
-                raise InputError(f"trace has {len(self.token_probs)} token probabilities for "
-                                 f"{len(self.confidences)} confidences")
+        for name in ("token_probs", "target_probs"):
+            values = getattr(self, name)
+            if values is None:
+                continue
+            object.__setattr__(self, name, tuple(float(c) for c in values))
+            if len(values) != len(self.confidences):
+                raise InputError(f"trace has {len(values)} {name} for {len(self.confidences)} confidences")
         for c in self.confidences:
             # 1e-6 slack: a softmax computed in low precision can round a hair above 1.
             if not (0.0 <= c <= 1.0 + 1e-6):

@@ -42,9 +42,18 @@ class TuneRequest:
     vllm_python: str | None = None  # the vLLM venv's Python (--backend vllm; else $SPECDEC_VLLM_PYTHON)
     threads: int | None = None  # intra-op threads (None: chosen by the profiler, "auto")
     threshold_kinds: tuple[str, ...] = ("per-token",)  # how θ may apply (per-token, cumulative, adaptive)
+    max_bias: float | None = None  # a bias budget per verified position: Decoding-OPT's ε is searched too
 
     def __post_init__(self) -> None:
         check_server(self.server)
+        if self.max_bias is not None:
+            if not 0.0 <= self.max_bias <= 1.0:
+                raise InputError(f"--max-bias must be a total variation distance in [0, 1], got {self.max_bias}")
+            if self.temperature <= 0:
+                raise InputError("--max-bias needs --temperature > 0: lossy acceptance is a sampling rule")
+            if self.objectives != ("throughput",):
+                raise InputError("--max-bias makes its own objectives (throughput and bias); drop --objectives")
+            object.__setattr__(self, "objectives", ("throughput", "bias"))
         bad = [k for k in self.threshold_kinds if k not in THRESHOLD_KINDS]
         if bad or not self.threshold_kinds:
             raise InputError(f"--threshold-kinds must list some of {', '.join(THRESHOLD_KINDS)}, "

@@ -17,7 +17,7 @@ Which part of the space a server can express is asked from :mod:`specdec_tune.tu
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specdec_tune.errors import InputError
 from specdec_tune.tuner.model import NGRAM, NONE, Candidate
@@ -52,6 +52,9 @@ class SearchSpace:
             searched twice; the adaptive θ starts at most at 0.9, runs the constant schedule only, and
             takes a step from ``steps``.
         steps: the adaptive kind's steps.
+        epsilons: over-acceptance ε searched with Decoding-OPT next to exact acceptance (``tune
+            --max-bias``; empty: exact only). Decoding-UNO is not searched: it accepts as OPT does
+            (same speed) and is at least as biased (Theorem 4), so it is never on the front.
     """
 
     drafters: tuple[str, ...]
@@ -63,6 +66,11 @@ class SearchSpace:
     server: str = ANY
     threshold_kinds: tuple[str, ...] = ("per-token",)
     steps: tuple[float, ...] = ADAPTIVE_STEPS
+    epsilons: tuple[float, ...] = ()
+
+    def acceptances(self) -> tuple[tuple[str, float], ...]:
+        """(rule, ε) pairs searched for model drafts: exact, then OPT at each ε > 0."""
+        return (("exact", 0.0),) + tuple(("opt", e) for e in self.epsilons if e > 0)
 
     def thetas_for(self, kind: str) -> tuple[float, ...]:
         """θ values searched for ``kind`` (model drafts)."""
@@ -92,7 +100,8 @@ class SearchSpace:
                 continue
             for n in range(1, self.n_max + 1):
                 if drafter != NGRAM:
-                    yield from self._model_points(drafter, n)
+                    for c in self._model_points(drafter, n):
+                        yield from (replace(c, acceptance=a, epsilon=e) for a, e in self.acceptances())
                     continue
                 for schedule in self.ngram_schedules:
                     yield make_candidate(drafter, n, 0.0, self.threshold_rule, schedule)
@@ -107,7 +116,8 @@ class SearchSpace:
         return {"drafters": list(self.drafters), "n_max": self.n_max, "thresholds": list(self.thresholds),
                 "threshold_rule": self.threshold_rule, "schedules": list(self.schedules),
                 "ngram_schedules": list(self.ngram_schedules), "server": self.server,
-                "threshold_kinds": list(self.threshold_kinds), "steps": list(self.steps)}
+                "threshold_kinds": list(self.threshold_kinds), "steps": list(self.steps),
+                "epsilons": list(self.epsilons)}
 
 
 def make_candidate(drafter: str, n: int, theta: float, rule: str, schedule: str, kind: str = "per-token",
@@ -142,7 +152,7 @@ def check_server(server: str) -> str:
 
 
 def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ngram: bool,
-                        kinds: Sequence[str] = ("per-token",)) -> SearchSpace:
+                        kinds: Sequence[str] = ("per-token",), epsilons: Sequence[float] = ()) -> SearchSpace:
     """The part of the whole space ``server`` can express, found by probing :func:`expressible`.
 
     Args:
@@ -151,6 +161,7 @@ def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ng
         n_max: largest N the profile can predict (capped at 16).
         ngram: whether n-gram lookup was profiled.
         kinds: the threshold kinds asked (``tune --threshold-kinds``); the server keeps those it can express.
+        epsilons: over-acceptance ε asked (``tune --max-bias``); kept where the server runs Decoding-OPT.
     """
     check_server(server)
     n_max = min(int(n_max), N_LIMIT)
@@ -175,5 +186,6 @@ def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ng
         raise InputError(f"--threshold-kinds must list some of {', '.join(THRESHOLD_KINDS)}, got {','.join(kinds)!r}")
     kept = tuple(k for k in THRESHOLD_KINDS if k in kinds and (
         k == "per-token" or (rule == "before" and ok(make_candidate(probe, 4, 0.3, "before", "constant", k)))))
+    lossy = tuple(e for e in epsilons if ok(Candidate(probe, 4, acceptance="opt", epsilon=e)))
     return SearchSpace(tuple(drafters), n_max, THETA_GRID if rule else (0.0,), rule or "before", schedules,
-                       ngram_schedules, server, kept or ("per-token",))
+                       ngram_schedules, server, kept or ("per-token",), epsilons=lossy)

@@ -120,7 +120,8 @@ def measure_predicted(
     # so the prediction for the measured prompts is made after it (from the profile only, below).
     planned = [_plan(db, run, draft, config, mode) for draft, config in items]
     specs = [MeasureSpec(PLAIN if plain else rp.draft, c.num_speculative_tokens, c.threshold, c.schedule,
-                         c.threshold_rule, c.threshold_kind, c.threshold_step) for plain, rp, c in planned]
+                         c.threshold_rule, c.threshold_kind, c.threshold_step, c.acceptance, c.epsilon)
+             for plain, rp, c in planned]
     measured = measure_configs(db, run_id, specs, split=split, temperature=temperature, max_prompts=max_prompts,
                                repeats=repeats, seed=seed, progress=progress, threads=threads)
     out = []

@@ -85,10 +85,16 @@ def batch_ranges(result: TuningResult) -> list[tuple[int, int, int]] | None:
     return None if len(ranges) == 1 else [(lo, hi, n) for lo, hi, n in ranges]
 
 
-def _refuse(fmt: str, c: Candidate) -> None:
+def _refuse(fmt: str, c: Candidate, result: TuningResult | None = None) -> None:
     reason = expressible(server_space(fmt), c)
-    if reason is not None:
-        raise InputError(f"cannot export {c.label()} as {fmt}: {reason}")
+    if reason is None:
+        return
+    if c.acceptance != "exact" and result is not None and result.bias:
+        b = result.bias
+        measured = "" if b.get("measured_bias") is None else f", {b['measured_bias']:.4f} measured"
+        reason += (f"; this setting's bias: {b['bias']:.4f} per verified position (computed, {b.get('label', '')}"
+                   f"{measured})")
+    raise InputError(f"cannot export {c.label()} as {fmt}: {reason}")
 
 
 def _paths(result: TuningResult) -> tuple[str, str | None]:
@@ -119,7 +125,7 @@ def _vllm(result: TuningResult) -> Files:
     target, draft = _paths(result)
     if c.is_plain:
         return [("vllm/launch.sh", _script(["vllm", "serve", target], "plain decoding: no --speculative-config"))]
-    _refuse("vllm", c)
+    _refuse("vllm", c, result)
     ranges = batch_ranges(result)
     fields: dict = {"method": "ngram" if c.is_ngram else "draft_model",
                     "num_speculative_tokens": max(n for _, _, n in ranges) if ranges else c.num_speculative_tokens}
@@ -142,7 +148,7 @@ def _sglang(result: TuningResult) -> Files:
     base = ["python", "-m", "sglang.launch_server", "--model-path", target]
     if c.is_plain:
         return [("sglang/launch.sh", _script(base, "plain decoding: no --speculative-* flags"))]
-    _refuse("sglang", c)
+    _refuse("sglang", c, result)
     n = c.num_speculative_tokens
     if c.is_ngram:  # the draft's first token is the last verified one: N + 1 tokens in the window
         args = _validated(sch.SglangSpeculativeArgs, "sglang", speculative_algorithm="NGRAM",
@@ -165,7 +171,7 @@ def _trtllm(result: TuningResult) -> Files:
     base = ["trtllm-serve", target, "--backend", "pytorch"]
     if c.is_plain:
         return [("trtllm/launch.sh", _script(base, "plain decoding: no speculative_config"))]
-    _refuse("trtllm", c)
+    _refuse("trtllm", c, result)
     ranges = batch_ranges(result)
     max_draft = c.num_speculative_tokens
     fields: dict = {}
@@ -196,7 +202,7 @@ def _llamacpp(result: TuningResult) -> Files:
     base = ["llama-server", "-m", f"{target}.gguf"]
     if c.is_plain:
         return [("llamacpp/launch.sh", _script(base, "plain decoding: no --spec-* flags"))]
-    _refuse("llamacpp", c)
+    _refuse("llamacpp", c, result)
     n = c.num_speculative_tokens
     if c.is_ngram:
         args = _validated(sch.LlamacppSpeculativeArgs, "llamacpp", spec_type="ngram-simple",
@@ -220,7 +226,7 @@ def _hf(result: TuningResult) -> Files:
     c = result.candidate
     if c.is_plain:
         return []
-    _refuse("hf", c)
+    _refuse("hf", c, result)
     if c.is_ngram:
         cfg = _validated(sch.HfPromptLookupGenerationConfig, "hf", prompt_lookup_num_tokens=c.num_speculative_tokens,
                          max_matching_ngram_size=c.ngram_max)

@@ -207,6 +207,24 @@ def server_space(name: str) -> ServerSpace:
         raise InputError(f"unknown server {name!r}; valid: {', '.join(SERVERS)}") from None
 
 
+# Lossy acceptance (engine.lossy: Decoding-OPT / -UNO with over-acceptance ε). Only SGLang relaxes its
+# verification, and not with this rule. sgl-kernel/csrc/speculative/speculative_sampling.cuh
+# (TreeSpeculativeSamplingTargetOnly, sgl-project/sglang 120affb9) accepts a draft token when
+# ``coin <= prob_acc / threshold_acc || target_prob_single >= threshold_single``, where prob_acc is the
+# target probability of the (top-1) candidate; on rejection it sets draft_probs[token] = p(token) and
+# samples from relu(p - draft_probs): p without that token. So with --speculative-accept-threshold-acc t
+# a draft token is accepted with probability min(1, p(x)/t) (the flag's help says so), and with
+# -single s surely when p(x) >= s; the draft is treated as a point mass and the residual is Theorem 4's
+# optimal one for it. Our ε rule accepts min(1, (p(x) + ε)/q(x)) for a token sampled from q: another
+# family (additive in p and divided by q, not multiplicative); only t = s = 1, exact acceptance,
+# coincides. vLLM, TensorRT-LLM, llama.cpp and HF verify exactly.
+LOSSY_FACTS: dict[str, str] = {
+    "sglang": "SGLang's --speculative-accept-threshold-acc t raises a top-1 draft token's acceptance to min(1, p/t) "
+              "and -single s to 1 when p >= s (sgl-kernel speculative_sampling.cuh), not min(1, (p + ε)/q) for a "
+              "sampled draft token; only t = s = 1 (exact) coincides",
+}
+
+
 def expressible(space: ServerSpace, candidate: Candidate) -> str | None:
     """``None`` when ``space``'s server can run ``candidate``, else the reason it cannot (one line)."""
     c, t = candidate, space.title
@@ -232,6 +250,9 @@ def expressible(space: ServerSpace, candidate: Candidate) -> str | None:
         if c.threshold_kind not in space.threshold_kinds:
             why = KIND_FACTS.get(c.threshold_kind, {}).get(space.name, f"{t} has no draft-confidence threshold")
             return f"{t} has no {c.threshold_kind} threshold: {why}"
+    if c.acceptance != "exact":
+        why = LOSSY_FACTS.get(space.name, f"{t} verifies exactly (min(1, p/q)); it has no over-acceptance")
+        return f"{t} cannot run {c.acceptance.upper()} ε={c.epsilon:g}: {why}"
     if c.schedule not in space.schedules:
         return f"{t} has no {c.schedule!r} schedule of N"
     if c.schedule != "constant" and kind == "ngram":
@@ -253,6 +274,8 @@ def project(space: ServerSpace, candidate: Candidate) -> Candidate | None:
     c = candidate
     if expressible(space, c) is None:
         return c
+    if c.acceptance != "exact":
+        c = replace(c, acceptance="exact", epsilon=0.0)
     if c.threshold_kind != "per-token" and c.threshold_kind not in space.threshold_kinds:
         c = replace(c, threshold_kind="per-token", threshold=min(c.threshold, 0.95))
     if c.threshold > 0 and (c.threshold_rule not in space.threshold_rules or _kind(c) not in space.threshold_drafters):

@@ -1,0 +1,159 @@
+"""Lossy acceptance on the bundled pair: the rejection–bias front (theory against measurement) and what
+the bias costs in quality, judged by the target itself.
+
+Usage (about 10 minutes alone on one CPU thread with the defaults):
+
+    OMP_NUM_THREADS=1 python benchmarks/lossy_front.py --db sqlite:////tmp/lossy.db
+
+1. Profile the target and draft with ``--temperature`` on the tuning half (or reuse ``--run``): the
+   profile stores the front (``profiler.lossy_front``): for Decoding-OPT and Decoding-UNO at each
+   over-acceptance ε, the rejection and bias per verified position computed exactly from p and q at
+   teacher-forced positions of target-sampled text (theory, Yin et al. 2024 Theorems 4-5), and the
+   same from lossy decoding runs (measured: rejections counted, the bias of each verified step
+   computed from its p and q). Printed next to Theorem 5's least bias.
+2. Quality without a reward model, on the held-out prompts: ``--samples`` continuations per prompt from
+   exact speculative sampling and from OPT and UNO at each ``--quality-eps``; each continuation is
+   scored by the target's mean log-likelihood per token at the sampling temperature. Reported: each
+   rule's mean score minus exact decoding's (paired by prompt, 95% bootstrap CI over prompts), and a
+   WinRate analogue: the share of prompts where OPT's mean score beats UNO's, with its 95% Wilson CI.
+
+Writes ``benchmarks/results/lossy_front_cpu_<workload>.txt`` and ``.json``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import torch
+import typer
+from scipy import stats
+
+from specdec_tune.cli import _options as opts
+from specdec_tune.db import load_bias_front, open_database
+from specdec_tune.engine import DecodeConfig, check_compatible, load_model
+from specdec_tune.engine.workloads import load_workload
+from specdec_tune.profiler import ProfileSettings, run_profile
+from specdec_tune.profiler.runs import DraftSpec, decode_once, encode_prompt
+from specdec_tune.splits import split_prompts
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+Db = Annotated[str, typer.Option("--db", metavar="URL", help="Results database URL (required here).")]
+Run = Annotated[int | None, typer.Option("--run", help="Reuse a profile run made with --temperature.")]
+Temperature = Annotated[float, typer.Option("--temperature", help="Sampling temperature.")]
+FrontPrompts = Annotated[int, typer.Option("--front-prompts", help="Prompts each rule and ε decodes in the profile.")]
+Samples = Annotated[int, typer.Option("--samples", help="Continuations per held-out prompt and rule.")]
+QualityEps = Annotated[str, typer.Option("--quality-eps", help="ε values of the quality comparison, comma-separated.")]
+MaxPrompts = Annotated[int | None, typer.Option("--max-prompts", help="Held-out prompts scored (default: all).")]
+Out = Annotated[str | None, typer.Option("--out", help="Result file stem (default in benchmarks/results).")]
+
+
+def front_lines(rows) -> list[str]:
+    """The stored front as a table: theory and measured side by side per rule and ε."""
+    by = {(r.method, r.epsilon, r.source): r for r in rows}
+    lines = [f"{'rule':<6} {'ε':>5} {'rejection theory':>16} {'measured':>9} {'bias theory':>12} {'measured':>9} "
+             f"{'Thm 5 least bias':>16} {'positions t/m':>14}"]
+    for method in ("opt", "uno"):
+        for eps in sorted({r.epsilon for r in rows if r.method == method}):
+            t, m = by.get((method, eps, "theory")), by.get((method, eps, "measured"))
+            if t is None:
+                continue
+            lines.append(f"{method.upper():<6} {eps:5.2f} {t.rejection:16.4f} {m.rejection if m else float('nan'):9.4f} "
+                         f"{t.bias:12.4f} {m.bias if m else float('nan'):9.4f} {t.pareto_bias or 0:16.4f} "
+                         f"{t.positions:>6}/{m.positions if m else 0:<6}")
+    return lines
+
+
+def score(target, ids: torch.Tensor, new: list[int], temperature: float) -> float:
+    """The target's mean log-likelihood per generated token at ``temperature`` (teacher-forced)."""
+    seq = torch.cat([ids, torch.tensor(new, dtype=ids.dtype)])
+    with torch.inference_mode():
+        logits = target.model(input_ids=seq[None, :-1], use_cache=False).logits[0, ids.shape[0] - 1:]
+        logp = torch.log_softmax(logits.double() / temperature, -1)
+        return float(logp.gather(1, torch.tensor(new)[:, None]).mean())
+
+
+def quality(target, draft, prompts, temperature: float, eps: list[float], samples: int, n: int,
+            max_new: int) -> dict[str, np.ndarray]:
+    """Rule -> [prompt] mean score over ``samples`` continuations (rules: exact, opt ε, uno ε)."""
+    rules = [("exact", 0.0)] + [(m, e) for e in eps for m in ("opt", "uno")]
+    out = {f"{m} {e:g}" if m != "exact" else "exact": np.zeros(len(prompts)) for m, e in rules}
+    for i, ids in enumerate(prompts):
+        for m, e in rules:
+            cfg = DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=n, temperature=temperature,
+                               eos_token_id=target.eos_token_id, acceptance=m, epsilon=e)
+            vals = [score(target, ids, decode_once(target, draft, ids, cfg, seed=1000 * i + k).token_ids, temperature)
+                    for k in range(samples)]
+            out[f"{m} {e:g}" if m != "exact" else "exact"][i] = float(np.mean(vals))
+    return out
+
+
+def paired_ci(diff: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """95% percentile bootstrap CI of the mean of per-prompt differences."""
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, len(diff), (4000, len(diff)))].mean(1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def main(
+    db: Db,
+    target: opts.BundledTargetOption = opts.BUNDLED_TARGET,
+    draft: opts.BundledDraftOption = opts.BUNDLED_DRAFT,
+    workload: opts.WorkloadOption = opts.DEFAULT_WORKLOAD,
+    run: Run = None,
+    temperature: Temperature = 1.0,
+    front_prompts: FrontPrompts = 8,
+    samples: Samples = 3,
+    quality_eps: QualityEps = "0.05,0.2",
+    max_prompts: MaxPrompts = None,
+    out: Out = None,
+) -> None:
+    args = dict(locals())
+    started, load_before = time.perf_counter(), os.getloadavg()
+    database = open_database(db)
+    if run is None:
+        run = run_profile(database, target, [draft], workload, ProfileSettings(
+            device="cpu", split="tune", temperature=temperature, front_prompts=front_prompts)).run_id
+    rows = [r for r in load_bias_front(database, run) if r.temperature == temperature]
+    tgt = load_model(target, "cpu")
+    drf = load_model(draft, "cpu")
+    check_compatible(tgt, drf)
+    held = split_prompts(load_workload(workload), "holdout")[:max_prompts]
+    prompts = [encode_prompt(tgt, p.prompt, p.id) for p in held]
+    eps = [float(x) for x in quality_eps.split(",") if x.strip()]
+    scores = quality(tgt, DraftSpec("model", drf), prompts, temperature, eps, samples, 4, 64)
+    lines = [f"lossy acceptance: target {target}, draft {draft}, workload {workload}, run {run}, T = {temperature}; "
+             f"{platform.node()} {time.strftime('%Y-%m-%d')}; load average {load_before[0]:.2f}", "",
+             "front per verified position (theory: exact at teacher-forced positions; measured: lossy decoding runs)"]
+    lines += front_lines(rows) + ["", f"quality on {len(prompts)} held-out prompts x {samples} continuations "
+                                  "(N = 4, 64 new tokens): target mean log-likelihood per token minus exact decoding's"]
+    result = {"args": args, "run_id": run, "front": [r.__dict__ for r in rows], "quality": {}}
+    for rule, s in scores.items():
+        if rule == "exact":
+            continue
+        d = s - scores["exact"]
+        ci = paired_ci(d)
+        result["quality"][rule] = {"delta_loglik": float(d.mean()), "ci95": list(ci)}
+        lines.append(f"  {rule.upper():<9} {d.mean():+.4f} nats/token (95% CI {ci[0]:+.4f} to {ci[1]:+.4f})")
+    for e in eps:
+        wins = int((scores[f"opt {e:g}"] > scores[f"uno {e:g}"]).sum())
+        ci = stats.binomtest(wins, len(prompts)).proportion_ci(method="wilson")
+        result["quality"][f"winrate {e:g}"] = {"wins": wins, "prompts": len(prompts), "ci95": [ci.low, ci.high]}
+        lines.append(f"  WinRate OPT over UNO at ε = {e:g}: {wins}/{len(prompts)} = {wins / len(prompts):.2f} "
+                     f"(95% Wilson CI {ci.low:.2f}-{ci.high:.2f})")
+    lines.append(f"total {time.perf_counter() - started:.0f} s")
+    text = "\n".join(lines)
+    print(text)
+    stem = Path(out) if out else RESULTS / f"lossy_front_cpu_{workload}"
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".txt").write_text(text + "\n")
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    opts.run_script(main)
