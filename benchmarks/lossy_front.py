@@ -21,11 +21,9 @@ Writes ``benchmarks/results/lossy_front_cpu_<workload>.txt`` and ``.json``.
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
-from pathlib import Path
 from typing import Annotated
 
 import numpy as np
@@ -33,15 +31,11 @@ import torch
 import typer
 from scipy import stats
 
+from _bench import held_out_pair, profile_run, write_results
 from specdec_tune.cli import _options as opts
 from specdec_tune.db import load_bias_front, open_database
-from specdec_tune.engine import DecodeConfig, check_compatible, load_model
-from specdec_tune.engine.workloads import load_workload
-from specdec_tune.profiler import ProfileSettings, run_profile
-from specdec_tune.profiler.runs import DraftSpec, decode_once, encode_prompt
-from specdec_tune.splits import split_prompts
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from specdec_tune.engine import DecodeConfig
+from specdec_tune.profiler.runs import DraftSpec, decode_once
 
 Db = Annotated[str, typer.Option("--db", metavar="URL", help="Results database URL (required here).")]
 Run = Annotated[int | None, typer.Option("--run", help="Reuse a profile run made with --temperature.")]
@@ -116,15 +110,9 @@ def main(
     args = dict(locals())
     started, load_before = time.perf_counter(), os.getloadavg()
     database = open_database(db)
-    if run is None:
-        run = run_profile(database, target, [draft], workload, ProfileSettings(
-            device="cpu", split="tune", temperature=temperature, front_prompts=front_prompts)).run_id
+    run = profile_run(database, run, target, draft, workload, temperature=temperature, front_prompts=front_prompts)
     rows = [r for r in load_bias_front(database, run) if r.temperature == temperature]
-    tgt = load_model(target, "cpu")
-    drf = load_model(draft, "cpu")
-    check_compatible(tgt, drf)
-    held = split_prompts(load_workload(workload), "holdout")[:max_prompts]
-    prompts = [encode_prompt(tgt, p.prompt, p.id) for p in held]
+    tgt, drf, prompts = held_out_pair(target, draft, workload, max_prompts)
     eps = [float(x) for x in quality_eps.split(",") if x.strip()]
     scores = quality(tgt, DraftSpec("model", drf), prompts, temperature, eps, samples, 4, 64)
     lines = [f"lossy acceptance: target {target}, draft {draft}, workload {workload}, run {run}, T = {temperature}; "
@@ -149,10 +137,7 @@ def main(
     lines.append(f"total {time.perf_counter() - started:.0f} s")
     text = "\n".join(lines)
     print(text)
-    stem = Path(out) if out else RESULTS / f"lossy_front_cpu_{workload}"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".txt").write_text(text + "\n")
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    write_results(out, f"lossy_front_cpu_{workload}", text, result)
 
 
 if __name__ == "__main__":

@@ -20,24 +20,21 @@ Writes ``benchmarks/results/threshold_kinds_cpu_<workload>.txt`` and ``.json``.
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from _bench import profile_run, write_results
 from specdec_tune.cli import _options as opts
 from specdec_tune.db import open_database
 from specdec_tune.errors import InputError
-from specdec_tune.profiler import ProfileSettings, run_profile
 from specdec_tune.stats import paired_speedup, speedup_ci
 from specdec_tune.tuner.model import SpecConfig, load_run_profile, predict_prompts, split_specs
 from specdec_tune.tuner.search import measure_predicted
 
-RESULTS = Path(__file__).resolve().parent / "results"
 THETAS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
 STEPS = (0.02, 0.05, 0.1)
 FAMILIES = ("constant N", "per-token θ", "cumulative θ", "adaptive θ")
@@ -97,9 +94,7 @@ def main(
     load_before = os.getloadavg()
     database = open_database(db)
     started = time.perf_counter()
-    if run is None:
-        run = run_profile(database, target, [draft], workload,
-                          ProfileSettings(device="cpu", split="tune", n_max=max(16, n_max))).run_id
+    run = profile_run(database, run, target, draft, workload, n_max=max(16, n_max))
     rp = load_run_profile(database, run, draft)
     specs = split_specs(rp, "holdout", max_prompts)
     chosen = {f: predicted_best(rp, specs, f, n_max) for f in FAMILIES}
@@ -108,10 +103,7 @@ def main(
     load_after = os.getloadavg()
     text, obj = report(args, run, chosen, got, load_before, load_after, time.perf_counter() - started)
     print(text)
-    stem = Path(out) if out else RESULTS / f"threshold_kinds_cpu_{workload}"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".txt").write_text(text + "\n")
-    stem.with_suffix(".json").write_text(json.dumps(obj, indent=1, default=str, ensure_ascii=False) + "\n")
+    write_results(out, f"threshold_kinds_cpu_{workload}", text, obj)
 
 
 def report(args: dict, run: int, chosen: dict, got: list, load_before, load_after, seconds: float) -> tuple[str, dict]:

@@ -21,28 +21,23 @@ Writes ``benchmarks/results/tv_acceptance_cpu_<workload>.txt`` and ``.json``.
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
-from pathlib import Path
 from typing import Annotated
 
 import numpy as np
 import torch
 import typer
 
+from _bench import held_out_pair, profile_run, write_results
 from specdec_tune.cli import _options as opts
 from specdec_tune.db import open_database
-from specdec_tune.engine import DecodeConfig, check_compatible, load_model
+from specdec_tune.engine import DecodeConfig
 from specdec_tune.engine.drafters import probs_from_logits
-from specdec_tune.engine.workloads import load_workload
-from specdec_tune.profiler import ProfileSettings, run_profile
-from specdec_tune.profiler.runs import DraftSpec, decode_once, encode_prompt
-from specdec_tune.splits import split_prompts
+from specdec_tune.profiler.runs import DraftSpec, decode_once
 from specdec_tune.tuner.model import SpecConfig, load_run_profile, predict
 
-RESULTS = Path(__file__).resolve().parent / "results"
 GOAL = 0.03
 
 Db = Annotated[str, typer.Option("--db", metavar="URL", help="Results database URL (required here).")]
@@ -117,14 +112,10 @@ def main(
     args = dict(locals())
     started, load_before = time.perf_counter(), os.getloadavg()
     database = open_database(db)
-    if run is None:
-        run = run_profile(database, target, [draft], workload, ProfileSettings(
-            device="cpu", split="tune", temperature=temperature, front_prompts=0)).run_id
+    run = profile_run(database, run, target, draft, workload, temperature=temperature, front_prompts=0)
     rp = load_run_profile(database, run, draft)
     max_new = rp.max_new_tokens
-    tgt, drf = load_model(target, "cpu"), load_model(draft, "cpu")
-    check_compatible(tgt, drf)
-    prompts = [encode_prompt(tgt, p.prompt, p.id) for p in split_prompts(load_workload(workload), "holdout")[:max_prompts]]
+    tgt, drf, prompts = held_out_pair(target, draft, workload, max_prompts)
     lines = [f"acceptance from TV: target {target}, draft {draft}, workload {workload}, run {run}, T = {temperature}; "
              f"{len(prompts)} held-out prompts x {seeds} generations per N, {max_new} new tokens; "
              f"{platform.node()} {time.strftime('%Y-%m-%d')}; load average {load_before[0]:.2f}", "",
@@ -153,12 +144,9 @@ def main(
               f"(95% CI {rci[0]:.3f}-{rci[1]:.3f})", f"total {time.perf_counter() - started:.0f} s"]
     text = "\n".join(lines)
     print(text)
-    stem = Path(out) if out else RESULTS / f"tv_acceptance_cpu_{workload}"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".txt").write_text(text + "\n")
-    stem.with_suffix(".json").write_text(json.dumps(
-        {"args": args, "run_id": run, "rows": rows, "rejections": {"counted": float(g[:, 1].sum()),
-         "sum_tv": float(g[:, 0].sum()), "ratio": ratio, "ci95": list(rci)}}, indent=1, default=str) + "\n")
+    write_results(out, f"tv_acceptance_cpu_{workload}", text, {
+        "args": args, "run_id": run, "rows": rows, "rejections": {"counted": float(g[:, 1].sum()),
+        "sum_tv": float(g[:, 0].sum()), "ratio": ratio, "ci95": list(rci)}})
 
 
 if __name__ == "__main__":
