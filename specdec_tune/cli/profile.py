@@ -43,7 +43,7 @@ _Drafts = Annotated[str, typer.Option("--draft", help=(
 
 def profile_summary(db, run_id: int) -> dict:
     """Everything ``profile`` prints, read back from the database (measured and predicted, labelled)."""
-    from specdec_tune.db import get_run, list_measured, load_acceptance
+    from specdec_tune.db import get_run, list_measured, load_acceptance, load_bias_front
     from specdec_tune.tuner.model import best_configs, best_n_per_batch_size, load_run_profile, predict_baseline
 
     run = get_run(db, run_id)
@@ -89,6 +89,10 @@ def profile_summary(db, run_id: int) -> dict:
             "greedy_agreement": greedy.greedy_agreement if greedy else None,
             "one_minus_tv": greedy.one_minus_tv if greedy else None,
             "best_n_per_batch_size": per_batch,
+            "bias_front": [{"method": r.method, "epsilon": r.epsilon, "source": r.source, "rejection": r.rejection,
+                            "bias": r.bias, "pareto_bias": r.pareto_bias, "positions": r.positions,
+                            "label": "computed" if r.source == "theory" else "measured"}
+                           for r in load_bias_front(db, run_id, d.name)],
             "best": [
                 {"num_speculative_tokens": c.num_speculative_tokens, "threshold": c.threshold,
                  "tokens_per_s": p.tokens_per_s, "speedup": p.speedup,
@@ -139,6 +143,15 @@ def _print_summary(out: Console, s: dict) -> None:
                 f"{'best' if i == 0 else f'#{i + 1}'}: N = {b['num_speculative_tokens']}, θ = {b['threshold']:.1f}",
                 f"{b['tokens_per_s']:.1f} tokens/s, {b['speedup']:.2f}×, τ {b['expected_tokens_per_cycle']:.2f}",
                 "predicted")
+        for method in ("opt", "uno"):
+            pts = {(r["epsilon"], r["source"]): r for r in d["bias_front"] if r["method"] == method}
+            if pts:
+                table.add_row(f"Decoding-{method.upper()}: ε → rejection / bias per verified position",
+                              "; ".join(f"{e:g}: {t['rejection']:.3f}/{t['bias']:.3f}"
+                                        + (f" ({pts[e, 'measured']['rejection']:.3f}/{pts[e, 'measured']['bias']:.3f})"
+                                           if (e, "measured") in pts else "")
+                                        for (e, src), t in sorted(pts.items()) if src == "theory"),
+                              "computed (measured)")
         if d["best_n_per_batch_size"]:
             table.add_row("best N per batch size (θ = 0; 0 = do not speculate)",
                           ", ".join(f"B={b}: {n}" for b, n in d["best_n_per_batch_size"].items()), "predicted")

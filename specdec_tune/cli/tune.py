@@ -171,6 +171,15 @@ def _print_server(console: Console, sr: dict) -> None:
             for k in t["spec_step_s"]) for b, t in model.items()), highlight=False)
 
 
+_MaxBias = Annotated[Optional[float], typer.Option("--max-bias", help=(
+    "--temperature > 0: the fastest configuration whose bias (mean TV between what a verified position emits and "
+    "the target, computed at teacher-forced positions) is at most this; Decoding-OPT's over-acceptance ε is searched "
+    "next to exact acceptance and the throughput ↔ bias front is printed and stored."))]
+_ThresholdKinds = Annotated[str, typer.Option("--threshold-kinds", help=(
+    "How θ may apply in the search, comma-separated: per-token, cumulative, adaptive (θ's start and step are "
+    "searched; no server runs the last two: exports then hold each server's best per-token configuration)."))]
+
+
 @app.command()
 def tune(
     target: TargetOption,
@@ -182,13 +191,8 @@ def tune(
     batch_sizes: str = typer.Option("1,4,16,64", "--batch-sizes", help="Batch sizes for the per-batch-size N schedule."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 tunes sampling at this temperature."),
     objectives: str = typer.Option("throughput", "--objectives", help="throughput, or throughput,memory (Pareto front)."),
-    max_bias: Optional[float] = typer.Option(None, "--max-bias", help=(
-        "--temperature > 0: the fastest configuration whose bias (mean TV between what a verified position emits "
-        "and the target, computed at teacher-forced positions) is at most this; Decoding-OPT's over-acceptance ε is "
-        "searched next to exact acceptance and the throughput ↔ bias front is printed and stored.")),
-    threshold_kinds: str = typer.Option("per-token", "--threshold-kinds", help=(
-        "How θ may apply in the search, comma-separated: per-token, cumulative, adaptive (θ's start and step are "
-        "searched; no server runs the last two: exports then hold each server's best per-token configuration).")),
+    max_bias: _MaxBias = None,
+    threshold_kinds: _ThresholdKinds = "per-token",
     study: Optional[str] = typer.Option(None, "--study", help="Study name (default: derived from the inputs)."),
     storage: _Storage = None,
     n_max: int = typer.Option(16, "--n-max", help="Largest N searched (1..16)."),
