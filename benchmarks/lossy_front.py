@@ -33,7 +33,7 @@ from scipy import stats
 
 from _bench import held_out_pair, profile_run, write_results
 from specdec_tune.cli import _options as opts
-from specdec_tune.db import load_bias_front, open_database
+from specdec_tune.db import BiasFrontRow, load_bias_front, open_database
 from specdec_tune.engine import DecodeConfig
 from specdec_tune.profiler.runs import DraftSpec, decode_once
 
@@ -57,7 +57,7 @@ def front_lines(rows) -> list[str]:
             t, m = by.get((method, eps, "theory")), by.get((method, eps, "measured"))
             if t is None:
                 continue
-            lines.append(f"{method.upper():<6} {eps:5.2f} {t.rejection:16.4f} {m.rejection if m else float('nan'):9.4f} "
+            lines.append(f"{method.upper():<6} {eps:5g} {t.rejection:16.4f} {m.rejection if m else float('nan'):9.4f} "
                          f"{t.bias:12.4f} {m.bias if m else float('nan'):9.4f} {t.pareto_bias or 0:16.4f} "
                          f"{t.positions:>6}/{m.positions if m else 0:<6}")
     return lines
@@ -103,7 +103,7 @@ def main(
     temperature: Temperature = 1.0,
     front_prompts: FrontPrompts = 8,
     samples: Samples = 3,
-    quality_eps: QualityEps = "0.05,0.2",
+    quality_eps: QualityEps = "0.003,0.03",
     max_prompts: MaxPrompts = None,
     out: Out = None,
 ) -> None:
@@ -115,29 +115,47 @@ def main(
     tgt, drf, prompts = held_out_pair(target, draft, workload, max_prompts)
     eps = [float(x) for x in quality_eps.split(",") if x.strip()]
     scores = quality(tgt, DraftSpec("model", drf), prompts, temperature, eps, samples, 4, 64)
-    lines = [f"lossy acceptance: target {target}, draft {draft}, workload {workload}, run {run}, T = {temperature}; "
-             f"{platform.node()} {time.strftime('%Y-%m-%d')}; load average {load_before[0]:.2f}", "",
-             "front per verified position (theory: exact at teacher-forced positions; measured: lossy decoding runs)"]
-    lines += front_lines(rows) + ["", f"quality on {len(prompts)} held-out prompts x {samples} continuations "
-                                  "(N = 4, 64 new tokens): target mean log-likelihood per token minus exact decoding's"]
-    result = {"args": args, "run_id": run, "front": [r.__dict__ for r in rows], "quality": {}}
-    for rule, s in scores.items():
-        if rule == "exact":
-            continue
-        d = s - scores["exact"]
-        ci = paired_ci(d)
-        result["quality"][rule] = {"delta_loglik": float(d.mean()), "ci95": list(ci)}
-        lines.append(f"  {rule.upper():<9} {d.mean():+.4f} nats/token (95% CI {ci[0]:+.4f} to {ci[1]:+.4f})")
-    for e in eps:
-        wins = int((scores[f"opt {e:g}"] > scores[f"uno {e:g}"]).sum())
-        ci = stats.binomtest(wins, len(prompts)).proportion_ci(method="wilson")
-        result["quality"][f"winrate {e:g}"] = {"wins": wins, "prompts": len(prompts), "ci95": [ci.low, ci.high]}
-        lines.append(f"  WinRate OPT over UNO at ε = {e:g}: {wins}/{len(prompts)} = {wins / len(prompts):.2f} "
-                     f"(95% Wilson CI {ci.low:.2f}-{ci.high:.2f})")
-    lines.append(f"total {time.perf_counter() - started:.0f} s")
-    text = "\n".join(lines)
+    result = {"args": args, "run_id": run, "header": f"lossy acceptance: target {target}, draft {draft}, workload "
+              f"{workload}, run {run}, T = {temperature}; {platform.node()} {time.strftime('%Y-%m-%d')}; load average "
+              f"{load_before[0]:.2f}", "front": [r.__dict__ for r in rows], "prompts": len(prompts), "samples": samples,
+              "quality": summarize_quality(scores, eps), "scores": {k: v.tolist() for k, v in scores.items()},
+              "seconds": time.perf_counter() - started}
+    text = render(result)
     print(text)
     write_results(out, f"lossy_front_cpu_{workload}", text, result)
+
+
+def summarize_quality(scores: dict[str, np.ndarray], eps: list[float]) -> dict[str, dict]:
+    """Each lossy rule's mean score minus exact decoding's (paired CI), and OPT's WinRate over UNO per ε."""
+    out: dict[str, dict] = {}
+    for rule, s in scores.items():
+        if rule != "exact":
+            d = s - scores["exact"]
+            out[rule] = {"delta_loglik": float(d.mean()), "ci95": list(paired_ci(d))}
+    for e in eps:
+        wins, n = int((scores[f"opt {e:g}"] > scores[f"uno {e:g}"]).sum()), len(scores["exact"])
+        ci = stats.binomtest(wins, n).proportion_ci(method="wilson")
+        out[f"winrate {e:g}"] = {"wins": wins, "prompts": n, "ci95": [ci.low, ci.high]}
+    return out
+
+
+def render(result: dict) -> str:
+    """The result file's text from its JSON (``python -c`` can re-render a stored result)."""
+    lines = [result["header"], "", "front per verified position (theory: exact at teacher-forced positions; "
+             "measured: lossy decoding runs)"]
+    lines += front_lines([BiasFrontRow(**r) for r in result["front"]])
+    lines += ["", f"quality on {result['prompts']} held-out prompts x {result['samples']} continuations (N = 4, 64 new "
+              "tokens): target mean log-likelihood per token minus exact decoding's"]
+    for rule, q in result["quality"].items():
+        if rule.startswith("winrate"):
+            w, n, ci = q["wins"], q["prompts"], q["ci95"]
+            lines.append(f"  WinRate OPT over UNO at ε = {rule.split()[1]}: {w}/{n} = {w / n:.2f} "
+                         f"(95% Wilson CI {ci[0]:.2f}-{ci[1]:.2f})")
+        else:
+            lines.append(f"  {rule.upper():<9} {q['delta_loglik']:+.4f} nats/token (95% CI {q['ci95'][0]:+.4f} "
+                         f"to {q['ci95'][1]:+.4f})")
+    lines.append(f"total {result['seconds']:.0f} s")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
