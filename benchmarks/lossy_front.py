@@ -16,6 +16,9 @@ Usage (about 10 minutes alone on one CPU thread with the defaults):
    scored by the target's mean log-likelihood per token at the sampling temperature. Reported: each
    rule's mean score minus exact decoding's (paired by prompt, 95% bootstrap CI over prompts), and a
    WinRate analogue: the share of prompts where OPT's mean score beats UNO's, with its 95% Wilson CI.
+   OPT and UNO draw with the same seeds (common random numbers), so their continuations coincide until
+   a rejection, where only the resampling distribution differs; prompts where no rejection told them
+   apart are ties, counted apart and left out of the share.
 
 Writes ``benchmarks/results/lossy_front_cpu_<workload>.txt`` and ``.json``.
 """
@@ -133,9 +136,12 @@ def summarize_quality(scores: dict[str, np.ndarray], eps: list[float]) -> dict[s
             d = s - scores["exact"]
             out[rule] = {"delta_loglik": float(d.mean()), "ci95": list(paired_ci(d))}
     for e in eps:
-        wins, n = int((scores[f"opt {e:g}"] > scores[f"uno {e:g}"]).sum()), len(scores["exact"])
-        ci = stats.binomtest(wins, n).proportion_ci(method="wilson")
-        out[f"winrate {e:g}"] = {"wins": wins, "prompts": n, "ci95": [ci.low, ci.high]}
+        opt, uno = scores[f"opt {e:g}"], scores[f"uno {e:g}"]
+        wins, ties = int((opt > uno).sum()), int((opt == uno).sum())
+        decided = len(opt) - ties  # a tie (no rejection told the two apart) counts for neither
+        ci = stats.binomtest(wins, decided).proportion_ci(method="wilson") if decided else None
+        out[f"winrate {e:g}"] = {"wins": wins, "ties": ties, "prompts": len(opt),
+                                 "ci95": [ci.low, ci.high] if ci else None}
     return out
 
 
@@ -148,9 +154,10 @@ def render(result: dict) -> str:
               "tokens): target mean log-likelihood per token minus exact decoding's"]
     for rule, q in result["quality"].items():
         if rule.startswith("winrate"):
-            w, n, ci = q["wins"], q["prompts"], q["ci95"]
-            lines.append(f"  WinRate OPT over UNO at ε = {rule.split()[1]}: {w}/{n} = {w / n:.2f} "
-                         f"(95% Wilson CI {ci[0]:.2f}-{ci[1]:.2f})")
+            w, ties, n, ci = q["wins"], q.get("ties", 0), q["prompts"], q["ci95"]
+            share = f"{w}/{n - ties} = {w / (n - ties):.2f} (95% Wilson CI {ci[0]:.2f}-{ci[1]:.2f})" if ci else "-"
+            lines.append(f"  WinRate OPT over UNO at ε = {rule.split()[1]}: {share} of the prompts where they differ; "
+                         f"{ties} of {n} tied")
         else:
             lines.append(f"  {rule.upper():<9} {q['delta_loglik']:+.4f} nats/token (95% CI {q['ci95'][0]:+.4f} "
                          f"to {q['ci95'][1]:+.4f})")
