@@ -85,7 +85,8 @@ class ModelDrafter:
         self._proposed = len(tokens)
         return self._draft_record(context.device, tokens, rows, confs, stopped, theta)
 
-    def _draft(self, logits: torch.Tensor, max_tokens: int, theta: float):
+    def _draft(self, logits: torch.Tensor, max_tokens: int,
+               theta: float) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], bool]:
         """The drafting loop: (tokens, rows: greedy logits / sampling q, confidences, stopped by θ)."""
         tokens: list[torch.Tensor] = []
         rows: list[torch.Tensor] = []  # greedy: logits rows; sampling: q rows
@@ -130,7 +131,8 @@ class ModelDrafter:
                 self.forwards += 1
         return tokens, rows, confs, stopped
 
-    def _draft_record(self, device, tokens, rows, confs, stopped: bool, theta: float) -> Draft:
+    def _draft_record(self, device: torch.device, tokens: list[torch.Tensor], rows: list[torch.Tensor],
+                      confs: list[torch.Tensor], stopped: bool, theta: float) -> Draft:
         """The :class:`Draft` of one proposal (confidences computed batched when no θ read them)."""
         sampling, hf = self.temperature > 0, self.threshold_rule == "hf"
         if not tokens:

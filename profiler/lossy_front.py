@@ -22,7 +22,7 @@ import torch
 
 from specdec_tune.db.records import BiasFrontRow, TeacherForcedRow
 from specdec_tune.engine import DecodeConfig, LoadedModel, bias_and_rejection, build_drafter, pareto_bias, speculative
-from specdec_tune.engine import verify_lossy
+from specdec_tune.engine import VerifyResult, verify_lossy
 from specdec_tune.engine.drafters import probs_from_logits
 
 EPSILONS = (0.0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3)  # the over-acceptance grid a profile stores (log-spaced:
@@ -95,7 +95,8 @@ def _recording(sums: _Sums, epsilon: float, method: str) -> Callable:
     """A verify function that verifies with the lossy rule and adds each verified position's bias."""
     inner = partial(verify_lossy, epsilon=epsilon, method=method)
 
-    def verify(tokens, draft_probs, target_probs, generator):
+    def verify(tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+               generator: torch.Generator | None) -> VerifyResult:
         result = inner(tokens, draft_probs, target_probs, generator)
         verified = min(result.num_accepted + 1, tokens.shape[0])  # a bonus position is not verified
         if verified:
