@@ -149,7 +149,7 @@ def report(args: dict, run: int, chosen: dict, got: list, load_before, load_afte
                                                   paired_speedup(a, b))
             lines.append(ratio_line(new, base, ratios[f"{new} / {base}"]))
     lines.append(f"total {seconds:.0f} s; measured tokens/s are end to end (prefill included), CIs bootstrap over "
-                 "prompts then passes; ratios paired pass by pass")
+                 "prompts then passes; ratios and their CIs paired by prompt and pass")
     obj = {"args": args, "run_id": run, "rows": rows, "ratios": ratios, "host": platform.node(),
            "date": time.strftime("%Y-%m-%d"), "load_before": load_before, "load_after": load_after}
     return "\n".join(lines), obj
