@@ -42,6 +42,7 @@ from specdec_tune.tuner.search import Validated, measure_predicted
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GOAL = {"median_abs_error": 0.05, "inside_ci": 0.80, "spearman": 0.9, "regret": 0.03}
+KIND_GOAL = {**GOAL, "regret": 0.02}  # each threshold kind's own grid (docs/results.md, Threshold kinds)
 SPLITS = (("in-sample (the profiled tune prompts)", None), ("out-of-sample (held-out prompts)", "holdout"))
 
 Db = Annotated[str, typer.Option("--db", metavar="URL", help=(
@@ -61,13 +62,18 @@ Neighbour = Annotated[bool, typer.Option("--neighbour", help=(
     "Run one CPU-bound process (a busy Python loop) beside the whole benchmark, profile included: the "
     "shared machine users tune on."))]
 Splits = Annotated[str, typer.Option("--splits", help="Which prompt splits to measure: in, out or in,out.")]
+Kinds = Annotated[str, typer.Option("--kinds", help=(
+    "Threshold kinds of the grid, comma-separated: per-token, cumulative (θ > 0 of --thetas), adaptive (θ "
+    "<= 0.9 of --thetas as the start, each of --steps, constant schedule)."))]
+Steps = Annotated[str, typer.Option("--steps", help="The adaptive kind's steps, comma-separated.")]
 
 
 def profile_ran(settings: dict, draft: str, config: SpecConfig) -> bool:
     """Whether the profile itself decoded this configuration (so its timings came from that run)."""
     if config.num_speculative_tokens == 0:
         return True  # the hooked plain baseline
-    if config.threshold != 0 or config.schedule != "constant" or config.mode != "greedy":
+    if config.threshold != 0 or config.schedule != "constant" or config.mode != "greedy" \
+            or config.threshold_kind != "per-token":
         return False
     n_max = int(settings.get("n_max", 16))
     return config.num_speculative_tokens in {n_max, *(min(n, n_max) for n in settings.get("overhead_ns", []))}
@@ -96,14 +102,41 @@ def row(v: Validated, settings: dict) -> dict:
     if m.mean_tokens_per_cycle and p.expected_tokens_per_cycle:
         tau_err = (p.expected_tokens_per_cycle - m.mean_tokens_per_cycle) / m.mean_tokens_per_cycle
     c = v.config
-    return {"draft": m.draft, "config": f"{m.draft} N={c.num_speculative_tokens} θ={c.threshold:g} {c.schedule}",
-            "N": c.num_speculative_tokens, "threshold": c.threshold, "schedule": c.schedule,
+    return {"draft": m.draft, "config": f"{m.draft} N={c.num_speculative_tokens} θ={c.threshold:g} {c.schedule}"
+            + _kind_label(c), "N": c.num_speculative_tokens, "threshold": c.threshold, "schedule": c.schedule,
+            "threshold_kind": c.threshold_kind, "threshold_step": c.threshold_step,
             "profile_ran_it": profile_ran(settings, m.draft, c), "in_sample": v.in_sample, "measured": m.tokens_per_s,
             "ci95": list(m.ci95) if m.ci95 else None, "predicted": p.tokens_per_s, "error": v.relative_error,
             "inside_ci": v.inside_ci, "tau_measured": m.mean_tokens_per_cycle,
             "tau_predicted": p.expected_tokens_per_cycle, "tau_error": tau_err, "source": p.source,
             "prompts": m.prompts, "repeats": m.repeats, "measured_id": m.measured_id,
             "machine_speed": p.machine_speed, "threads": (m.threads or {}).get("threads")}
+
+
+def _kind_label(c: SpecConfig) -> str:
+    if c.threshold_kind == "adaptive":
+        return f" adaptive/{c.threshold_step:g}"
+    return " cumulative" if c.threshold_kind == "cumulative" else ""
+
+
+def grid(names: list[str], args: dict) -> list[tuple[str | None, SpecConfig]]:
+    """Plain decoding, then every (draft, schedule, N, θ, kind[, step]) of the options."""
+    out: list[tuple[str | None, SpecConfig]] = [(None, SpecConfig(0))]
+    kinds = [k.strip() for k in args["kinds"].split(",") if k.strip()]
+    steps = [float(x) for x in args["steps"].split(",") if x.strip()]
+    for draft in names:
+        for schedule in args["schedules"].split(","):
+            for n in (int(x) for x in args["ns"].split(",")):
+                for theta in (float(x) for x in args["thetas"].split(",")):
+                    for kind in kinds:
+                        if kind == "per-token":
+                            out.append((draft, SpecConfig(n, theta, schedule)))  # type: ignore[arg-type]
+                        elif kind == "cumulative" and theta > 0:
+                            out.append((draft, SpecConfig(n, theta, schedule, threshold_kind="cumulative")))  # type: ignore[arg-type]
+                        elif kind == "adaptive" and theta <= 0.9 and schedule == "constant":
+                            out += [(draft, SpecConfig(n, theta, threshold_kind="adaptive", threshold_step=st))
+                                    for st in steps]
+    return out
 
 
 def table(title: str, rows: list[dict]) -> list[str]:
@@ -119,17 +152,30 @@ def table(title: str, rows: list[dict]) -> list[str]:
     return lines
 
 
-def summary_lines(name: str, s: dict, which: str = "not run by the profile") -> list[str]:
+def summary_lines(name: str, s: dict, which: str = "not run by the profile", goal: dict = GOAL) -> list[str]:
     if not s:
         return [f"{name}: no configurations"]
-    met = {k: (s[k] <= v if k in ("median_abs_error", "regret") else s[k] >= v) for k, v in GOAL.items()}
+    met = {k: (s[k] <= v if k in ("median_abs_error", "regret") else s[k] >= v) for k, v in goal.items()}
     return [f"{name}: {s['configurations']} configurations {which}: median |error| "
             f"{s['median_abs_error'] * 100:.1f}% (goal ≤ 5%: {met['median_abs_error']}), worst "
             f"{s['worst_abs_error'] * 100:.1f}%, inside the measured 95% CI {s['inside_ci'] * 100:.0f}% (goal ≥ 80%: "
             f"{met['inside_ci']}), Spearman {s['spearman']:.3f} (goal ≥ 0.9: {met['spearman']}), regret "
-            f"{s['regret'] * 100:.1f}% (goal ≤ 3%: {met['regret']}; predicted best {s['predicted_best']}), "
+            f"{s['regret'] * 100:.1f}% (goal ≤ {goal['regret'] * 100:.0f}%: {met['regret']}; predicted best {s['predicted_best']}), "
             f"median |τ error| {s['median_abs_tau_error'] * 100:.1f}%, median |speedup error| "
             f"{s['median_abs_speedup_error'] * 100:.1f}%"]
+
+
+def kind_lines(results: dict[str, list[dict]]) -> list[str]:
+    """Per threshold kind (when the grid has several): error and regret over that kind's configurations."""
+    out = []
+    for name, rows in results.items():
+        kinds = sorted({r["threshold_kind"] for r in rows if r["N"] > 0})
+        if len(kinds) < 2:
+            continue
+        for kind in kinds:
+            s = summarize([r for r in rows if r["N"] > 0 and r["threshold_kind"] == kind and not r["profile_ran_it"]])
+            out += summary_lines(f"{name}, {kind}", s, goal=KIND_GOAL)
+    return out
 
 
 def main(
@@ -147,6 +193,8 @@ def main(
     out: Out = None,
     neighbour: Neighbour = False,
     splits: Splits = "in,out",
+    kinds: Kinds = "per-token",
+    steps: Steps = "0.05",
 ) -> None:
     args = dict(locals())  # every option, as the results JSON records them
     with neighbour_process(neighbour):
@@ -180,11 +228,8 @@ def _main(args: dict) -> None:
     started = time.perf_counter()
     run_id = run if run is not None else _profile(database, target, names, workload, args["profile_max_prompts"])
     settings = get_run(database, run_id).settings
-    grid = [(None, SpecConfig(0))] + [
-        (draft, SpecConfig(int(n), float(theta), schedule))  # type: ignore[arg-type]
-        for draft in names for schedule in args["schedules"].split(",") for n in args["ns"].split(",")
-        for theta in args["thetas"].split(",")]
-    results = {name: _measure(database, run_id, grid, settings, name, split, max_prompts, repeats)
+    configs = grid(names, args)
+    results = {name: _measure(database, run_id, configs, settings, name, split, max_prompts, repeats)
                for name, split in chosen}
     lines = [f"model fidelity: target {target}, drafts {drafts}, workload {workload}, run {run_id} "
              f"(profiled on split {settings.get('split')}: {len(settings.get('prompt_ids', []))} prompts), CPU, "
@@ -200,6 +245,7 @@ def _main(args: dict) -> None:
         summaries[name + ", every speculative configuration"] = summarize([r for r in rows if r["N"] > 0])
     for name, s in summaries.items():
         lines += summary_lines(name, s, "(all)" if name.endswith("configuration") else "not run by the profile")
+    lines += kind_lines(results)
     lines.append(f"total {time.perf_counter() - started:.0f} s")
     text = "\n".join(lines)
     print(text)

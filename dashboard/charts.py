@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from specdec_tune.dashboard.measured import HELD_OUT, FidelityInfo, short_name
+from specdec_tune.db import BiasFrontRow
 from specdec_tune.dashboard.profile_info import AcceptancePanel, ProfileInfo
 from specdec_tune.dashboard.trends import TrendPoint
 from specdec_tune.dashboard.why import CycleBudget, HeatMap
@@ -99,6 +100,29 @@ def calibration_chart(panels: Sequence[AcceptancePanel], thresholds: Sequence[fl
     for t in thresholds:
         if t > 0:
             fig.add_vline(x=t, line=dict(color="#bbb", width=1, dash="dot"))
+    return fig
+
+
+def bias_front_chart(rows: Sequence[BiasFrontRow], draft: str) -> go.Figure:
+    """Rejection vs bias per verified position of Decoding-OPT and -UNO over ε: theory (exact at
+    teacher-forced positions) as lines, measured (lossy decoding runs) as open markers, and Theorem 5's
+    bound, bias ≥ TV − rejection with TV the exact rule's rejection (Yin et al. 2024)."""
+    fig = _fig(f"Lossy acceptance, {short_name(draft)}: rejection vs bias (theory lines, measured markers)",
+               "rejection probability per verified position", "bias: mean TV(emitted, target)")
+    for i, method in enumerate(("opt", "uno")):
+        for source, mode in (("theory", "lines+markers"), ("measured", "markers")):
+            pts = sorted((r for r in rows if r.method == method and r.source == source), key=lambda r: r.epsilon)
+            if not pts:
+                continue
+            marker = dict(color=COLORS[i], symbol="circle" if source == "theory" else "circle-open", size=9)
+            fig.add_scatter(x=[r.rejection for r in pts], y=[r.bias for r in pts], mode=mode, marker=marker,
+                            name=f"Decoding-{method.upper()}, {source}", text=[f"ε = {r.epsilon:g}" for r in pts],
+                            hovertemplate="%{text}: rejection %{x:.3f}, bias %{y:.4f}")
+    exact = next((r for r in rows if r.method == "opt" and r.source == "theory" and r.epsilon == 0), None)
+    if exact is not None:
+        tv = exact.rejection
+        fig.add_scatter(x=[0, tv], y=[tv, 0], mode="lines", line=dict(color="black", dash="dash"),
+                        name=f"Theorem 5: bias ≥ TV − rejection (TV = {tv:.3f}); nothing lies below")
     return fig
 
 

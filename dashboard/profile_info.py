@@ -15,12 +15,14 @@ from dataclasses import dataclass
 
 from specdec_tune.db import (
     AcceptanceRecord,
+    BiasFrontRow,
     Database,
     RunRecord,
     TelemetryRow,
     TimingRow,
     get_run,
     load_acceptance,
+    load_bias_front,
     load_telemetry,
     load_timings,
 )
@@ -85,6 +87,7 @@ class ProfileInfo:
         acceptance: one panel per (draft, mode).
         thresholds: the θ grid the tuner considers (marked on the calibration curve).
         telemetry: NVML samples (empty on a CPU).
+        bias_front: the lossy acceptance front per draft (sampling profiles): theory and measured points.
     """
 
     run: RunRecord
@@ -95,6 +98,11 @@ class ProfileInfo:
     thresholds: tuple[float, ...]
     telemetry: tuple[TelemetryRow, ...]
     ar_step: Spread | None
+    bias_front: tuple[BiasFrontRow, ...] = ()
+
+    def front(self, draft: str) -> tuple[BiasFrontRow, ...]:
+        """The front points of one draft (theory and measured)."""
+        return tuple(r for r in self.bias_front if r.draft == draft)
 
     def panel(self, draft: str, mode: str = "greedy") -> AcceptancePanel | None:
         return next((p for p in self.acceptance if p.draft == draft and p.mode == mode), None)
@@ -148,5 +156,5 @@ def load_profile_info(db: Database, run_id: int) -> ProfileInfo:
     return ProfileInfo(
         run=run, verify=verify, draft_steps=steps, typical_context=int(typical) if typical else None,
         acceptance=tuple(panels), thresholds=tuple(THRESHOLD_GRID), telemetry=tuple(load_telemetry(db, run_id)),
-        ar_step=ar,
+        ar_step=ar, bias_front=tuple(load_bias_front(db, run_id)),
     )

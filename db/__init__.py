@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from specdec_tune.db.engine import DEFAULT_URL, ENV_VAR, Database, default_storage_url, mask_url, open_database
 from specdec_tune.db.engine import resolve_url, sqlite_file
+from specdec_tune.db.fronts import add_bias_front, add_teacher_forced, load_bias_front, load_teacher_forced
 from specdec_tune.db.migrate import current_revision, head_revision, known_revisions, upgrade
 from specdec_tune.db.queries import add_acceptance, add_measured_run, add_run_draft, add_telemetry, add_timing_samples
 from specdec_tune.db.queries import add_traces, create_run, delete_run, finish_run, get_or_create_hardware
@@ -23,7 +24,7 @@ from specdec_tune.db.reads import get_run, list_measured, list_models, list_runs
 from specdec_tune.db.reads import load_timings, load_traces
 from specdec_tune.db.records import FINISHED_STATUSES, MODES, RUN_STATUSES, TIMING_KINDS, AcceptanceRecord, DraftRecord
 from specdec_tune.db.records import HardwareRecord, MeasuredRecord, ModelRecord, RunRecord, TelemetryRow, TimingRow
-from specdec_tune.db.records import TraceRow, WorkloadRecord
+from specdec_tune.db.records import BiasFrontRow, TeacherForcedRow, TraceRow, WorkloadRecord
 from specdec_tune.db.regress import CalibrationRecord, CellVerdict, RegressBenchmarkRecord, RegressCellRecord
 from specdec_tune.db.regress import RegressRunRecord, add_calibration, add_regress_benchmark, add_regress_cells
 from specdec_tune.db.regress import create_regress_run, finish_regress_run, get_regress_run, latest_calibration
@@ -43,4 +44,5 @@ __all__ = [
     "CalibrationRecord", "CellVerdict", "RegressBenchmarkRecord", "RegressCellRecord", "RegressRunRecord", "add_calibration",
     "add_regress_benchmark", "add_regress_cells", "create_regress_run", "finish_regress_run", "get_regress_run",
     "latest_calibration", "list_regress_runs", "load_regress_benchmarks", "load_regress_cells", "metric_trend",
+    "BiasFrontRow", "TeacherForcedRow", "add_bias_front", "add_teacher_forced", "load_bias_front", "load_teacher_forced",
 ]  # fmt: skip

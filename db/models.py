@@ -230,6 +230,43 @@ class AcceptanceTrace(Base):
     cycle_index: Mapped[int] = mapped_column(Integer)
     confidences: Mapped[list[Any]] = mapped_column()  # [L] draft probability of each drafted token
     num_accepted: Mapped[int] = mapped_column(Integer)
+    token_probs: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)  # [L] q(x_i); NULL: older runs
+    target_probs: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)  # [L] p(x_i), sampling traces
+
+
+class BiasFront(Base):
+    """One point of a lossy acceptance rule's rejection–bias front (docs/model.md, Lossy acceptance)."""
+
+    __tablename__ = "bias_front"
+    __table_args__ = (Index("ix_bias_front_run_id_draft", "run_id", "draft"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("profile_runs.id", ondelete="CASCADE"))
+    draft: Mapped[str] = mapped_column(String(512))
+    temperature: Mapped[float] = mapped_column(Float)
+    method: Mapped[str] = mapped_column(String(16))  # exact | opt | uno
+    epsilon: Mapped[float] = mapped_column(Float)
+    source: Mapped[str] = mapped_column(String(16))  # theory | measured
+    rejection: Mapped[float] = mapped_column(Float)  # per verified position
+    bias: Mapped[float] = mapped_column(Float)  # mean TV(emitted, p) per verified position
+    pareto_bias: Mapped[float | None] = mapped_column(Float)  # Theorem 5's least bias at that rejection
+    positions: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class TeacherForcedPosition(Base):
+    """Per position of one target-sampled generation: 1 - TV(p, q) and the draft's top probability."""
+
+    __tablename__ = "teacher_forced_positions"
+    __table_args__ = (Index("ix_teacher_forced_positions_run_id_draft", "run_id", "draft"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("profile_runs.id", ondelete="CASCADE"))
+    draft: Mapped[str] = mapped_column(String(512))
+    temperature: Mapped[float] = mapped_column(Float)
+    prompt_index: Mapped[int] = mapped_column(Integer)
+    one_minus_tv: Mapped[list[Any]] = mapped_column()  # [M] per generated position
+    top_q: Mapped[list[Any]] = mapped_column()  # [M] the draft's top probability there
 
 
 class MeasuredRun(Base):

@@ -265,10 +265,17 @@ def add_traces(
                 f"trace cycle {row.cycle_index}: num_accepted={row.num_accepted} must be within "
                 f"0..{len(confidences)} (the number of drafted tokens)"
             )
+        token_probs, target_probs = (None if x is None else [float(c) for c in x]
+                                     for x in (row.token_probs, row.target_probs))
+        for name, xs in (("token", token_probs), ("target", target_probs)):
+            if xs is not None and len(xs) != len(confidences):
+                raise InputError(f"trace cycle {row.cycle_index}: {len(xs)} {name} probabilities for "
+                                 f"{len(confidences)} drafted tokens")
         out.append(dict(
             run_id=run_id, draft=draft, mode=mode, temperature=temperature,
             cycle_index=int(row.cycle_index), prompt_index=row.prompt_index,
-            confidences=confidences, num_accepted=int(row.num_accepted),
+            confidences=confidences, num_accepted=int(row.num_accepted), token_probs=token_probs,
+            target_probs=target_probs,
         ))  # fmt: skip
     return _bulk(db, run_id, m.AcceptanceTrace, out)
 

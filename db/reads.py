@@ -140,15 +140,16 @@ def load_traces(
 ) -> list[rec.TraceRow]:
     """Per-cycle traces of one draft and mode, in recording order (the threshold model input)."""
     t = m.AcceptanceTrace
-    query = select(t.cycle_index, t.confidences, t.num_accepted, t.prompt_index)
+    query = select(t.cycle_index, t.confidences, t.num_accepted, t.prompt_index, t.token_probs, t.target_probs)
     query = query.where(t.run_id == run_id, t.draft == draft, t.mode == mode).order_by(t.id)
     if temperature is not None:
         query = query.where(t.temperature == temperature)
     with session_scope(db) as s:
         require_run(s, db, run_id)
         return [
-            rec.TraceRow(cycle_index=c, confidences=tuple(conf), num_accepted=n, prompt_index=p)
-            for c, conf, n, p in s.execute(query)
+            rec.TraceRow(cycle_index=c, confidences=tuple(conf), num_accepted=n, prompt_index=p,
+                         token_probs=None if tp is None else tuple(tp), target_probs=None if pp is None else tuple(pp))
+            for c, conf, n, p, tp, pp in s.execute(query)
         ]
 
 

@@ -183,13 +183,50 @@ class AcceptanceRecord:
 class TraceRow:
     """One recorded cycle: the draft's confidence in each drafted token and how many were accepted.
 
-    Recorded with θ = 0 and N = N_max; ``confidences`` has one entry per drafted token ``[L]``.
+    Recorded with θ = 0 and N = N_max; ``confidences`` has one entry per drafted token ``[L]``, and so
+    has ``token_probs`` (each drafted token's own draft probability; ``None`` in runs stored before it
+    was recorded, and the same as ``confidences`` in greedy mode).
     """
 
     cycle_index: int
     confidences: tuple[float, ...]
     num_accepted: int
     prompt_index: int | None = None
+    token_probs: tuple[float, ...] | None = None
+    target_probs: tuple[float, ...] | None = None  # [L] p(x_i) of each drafted token (sampling traces)
+
+
+@dataclass(frozen=True)
+class BiasFrontRow:
+    """One point of a lossy acceptance rule's front: rejection and bias per verified position at ε.
+
+    ``source`` is ``theory`` (computed exactly from p and q at teacher-forced positions of
+    target-sampled text: Yin et al. 2024, Theorems 4-5) or ``measured`` (a lossy decoding run:
+    rejections counted, the bias of each verified position computed from its p and q).
+    ``pareto_bias`` is the least bias any rejection-based rule has at that rejection (theory rows).
+    """
+
+    method: str
+    epsilon: float
+    source: str
+    rejection: float
+    bias: float
+    positions: int
+    pareto_bias: float | None = None
+    draft: str = ""
+    temperature: float = 1.0
+
+
+@dataclass(frozen=True)
+class TeacherForcedRow:
+    """One target-sampled generation read by both models: per generated position, 1 - TV(p, q) (the
+    exact sampling acceptance there) and the draft's top probability (what θ compares)."""
+
+    prompt_index: int
+    one_minus_tv: tuple[float, ...]
+    top_q: tuple[float, ...]
+    draft: str = ""
+    temperature: float = 1.0
 
 
 @dataclass(frozen=True)

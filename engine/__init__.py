@@ -16,10 +16,11 @@ if TYPE_CHECKING:
     from specdec_tune.engine.kvcache import PreallocatedCache, forward_with_cache, make_cache
     from specdec_tune.engine.lean import LeanCausalLM, lean_unsupported, wrap_forward
     from specdec_tune.engine.loading import LoadedModel, check_compatible, load_model
+    from specdec_tune.engine.lossy import bias_and_rejection, emitted_distribution, least_bias, pareto_bias
     from specdec_tune.engine.names import resolve_source
     from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult, VerifyResult
     from specdec_tune.engine.types import acceptance_counts, acceptance_per_position
-    from specdec_tune.engine.verify import verify_greedy, verify_sampling
+    from specdec_tune.engine.verify import verify_greedy, verify_lossy, verify_sampling
 
 _HOME = {  # public name -> the module that defines it
     "DecodeConfig": "decode", "autoregressive": "decode", "speculative": "decode",
@@ -28,9 +29,10 @@ _HOME = {  # public name -> the module that defines it
     "LeanCausalLM": "lean", "lean_unsupported": "lean", "wrap_forward": "lean",
     "LoadedModel": "loading", "check_compatible": "loading", "load_model": "loading",
     "resolve_source": "names",
+    "bias_and_rejection": "lossy", "emitted_distribution": "lossy", "least_bias": "lossy", "pareto_bias": "lossy",
     "CycleStats": "types", "Draft": "types", "Drafter": "types", "GenerationResult": "types", "VerifyResult": "types",
     "acceptance_counts": "types", "acceptance_per_position": "types",
-    "verify_greedy": "verify", "verify_sampling": "verify",
+    "verify_greedy": "verify", "verify_lossy": "verify", "verify_sampling": "verify",
 }
 __all__ = sorted(_HOME)
 

@@ -8,15 +8,18 @@ a cycle feeds ``[last, d_1 .. d_L]`` to the target and reads L + 1 next-token di
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
 from specdec_tune.engine.drafters import probs_from_logits
 from specdec_tune.engine.kvcache import PreallocatedCache, forward_with_cache, make_cache
 from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult, VerifyResult
-from specdec_tune.engine.verify import SyntheticAcceptance, greedy_accept, synthetic_verdict, verify_sampling
-from specdec_tune.schedules import MAX_SPECULATIVE_TOKENS, SCHEDULES, THRESHOLD_RULES, next_num_speculative
+from specdec_tune.engine.lossy import check_acceptance
+from specdec_tune.engine.verify import SyntheticAcceptance, greedy_accept, synthetic_verdict, verify_lossy, verify_sampling
+from specdec_tune.schedules import MAX_SPECULATIVE_TOKENS, SCHEDULES, THRESHOLD_RULES, AdaptiveThreshold
+from specdec_tune.schedules import check_threshold_kind, next_num_speculative
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,10 @@ class DecodeConfig:
     # prompt; greedy only (verify.SyntheticAcceptance). None: the target decides.
     synthetic_acceptance: tuple[float, ...] | None = None
     synthetic_seed: int = 0
+    threshold_kind: str = "per-token"  # 'per-token' | 'cumulative' | 'adaptive' (specdec_tune.schedules)
+    threshold_step: float = 0.05  # the adaptive kind's step (θ moves within schedules.ADAPTIVE_BOUNDS)
+    acceptance: str = "exact"  # 'exact' | 'opt' (Decoding-OPT) | 'uno' (Decoding-UNO): engine.lossy
+    epsilon: float = 0.0  # over-acceptance ε of 'opt' and 'uno' (sampling only)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -54,6 +61,12 @@ class DecodeConfig:
                 raise ValueError(f"synthetic acceptance rates must be 1 or more values in [0, 1], got {list(rates)}")
             if self.temperature > 0:
                 raise ValueError("synthetic acceptance decodes greedily (temperature 0)")
+        check_threshold_kind(self.threshold_kind, self.threshold_rule)
+        check_acceptance(self.acceptance, self.epsilon)
+        if self.acceptance != "exact" and self.temperature == 0:
+            raise ValueError(f"acceptance {self.acceptance!r} is a sampling rule; temperature must be > 0")
+        if self.threshold_kind == "adaptive":
+            AdaptiveThreshold(self.threshold, self.threshold_step)  # raises ValueError naming the bad value
 
 
 VerifyFn = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Generator | None], VerifyResult]
@@ -134,12 +147,15 @@ def speculative(
         config: N, threshold (applied by the drafter), schedule, temperature, limits.
         generator: random source for sampling mode.
         on_cycle: called after every cycle with its statistics (the profiler's hook for timing).
-        verify_fn: replaces ``verify_sampling`` (tests use it to show the exactness test has power).
+        verify_fn: replaces the sampling verifier (``verify_sampling``, or ``verify_lossy`` with the config's
+            acceptance and ε); tests use it to show the exactness test has power, the profiler to read
+            each verified position's p and q.
         cache: a target cache to reuse (reset here); one is allocated when absent or too small.
     """
     _check_prompt(prompt_ids)
     n_max = config.num_speculative_tokens
-    verify_s = verify_fn or verify_sampling
+    verify_s = verify_fn or (verify_sampling if config.acceptance == "exact" else
+                             partial(verify_lossy, epsilon=config.epsilon, method=config.acceptance))
     synthetic = _synthetic(prompt_ids, config)  # None unless synthetic acceptance
     cache, tokens = _prefill(model, prompt_ids, config, cache)  # tokens: prompt + emitted
     length = prompt_ids.shape[0]
@@ -182,6 +198,9 @@ class _Verdict:
     next_token: int  # the target's bonus or recovered token
     drafted: list[int]  # [L] the draft's token ids
     confidences: list[float]  # [L] the draft's confidence per token
+    token_probs: list[float]  # [L] each drafted token's own draft probability (the confidences when greedy)
+    threshold: float  # θ of this cycle
+    target_probs: list[float] = field(default_factory=list)  # [L] p(x_i) of each drafted token (sampling)
 
 
 def _prefill(
@@ -220,17 +239,24 @@ def _verdict(
 ) -> _Verdict:
     """Verify ``draft`` against the target's ``[L + 1, vocab]`` logits (sampling, greedy or synthetic)."""
     if config.temperature > 0:
-        result = verify_s(draft.tokens, draft.probs, probs_from_logits(logits, config.temperature), generator)
-        return _Verdict(result.num_accepted, result.next_token, draft.tokens.tolist(), draft.confidence.tolist())
+        target_probs = probs_from_logits(logits, config.temperature)  # [L + 1, vocab]
+        result = verify_s(draft.tokens, draft.probs, target_probs, generator)
+        token_probs = draft.token_probs.tolist() if draft.token_probs is not None else []
+        p_drafted = target_probs[torch.arange(draft.length, device=logits.device), draft.tokens].tolist()  # [L]
+        return _Verdict(result.num_accepted, result.next_token, draft.tokens.tolist(), draft.confidence.tolist(),
+                        token_probs, draft.threshold, p_drafted)
     if synthetic is None:
         verdict = greedy_accept(draft.tokens, logits)
     else:
         verdict = synthetic_verdict(logits, synthetic.draw(draft.length))
     # The cycle's one host synchronisation: verdict, draft tokens and confidences in one copy
-    # (float64 holds every token id exactly).
+    # (float64 holds every token id exactly). A greedy draft token is the argmax: its own probability
+    # is its confidence.
     n_draft = draft.length
     host = torch.cat([verdict.double(), draft.tokens.double(), draft.confidence.double()]).tolist()
-    return _Verdict(int(host[0]), int(host[1]), [int(t) for t in host[2:2 + n_draft]], host[2 + n_draft:])
+    confidences = host[2 + n_draft:]
+    return _Verdict(int(host[0]), int(host[1]), [int(t) for t in host[2:2 + n_draft]], confidences,
+                    confidences if draft.token_probs is not None else [], draft.threshold)
 
 
 def _cycle_stats(drafter: Drafter, verdict: _Verdict, emitted: int) -> CycleStats:
@@ -244,6 +270,9 @@ def _cycle_stats(drafter: Drafter, verdict: _Verdict, emitted: int) -> CycleStat
         outcomes=tuple(i < verdict.accepted for i in range(n_draft)),
         draft_forwards=getattr(drafter, "forwards", 0),
         target_positions=n_draft + 1,
+        token_probs=tuple(verdict.token_probs),
+        threshold=verdict.threshold,
+        target_probs=tuple(verdict.target_probs),
     )
 
 

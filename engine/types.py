@@ -25,14 +25,20 @@ class Draft:
             probability there (rule ``before``; in greedy mode that is the proposed token's
             probability), or the proposed token's probability (rule ``hf``); 1.0 for n-gram.
         stopped_by_threshold: θ ended drafting before the budget: rule ``before``, the next
-            position's top probability was below θ (its distribution was computed, no token drawn);
-            rule ``hf``, the last proposed token's probability was below θ.
+            position's top probability (cumulative kind: times the drafted prefix's probability)
+            was below θ (its distribution was computed, no token drawn); rule ``hf``, the last
+            proposed token's probability was below θ.
+        token_probs: each proposed token's own draft probability q(x_i), ``[L]`` (the cumulative
+            kind's prefix product; equal to ``confidence`` when greedy); ``None`` for n-gram.
+        threshold: the θ this proposal ran with (the adaptive kind moves it between cycles).
     """
 
     tokens: torch.Tensor  # [L]
     probs: torch.Tensor | None  # [L, vocab]
     confidence: torch.Tensor  # [L]
     stopped_by_threshold: bool = False
+    token_probs: torch.Tensor | None = None  # [L]
+    threshold: float = 0.0
 
     @property
     def length(self) -> int:
@@ -65,6 +71,11 @@ class CycleStats:
         outcomes: for each proposed token, True if accepted, ``[L]`` (accepted tokens form a prefix).
         draft_forwards: draft model forwards run in this cycle (0 for n-gram).
         target_positions: positions the target's verify forward processed (L + 1 normally).
+        token_probs: each proposed token's own draft probability (``Draft.token_probs``), ``[L]``;
+            empty for n-gram.
+        threshold: θ of this cycle (``Draft.threshold``; moves with the adaptive kind).
+        target_probs: the target's probability of each proposed token, ``[L]`` (sampling mode; the
+            replay of lossy acceptance reads it); empty when greedy.
     """
 
     drafted: int
@@ -74,6 +85,9 @@ class CycleStats:
     outcomes: tuple[bool, ...]
     draft_forwards: int = 0
     target_positions: int = 0
+    token_probs: tuple[float, ...] = ()
+    threshold: float = 0.0
+    target_probs: tuple[float, ...] = ()
 
 
 @dataclass

@@ -12,6 +12,10 @@ norm(max(p_i - q_i, 0)); if all L tokens are accepted the bonus token is sampled
 emitted sequence is then distributed exactly as the target's. A drafter without a distribution
 (n-gram) is a point mass q = one_hot(x_i): accept with probability p_i(x_i), recover from p_i with x_i
 removed.
+
+Lossy (:func:`verify_lossy`, ``engine.lossy``): accept x_i with probability min(1, (p_i(x_i) + ε) /
+q_i(x_i)) and resample from Theorem 4's optimal distribution (Decoding-OPT) or from p_i (Decoding-UNO)
+at the first rejection. ε = 0 with OPT is the exact rule above.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import random
 
 import torch
 
+from specdec_tune.engine.lossy import acceptance_prob, check_acceptance, resample_distribution
 from specdec_tune.engine.types import VerifyResult
 
 
@@ -128,5 +133,42 @@ def verify_sampling(
         total = residual.sum()
         # p == q exactly gives a zero residual; rejection then has probability 0, but guard anyway.
         dist = residual / total if total > 0 else target_probs[num]
+    nxt = int(torch.multinomial(dist, 1, generator=generator))
+    return VerifyResult(num_accepted=num, next_token=nxt)
+
+
+def verify_lossy(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+    *,
+    epsilon: float,
+    method: str,
+) -> VerifyResult:
+    """Speculative sampling with over-acceptance ε (``engine.lossy``): biased unless ε = 0 and OPT.
+
+    Args:
+        draft_tokens: ``[L]`` proposed ids.
+        draft_probs: ``[L, vocab]`` draft distributions q, or ``None`` for a point-mass drafter.
+        target_probs: ``[L + 1, vocab]`` target distributions p (temperature already applied).
+        generator: random source.
+        epsilon: over-acceptance ε in [0, 1].
+        method: 'exact' (ε must be 0), 'opt' (Decoding-OPT) or 'uno' (Decoding-UNO).
+    """
+    check_acceptance(method, epsilon)
+    length = draft_tokens.shape[0]
+    idx = torch.arange(length, device=target_probs.device)
+    if draft_probs is None:  # a point mass at each drafted token
+        draft_probs = torch.zeros_like(target_probs[:length])
+        draft_probs[idx, draft_tokens] = 1.0
+    b = acceptance_prob(target_probs[:length], draft_probs, epsilon)  # [L, vocab]
+    u = torch.rand(length, generator=generator, device=target_probs.device, dtype=b.dtype)
+    accepted = (u < b[idx, draft_tokens]).to(torch.int64)  # [L]
+    num = int(accepted.cumprod(0).sum())
+    if num == length:
+        dist = target_probs[length]
+    else:
+        dist = resample_distribution(target_probs[num], draft_probs[num], b[num], method)
     nxt = int(torch.multinomial(dist, 1, generator=generator))
     return VerifyResult(num_accepted=num, next_token=nxt)

@@ -88,7 +88,9 @@ def summarize(cycles: Sequence[CycleStats], n_max: int) -> AcceptanceSummary:
 def trace_rows(traces: Sequence[PromptTrace]) -> list[TraceRow]:
     """Database rows, one per cycle, in decode order (cycle_index counts within a prompt)."""
     return [
-        TraceRow(cycle_index=i, confidences=tuple(c.confidences), num_accepted=c.accepted, prompt_index=t.prompt_index)
+        TraceRow(cycle_index=i, confidences=tuple(c.confidences), num_accepted=c.accepted, prompt_index=t.prompt_index,
+                 token_probs=tuple(c.token_probs) if len(c.token_probs) == len(c.confidences) else None,
+                 target_probs=tuple(c.target_probs) if c.target_probs and len(c.target_probs) == len(c.confidences) else None)
         for t in traces
         for i, c in enumerate(t.cycles)
     ]

@@ -40,6 +40,10 @@ class MeasureSpec:
         threshold: θ (drafting stops when the draft's top probability is below it).
         schedule: ``constant`` or ``heuristic``.
         threshold_rule: ``before`` (exact) or ``hf`` (transformers' rule).
+        threshold_kind: ``per-token``, ``cumulative`` or ``adaptive`` (``specdec_tune.schedules``).
+        threshold_step: the adaptive kind's step.
+        acceptance: ``exact``, ``opt`` or ``uno`` (``engine.lossy``; sampling only).
+        epsilon: the lossy rules' over-acceptance ε.
     """
 
     draft: str | None
@@ -47,6 +51,10 @@ class MeasureSpec:
     threshold: float = 0.0
     schedule: str = "constant"
     threshold_rule: str = "before"
+    threshold_kind: str = "per-token"
+    threshold_step: float = 0.05
+    acceptance: str = "exact"
+    epsilon: float = 0.0
 
     @property
     def is_plain(self) -> bool:
@@ -258,6 +266,9 @@ def _decode_config(config: MeasureSpec, max_new: int, temperature: float, target
     return DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=max(config.num_speculative_tokens, 1),
                         threshold=config.threshold, schedule=config.schedule, temperature=temperature,
                         eos_token_id=target.eos_token_id, threshold_rule=config.threshold_rule,
+                        threshold_kind=config.threshold_kind, threshold_step=config.threshold_step,
+                        acceptance=config.acceptance if not config.is_plain else "exact",
+                        epsilon=config.epsilon if not config.is_plain else 0.0,
                         synthetic_acceptance=tuple(synthetic) if synthetic else None, synthetic_seed=seed)
 
 
@@ -314,6 +325,8 @@ def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: 
         db, run_id, draft=case.draft,
         config={"num_speculative_tokens": n, "threshold": config.threshold if n else 0.0,
                 "schedule": config.schedule if n else "constant", "threshold_rule": config.threshold_rule,
+                "threshold_kind": config.threshold_kind if n else "per-token", "threshold_step": config.threshold_step,
+                "acceptance": config.acceptance if n else "exact", "epsilon": config.epsilon if n else 0.0,
                 "batch_size": 1, "temperature": temperature,
                 "max_new_tokens": case.decode.max_new_tokens, "prompts": len(case.times), "repeats": repeats,
                 "split": split or "profiled prompts", "prompt_ids": list(prompt_ids),
@@ -322,7 +335,7 @@ def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: 
                 "measured_acceptance_per_position": alpha, "throughput": "end to end, prefill included",
                 "threads": choice.threads, "thread_choice": choice.to_dict(), "machine_probe_s": result.machine_probe_s,
                 "probe_seconds": list(case.probes),
-                "acceptance": "synthetic" if case.decode.synthetic_acceptance else "measured",
+                "acceptance_rates": "synthetic" if case.decode.synthetic_acceptance else "measured",
                 "synthetic_acceptance": list(case.decode.synthetic_acceptance or []) or None},
         measured_tokens_per_s=tps, seconds=seconds, new_tokens=new_tokens, measured_tau=tau,
         ci=ci, samples=samples.to_json(),

@@ -108,6 +108,8 @@ def decode_once(
             threshold=config.threshold,
             generator=generator,
             threshold_rule=config.threshold_rule,
+            threshold_kind=config.threshold_kind,
+            threshold_step=config.threshold_step,
         )
         return speculative(target.model, drafter, prompt_ids, config, generator, on_cycle=on_cycle)
 
@@ -157,6 +159,11 @@ def warm_up(target: LoadedModel, draft: DraftSpec, prompt_ids: torch.Tensor, con
         schedule=config.schedule,
         temperature=config.temperature,
         eos_token_id=None,
+        threshold_rule=config.threshold_rule,
+        threshold_kind=config.threshold_kind,
+        threshold_step=config.threshold_step,
+        acceptance=config.acceptance,
+        epsilon=config.epsilon,
     )
     watch = Stopwatch(target.device)
     watch.start()

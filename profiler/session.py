@@ -18,13 +18,14 @@ import torch
 
 from specdec_tune.db import Database, DraftRecord, TimingRow, add_acceptance, add_measured_run, add_telemetry
 from specdec_tune.db import add_timing_samples, add_traces, create_run, finish_run, get_or_create_hardware
-from specdec_tune.db import get_or_create_model, get_or_create_workload
+from specdec_tune.db import add_bias_front, add_teacher_forced, get_or_create_model, get_or_create_workload
 from specdec_tune.engine import DecodeConfig, check_compatible, load_model, resolve_source
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.errors import InputError
 from specdec_tune.profiler import acceptance as acc
 from specdec_tune.profiler import microbench as mb
 from specdec_tune.profiler.describe import hardware_info, model_info, workload_info
+from specdec_tune.profiler.lossy_front import measured_front, teacher_forced_front
 from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline, in_loop_medians
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
 from specdec_tune.profiler.machine_probe import MachineProbe
@@ -348,12 +349,32 @@ class ProfileSession:
         add_acceptance(self.db, self.run_id, draft=name, mode="greedy", temperature=0.0, num_speculative=s.n_max,
                        cycles=summary.cycles, position_attempts=summary.attempts, position_accepts=summary.accepts,
                        alpha=summary.alpha, beta=summary.beta, confidence_bins=bins, **teacher)
+        if s.temperature > 0 and spec.model is not None:
+            self._store_front(spec)
         if s.temperature > 0:
             ssum = acc.summarize([c for t in self._sampled[name] for c in t.cycles], s.n_max)
             add_acceptance(self.db, self.run_id, draft=name, mode="sampling", temperature=s.temperature,
                            num_speculative=s.n_max, cycles=ssum.cycles, position_attempts=ssum.attempts,
                            position_accepts=ssum.accepts, alpha=ssum.alpha, beta=ssum.beta,
                            confidence_bins={**ssum.confidence_bins, "tv_temperature": s.temperature}, **teacher)
+
+
+    def _store_front(self, spec: DraftSpec) -> None:
+        """Teacher-forced positions of the sampled generations and the lossy front (``profiler.lossy_front``)."""
+        s, name = self.settings, spec.name
+        seqs = [torch.cat([ids, torch.tensor(t.result.token_ids, dtype=ids.dtype, device=ids.device)])
+                for ids, t in zip(self.ids, self._sampled[name])]
+        tf = teacher_forced_front(self.target.model, spec.model.model, seqs, [len(i) for i in self.ids], s.temperature,
+                                  name)
+        add_teacher_forced(self.db, self.run_id, tf.rows)
+        front = tf.front
+        if s.front_prompts:
+            self.progress.stage(f"lossy front: {name}", 1)
+            config = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=s.n_max,
+                                  temperature=s.temperature, eos_token_id=self.target.eos_token_id)
+            front = front + measured_front(self.target, spec.model, self.ids[:s.front_prompts], config, name, seed=s.seed)
+            self.progress.advance()
+        add_bias_front(self.db, self.run_id, front)
 
 
 def check_inputs(target: str, drafts: Sequence[str], workload: str) -> None:

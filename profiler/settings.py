@@ -36,6 +36,7 @@ class ProfileSettings:
     # Synthetic acceptance α_1, α_2, ... (greedy; engine.verify.SyntheticAcceptance): the verify step accepts
     # with these rates instead of asking the target, for model shapes with random weights. Labelled synthetic.
     synthetic_acceptance: tuple[float, ...] | None = None
+    front_prompts: int = 4  # sampling: prompts each lossy rule and ε decodes for the measured front (0: none)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split", check_split(self.split))
@@ -57,6 +58,7 @@ class ProfileSettings:
              f"--synthetic-acceptance must be rates in [0, 1], got {self.synthetic_acceptance}"),
             (self.synthetic_acceptance is None or self.temperature == 0,
              "--synthetic-acceptance profiles greedy decoding only (--temperature 0)"),
+            (self.front_prompts >= 0, f"--front-prompts must be >= 0, got {self.front_prompts}"),
         ]
         for ok, message in checks:
             if not ok:

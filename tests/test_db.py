@@ -15,15 +15,18 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import sqlalchemy as sa
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from specdec_tune.db import (
+    BiasFrontRow,
     DraftRecord,
     TelemetryRow,
     TimingRow,
     TraceRow,
     add_acceptance,
+    add_bias_front,
     add_measured_run,
     add_run_draft,
     add_telemetry,
@@ -42,6 +45,7 @@ from specdec_tune.db import (
     list_measured,
     list_runs,
     load_acceptance,
+    load_bias_front,
     load_telemetry,
     load_timings,
     load_traces,
@@ -49,6 +53,7 @@ from specdec_tune.db import (
     session_scope,
     upgrade,
 )
+from specdec_tune.db.migrate import alembic_config
 from specdec_tune.db.models import Base
 from specdec_tune.errors import InputError, NotFoundError, StorageError
 
@@ -428,6 +433,32 @@ class TestStorageContract:
                     db, 1, draft=None, config={}, measured_tokens_per_s=1.0, seconds=1.0,
                     new_tokens=1, ci=(2.0, 1.0),
                 )  # fmt: skip
+
+    def test_migrate_0004_to_0005_keeps_traces_and_downgrades(self, new_url):
+        """0005 adds the traces' token and target probabilities (NULL for old rows) and the lossy front and
+        teacher-forced tables; its downgrade removes them and keeps the traces."""
+        url = new_url()
+        upgrade(url, "0004")
+        _insert_old_rows(url, "{}", [
+            "INSERT INTO acceptance_traces (run_id, draft, mode, temperature, cycle_index, confidences, "
+            "num_accepted) VALUES (1, 'd', 'sampling', 1.0, 0, '[0.9, 0.4]', 1)",
+        ], ("hardware", "models", "profile_runs", "acceptance_traces"))
+        assert upgrade(url) == ("0004", "0005")
+        with open_database(url) as db:
+            (old,) = load_traces(db, 1, "d", "sampling")
+            assert old.confidences == (0.9, 0.4) and old.token_probs is None and old.target_probs is None
+            add_traces(db, 1, "d", "sampling", 1.0, [TraceRow(1, (0.5,), 0, 0, (0.3,), (0.2,))])
+            assert load_traces(db, 1, "d", "sampling")[-1].target_probs == (0.2,)
+            add_bias_front(db, 1, [BiasFrontRow("opt", 0.01, "theory", 0.1, 0.05, 10, 0.05, "d")])
+            assert load_bias_front(db, 1)[0].bias == 0.05
+        engine = sa.create_engine(url)
+        try:
+            with engine.begin() as conn:
+                command.downgrade(alembic_config(conn), "0004")
+            tables = set(sa.inspect(engine).get_table_names())
+        finally:
+            engine.dispose()
+        assert "bias_front" not in tables and "teacher_forced_positions" not in tables and "acceptance_traces" in tables
 
     def test_failed_migration_changes_nothing(self, new_url):
         url = new_url()

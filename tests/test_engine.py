@@ -132,6 +132,41 @@ def test_hf_threshold_rule_greedy_identical(mixed_pair, theta):
     assert longer > 0
 
 
+@pytest.mark.parametrize("kind,theta,step", [("cumulative", 0.3, 0.05), ("cumulative", 0.6, 0.05),
+                                             ("adaptive", 0.3, 0.1), ("adaptive", 0.0, 0.2)])
+def test_threshold_kinds_greedy_identical(mixed_pair, kind, theta, step):
+    """Cumulative and adaptive θ change draft lengths, never greedy outputs; each kind does what it says:
+    every drafted prefix's probability stays at or above θ (cumulative), θ stays in its bounds and moves
+    up after a rejection and down after a fully accepted draft (adaptive)."""
+    target, draft = mixed_pair
+    drafted = {"per-token": 0, kind: 0}
+    moves = {"up": 0, "down": 0}
+    for n in (1, 2, 4, 8):
+        for prompt in PROMPTS:
+            base = autoregressive(target, prompt, DecodeConfig(max_new_tokens=30)).token_ids
+            for k in drafted:
+                cfg = DecodeConfig(max_new_tokens=30, num_speculative_tokens=n, threshold=theta, threshold_kind=k,
+                                   threshold_step=step)
+                drafter = ModelDrafter(draft, 256, threshold=theta, threshold_kind=k, threshold_step=step)
+                out = speculative(target, drafter, prompt, cfg)
+                assert out.token_ids == base, (k, n)
+                drafted[k] += sum(c.drafted for c in out.cycles)
+                if k == "cumulative":
+                    for c in out.cycles:
+                        assert all(p >= theta for p in itertools.accumulate(c.token_probs, lambda a, b: a * b)), c
+                if k == "adaptive":
+                    for a, b in zip(out.cycles, out.cycles[1:]):
+                        assert 0.0 <= b.threshold <= 0.9 + 1e-9
+                        rejected = a.accepted < a.drafted
+                        assert (b.threshold >= a.threshold) if rejected else (b.threshold <= a.threshold), (a, b)
+                        moves["up"] += b.threshold > a.threshold
+                        moves["down"] += b.threshold < a.threshold
+    if kind == "cumulative":
+        assert drafted["cumulative"] < drafted["per-token"], drafted  # the product cuts where the top probability does not
+    else:
+        assert moves["up"] > 0 and moves["down"] > 0, moves
+
+
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
 def test_ngram_greedy_matches_baseline(pair, n):
     target, _ = pair

@@ -220,6 +220,10 @@ def test_hf_generation_config(tmp_path):
     ("llamacpp", Candidate("mini-draft-1l", 4, 0.3, "hf"), "rule 'before'"),
     ("hf", Candidate("mini-draft-1l", 4, 0.3, "before"), "rule 'hf'"),
     ("llamacpp", Candidate(NGRAM, 4, ngram_max=3, ngram_min=1), "one size"),
+    ("llamacpp", Candidate("mini-draft-1l", 4, 0.3, threshold_kind="cumulative"), "tests each position's top probability"),
+    ("hf", Candidate("mini-draft-1l", 4, 0.3, "hf", threshold_kind="cumulative"), "not the drafted prefix's probability"),
+    ("hf", Candidate("mini-draft-1l", 4, 0.3, "hf", threshold_kind="adaptive"), "ROC rule"),
+    ("vllm", Candidate("mini-draft-1l", 4, 0.0, threshold_kind="adaptive", threshold_step=0.1), "no adaptive threshold"),
 ])
 def test_refusals_name_what_cannot_be_expressed_and_write_nothing(tmp_path, fmt, c, words):
     with pytest.raises(InputError) as exc:
@@ -292,6 +296,19 @@ def test_all_gives_each_server_its_own_best_with_its_own_schedule(tmp_path):
     text = (tmp_path / "out" / "README.md").read_text()
     assert text.count("**Not the overall winner:**") == 4 and "predicted" in text
     assert mismatches(tmp_path / "out") == []
+
+
+def test_a_cumulative_winner_exports_each_servers_best_and_says_why(tmp_path):
+    """No server has the cumulative kind: with ``all``, llama.cpp gets its best per-token configuration and
+    the README says why the winner itself could not be written."""
+    c = Candidate("mini-draft-1l", 6, 0.2, "before", threshold_kind="cumulative")
+    best = {"llamacpp": {**Candidate("mini-draft-1l", 5, 0.35).to_dict(), "predicted_tokens_per_s": 110.0}}
+    files = render_exports(result(c, PER_B, best_per_server=best), ["all"])  # as written, GGUF files aside
+    assert "llamacpp" in files and "hf" not in files
+    lines = dict(files["llamacpp"])["llamacpp/flags.txt"].split("\n")[:-1]
+    assert dict(zip(lines[::2], lines[1::2]))["--spec-draft-p-min"] == "0.35"
+    text = dict(files["readme"])["README.md"]
+    assert "no cumulative threshold" in text and "--spec-draft-p-min tests each position's top probability" in text
 
 
 def test_readme_explains_hf_theta_at_run_time(tmp_path):

@@ -163,6 +163,36 @@ def test_greedy_simulation_reproduces_the_engine(pair, draft_kind):
             assert sim == [(c.drafted, c.accepted, c.draft_forwards) for c in real.cycles], (n, theta, schedule, rule, i)
 
 
+def _positions_per_prompt(rows, conts, prompts: int, cap: int):
+    """Each prompt's greedy roll-outs from recorded trace rows and bonus continuations."""
+    return [position_traces([r for r in rows if r.prompt_index == i],
+                            {c: (conf, ok) for p, c, conf, ok in conts if p == i}, cap=cap) for i in range(prompts)]
+
+
+def test_greedy_simulation_reproduces_threshold_kinds(pair):
+    """The cumulative and adaptive kinds replayed from θ = 0, N_max traces equal the engine's cycles one
+    by one; replayed as per-token (what a model blind to the kind would do) they do not."""
+    target, draft, prompts = pair
+    # Recorded at N_max = 12 for N <= 6: a roll-out from inside a recorded cycle then covers the budget
+    # (past it the simulation can only estimate the draft's unknown confidences).
+    n_max, max_new = 12, 20
+    traces = acc.record_traces(target, DraftSpec("model", draft), prompts,
+                               DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=n_max))
+    positions = _positions_per_prompt(acc.trace_rows(traces), acc.bonus_continuations(draft.model, traces, prompts),
+                                      len(prompts), n_max)
+    blind = 0
+    for n, theta, kind, step in [(4, 0.3, "cumulative", 0.05), (6, 0.5, "cumulative", 0.05),
+                                 (4, 0.3, "adaptive", 0.1), (6, 0.6, "adaptive", 0.2), (5, 0.0, "adaptive", 0.3)]:
+        config = DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=n, threshold=theta, threshold_kind=kind,
+                              threshold_step=step)
+        for i, (ids, pos) in enumerate(zip(prompts, positions)):
+            real = decode_once(target, DraftSpec("model", draft), ids, config)
+            want = [(c.drafted, c.accepted, c.draft_forwards) for c in real.cycles]
+            assert simulate_prompt(pos, real.new_tokens, max_new, n, theta, kind=kind, step=step) == want, (n, theta, kind, i)
+            blind += simulate_prompt(pos, real.new_tokens, max_new, n, theta) != want
+    assert blind > 0  # the kinds matter on these prompts: the comparison has power
+
+
 def test_fit_overhead_separates_cycle_and_forward_costs():
     import random
 

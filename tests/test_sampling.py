@@ -1,7 +1,9 @@
 """Speculative sampling is exact: the first generated tokens follow the target's distribution.
 
 Exact with a draft-confidence threshold θ too, because the stop decision is taken from the draft
-distribution *before* a token is drawn (stop when the top probability is below θ). Each variant
+distribution *before* a token is drawn (stop when the top probability is below θ), and with every
+threshold kind (cumulative: the drafted prefix's probability times the top probability; adaptive: θ
+moved between cycles by the verdicts). Each variant
 (θ in {0, 0.3, 0.6}; N = 1 with two tokens so that a bonus token is observed) has shown power: the
 same statistic rejects a verifier with a classic bug (resampling from p instead of the residual
 max(p - q, 0)), a verifier that draws the bonus token from the wrong position, and the drafter's old
@@ -60,35 +62,47 @@ def wrong_bonus_verify(draft_tokens, draft_probs, target_probs, generator) -> Ve
 
 
 class OldRuleDrafter(ModelDrafter):
-    """The drafter's old, inexact threshold rule: sample x ~ q, then drop it when q(x) < θ."""
+    """The drafter's old, inexact threshold rule: sample x ~ q, then drop it when q(x) < θ.
+
+    With a threshold kind it keeps that kind's number and θ but decides *after* the draw: cumulative,
+    drop x when the prefix's probability times q(x) is below θ; adaptive, the moving θ (``observe``
+    moves it as the real drafter's does). The negative control of every kind's exactness test.
+    """
 
     def propose(self, context: torch.Tensor, max_tokens: int) -> Draft:
         self._base_len = context.shape[0]
         logits = self._forward(context[self.cache.get_seq_length():])
         tokens, rows, confs = [], [], []
+        theta, prefix = self.current_threshold, 1.0
         for i in range(max_tokens):
             q = probs_from_logits(logits, self.temperature)
             tok = torch.multinomial(q, 1, generator=self.generator)[0]
-            if float(q[tok]) < self.threshold:
+            score = prefix * float(q[tok]) if self.threshold_kind == "cumulative" else float(q[tok])
+            if score < theta:
                 break
+            prefix *= float(q[tok])
             tokens.append(tok)
             rows.append(q)
             confs.append(q[tok])
             if i + 1 < max_tokens:
                 logits = self._forward(tok[None])
+        self._proposed = len(tokens)
         if not tokens:
             return Draft(torch.empty(0, dtype=torch.long), None, torch.empty(0))
         return Draft(torch.stack(tokens), torch.stack(rows), torch.stack(confs).float())
 
 
-def sample_pairs(target, draft, prompt, *, n: int, theta: float, verify_fn=None, drafter_cls=ModelDrafter) -> torch.Tensor:
+def sample_pairs(target, draft, prompt, *, n: int, theta: float, verify_fn=None, drafter_cls=ModelDrafter,
+                 kind: str = "per-token", step: float = 0.05) -> torch.Tensor:
     """Counts of the first two emitted tokens over SAMPLES runs, ``[V, V]``."""
     counts = torch.zeros(VOCAB, VOCAB)
     gen = torch.Generator().manual_seed(1234)
-    cfg = DecodeConfig(max_new_tokens=2, num_speculative_tokens=n, temperature=TEMP, threshold=theta)
+    cfg = DecodeConfig(max_new_tokens=2, num_speculative_tokens=n, temperature=TEMP, threshold=theta,
+                       threshold_kind=kind, threshold_step=step)
     with torch.no_grad():
         for _ in range(SAMPLES):
-            drafter = drafter_cls(draft, 32, temperature=TEMP, threshold=theta, generator=gen)
+            drafter = drafter_cls(draft, 32, temperature=TEMP, threshold=theta, generator=gen, threshold_kind=kind,
+                                  threshold_step=step)
             out = speculative(target, drafter, prompt, cfg, gen, verify_fn=verify_fn).token_ids
             counts[out[0], out[1]] += 1
     return counts
@@ -146,6 +160,51 @@ def test_speculative_sampling_matches_target_distribution(pair, n, theta):
     assert good > 1e-3, f"exact sampler rejected (p = {good:.2e})"
     for k, v in bad.items():
         assert v < 1e-6, f"{k} not detected (p = {v:.2e}): the test has no power"
+
+
+# (kind, N, θ, step): the cumulative kind at N = 2 cuts position 2 on q(x_1)·top_2 (rows reached at
+# position 2 have top probabilities 0.28..0.90, and q(x_1) spans 0.02..0.62); N = 1 with two tokens
+# runs a second cycle after a rejection, where the adaptive θ has moved from 0.3 to 0.6.
+KIND_VARIANTS = [("cumulative", 2, 0.3, 0.05), ("cumulative", 2, 0.15, 0.05), ("cumulative", 1, 0.3, 0.05),
+                 ("adaptive", 1, 0.3, 0.3), ("adaptive", 2, 0.3, 0.3)]
+
+
+@pytest.mark.parametrize("kind,n,theta,step", KIND_VARIANTS)
+def test_threshold_kinds_keep_sampling_exact(pair, kind, n, theta, step):
+    """Every threshold kind decides before the token is drawn, so the first two emitted tokens follow the
+    target's joint distribution; the same kind deciding after the draw (OldRuleDrafter) and a wrong
+    verifier are rejected by the same statistic (the test's power)."""
+    target, draft, prompt, probs = pair
+    good = chi2_pvalue(sample_pairs(target, draft, prompt, n=n, theta=theta, kind=kind, step=step), probs)
+    controls = {"wrong verifier": dict(verify_fn=wrong_verify), "decided after the draw": dict(drafter_cls=OldRuleDrafter)}
+    bad = {k: chi2_pvalue(sample_pairs(target, draft, prompt, n=n, theta=theta, kind=kind, step=step, **kw), probs)
+           for k, kw in controls.items()}
+    print(f"\n{kind} N={n} θ={theta} step={step}: exact p={good:.3g}; " + "; ".join(f"{k} p={v:.3g}" for k, v in bad.items()))
+    assert good > 1e-3, f"exact sampler rejected (p = {good:.2e})"
+    for k, v in bad.items():
+        assert v < 1e-6, f"{k} not detected (p = {v:.2e}): the test has no power"
+
+
+def test_threshold_kinds_cut_differently(pair):
+    """The kinds are different rules on the same draft: the cumulative kind stops where per-token does
+    not, and the adaptive θ moves with the verdicts (up after a rejection, down after full acceptance)."""
+    target, draft, prompt, _ = pair
+    gen = torch.Generator().manual_seed(5)
+    lengths = {}
+    for kind in ("per-token", "cumulative"):
+        lengths[kind] = sum(ModelDrafter(draft, 32, temperature=TEMP, threshold=0.3, generator=gen,
+                                         threshold_kind=kind).propose(prompt, 4).length for _ in range(300))
+    assert lengths["cumulative"] < 0.8 * lengths["per-token"], lengths
+    d = ModelDrafter(draft, 32, temperature=TEMP, threshold=0.3, generator=gen, threshold_kind="adaptive",
+                     threshold_step=0.3)
+    seen = []
+    for verdict in (0, 0, 0, "all", "all", "all", "all"):  # rejections push θ up to its bound, acceptance down
+        d.cache.truncate(0)  # the same context again, from an empty cache
+        draft_ = d.propose(prompt, 2)
+        assert draft_.threshold == pytest.approx(d.current_threshold)
+        seen.append(d.current_threshold)
+        d.observe(draft_.length if verdict == "all" else min(verdict, max(draft_.length - 1, 0)))
+    assert max(seen) == pytest.approx(0.9) and min(seen) == pytest.approx(0.0) and seen[0] == pytest.approx(0.3)
 
 
 def first_token_counts(drafter_cls, theta: float, samples: int = 4000) -> int:

@@ -61,17 +61,24 @@ def measured(cycles) -> tuple[float, float]:
 
 
 def compare(target, make_drafter, items, theta: float, temperature: float, max_new: int,
-            schedule: str = "heuristic", n: int = N_MAX) -> dict:
-    """Engine-measured vs replay-predicted (E[τ], E[L]) for ``schedule`` at (N, θ)."""
+            schedule: str = "heuristic", n: int = N_MAX, kind: str = "per-token", step: float = 0.05,
+            model_kind: str | None = None, token_probs: bool = True) -> dict:
+    """Engine-measured vs replay-predicted (E[τ], E[L]) for ``schedule`` at (N, θ) and a threshold kind.
+
+    ``model_kind`` predicts with another kind than the engine ran, ``token_probs=False`` with the top
+    probabilities in place of the drafted tokens' own (the negative controls)."""
     base = dict(max_new_tokens=max_new, temperature=temperature)
-    traces = [Trace(c.confidences, c.accepted)
+    # token_probs=False: multiply the top probabilities instead (what a replay without them would do)
+    traces = [Trace(c.confidences, c.accepted, (c.token_probs if token_probs else c.confidences) if c.token_probs else None)
               for c in run(target, lambda g: make_drafter(g, 0.0), DecodeConfig(num_speculative_tokens=N_MAX, **base), items)]
     mode = "sampling" if temperature > 0 else "greedy"
     profile = ModelProfile({1: 0.001}, {1: VERIFY}, traces if mode == "greedy" else (),
                            sampling_traces=traces if mode == "sampling" else None)
-    pred = predict(profile, SpecConfig(n, threshold=theta, schedule=schedule, mode=mode))
-    cfg = DecodeConfig(num_speculative_tokens=n, threshold=theta, schedule=schedule, **base)
-    cycles = run(target, lambda g: make_drafter(g, theta), cfg, items, seed=1000)
+    pred = predict(profile, SpecConfig(n, threshold=theta, schedule=schedule, mode=mode,
+                                       threshold_kind=model_kind or kind, threshold_step=step))
+    cfg = DecodeConfig(num_speculative_tokens=n, threshold=theta, schedule=schedule, threshold_kind=kind,
+                       threshold_step=step, **base)
+    cycles = run(target, lambda g: make_drafter(g, theta, kind, step), cfg, items, seed=1000)
     tau, length = measured(cycles)
     sd = (sum((c.drafted - length) ** 2 for c in cycles) / (len(cycles) - 1)) ** 0.5
     return {"tau": (tau, pred.expected_tokens_per_cycle), "L": (length, pred.expected_draft_length),
@@ -86,7 +93,7 @@ def errors(result: dict) -> tuple[float, float]:
 @pytest.fixture(scope="module")
 def ngram_case():
     target = tiny_llama(VOCAB, layers=2, seed=0, sharpness=3.0)
-    return target, (lambda g, theta: NgramDrafter(ngram_max=3, ngram_min=2)), prompts(16)
+    return target, (lambda g, theta, *kind: NgramDrafter(ngram_max=3, ngram_min=2)), prompts(16)
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +107,11 @@ def sampling_case():
     target = Bigram(logits)
     draft = Bigram(logits * 1.3 + torch.randn(12, 12, generator=g, dtype=torch.float64))
     items = [torch.randint(0, 12, (4,), generator=g) for _ in range(100)]
-    return target, (lambda gen, theta: ModelDrafter(draft, 256, temperature=1.0, threshold=theta, generator=gen)), items
+    def make(gen, theta, kind="per-token", step=0.05):
+        return ModelDrafter(draft, 256, temperature=1.0, threshold=theta, generator=gen, threshold_kind=kind,
+                            threshold_step=step)
+
+    return target, make, items
 
 
 THETA = 0.5
@@ -143,3 +154,21 @@ def test_constant_replay_predicts_engine_ngram(ngram_case, n):
     print(f"\nngram constant N={n}: {res}")
     e_tau, e_len = errors(res)
     assert e_tau < 0.05 and e_len < 0.10, res
+
+
+@pytest.mark.parametrize("kind,theta,step,control", [("cumulative", 0.3, 0.05, "no token probabilities"),
+                                                     ("adaptive", 0.5, 0.1, "per-token model")])
+def test_threshold_kind_replay_predicts_engine_sampling(sampling_case, kind, theta, step, control):
+    """Sampling traces replayed under the cumulative kind (with the drafted tokens' probabilities they
+    record) and the adaptive kind (a chain over θ's levels) predict the engine's E[τ] and E[L]; the
+    replay without the tokens' probabilities, or blind to the adaptation, misses (the test's power)."""
+    target, make, items = sampling_case
+    res = compare(target, make, items, theta, 1.0, 60, schedule="constant", kind=kind, step=step)
+    print(f"\nsampling {kind} θ={theta}: {res}")
+    e_tau, e_len = errors(res)
+    assert e_tau < 0.03 and e_len < 0.05, res
+    wrong = dict(token_probs=False) if control == "no token probabilities" else dict(model_kind="per-token")
+    bad = compare(target, make, items, theta, 1.0, 60, schedule="constant", kind=kind, step=step, **wrong)
+    print(f"{control}: {bad}")
+    b_tau, b_len = errors(bad)
+    assert b_len > 0.10, f"{control} passes too: the test has no power ({bad})"

@@ -166,7 +166,7 @@ def test_profile_measure_predict_with_synthetic_acceptance(tiny_shapes, tmp_path
         "--synthetic-acceptance", "0.7", "--device", "cpu", "--max-prompts", "2", "--max-new-tokens", "12",
         "--n-max", "3", "--k-max", "4", "--repeats", "2", "--context-lens", "16", "--batch-sizes", "1,2",
         "--threads", "1", "--db", db, "--json"])
-    assert out["acceptance"] == {"kind": "synthetic", "rates": [0.7],
+    assert out["acceptance_rates"] == {"kind": "synthetic", "rates": [0.7],
                                  "label": "synthetic acceptance α = 0.7 (given, not measured)"}
     assert out["drafts"][0]["best"] and all(b["label"] == "predicted, synthetic acceptance" for b in out["drafts"][0]["best"])
     run = out["run_id"]
@@ -174,13 +174,13 @@ def test_profile_measure_predict_with_synthetic_acceptance(tiny_shapes, tmp_path
     assert get_run(database, run).settings["synthetic_acceptance"] == [0.7]
     m = _cli_json(capsys, ["measure", "--run", str(run), "-N", "2", "--max-prompts", "2", "--repeats", "1",
                            "--threads", "1", "--db", db, "--json"])
-    assert m["acceptance"] == "synthetic" and m["label"] == "measured, synthetic acceptance"
+    assert m["acceptance_rates"] == "synthetic" and m["label"] == "measured, synthetic acceptance"
     assert m["predicted_tokens_per_s"] > 0 and m["speedup"]["predicted"] > 0
     stored = [r for r in list_measured(database, run) if r.config.get("num_speculative_tokens") == 2]
-    assert stored and stored[0].config["acceptance"] == "synthetic" and stored[0].config["synthetic_acceptance"] == [0.7]
+    assert stored and stored[0].config["acceptance_rates"] == "synthetic" and stored[0].config["synthetic_acceptance"] == [0.7]
     p = _cli_json(capsys, ["predict", "--run", str(run), "--synthetic-acceptance", "0.5", "--batch-sizes", "1,2",
                            "--db", db, "--json"])
-    assert p["acceptance"] == "synthetic" and p["label"].startswith("predicted, synthetic acceptance α = 0.5")
+    assert p["acceptance_rates"] == "synthetic" and p["label"].startswith("predicted, synthetic acceptance α = 0.5")
     assert [r["batch_size"] for r in p["per_batch_size"]] == [1, 2] and all(r["best_n"] for r in p["per_batch_size"])
     assert all(0 <= r["num_speculative_tokens"] <= 3 and r["source"] in ("synthetic", "baseline") for r in p["per_batch_size"])
     assert main(["predict", "--run", str(run), "-N", "2", "--threshold", "0.3", "--db", db]) == 2

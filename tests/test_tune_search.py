@@ -335,3 +335,31 @@ def test_memory_objective_gives_the_pareto_front(profile_db, tmp_path):
         o.predicted_tokens_per_s >= s.predicted_tokens_per_s and o.memory_bytes <= s.memory_bytes
         and (o.predicted_tokens_per_s, o.memory_bytes) != (s.predicted_tokens_per_s, s.memory_bytes) for o in points)}
     assert {s.candidate for s in out.pareto} == front and len(front) > 1
+
+
+def test_threshold_kinds_enter_the_space_and_the_search_finds_their_optimum(profile_db, tmp_path):
+    """``tune --threshold-kinds``: the space holds cumulative θ > 0 and the adaptive kind's starts (θ <= 0.9,
+    constant schedule) and steps; brute force over it finds the model's optimum; a server keeps only
+    the kinds it can express (none has cumulative or adaptive)."""
+    from dataclasses import replace
+
+    url, run_id, draft, _ = profile_db
+    kinds = ("per-token", "cumulative", "adaptive")
+    space = replace(server_search_space("any", [draft], 6, True, kinds), thresholds=(0.25, 0.6, 0.95))
+    points = list(space.candidates())
+    model = [c for c in points if c.drafter == draft]
+    assert {c.threshold_kind for c in model} == set(kinds)
+    assert all(c.threshold > 0 for c in model if c.threshold_kind == "cumulative")
+    adaptive = [c for c in model if c.threshold_kind == "adaptive"]
+    assert {c.threshold_step for c in adaptive} == {0.02, 0.05, 0.1} and max(c.threshold for c in adaptive) == 0.6
+    assert all(c.schedule == "constant" for c in adaptive) and len(set(points)) == len(points)
+    ev = Evaluator(open_database(url), run_id)
+    exhaustive = brute_force(ev, space)
+    out = run_search(ev, space, storage=_storage(tmp_path), study_name="kinds", trials=space.size)
+    assert out.sampler == "bruteforce" and out.ranked[0].candidate == exhaustive[0].candidate
+    seen = {Candidate.from_dict(t.user_attrs["candidate"]) for t in out.study.get_trials() if "candidate" in t.user_attrs}
+    assert seen == {s.candidate for s in exhaustive}  # the define-by-run search walks exactly the enumerated points
+    for server in SERVERS:
+        assert server_search_space(server, [draft], 6, True, kinds).threshold_kinds == ("per-token",), server
+    with pytest.raises(InputError, match="--threshold-kinds"):
+        server_search_space("any", [draft], 6, True, ("per-token", "cumulatve"))

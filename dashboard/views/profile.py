@@ -38,6 +38,15 @@ if panels:
     right.plotly_chart(charts.acceptance_chart(panels, "beta"), key="beta")
     st.plotly_chart(charts.calibration_chart(panels, info.thresholds), key="calibration")
 
+fronts = [d for d in run.draft_names if info.front(d) and (sel.draft is None or d == sel.draft)]
+if fronts:
+    st.header("Lossy acceptance: rejection vs bias")
+    st.caption("Decoding-OPT accepts a draft token with min(1, (p + ε)/q) and resamples from Theorem 4's optimal "
+               "distribution; Decoding-UNO accepts the same and resamples from p. Theory: exact from p and q at "
+               "teacher-forced positions of target-sampled text; measured: lossy decoding runs of the profile.")
+    for d in fronts:
+        st.plotly_chart(charts.bias_front_chart(info.front(d), d), key=f"front-{d}")
+
 st.header("Timings")
 left, right = st.columns(2)
 with left:

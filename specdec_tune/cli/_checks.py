@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from specdec_tune.schedules import MAX_SPECULATIVE_TOKENS, SCHEDULES
+from specdec_tune.schedules import ADAPTIVE_BOUNDS, MAX_SPECULATIVE_TOKENS, SCHEDULES, THRESHOLD_KINDS
 from specdec_tune.errors import InputError
 
 
@@ -18,6 +18,38 @@ def check_threshold(theta: float) -> float:
     if not 0.0 <= theta < 1.0:
         raise InputError(f"--threshold must be in [0, 1) (0 disables), got {theta}")
     return theta
+
+
+def check_threshold_kind(kind: str, step: float, threshold: float, rule: str = "before", schedule: str = "constant") -> str:
+    """``--threshold-kind`` (and, for ``adaptive``, ``--threshold-step`` and θ's bounds) as one line each."""
+    if kind not in THRESHOLD_KINDS:
+        raise InputError(f"--threshold-kind must be one of {', '.join(THRESHOLD_KINDS)}, got {kind!r}")
+    if kind != "per-token" and rule != "before":
+        raise InputError(f"--threshold-kind {kind} needs --threshold-rule before, got {rule!r}")
+    if kind == "adaptive":
+        low, high = ADAPTIVE_BOUNDS
+        if not 0.0 < step <= 1.0:
+            raise InputError(f"--threshold-step must be in (0, 1], got {step}")
+        if not low <= threshold <= high:
+            raise InputError(f"--threshold (the adaptive θ's start) must be in [{low}, {high}], got {threshold}")
+        if schedule != "constant":
+            raise InputError(f"--threshold-kind adaptive runs with --schedule constant only, got {schedule!r}")
+    return kind
+
+
+def check_acceptance(acceptance: str, epsilon: float, temperature: float, source: str = "auto") -> str:
+    """``--acceptance``, ``--epsilon`` and ``--acceptance-source`` as one line each."""
+    if acceptance not in ("exact", "opt", "uno"):
+        raise InputError(f"--acceptance must be one of exact, opt, uno, got {acceptance!r}")
+    if not 0.0 <= epsilon <= 1.0:
+        raise InputError(f"--epsilon must be in [0, 1], got {epsilon}")
+    if acceptance == "exact" and epsilon != 0:
+        raise InputError(f"--epsilon {epsilon} needs --acceptance opt or uno (exact acceptance has no over-acceptance)")
+    if acceptance != "exact" and temperature <= 0:
+        raise InputError(f"--acceptance {acceptance} is a sampling rule: give --temperature > 0")
+    if source not in ("auto", "traces", "tv"):
+        raise InputError(f"--acceptance-source must be traces or tv, got {source!r}")
+    return acceptance
 
 
 def check_temperature(t: float) -> float:

@@ -30,6 +30,8 @@ TUNE_MAX_PROMPTS = 12
 DEFAULT_REPEATS = 3  # measure and tune: passes over the prompts, interleaved
 DEFAULT_SEED = 0
 DEFAULT_THRESHOLD = 0.0
+DEFAULT_THRESHOLD_KIND = "per-token"
+DEFAULT_THRESHOLD_STEP = 0.05
 DEFAULT_SCHEDULE = "constant"
 DEFAULT_SERVER = "any"
 DEFAULT_TRIALS = 200
@@ -76,6 +78,18 @@ ThresholdOption = Annotated[
     float, typer.Option("--threshold", help="θ: stop drafting below this draft confidence (0 disables).")
 ]
 ScheduleOption = Annotated[str, typer.Option("--schedule", help="constant | heuristic")]
+ThresholdKindOption = Annotated[str, typer.Option("--threshold-kind", help=(
+    "How θ applies: per-token (stop before a position whose top draft probability is below θ) | cumulative "
+    "(stop when the drafted prefix's probability times it is below θ) | adaptive (per-token, θ starts at "
+    "--threshold and moves one --threshold-step up after a rejection, down after a fully accepted draft, "
+    "within [0, 0.9]). All decide before the token is drawn: sampling stays exact."))]
+AcceptanceOption = Annotated[str, typer.Option("--acceptance", help=(
+    "--temperature > 0: exact (default) | opt (Decoding-OPT: accept with min(1, (p + ε)/q), resample from "
+    "Theorem 4's optimal distribution) | uno (Decoding-UNO: the same acceptance, resample from p). Lossy: see "
+    "docs/model.md#lossy-acceptance."))]
+EpsilonOption = Annotated[float, typer.Option("--epsilon", help="--acceptance opt|uno: the over-acceptance ε in [0, 1].")]
+ThresholdStepOption = Annotated[float, typer.Option("--threshold-step", help=(
+    "--threshold-kind adaptive: how far one cycle's verdict moves θ."))]
 ServerOption = Annotated[str, typer.Option("--server", help=(
     "Deploy target: any (whole space, best per server side by side) | vllm | sglang | trtllm | llamacpp | hf."))]
 TrialsOption = Annotated[

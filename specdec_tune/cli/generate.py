@@ -17,6 +17,8 @@ from specdec_tune.cli._options import (
     DEFAULT_SEED,
     DEFAULT_THREADS,
     DEFAULT_THRESHOLD,
+    DEFAULT_THRESHOLD_KIND,
+    DEFAULT_THRESHOLD_STEP,
     DeviceOption,
     DtypeOption,
     ForwardOption,
@@ -26,6 +28,10 @@ from specdec_tune.cli._options import (
     SyntheticAcceptanceOption,
     TargetOption,
     ThreadsOption,
+    AcceptanceOption,
+    EpsilonOption,
+    ThresholdKindOption,
+    ThresholdStepOption,
 )
 from specdec_tune.errors import InputError
 from specdec_tune.schedules import THRESHOLD_RULES
@@ -43,6 +49,10 @@ def generate(
     num_speculative_tokens: NumSpeculativeTokensOption = DEFAULT_NUM_SPECULATIVE_TOKENS,
     threshold: float = typer.Option(DEFAULT_THRESHOLD, "--threshold", help="θ: stop drafting before a position whose top draft probability is below θ (0 disables; exact when sampling)."),
     threshold_rule: str = typer.Option("before", "--threshold-rule", help="before (default, exact) | hf (transformers' assistant_confidence_threshold: the token below θ is proposed, then drafting stops)."),
+    threshold_kind: ThresholdKindOption = DEFAULT_THRESHOLD_KIND,
+    threshold_step: ThresholdStepOption = DEFAULT_THRESHOLD_STEP,
+    acceptance: AcceptanceOption = "exact",
+    epsilon: EpsilonOption = 0.0,
     schedule: str = typer.Option(DEFAULT_SCHEDULE, "--schedule", help="constant | heuristic (N += 2 after a cycle whose proposed tokens were all accepted, L = 0 included, else N -= 1; capped at N)."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 samples (exact speculative sampling)."),
     seed: SeedOption = DEFAULT_SEED,
@@ -57,6 +67,8 @@ def generate(
 
     rates = _check(max_new_tokens, num_speculative_tokens, threshold, threshold_rule, schedule, temperature, threads,
                    synthetic_acceptance)
+    opt.check_threshold_kind(threshold_kind, threshold_step, threshold, threshold_rule, schedule)
+    opt.check_acceptance(acceptance, epsilon, temperature)
     items = _collect_prompts(prompt, prompts)
     opt.check_model_names(target, draft)  # a mistyped name fails now, before torch and the models load
     from specdec_tune.engine import DecodeConfig
@@ -74,6 +86,10 @@ def generate(
         temperature=temperature,
         eos_token_id=tgt.eos_token_id,
         threshold_rule=threshold_rule,
+        threshold_kind=threshold_kind,
+        threshold_step=threshold_step,
+        acceptance=acceptance,
+        epsilon=epsilon,
         synthetic_acceptance=rates,
         synthetic_seed=seed,
     )
@@ -85,7 +101,7 @@ def generate(
         run = measure_prompt(tgt, spec, ids, config, prompt_id=p.id, seed=seed + i)
         if json_out:
             print_json({**run.to_json(), "target": target, "draft": spec.name, "category": p.category,
-                        "threads": choice.to_dict(), "acceptance": "synthetic" if rates else "measured",
+                        "threads": choice.to_dict(), "acceptance_rates": "synthetic" if rates else "measured",
                         "synthetic_acceptance": list(rates) if rates else None})
             continue
         out.print(f"[bold]{p.id}[/bold]", highlight=False)

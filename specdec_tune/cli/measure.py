@@ -18,11 +18,17 @@ from specdec_tune.cli._options import (
     DEFAULT_SEED,
     DEFAULT_THREADS,
     DEFAULT_THRESHOLD,
+    DEFAULT_THRESHOLD_KIND,
+    DEFAULT_THRESHOLD_STEP,
     DbOption,
     ScheduleOption,
     SeedOption,
     SyntheticAcceptanceOption,
     ThreadsOption,
+    AcceptanceOption,
+    EpsilonOption,
+    ThresholdKindOption,
+    ThresholdStepOption,
     ThresholdOption,
 )
 from specdec_tune.cli._progress import Bar, progress_bar
@@ -39,17 +45,40 @@ _BatchSizes = Annotated[str, typer.Option("--batch-sizes", help=(
     "--backend vllm: concurrencies B measured (each must divide the prompts), e.g. 1,2,4."))]
 
 
-def _spec_config(n: int, threshold: float, schedule: str, batch_size: int, temperature: float):
+def _spec_config(n: int, threshold: float, schedule: str, batch_size: int, temperature: float,
+                 kind: str = DEFAULT_THRESHOLD_KIND, step: float = DEFAULT_THRESHOLD_STEP, acceptance: str = "exact",
+                 epsilon: float = 0.0, source: str = "auto"):
     from specdec_tune.tuner.model import SpecConfig
+
+    opt.check_acceptance(acceptance, epsilon, temperature, source)
 
     if not 0 <= n <= 64:
         raise InputError(f"--num-speculative-tokens must be an integer in 0..64 (0 = plain decoding), got {n}")
     opt.check_threshold(threshold)
     opt.check_schedule(schedule)
+    opt.check_threshold_kind(kind, step, threshold, schedule=schedule)
     opt.check_temperature(temperature)
     if batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {batch_size}")
-    return SpecConfig(n, threshold, schedule, batch_size, "sampling" if temperature > 0 else "greedy")
+    return SpecConfig(n, threshold, schedule, batch_size, "sampling" if temperature > 0 else "greedy",
+                      threshold_kind=kind, threshold_step=step, acceptance=acceptance, epsilon=epsilon,
+                      acceptance_source=source)
+
+
+def _bias_json(rp, config) -> dict | None:
+    """A lossy configuration's bias per verified position (the stored front), or None for exact acceptance."""
+    if config.acceptance == "exact":
+        return None
+    from specdec_tune.tuner.model import bias_of
+
+    b = bias_of(rp.bias_front, config.acceptance, config.epsilon)
+    return {"bias": b.bias, "rejection": b.rejection, "label": b.label, "measured_bias": b.measured_bias,
+            "unit": "mean TV(emitted, target) per verified position"}
+
+
+def _kind_text(kind: str, step: float | None) -> str:
+    """How θ applies, for the summary lines (``per-token``, ``cumulative``, ``adaptive, step 0.05``)."""
+    return f"{kind}, step {step:g}" if kind == "adaptive" else kind
 
 
 def interpolated_between(batch_size: int, profiled: list[int], run: int) -> tuple[int, int] | None:
@@ -77,11 +106,18 @@ def predict(
         "N (0 = plain decoding). Leave it out with --batch-sizes for the best N per batch size.")),
     threshold: ThresholdOption = DEFAULT_THRESHOLD,
     schedule: ScheduleOption = DEFAULT_SCHEDULE,
+    threshold_kind: ThresholdKindOption = DEFAULT_THRESHOLD_KIND,
+    threshold_step: ThresholdStepOption = DEFAULT_THRESHOLD_STEP,
     batch_size: int = typer.Option(1, "--batch-size", help="B sequences in lock-step (needs T_v(B, k) in the run)."),
     batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", help=(
         "Several B, e.g. 1,2,4,8: one row each (the best N over 0..k_max-1 when -N is left out).")),
     draft: _RunDraft = None,
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 predicts sampling mode."),
+    acceptance: AcceptanceOption = "exact",
+    epsilon: EpsilonOption = 0.0,
+    acceptance_source: str = typer.Option("traces", "--acceptance-source", help=(
+        "--temperature > 0: traces (the profile's sampling cycles) | tv (the teacher-forced 1 - TV per position of "
+        "target-sampled text: no speculative run needed; per-token θ only)")),
     synthetic_acceptance: SyntheticAcceptanceOption = None,
     max_prompts: Optional[int] = typer.Option(None, "--max-prompts", help="Predict for the run's first prompts only."),
     db: DbOption = None,
@@ -95,25 +131,35 @@ def predict(
     rates = opt.parse_rates(synthetic_acceptance)
     if num_speculative_tokens is None and batch_sizes is None:
         raise InputError("give -N (the configuration to predict), or --batch-sizes for the best N per batch size")
+    source = acceptance_source if temperature > 0 else "auto"
+
+    def config_at(n: int, b: int):
+        return _spec_config(n, threshold, schedule, b, temperature, threshold_kind, threshold_step, acceptance,
+                            epsilon, source)
+
+    config_at(num_speculative_tokens or 0, batch_size)  # bad flags fail before the database opens
     database = open_database(db)
     rp = load_run_profile(database, run, draft)
     if rates is not None:
         rp = with_synthetic_acceptance(rp, rates)
     rates = rates or synthetic_rates(rp.run.settings)
     sizes = opt.int_list(batch_sizes, "--batch-sizes") if batch_sizes is not None else (batch_size,)
-    rows = [_predict_row(rp, run, num_speculative_tokens, threshold, schedule, b, temperature, max_prompts)
-            for b in sizes]
+    rows = [_predict_row(rp, run, num_speculative_tokens, b, config_at, max_prompts) for b in sizes]
     label = "predicted" + (f", {opt.synthetic_label(rates)}" if rates else "")
     for r in rows:
         r["label"] = label + _interpolated(r)
     if json_out:
         obj = rows[0] if batch_sizes is None else {"run_id": run, "draft": rp.draft, "per_batch_size": rows,
                                                    "label": label}
-        print_json({**obj, "acceptance": "synthetic" if rates else "measured",
+        print_json({**obj, "acceptance_rates": "synthetic" if rates else "measured",
                     "synthetic_acceptance": list(rates) if rates else None, "throughput": THROUGHPUT_NOTE})
         return
     for r in rows:
         typer.echo(_predict_line(r, run, rp.draft))
+        if r["bias"] is not None:
+            b = r["bias"]
+            typer.echo(f"predicted bias of {r['acceptance']} ε = {r['epsilon']:g}: {b['bias']:.4f} per verified "
+                       f"position (mean TV(emitted, target); {b['label']})")
 
 
 def _interpolated(r: dict) -> str:
@@ -121,9 +167,9 @@ def _interpolated(r: dict) -> str:
     return f", interpolated between profiled B = {between[0]} and {between[1]}" if between else ""
 
 
-def _predict_row(rp, run: int, n: int | None, threshold: float, schedule: str, batch_size: int, temperature: float,
-                 max_prompts: int | None) -> dict:
-    """One predicted configuration as a dict; ``n`` None: the best N at this batch size (θ as given)."""
+def _predict_row(rp, run: int, n: int | None, batch_size: int, config_at, max_prompts: int | None) -> dict:
+    """One predicted configuration as a dict; ``n`` None: the best N at this batch size (the other settings
+    as ``config_at(n, batch_size)`` makes them)."""
     from specdec_tune.errors import SpecdecError
     from specdec_tune.tuner.model import predict_config
 
@@ -134,21 +180,24 @@ def _predict_row(rp, run: int, n: int | None, threshold: float, schedule: str, b
         scored = []
         for m in range(k_max):
             try:
-                scored.append(predict_config(rp, _spec_config(m, threshold, schedule, batch_size, temperature),
-                                             max_prompts))
+                scored.append((config_at(m, batch_size), predict_config(rp, config_at(m, batch_size), max_prompts)))
             except SpecdecError:  # beyond what the run can predict (N_max, θ): not a candidate
                 continue
-        best = max(range(len(scored)), key=lambda i: (scored[i].tokens_per_s, -i))
-        n, p = best, scored[best]
+        config, p = max(scored, key=lambda cp: (cp[1].tokens_per_s, -cp[0].num_speculative_tokens))
     else:
-        p = predict_config(rp, _spec_config(n, threshold, schedule, batch_size, temperature), max_prompts)
+        config = config_at(n, batch_size)
+        p = predict_config(rp, config, max_prompts)
     return {
-        "run_id": run, "draft": rp.draft, "num_speculative_tokens": n, "best_n": chosen,
-        "threshold": threshold, "schedule": schedule, "batch_size": batch_size,
-        "mode": "sampling" if temperature > 0 else "greedy", "tokens_per_s": p.tokens_per_s, "speedup": p.speedup,
+        "run_id": run, "draft": rp.draft, "num_speculative_tokens": config.num_speculative_tokens, "best_n": chosen,
+        "threshold": config.threshold, "threshold_kind": config.threshold_kind,
+        "threshold_step": config.threshold_step if config.threshold_kind == "adaptive" else None,
+        "schedule": config.schedule, "batch_size": batch_size, "mode": config.mode,
+        "tokens_per_s": p.tokens_per_s, "speedup": p.speedup,
         "baseline_tokens_per_s": p.baseline_tokens_per_s, "decode_tokens_per_s": p.decode_tokens_per_s,
         "expected_tokens_per_cycle": p.expected_tokens_per_cycle, "expected_draft_length": p.expected_draft_length,
         "source": p.source, "interpolated_between": list(between) if between else None,
+        "acceptance": config.acceptance, "epsilon": config.epsilon, "acceptance_source": config.acceptance_source,
+        "bias": _bias_json(rp, config),
     }
 
 
@@ -156,8 +205,9 @@ def _predict_line(r: dict, run: int, draft: str | None) -> str:
     return (f"{r['label']}: {r['tokens_per_s']:.1f} tokens/s ({r['speedup']:.2f}× over "
             f"{r['baseline_tokens_per_s']:.1f} tokens/s plain decoding), τ = {r['expected_tokens_per_cycle']:.2f} "
             f"tokens/cycle, E[L] = {r['expected_draft_length']:.2f} [run {run}, draft {draft}, "
-            f"{'best ' if r['best_n'] else ''}N = {r['num_speculative_tokens']}, θ = {r['threshold']}, "
-            f"{r['schedule']}, B = {r['batch_size']}, {r['mode']}; {r['source']}]")
+            f"{'best ' if r['best_n'] else ''}N = {r['num_speculative_tokens']}, θ = {r['threshold']} "
+            f"{_kind_text(r['threshold_kind'], r['threshold_step'])}, {r['schedule']}, B = {r['batch_size']}, "
+            f"{r['mode']}; {r['source']}]")
 
 
 @app.command()
@@ -167,7 +217,11 @@ def measure(
     num_speculative_tokens: int = typer.Option(..., "--num-speculative-tokens", "-N", help="N: most tokens drafted per cycle (0 = plain decoding)."),
     threshold: ThresholdOption = DEFAULT_THRESHOLD,
     schedule: ScheduleOption = DEFAULT_SCHEDULE,
+    threshold_kind: ThresholdKindOption = DEFAULT_THRESHOLD_KIND,
+    threshold_step: ThresholdStepOption = DEFAULT_THRESHOLD_STEP,
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 must be the run's sampling temperature."),
+    acceptance: AcceptanceOption = "exact",
+    epsilon: EpsilonOption = 0.0,
     split: Optional[str] = typer.Option(None, "--split", help="Prompts to measure: tune | holdout | all | A:B (default: holdout for a run profiled on tune, else the run's own prompts)."),
     max_prompts: Optional[int] = typer.Option(None, "--max-prompts", help="Measure the first prompts of the split only."),
     repeats: int = typer.Option(DEFAULT_REPEATS, "--repeats", help="Decode the prompt set this many times; each prompt counts with its median time (robust to load bursts)."),
@@ -185,7 +239,8 @@ def measure(
     from specdec_tune.splits import check_split
     from specdec_tune.tuner.search import measure_predicted
 
-    config = _spec_config(num_speculative_tokens, threshold, schedule, 1, temperature)
+    config = _spec_config(num_speculative_tokens, threshold, schedule, 1, temperature, threshold_kind, threshold_step,
+                          acceptance, epsilon)
     n_threads = opt.parse_threads(threads)
     if backend not in ("engine", "vllm"):
         raise InputError(f"--backend must be engine or vllm, got {backend!r}")
@@ -231,14 +286,15 @@ def _measured_json(v, plain, run: int, temperature: float) -> dict:
         "split": m.split or "profiled prompts", "in_sample": v.in_sample, "prompt_ids": m.prompt_ids,
         "ci95": list(m.ci95) if m.ci95 else None, "prediction_inside_ci": v.inside_ci,
         "run_id": run, "draft": m.draft, "num_speculative_tokens": config.num_speculative_tokens,
-        "threshold": config.threshold, "schedule": config.schedule, "batch_size": 1, "temperature": temperature,
+        "threshold": config.threshold, "threshold_kind": config.threshold_kind, "schedule": config.schedule,
+        "batch_size": 1, "temperature": temperature,
         "tokens_per_s": m.tokens_per_s, "predicted_tokens_per_s": p.tokens_per_s if p else None,
         "relative_error": v.relative_error, "mean_tokens_per_cycle": m.mean_tokens_per_cycle,
         "predicted_tokens_per_cycle": p.expected_tokens_per_cycle if p else None,
         "acceptance_per_position": m.acceptance_per_position, "new_tokens": m.new_tokens, "seconds": m.seconds,
         "prompts": m.prompts, "repeats": m.repeats, "measured_id": m.measured_id, "throughput": THROUGHPUT_NOTE,
         "label": "measured" + (", synthetic acceptance" if m.synthetic_acceptance else ""),
-        "acceptance": "synthetic" if m.synthetic_acceptance else "measured",
+        "acceptance_rates": "synthetic" if m.synthetic_acceptance else "measured",
         "synthetic_acceptance": m.synthetic_acceptance,
         "speedup": _speedup(v, plain), "threads": m.threads,
         "machine_probe_s": m.machine_probe_s, "prediction_machine_speed": p.machine_speed if p else None,
@@ -291,7 +347,8 @@ def _measure_vllm(database, run: int, draft, config, temperature: float, split, 
 
     if temperature > 0:
         raise InputError("--backend vllm measures greedy decoding only (--temperature 0)")
-    if config.threshold > 0 or config.schedule != "constant":
+    if config.threshold > 0 or config.schedule != "constant" or config.threshold_kind != "per-token" \
+            or config.acceptance != "exact":
         raise InputError("vLLM cannot run this configuration: it has no draft-confidence threshold (θ must be 0) "
                          "and a constant schedule only")
     require_vllm_python(vllm_python)

@@ -44,7 +44,7 @@ _Drafts = Annotated[str, typer.Option("--draft", help=(
 
 def profile_summary(db, run_id: int) -> dict:
     """Everything ``profile`` prints, read back from the database (measured and predicted, labelled)."""
-    from specdec_tune.db import get_run, list_measured, load_acceptance
+    from specdec_tune.db import get_run, list_measured, load_acceptance, load_bias_front
     from specdec_tune.tuner.model import best_configs, best_n_per_batch_size, load_run_profile, predict_baseline
 
     run = get_run(db, run_id)
@@ -66,7 +66,7 @@ def profile_summary(db, run_id: int) -> dict:
             "ar_overhead_ms": base_rp.model.ar_overhead_s * 1e3,
         },
         "drafts": [],
-        "acceptance": _acceptance_json(run.settings),
+        "acceptance_rates": _acceptance_json(run.settings),
     }
     for d in run.drafts:
         rp = load_run_profile(db, run_id, d.name)
@@ -91,6 +91,10 @@ def profile_summary(db, run_id: int) -> dict:
             "greedy_agreement": greedy.greedy_agreement if greedy else None,
             "one_minus_tv": greedy.one_minus_tv if greedy else None,
             "best_n_per_batch_size": per_batch,
+            "bias_front": [{"method": r.method, "epsilon": r.epsilon, "source": r.source, "rejection": r.rejection,
+                            "bias": r.bias, "pareto_bias": r.pareto_bias, "positions": r.positions,
+                            "label": "computed" if r.source == "theory" else "measured"}
+                           for r in load_bias_front(db, run_id, d.name)],
             "best": [
                 {"num_speculative_tokens": c.num_speculative_tokens, "threshold": c.threshold,
                  "tokens_per_s": p.tokens_per_s, "speedup": p.speedup, "source": p.source,
@@ -119,9 +123,9 @@ def _print_summary(out: Console, s: dict) -> None:
 
         probe = f"; machine probe {s['machine_probe_ms']:.2f} ms (measured)" if s.get("machine_probe_ms") else ""
         out.print(ThreadChoice(**s["threads"]).text() + probe, highlight=False, markup=False)
-    synthetic = s["acceptance"]["kind"] == "synthetic"
+    synthetic = s["acceptance_rates"]["kind"] == "synthetic"
     if synthetic:
-        out.print(f"acceptance: {s['acceptance']['label']}: the models' weights are random, so acceptance and every "
+        out.print(f"acceptance: {s['acceptance_rates']['label']}: the models' weights are random, so acceptance and every "
                   "prediction below rest on these rates (labelled synthetic)", highlight=False)
     curve = s["verify_ms"].get("1") or next(iter(s["verify_ms"].values()), {})
     shown = [k for k in SHOWN_K if str(k) in curve] or list(curve)[:6]
@@ -157,6 +161,15 @@ def _print_summary(out: Console, s: dict) -> None:
                 f"{'best' if i == 0 else f'#{i + 1}'}: N = {b['num_speculative_tokens']}, θ = {b['threshold']:.1f}",
                 f"{b['tokens_per_s']:.1f} tokens/s, {b['speedup']:.2f}×, τ {b['expected_tokens_per_cycle']:.2f}",
                 predicted)
+        for method in ("opt", "uno"):
+            pts = {(r["epsilon"], r["source"]): r for r in d["bias_front"] if r["method"] == method}
+            if pts:
+                table.add_row(f"Decoding-{method.upper()}: ε → rejection / bias per verified position",
+                              "; ".join(f"{e:g}: {t['rejection']:.3f}/{t['bias']:.3f}"
+                                        + (f" ({pts[e, 'measured']['rejection']:.3f}/{pts[e, 'measured']['bias']:.3f})"
+                                           if (e, "measured") in pts else "")
+                                        for (e, src), t in sorted(pts.items()) if src == "theory"),
+                              "computed (measured)")
         if d["best_n_per_batch_size"]:
             table.add_row("best N per batch size (θ = 0; 0 = do not speculate)",
                           ", ".join(f"B={b}: {n}" for b, n in d["best_n_per_batch_size"].items()), predicted)
@@ -191,7 +204,8 @@ def profile(
     target: TargetOption,
     draft: _Drafts,
     workload: WorkloadOption,
-    temperature: float = typer.Option(0.0, "--temperature", help="Also profile sampling acceptance at this temperature (0 = greedy only)."),
+    temperature: float = typer.Option(0.0, "--temperature", help="Also profile sampling acceptance at this temperature (0 = greedy only); with a model draft also the teacher-forced 1 - TV per position and the lossy acceptance front."),
+    front_prompts: int = typer.Option(4, "--front-prompts", help="--temperature > 0: prompts each lossy rule (Decoding-OPT, Decoding-UNO) and ε decodes for the measured rejection–bias front (0: theory only)."),
     batch_sizes: str = typer.Option("1", "--batch-sizes", help="Batch sizes for T_v(B, k) and T_s(B), e.g. 1,4,16."),
     device: DeviceOption = DEFAULT_DEVICE,
     dtype: DtypeOption = DEFAULT_DTYPE,
@@ -224,7 +238,7 @@ def profile(
         batch_sizes=opt.int_list(batch_sizes, "--batch-sizes"), k_max=k_max, n_max=n_max, repeats=repeats,
         max_prompts=max_prompts, max_new_tokens=max_new_tokens,
         context_lens=opt.int_list(context_lens, "--context-lens"), seed=seed, label=label,
-        threads=opt.parse_threads(threads), synthetic_acceptance=rates,
+        threads=opt.parse_threads(threads), synthetic_acceptance=rates, front_prompts=front_prompts,
     )
     database = open_database(db)  # a bad --db fails here, before any model is loaded
     newest = max((r.id for r in list_runs(database, limit=1)), default=0)

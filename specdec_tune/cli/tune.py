@@ -62,7 +62,10 @@ def report_json(report) -> dict:
     c = r.candidate
     return {
         "drafter": c.drafter, "num_speculative_tokens": c.num_speculative_tokens, "threshold": c.threshold,
-        "threshold_rule": c.threshold_rule, "schedule": c.schedule, "server": r.server,
+        "threshold_rule": c.threshold_rule, "threshold_kind": c.threshold_kind,
+        "threshold_step": c.threshold_step if c.threshold_kind == "adaptive" else None,
+        "acceptance": c.acceptance, "epsilon": c.epsilon, "bias": r.bias, "bias_front": r.pareto,
+        "schedule": c.schedule, "server": r.server,
         "measured_tokens_per_s": r.measured_tokens_per_s, "predicted_tokens_per_s": r.predicted_tokens_per_s,
         "baseline_tokens_per_s": r.baseline_tokens_per_s, "speedup": r.speedup,
         "speedup_ci": list(r.speedup_ci) if r.speedup_ci else None, "heldout": r.heldout, "study": report.study,
@@ -106,7 +109,16 @@ def _print(console: Console, report) -> None:
     console.print(table)
     if r.best_per_server:
         _print_servers(console, r)
-    if len(report.pareto) > 1:
+    if r.bias:
+        b = r.bias
+        measured = "" if b.get("measured_bias") is None else f", measured {b['measured_bias']:.4f}"
+        console.print(f"  bias {b['bias']:.4f} per verified position (predicted: {b['label']}{measured}; budget "
+                      f"{b['budget'] if b['budget'] is not None else '–'})", highlight=False)
+    if r.pareto:
+        console.print("throughput ↔ bias front (predicted; stored with the study's result): " + "; ".join(
+            f"{p['label']}: {p['predicted_tokens_per_s']:.1f} tokens/s, bias {p['bias']:.4f}" for p in r.pareto),
+            highlight=False)
+    elif len(report.pareto) > 1:
         console.print("Pareto front (predicted tokens/s vs memory speculation adds): " + "; ".join(
             f"{p['label']}: {p['predicted_tokens_per_s']:.1f} tokens/s, {p['memory_bytes'] / 2**20:.1f} MiB"
             for p in report.pareto), highlight=False)
@@ -172,6 +184,15 @@ def _print_server(console: Console, sr: dict) -> None:
             for k in t["spec_step_s"]) for b, t in model.items()), highlight=False)
 
 
+_MaxBias = Annotated[Optional[float], typer.Option("--max-bias", help=(
+    "--temperature > 0: the fastest configuration whose bias (mean TV between what a verified position emits and "
+    "the target, computed at teacher-forced positions) is at most this; Decoding-OPT's over-acceptance ε is searched "
+    "next to exact acceptance and the throughput ↔ bias front is printed and stored."))]
+_ThresholdKinds = Annotated[str, typer.Option("--threshold-kinds", help=(
+    "How θ may apply in the search, comma-separated: per-token, cumulative, adaptive (θ's start and step are "
+    "searched; no server runs the last two: exports then hold each server's best per-token configuration)."))]
+
+
 @app.command()
 def tune(
     target: TargetOption,
@@ -183,6 +204,8 @@ def tune(
     batch_sizes: str = typer.Option("1,4,16,64", "--batch-sizes", help="Batch sizes for the per-batch-size N schedule."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 tunes sampling at this temperature."),
     objectives: str = typer.Option("throughput", "--objectives", help="throughput, or throughput,memory (Pareto front)."),
+    max_bias: _MaxBias = None,
+    threshold_kinds: _ThresholdKinds = "per-token",
     study: Optional[str] = typer.Option(None, "--study", help="Study name (default: derived from the inputs)."),
     storage: _Storage = None,
     n_max: int = typer.Option(16, "--n-max", help="Largest N searched (1..16)."),
@@ -215,6 +238,7 @@ def tune(
         max_prompts=max_prompts, max_new_tokens=max_new_tokens, profile_repeats=profile_repeats,
         measure_prompts=measure_prompts, heldout_prompts=heldout_prompts, repeats=repeats, seed=seed, device=device,
         backend=backend, vllm_python=vllm_python, threads=parse_threads(threads),
+        threshold_kinds=tuple(k.strip() for k in threshold_kinds.split(",") if k.strip()), max_bias=max_bias,
     )
     db_url = resolve_url(db)
     storage_url = storage or default_storage_url(db_url)

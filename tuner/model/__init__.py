@@ -3,12 +3,14 @@
 Public names only; the modules behind them are private (``_throughput``: the analytic model,
 ``_replay``: trace replay, ``_greedy_sim``: exact greedy simulation, ``_calibration``: in-loop
 calibration, ``_profile`` and ``_load``: profile assembly, ``_predict`` and ``_prefill``: end-to-end
-predictions, ``_grid``: the N × θ ranking, ``_configs``: the
-configuration records every room exchanges, ``_decision``: what each server's file carries and the
-measured evidence behind it, ``_evaluator``: cached predictions of candidates).
+predictions, ``_grid``: the N × θ ranking, ``_tv``: acceptance from the teacher-forced TV and lossy
+replay, ``_bias``: a lossy rule's bias, ``_chain``: acceptance sources and chains, ``_spec``: the model's
+records, ``_configs``: the configuration records every room exchanges, ``_decision``: what each server's
+file carries and the measured evidence behind it, ``_evaluator``: cached predictions of candidates).
 """
 from __future__ import annotations
 
+from specdec_tune.tuner.model._bias import BiasPrediction, bias_of, front_epsilons
 from specdec_tune.tuner.model._calibration import OverheadFit, fit_overhead
 from specdec_tune.tuner.model._configs import NGRAM, NONE, THRESHOLD_RULES, Candidate, TuningResult, spec_config
 from specdec_tune.tuner.model._decision import MIN_LOWER, ServerDecision, decide, decisions
@@ -25,8 +27,10 @@ from specdec_tune.tuner.model._throughput import ModelProfile, Prediction, SpecC
 from specdec_tune.tuner.model._throughput import baseline_tokens_per_s, best_n_per_batch_size
 from specdec_tune.tuner.model._throughput import closed_form_tokens_per_cycle, draft_step_time, predict, rank_configs
 from specdec_tune.tuner.model._throughput import relative_error, tokens_per_cycle_per_position, verify_time
+from specdec_tune.tuner.model._tv import lossy_stats, tv_stats
 
 __all__ = [
+    "BiasPrediction", "bias_of", "front_epsilons", "tv_stats", "lossy_stats",
     "MIN_LOWER", "NGRAM", "NONE", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator", "ModelProfile", "OverheadFit",
     "PositionTrace", "Prediction", "PromptInfo", "PromptSpec", "ReplayStats", "RunPrediction", "RunProfile", "Scored",
     "ServerDecision", "SpecConfig", "Trace", "TuningResult", "alphas_from_traces", "at_machine_speed", "baseline_tokens_per_s", "best_configs",

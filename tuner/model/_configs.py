@@ -31,6 +31,11 @@ class Candidate:
         schedule: ``"constant"`` or ``"heuristic"`` (HF's ``num_assistant_tokens_schedule``).
         ngram_max: prompt-lookup longest n-gram (n-gram drafter only).
         ngram_min: prompt-lookup shortest n-gram (n-gram drafter only).
+        threshold_kind: ``"per-token"``, ``"cumulative"`` or ``"adaptive"`` (``specdec_tune.schedules``).
+        threshold_step: the adaptive kind's step (how far one verdict moves θ).
+        acceptance: ``"exact"``, ``"opt"`` (Decoding-OPT) or ``"uno"`` (Decoding-UNO): sampling only
+            (``engine.lossy``).
+        epsilon: the lossy rules' over-acceptance ε.
     """
 
     drafter: str
@@ -40,6 +45,10 @@ class Candidate:
     schedule: str = "constant"
     ngram_max: int = 3
     ngram_min: int = 1
+    threshold_kind: str = "per-token"
+    threshold_step: float = 0.05
+    acceptance: str = "exact"
+    epsilon: float = 0.0
 
     @property
     def is_plain(self) -> bool:
@@ -63,10 +72,15 @@ class Candidate:
         parts = [self.drafter, f"N={self.num_speculative_tokens}"]
         if self.is_ngram:
             parts.append(f"ngram {self.ngram_min}..{self.ngram_max}")
-        if self.threshold > 0:
-            parts.append(f"θ={self.threshold:g}" + (" (hf rule)" if self.threshold_rule == "hf" else ""))
+        if self.threshold_kind == "adaptive":
+            parts.append(f"adaptive θ from {self.threshold:g} step {self.threshold_step:g}")
+        elif self.threshold > 0:
+            kind = " cumulative" if self.threshold_kind == "cumulative" else ""
+            parts.append(f"θ={self.threshold:g}{kind}" + (" (hf rule)" if self.threshold_rule == "hf" else ""))
         if self.schedule != "constant":
             parts.append(self.schedule)
+        if self.acceptance != "exact":
+            parts.append(f"{self.acceptance.upper()} ε={self.epsilon:g}")
         return " ".join(parts)
 
 
@@ -100,6 +114,8 @@ class TuningResult:
     study: str | None = None
     run_id: int | None = None
     best_per_server: dict[str, dict[str, Any]] = field(default_factory=dict)
+    bias: dict[str, Any] | None = None  # a lossy winner's bias per verified position (tuner.model.bias_of)
+    pareto: list[dict[str, Any]] = field(default_factory=list)  # throughput ↔ bias front (tune --max-bias)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -122,5 +138,8 @@ def spec_config(c: Candidate, mode: str = "greedy", batch_size: int = 1) -> Spec
     """The model's :class:`SpecConfig` for a candidate (plain decoding: N = 0, no θ, constant)."""
     n = 0 if c.is_plain else c.num_speculative_tokens
     rule = c.threshold_rule if n and c.threshold > 0 else "before"
+    kind = c.threshold_kind if n else "per-token"
+    lossy = n and c.acceptance != "exact"
     return SpecConfig(n, c.threshold if n else 0.0, c.schedule if n else "constant", batch_size, mode,  # type: ignore[arg-type]
-                      threshold_rule=rule)  # type: ignore[arg-type]
+                      threshold_rule=rule, threshold_kind=kind, threshold_step=c.threshold_step,  # type: ignore[arg-type]
+                      acceptance=c.acceptance if lossy else "exact", epsilon=c.epsilon if lossy else 0.0)  # type: ignore[arg-type]

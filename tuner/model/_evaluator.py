@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec_tune.db import Database
+from specdec_tune.tuner.model._bias import bias_of
 from specdec_tune.tuner.model._configs import Candidate, spec_config
 from specdec_tune.tuner.model._load import load_run_profile
 from specdec_tune.tuner.model._predict import predict_baseline, predict_config
@@ -23,6 +24,7 @@ class Scored:
     expected_tokens_per_cycle: float
     source: str
     memory_bytes: float | None = None
+    bias: float | None = None  # per verified position (tuner.model.bias_of); 0 for exact acceptance
 
     def attrs(self) -> dict[str, Any]:
         """What a trial stores (Optuna user attributes; its value is the predicted tokens/s). Each
@@ -31,6 +33,8 @@ class Scored:
                "expected_tokens_per_cycle": self.expected_tokens_per_cycle, "source": self.source}
         if self.memory_bytes is not None:
             out["memory_bytes"] = self.memory_bytes
+        if self.bias is not None:
+            out["bias"] = self.bias
         return out
 
     @classmethod
@@ -38,7 +42,7 @@ class Scored:
         """Back from a completed trial (value 0 = predicted tokens/s)."""
         a = t.user_attrs
         return cls(Candidate.from_dict(a["candidate"]), float(t.values[0]), float(a["predicted_speedup"]),
-                   float(a["expected_tokens_per_cycle"]), str(a["source"]), a.get("memory_bytes"))
+                   float(a["expected_tokens_per_cycle"]), str(a["source"]), a.get("memory_bytes"), a.get("bias"))
 
 
 class Evaluator:
@@ -71,7 +75,10 @@ class Evaluator:
         else:
             p = predict_config(self.profile(c.drafter), spec_config(c, self.mode))
         self.predictions += 1
+        bias = None
+        if self.mode == "sampling":
+            bias = 0.0 if c.is_plain else bias_of(self.profile(c.drafter).bias_front, c.acceptance, c.epsilon).bias
         s = Scored(c, p.tokens_per_s, p.speedup, p.expected_tokens_per_cycle, p.source,
-                   self.memory(c) if self.memory else None)
+                   self.memory(c) if self.memory else None, bias)
         self.cache[c] = s
         return s

@@ -7,13 +7,14 @@ over them. Pure Python.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from specdec_tune.db.records import TraceRow
-from specdec_tune.schedules import heuristic_grows, next_num_speculative, threshold_cut
+from specdec_tune.schedules import AdaptiveThreshold, heuristic_grows, next_num_speculative, threshold_cut
 from specdec_tune.tuner.model._replay import ReplayStats
 
 
@@ -88,30 +89,46 @@ def simulate_prompt(
     n: int,
     theta: float,
     schedule: str = "constant",
-    tail_rate: float = 1.0,
+    tail_rate: float | Callable[[float], float] = 1.0,
     threshold_rule: str = "before",
+    kind: str = "per-token",
+    step: float = 0.05,
 ) -> list[SimulatedCycle]:
     """Replay the engine's loop over one prompt's greedy position traces.
+
+    Every rule is the engine's (``specdec_tune.schedules``): the cut of :func:`threshold_cut` with the
+    threshold kind, the schedule's next N and the adaptive kind's next θ level. A roll-out past what
+    the N_max cycle drafted continues at ``tail_rate`` (P(confidence ≥ θ') for the per-position
+    threshold θ' there: θ, or θ over the drafted prefix's probability for the cumulative kind).
 
     Returns:
         (L, A, F) per cycle: proposed length, accepted, draft forwards, in decode order.
     """
+    rate = tail_rate if callable(tail_rate) else (lambda _theta: tail_rate)
+    policy = AdaptiveThreshold(theta, step) if kind == "adaptive" else None
+    levels = policy.levels() if policy else (theta,)
+    level = policy.start_index if policy else 0
     out: list[SimulatedCycle] = []
     j, n_cur = 0, n
     while j < new_tokens and j < len(positions):
         pt = positions[j]
         budget = min(n_cur, max_new_tokens - j)
-        confs = pt.confidences
-        length, cut = threshold_cut(confs, budget, theta, threshold_rule)
-        if not cut and budget > len(confs):  # roll-out past what the N_max cycle drafted: continue at tail_rate
+        confs, theta_now = pt.confidences, levels[level]
+        length, cut = threshold_cut(confs, budget, theta_now, threshold_rule, kind=kind)
+        if not cut and budget > len(confs):  # roll-out past what the N_max cycle drafted: continue at the tail rate
+            prefix = math.prod(confs) if kind == "cumulative" else 1.0
+            per_position = theta_now / prefix if prefix > 0 else math.inf
+            r = rate(per_position) if per_position < 1 else 0.0
             extra = budget - len(confs)
-            expected = sum(tail_rate**m for m in range(1, extra + 1))
+            expected = sum(r**m for m in range(1, extra + 1))
             length = len(confs) + int(round(expected))
             cut = length < budget
         accepted = min(length, pt.accepted)
         out.append(SimulatedCycle(length, accepted, length + 1 if cut and threshold_rule == "before" else length))
         j += accepted + 1
         n_cur = next_num_speculative(schedule, n_cur, n, length, accepted)  # the engine's rule
+        if policy is not None:
+            level = policy.next_index(level, length, accepted)
     return out
 
 

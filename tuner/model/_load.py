@@ -2,7 +2,8 @@
 reader of the model; the assembly itself is pure, :mod:`._profile`)."""
 from __future__ import annotations
 
-from specdec_tune.db import Database, get_run, list_measured, load_acceptance, load_timings, load_traces
+from specdec_tune.db import Database, get_run, list_measured, load_acceptance, load_bias_front, load_teacher_forced
+from specdec_tune.db import load_timings, load_traces
 from specdec_tune.tuner.model._profile import PromptInfo, RunProfile, build_run_profile, resolve_draft
 
 
@@ -32,7 +33,7 @@ def load_run_profile(
     name = None if baseline_only else resolve_draft(run, draft)
     timings = load_timings(db, run_id)
     traces = load_traces(db, run_id, name, "greedy") if name else []
-    sampling, tv, continuations, in_loop = None, None, None, None
+    sampling, tv, continuations, in_loop, forced, front = None, None, None, None, [], []
     if name:
         for rec in load_acceptance(db, run_id, draft=name, mode="greedy"):
             continuations = rec.confidence_bins.get("continuations")
@@ -40,6 +41,8 @@ def load_run_profile(
         for rec in load_acceptance(db, run_id, draft=name, mode="sampling"):
             sampling = load_traces(db, run_id, name, "sampling", temperature=rec.temperature) or None
             tv = rec.one_minus_tv
+            forced = load_teacher_forced(db, run_id, name, temperature=rec.temperature)
+        front = load_bias_front(db, run_id, name)
     return build_run_profile(run, name, timings, traces, prompts=greedy_prompts(db, run_id),
                              sampling_traces=sampling, sampling_acceptance=tv, continuations=continuations,
-                             in_loop=in_loop, calibrate=calibrate)
+                             in_loop=in_loop, calibrate=calibrate, teacher_forced=forced, bias_front=front)

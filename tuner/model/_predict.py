@@ -160,7 +160,8 @@ def _simulated(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) 
 
     def simulate(i: int) -> list[SimulatedCycle]:
         return simulate_prompt(rp.positions[i], rp.prompts[i].new_tokens, rp.max_new_tokens, n, config.threshold,
-                               config.schedule, rp.tail_rate(config.threshold), config.threshold_rule)
+                               config.schedule, rp.tail_rate, config.threshold_rule, config.threshold_kind,
+                               config.threshold_step)
 
     def cycle_s(cycles: Sequence[SimulatedCycle]) -> float:
         return sum(f * draft_step_time(rp.model, b) + verify_time(rp.model, b, length + 1) + rp.cycle_overhead_s

@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from specdec_tune.db import RunRecord, TimingRow, TraceRow
+from specdec_tune.db import BiasFrontRow, RunRecord, TeacherForcedRow, TimingRow, TraceRow
 from specdec_tune.errors import InputError
 from specdec_tune.stats import trimmed_mean
 from specdec_tune.tuner.model._calibration import OverheadFit, calibrate_b1, fit_overhead, interp
@@ -64,6 +64,7 @@ class RunProfile:
         engine_overhead_s: the hooked engine overhead per cycle (the fit's intercept, as measured).
         machine_probe_s: the machine probe's median seconds during the profile (None: a run profiled
             before the probe was recorded); see :func:`machine_speed`.
+        bias_front: the lossy acceptance front of the draft (sampling profiles; ``tuner.model.bias_of``).
     """
 
     run: RunRecord
@@ -84,6 +85,7 @@ class RunProfile:
     ar_forward_s: float | None = None
     engine_overhead_s: float = 0.0
     machine_probe_s: float | None = None
+    bias_front: tuple[BiasFrontRow, ...] = ()
 
     @property
     def is_ngram(self) -> bool:
@@ -234,7 +236,7 @@ def _positions(traces: Sequence[TraceRow], continuations: Sequence[Sequence] | N
 
 
 def _traces(rows: Sequence[TraceRow]) -> tuple[Trace, ...]:
-    return tuple(Trace(tr.confidences, tr.num_accepted) for tr in rows)
+    return tuple(Trace(tr.confidences, tr.num_accepted, tr.token_probs, tr.target_probs) for tr in rows)
 
 
 def build_run_profile(
@@ -249,6 +251,8 @@ def build_run_profile(
     continuations: Sequence[Sequence] | None = None,
     in_loop: dict | None = None,
     calibrate: bool = True,
+    teacher_forced: Sequence[TeacherForcedRow] = (),
+    bias_front: Sequence[BiasFrontRow] = (),
 ) -> RunProfile:
     """Assemble a :class:`RunProfile` from a run's stored rows (pure; no database access).
 
@@ -265,6 +269,8 @@ def build_run_profile(
         in_loop: medians of the forwards hooked inside the draft's acceptance pass
             (``profiler.overhead.in_loop_medians``).
         calibrate: scale the B = 1 micro-benchmarks to the in-loop forwards (:func:`calibrate_b1`).
+        teacher_forced: target-sampled generations with 1 - TV and the draft's top probability per position.
+        bias_front: the lossy acceptance front the profile stored.
 
     Raises:
         InputError: the run lacks the target's verify timings (profile it again).
@@ -284,6 +290,7 @@ def build_run_profile(
         ar_overhead_s=max(trimmed_mean(plain), 0.0) if plain else 0.0, sampling_acceptance=sampling_acceptance,
         sampling_traces=_traces(sampling_traces) if sampling_traces else None, name=draft or "",
         synthetic_acceptance=synthetic_rates(run.settings),
+        teacher_forced=tuple((r.one_minus_tv, r.top_q) for r in teacher_forced),
     )
     positions = None  # synthetic acceptance is drawn per cycle, not per output position: no exact simulation
     if draft is not None and draft != NGRAM and traces and model.synthetic_acceptance is None:
@@ -295,7 +302,7 @@ def build_run_profile(
         sequence_overhead_s=max(trimmed_mean(sequence), 0.0) if sequence else 0.0,
         prompts=infos, prefill_target_s=times.prefill_target_s, prefill_draft_s=times.prefill_draft_s,
         positions=positions, after_rejection=tuple(c for tr in traces for c in tr.confidences[tr.num_accepted + 1:]),
-        max_new_tokens=max_new, machine_probe_s=t.probe(),
+        max_new_tokens=max_new, machine_probe_s=t.probe(), bias_front=tuple(bias_front),
     )
 
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specdec_tune.errors import InputError
-from specdec_tune.schedules import heuristic_grows, heuristic_transitions, threshold_cut
+from specdec_tune.schedules import AdaptiveThreshold, heuristic_grows, heuristic_transitions, threshold_cut
 
 
 @dataclass(frozen=True)
@@ -26,13 +26,25 @@ class Trace:
             with; in greedy mode the drafted token's probability), ``[N_max]`` (shorter when the
             sequence ended). Positions after the first rejection carry a confidence but no outcome.
         num_accepted: length of the accepted prefix, 0..len(confidences).
+        token_probs: each drafted token's own draft probability (the cumulative kind's prefix
+            product); ``None`` means the confidences, right for greedy traces (the argmax is drafted).
+        target_probs: each drafted token's target probability (sampling traces; lossy acceptance).
     """
 
     confidences: tuple[float, ...]  # [N_max]
     num_accepted: int
+    token_probs: tuple[float, ...] | None = None  # [N_max] q(x_i) of each drafted token; None: the confidences
+    target_probs: tuple[float, ...] | None = None  # [N_max] p(x_i) of each drafted token (sampling traces)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "confidences", tuple(float(c) for c in self.confidences))
+        for name in ("token_probs", "target_probs"):
+            values = getattr(self, name)
+            if values is None:
+                continue
+            object.__setattr__(self, name, tuple(float(c) for c in values))
+            if len(values) != len(self.confidences):
+                raise InputError(f"trace has {len(values)} {name} for {len(self.confidences)} confidences")
         for c in self.confidences:
             # 1e-6 slack: a softmax computed in low precision can round a hair above 1.
             if not (0.0 <= c <= 1.0 + 1e-6):
@@ -78,24 +90,27 @@ class ReplayStats:
         return tuple(a / r if r > 0 else math.nan for a, r in zip(self.accepted, self.reached))
 
 
-def cut_cycle(trace: Trace, n: int, threshold: float, rule: str = "before") -> tuple[int, int, int]:
+def cut_cycle(trace: Trace, n: int, threshold: float, rule: str = "before", kind: str = "per-token") -> tuple[int, int, int]:
     """Replay one trace under (N, θ) exactly as the engine runs a cycle (``schedules.threshold_cut``).
 
-    Rule ``before`` stops before the first confidence below θ (that position's forward still ran);
-    rule ``hf`` proposes that token, then stops (no further forward). The trace's confidences are the
-    top draft probability per position; for rule ``hf`` in sampling mode the engine compares the
-    sampled token's probability instead, so there the replay is an approximation (exact when greedy).
+    Rule ``before`` stops before the first position where ``schedules.stops_before`` holds (that
+    position's forward still ran); rule ``hf`` proposes the first token below θ, then stops (no
+    further forward). The trace's confidences are the top draft probability per position; for rule
+    ``hf`` in sampling mode the engine compares the sampled token's probability instead, so there
+    the replay is an approximation (exact when greedy). The cumulative kind multiplies the drafted
+    tokens' own probabilities (``Trace.token_probs``), which the traces recorded, so it is exact.
 
     Returns:
         (L, A, F): proposed length, accepted count, draft forwards run.
     """
     cap = min(n, len(trace.confidences))
-    length, cut = threshold_cut(trace.confidences, cap, threshold, rule)
+    length, cut = threshold_cut(trace.confidences, cap, threshold, rule, kind=kind, token_probs=trace.token_probs)
     forwards = length + 1 if cut and rule == "before" else length
     return length, min(length, trace.num_accepted), forwards
 
 
-def replay(traces: Sequence[Trace], n: int, threshold: float = 0.0, rule: str = "before") -> ReplayStats:
+def replay(traces: Sequence[Trace], n: int, threshold: float = 0.0, rule: str = "before",
+           kind: str = "per-token") -> ReplayStats:
     """Replay recorded θ = 0 traces under any N and threshold θ (docs/architecture.md, The throughput model).
 
     Args:
@@ -103,6 +118,8 @@ def replay(traces: Sequence[Trace], n: int, threshold: float = 0.0, rule: str = 
         n: most tokens drafted per cycle, 0 <= n <= N_max of the traces.
         threshold: θ in [0, 1); drafting stops at the first token whose confidence is below θ.
         rule: 'before' (that token is not proposed) or 'hf' (it is proposed, then drafting stops).
+        kind: 'per-token' or 'cumulative' (the drafted prefix's probability times the confidence);
+            the adaptive kind replays per level (``tuner.model.predict``).
 
     Returns:
         The per-cycle expectations (see :class:`ReplayStats`).
@@ -124,7 +141,7 @@ def replay(traces: Sequence[Trace], n: int, threshold: float = 0.0, rule: str = 
     reached = [0] * n
     accepted = [0] * n
     for trace in traces:
-        length, acc, forwards = cut_cycle(trace, n, threshold, rule)
+        length, acc, forwards = cut_cycle(trace, n, threshold, rule, kind)
         tau += acc + 1
         length_sum += length
         forwards_sum += forwards
@@ -211,11 +228,33 @@ def heuristic_stationary(grow: Sequence[float]) -> list[float]:
     size = len(grow)
     if size == 0:
         raise InputError("the heuristic schedule needs N >= 1")
+    moves = [tuple(m - 1 for m in heuristic_transitions(size, n + 1)) for n in range(size)]
+    return chain_stationary(grow, moves)
+
+
+def adaptive_stationary(grow: Sequence[float], policy: AdaptiveThreshold) -> list[float]:
+    """Stationary distribution of the adaptive kind's θ over ``policy.levels()``.
+
+    ``grow[k]`` is P(all proposed tokens accepted | θ = level k), from a replay at that level; after
+    such a cycle θ steps down, otherwise up (``AdaptiveThreshold.next_index``, the engine's rule).
+    Higher θ drafts less, so ``grow`` rises with k and the chain has one closed class.
+    """
+    moves = [(policy.next_index(k, 0, 0), policy.next_index(k, 1, 0)) for k in range(len(grow))]
+    return chain_stationary(grow, moves)
+
+
+def chain_stationary(grow: Sequence[float], moves: Sequence[tuple[int, int]]) -> list[float]:
+    """Stationary distribution of a chain that moves from state s to ``moves[s][0]`` with probability
+    ``grow[s]`` and to ``moves[s][1]`` otherwise (the heuristic schedule, the adaptive θ).
+
+    Raises:
+        InputError: the chain has no unique stationary distribution.
+    """
+    size = len(grow)
     # Balance equations sum_n π_n P[n][m] = π_m, one replaced by sum π = 1; solved by Gaussian
-    # elimination with partial pivoting (N is small, and numpy is not worth the import here).
+    # elimination with partial pivoting (the chains are small, and numpy is not worth the import here).
     rows = [[0.0] * (size + 1) for _ in range(size)]
-    for n in range(size):
-        up, down = (m - 1 for m in heuristic_transitions(size, n + 1))
+    for n, (up, down) in enumerate(moves):
         rows[up][n] += grow[n]
         rows[down][n] += 1.0 - grow[n]
         rows[n][n] -= 1.0
@@ -223,7 +262,7 @@ def heuristic_stationary(grow: Sequence[float]) -> list[float]:
     for col in range(size):
         pivot = max(range(col, size), key=lambda r: abs(rows[r][col]))
         if abs(rows[pivot][col]) < 1e-12:
-            raise InputError(f"heuristic schedule chain has no unique stationary state (grow={list(grow)})")
+            raise InputError(f"the chain has no unique stationary state (grow={list(grow)})")
         rows[col], rows[pivot] = rows[pivot], rows[col]
         for r in range(size):
             if r != col and rows[r][col] != 0.0:

@@ -29,149 +29,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Literal
 
 from specdec_tune.errors import InputError
-from specdec_tune.tuner.model._replay import ReplayStats, Trace, alpha_stats, constant_alpha_stats, heuristic_stationary
-from specdec_tune.tuner.model._replay import mix, replay
+from specdec_tune.tuner.model._chain import chain_stats
+from specdec_tune.tuner.model._replay import ReplayStats, Trace, heuristic_stationary, replay
+from specdec_tune.tuner.model._spec import ModelProfile, Prediction, SpecConfig
 
 __all__ = [
-    "ModelProfile", "Prediction", "ReplayStats", "SpecConfig", "Trace", "alphas_from_traces",
+    "ModelProfile", "Prediction", "ReplayStats", "SpecConfig", "Trace", "alphas_from_traces", "chain_stats",
     "baseline_tokens_per_s", "best_n_per_batch_size", "closed_form_tokens_per_cycle",
     "draft_step_time", "heuristic_stationary", "predict", "rank_configs", "relative_error",
     "replay", "tokens_per_cycle_per_position", "verify_time",
 ]
-
-
-def _check_time(what: str, value: float, allow_zero: bool) -> None:
-    ok = math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
-    if not ok:
-        kind = "non-negative" if allow_zero else "positive"
-        raise InputError(f"{what}={value!r} must be a finite {kind} number of seconds")
-
-
-@dataclass(frozen=True)
-class ModelProfile:
-    """Everything the model needs about one (target, draft, hardware, workload).
-
-    Attributes:
-        draft_step_s: batch size B -> T_s(B), seconds of one draft forward producing one token, at the
-            workload's typical context. Empty means a free drafter (n-gram lookup).
-        verify_s: B -> {k -> T_v(B, k)}, seconds of one target forward over k new tokens, k = 1..K_max.
-            T_v(B, 1) is the autoregressive step; T_ar = verify_s[1][1].
-        traces: greedy cycles recorded with θ = 0 and N = N_max.
-        cycle_overhead_s: engine time per speculative cycle that is neither a draft nor a target forward.
-        ar_overhead_s: engine time per token of the plain decoding loop besides the target forward.
-        sampling_acceptance: 1 - E[TV(p, q)] from a teacher-forced pass (sampling mode).
-        sampling_traces: cycles recorded in sampling mode; preferred over ``sampling_acceptance``.
-        name: the draft's name.
-        synthetic_acceptance: given conditional rates α_1, α_2, ... (the last repeats) that replace the
-            greedy traces: synthetic acceptance, for model shapes with random weights. Predictions
-            from them carry ``source="synthetic"``.
-    """
-
-    draft_step_s: Mapping[int, float]
-    verify_s: Mapping[int, Mapping[int, float]]
-    traces: Sequence[Trace] = ()
-    cycle_overhead_s: float = 0.0
-    ar_overhead_s: float = 0.0
-    sampling_acceptance: float | None = None
-    sampling_traces: Sequence[Trace] | None = None
-    name: str = ""
-    synthetic_acceptance: tuple[float, ...] | None = None
-
-    def __post_init__(self) -> None:
-        for b, t in self.draft_step_s.items():
-            _check_time(f"draft_step_s[{b}]", t, allow_zero=True)
-        if not self.verify_s:
-            raise InputError("verify_s is empty; the profile needs at least T_v(B, 1) for one batch size")
-        for b, curve in self.verify_s.items():
-            if b < 1:
-                raise InputError(f"verify_s batch size {b!r} must be >= 1")
-            if 1 not in curve:
-                raise InputError(f"verify_s[{b}] lacks k=1 (the autoregressive step time)")
-            for k, t in curve.items():
-                _check_time(f"verify_s[{b}][{k}]", t, allow_zero=False)
-        _check_time("cycle_overhead_s", self.cycle_overhead_s, allow_zero=True)
-        _check_time("ar_overhead_s", self.ar_overhead_s, allow_zero=True)
-        a = self.sampling_acceptance
-        if a is not None and not 0.0 <= a <= 1.0:
-            raise InputError(f"sampling_acceptance={a!r} must lie in [0, 1]")
-        rates = self.synthetic_acceptance
-        if rates is not None and (not rates or any(not 0.0 <= r <= 1.0 for r in rates)):
-            raise InputError(f"synthetic_acceptance={rates!r} must be rates in [0, 1]")
-
-
-@dataclass(frozen=True)
-class SpecConfig:
-    """One speculative decoding configuration.
-
-    Attributes:
-        num_speculative_tokens: N >= 0, the most tokens drafted per cycle; 0 means plain decoding.
-        threshold: θ in [0, 1); drafting stops at the first token whose draft confidence is below θ.
-        schedule: 'constant' (N every cycle) or 'heuristic' (N_cur += 2 after a fully accepted
-            draft, else N_cur -= 1, kept in 1..N).
-        batch_size: B >= 1 sequences decoded together.
-        mode: 'greedy' or 'sampling'.
-        threshold_rule: 'before' (the engine's default: the position whose top draft probability is
-            below θ is not drafted) or 'hf' (transformers' rule: that token is proposed, then drafting
-            stops); see ``specdec_tune.schedules.threshold_cut``.
-    """
-
-    num_speculative_tokens: int
-    threshold: float = 0.0
-    schedule: Literal["constant", "heuristic"] = "constant"
-    batch_size: int = 1
-    mode: Literal["greedy", "sampling"] = "greedy"
-    threshold_rule: Literal["before", "hf"] = "before"
-
-    def __post_init__(self) -> None:
-        n = self.num_speculative_tokens
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise InputError(f"num_speculative_tokens={n!r} must be an int >= 0")
-        if not (isinstance(self.threshold, (int, float)) and 0.0 <= self.threshold < 1.0):
-            raise InputError(f"threshold={self.threshold!r} must lie in [0, 1)")
-        if self.schedule not in ("constant", "heuristic"):
-            raise InputError(f"schedule={self.schedule!r} must be 'constant' or 'heuristic'")
-        b = self.batch_size
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise InputError(f"batch_size={b!r} must be an int >= 1")
-        if self.mode not in ("greedy", "sampling"):
-            raise InputError(f"mode={self.mode!r} must be 'greedy' or 'sampling'")
-        if self.threshold_rule not in ("before", "hf"):
-            raise InputError(f"threshold_rule={self.threshold_rule!r} must be 'before' or 'hf'")
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """What the model predicts for one configuration (all per-cycle numbers are expectations).
-
-    Attributes:
-        tokens_per_s: total tokens per second over the B sequences, B·E[τ] / E[T_cycle].
-        speedup: tokens_per_s ÷ baseline_tokens_per_s (plain decoding at the same B).
-        baseline_tokens_per_s: B / (T_v(B, 1) + ar_overhead_s).
-        expected_tokens_per_cycle: E[τ] per sequence (accepted + 1; vLLM's mean acceptance length).
-        expected_draft_length: E[L], tokens proposed per cycle.
-        expected_draft_forwards: E[F], draft forwards per cycle.
-        cycle_time_s: E[T_cycle] in seconds.
-        acceptance_per_position: conditional α_i implied for this configuration, ``[N]`` (NaN where no
-            cycle reaches position i, e.g. a high θ cuts every draft before it).
-        source: 'traces', 'sampling_traces', 'tv' (constant α = 1 - E[TV]), 'synthetic' (given rates) or
-            'baseline' (N = 0).
-        label: always 'predicted', to tell it apart from measured numbers wherever both are shown.
-    """
-
-    tokens_per_s: float
-    speedup: float
-    baseline_tokens_per_s: float
-    expected_tokens_per_cycle: float
-    expected_draft_length: float
-    expected_draft_forwards: float
-    cycle_time_s: float
-    acceptance_per_position: tuple[float, ...] = field(default=())  # [N]
-    source: str = "traces"
-    label: str = "predicted"
 
 
 def closed_form_tokens_per_cycle(alpha: float, n: int) -> float:
@@ -263,28 +133,6 @@ def baseline_tokens_per_s(profile: ModelProfile, batch_size: int = 1) -> float:
     return batch_size / (verify_time(profile, batch_size, 1) + profile.ar_overhead_s)
 
 
-def _stats_for(profile: ModelProfile, config: SpecConfig, n: int) -> tuple[ReplayStats, str]:
-    """Per-cycle expectations at N = n from the best acceptance source for the config's mode."""
-    theta = config.threshold
-    if config.mode == "greedy" and profile.synthetic_acceptance is not None:
-        if theta > 0:
-            raise InputError(f"threshold={theta}: synthetic acceptance has no draft confidences to cut (θ must be 0)")
-        rates = profile.synthetic_acceptance
-        return alpha_stats([rates[min(i, len(rates) - 1)] for i in range(n)]), "synthetic"
-    if config.mode == "greedy":
-        if not profile.traces:
-            raise InputError(f"profile {profile.name!r} has no greedy traces; profile acceptance first")
-        return replay(profile.traces, n, theta, config.threshold_rule), "traces"
-    if profile.sampling_traces:
-        return replay(profile.sampling_traces, n, theta, config.threshold_rule), "sampling_traces"
-    if profile.sampling_acceptance is None:
-        raise InputError(f"profile {profile.name!r} has neither sampling traces nor a TV-based acceptance")
-    if theta > 0:
-        # A single TV number carries no confidences, so the threshold's cut cannot be predicted.
-        raise InputError(f"threshold={theta} needs sampling traces; profile {profile.name!r} has only a TV number")
-    return constant_alpha_stats(profile.sampling_acceptance, n), "tv"
-
-
 def _cycle_time(profile: ModelProfile, stats: ReplayStats, batch_size: int) -> float:
     """E[T_cycle] = E[F]·T_s(B) + Σ_l P(L = l)·T_v(B, l + 1) + overhead."""
     verify = sum(p * verify_time(profile, batch_size, length + 1) for length, p in stats.draft_length_dist.items())
@@ -295,11 +143,10 @@ def predict(profile: ModelProfile, config: SpecConfig) -> Prediction:
     """Predict throughput of one configuration (renewal-reward: B·E[τ] / E[T_cycle]).
 
     N = 0 is plain decoding and returns the baseline (speedup 1). The heuristic schedule is a
-    Markov chain over N_cur in 1..N whose "grow" probability per state comes from the same replay;
-    its throughput is Σ π_n E[τ|n]·B / Σ π_n E[T|n] with π the stationary distribution. "Grow"
-    means every *proposed* token was accepted (A == L, so a cycle cut to L = 0 by θ grows too), the
-    one rule of ``specdec_tune.schedules`` that the engine runs and HF's heuristic uses. Traces are treated as independent draws (no correlation between
-    consecutive cycles), and the start-up transient from N_cur = N is ignored.
+    Markov chain over N_cur in 1..N, the adaptive θ one over θ's levels (:func:`chain_stats`); the
+    throughput is Σ π_s E[τ|s]·B / Σ π_s E[T|s] with π the stationary distribution. "Grow" means
+    every *proposed* token was accepted (A == L, so a cycle cut to L = 0 by θ grows too), the one
+    rule of ``specdec_tune.schedules`` that the engine runs and HF's heuristic uses.
 
     Raises:
         InputError: the profile lacks what the config needs (traces, batch size, N beyond traces).
@@ -310,16 +157,8 @@ def predict(profile: ModelProfile, config: SpecConfig) -> Prediction:
     if n == 0:
         step = b / base
         return Prediction(base, 1.0, base, 1.0, 0.0, 0.0, step, (), "baseline")
-    if config.schedule == "constant":
-        stats, source = _stats_for(profile, config, n)
-        time = _cycle_time(profile, stats, b)
-    else:
-        states = [_stats_for(profile, config, m) for m in range(1, n + 1)]
-        source = states[0][1]
-        pi = heuristic_stationary([s.all_accepted_rate for s, _ in states])
-        stats = mix([s for s, _ in states], pi)
-        # E[T] is linear in the per-state stats, so mixing before timing equals Σ π_n E[T|n].
-        time = _cycle_time(profile, stats, b)
+    stats, source = chain_stats(profile, config)
+    time = _cycle_time(profile, stats, b)
     tps = b * stats.mean_tau / time
     return Prediction(
         tokens_per_s=tps,

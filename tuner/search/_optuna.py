@@ -28,7 +28,7 @@ from specdec_tune.tuner.model import NGRAM, NONE, Candidate, Evaluator, Scored, 
 from specdec_tune.tuner.search._space import SearchSpace, make_candidate, server_search_space, unsupported
 from specdec_tune.tuner.servers import SERVERS
 
-OBJECTIVES = ("throughput", "memory")
+OBJECTIVES = ("throughput", "memory", "bias")
 
 
 def suggest(trial: Any, space: SearchSpace) -> Candidate:
@@ -37,15 +37,32 @@ def suggest(trial: Any, space: SearchSpace) -> Candidate:
     if drafter == NONE:
         return Candidate(NONE, 0)
     n = trial.suggest_int("num_speculative_tokens", 1, space.n_max)
-    theta = 0.0
+    kind, theta, step = "per-token", 0.0, 0.05
+    if drafter != NGRAM and len(space.threshold_kinds) > 1:
+        kind = trial.suggest_categorical("threshold_kind", list(space.threshold_kinds))
     if drafter != NGRAM and len(space.thresholds) > 1:
-        theta = trial.suggest_float("threshold", space.thresholds[0], space.thresholds[-1],
+        # one parameter name per range: the kinds search different θ ranges (space.thetas_for)
+        thetas = space.thetas_for(kind)
+        theta = trial.suggest_float("threshold" if kind == "per-token" else f"threshold_{kind}", thetas[0], thetas[-1],
                                     step=round(space.thresholds[1] - space.thresholds[0], 2))
+    if kind == "adaptive":
+        step = trial.suggest_categorical("threshold_step", list(space.steps))
+        return _lossy(trial, space, drafter, make_candidate(drafter, n, theta, space.threshold_rule, "constant", kind, step))
     schedules = space.schedules_for(drafter)
     # one parameter name per choice set: Optuna refuses a categorical whose choices change between trials
     key = "ngram_schedule" if drafter == NGRAM else "schedule"
     schedule = trial.suggest_categorical(key, list(schedules)) if len(schedules) > 1 else schedules[0]
-    return make_candidate(drafter, n, theta, space.threshold_rule, schedule)
+    return _lossy(trial, space, drafter, make_candidate(drafter, n, theta, space.threshold_rule, schedule, kind))
+
+
+def _lossy(trial: Any, space: SearchSpace, drafter: str, c: Candidate) -> Candidate:
+    """The acceptance rule of a model draft's candidate: exact, or Decoding-OPT at an ε of the space."""
+    pairs = space.acceptances()
+    if drafter == NGRAM or len(pairs) == 1:
+        return c
+    index = trial.suggest_categorical("acceptance", list(range(len(pairs))))
+    method, epsilon = pairs[index]
+    return replace(c, acceptance=method, epsilon=epsilon)
 
 
 @dataclass
@@ -70,7 +87,8 @@ class SearchOutcome:
 
 
 def _values(s: Scored, objectives: Sequence[str]) -> list[float]:
-    return [s.predicted_tokens_per_s if o == "throughput" else float(s.memory_bytes or 0.0) for o in objectives]
+    second = {"memory": lambda: float(s.memory_bytes or 0.0), "bias": lambda: float(s.bias or 0.0)}
+    return [s.predicted_tokens_per_s if o == "throughput" else second[o]() for o in objectives]
 
 
 def _completed(study: Any) -> list[Any]:
@@ -136,8 +154,10 @@ def run_search(
 def _checked_objectives(objectives: Sequence[str], evaluator: Evaluator) -> list[str]:
     objectives = list(objectives)
     if not objectives or objectives[0] != "throughput" or any(o not in OBJECTIVES for o in objectives) \
-            or len(set(objectives)) != len(objectives):
+            or len(set(objectives)) != len(objectives) or len(objectives) > 2:
         raise InputError(f"--objectives must be 'throughput' or 'throughput,memory', got {','.join(objectives)!r}")
+    if "bias" in objectives and evaluator.mode != "sampling":
+        raise InputError("a bias budget needs sampling (--temperature > 0): greedy decoding has no lossy acceptance")
     if "memory" in objectives and evaluator.memory is None:
         raise InputError("the memory objective needs the models' sizes (not available for this run)")
     return objectives
@@ -164,8 +184,8 @@ def _open_study(evaluator: Evaluator, space: SearchSpace, storage: Any, study_na
     study = load_or_create(storage, study_name, directions, {**(attrs or {}), "space": space.to_dict(),
                                                               "objectives": objectives}, sampler)
     if "objectives" not in study.user_attrs:  # the dashboard names the study's values with these
-        study.set_user_attr("objectives", ["predicted_tokens_per_s" if o == "throughput" else "memory_bytes"
-                                           for o in objectives])
+        names = {"throughput": "predicted_tokens_per_s", "memory": "memory_bytes", "bias": "bias"}
+        study.set_user_attr("objectives", [names[o] for o in objectives])
     for t in _completed(study):  # what earlier runs or other workers predicted is not predicted again
         if "candidate" in t.user_attrs:
             s = Scored.from_trial(t)

@@ -10,7 +10,7 @@ from specdec_tune.db import Database, list_runs
 from specdec_tune.errors import InputError
 from specdec_tune.profiler import ProfileSettings
 from specdec_tune.tuner.model import TuningResult
-from specdec_tune.tuner.search._space import ANY, N_LIMIT, check_server
+from specdec_tune.tuner.search._space import ANY, N_LIMIT, THRESHOLD_KINDS, check_server
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,23 @@ class TuneRequest:
     backend: str = "engine"  # engine | vllm: where the confirmation and held-out measurements run
     vllm_python: str | None = None  # the vLLM venv's Python (--backend vllm; else $SPECDEC_VLLM_PYTHON)
     threads: int | None = None  # intra-op threads (None: chosen by the profiler, "auto")
+    threshold_kinds: tuple[str, ...] = ("per-token",)  # how θ may apply (per-token, cumulative, adaptive)
+    max_bias: float | None = None  # a bias budget per verified position: Decoding-OPT's ε is searched too
 
     def __post_init__(self) -> None:
         check_server(self.server)
+        if self.max_bias is not None:
+            if not 0.0 <= self.max_bias <= 1.0:
+                raise InputError(f"--max-bias must be a total variation distance in [0, 1], got {self.max_bias}")
+            if self.temperature <= 0:
+                raise InputError("--max-bias needs --temperature > 0: lossy acceptance is a sampling rule")
+            if self.objectives != ("throughput",):
+                raise InputError("--max-bias makes its own objectives (throughput and bias); drop --objectives")
+            object.__setattr__(self, "objectives", ("throughput", "bias"))
+        bad = [k for k in self.threshold_kinds if k not in THRESHOLD_KINDS]
+        if bad or not self.threshold_kinds:
+            raise InputError(f"--threshold-kinds must list some of {', '.join(THRESHOLD_KINDS)}, "
+                             f"got {','.join(self.threshold_kinds)!r}")
         if not self.drafts:
             raise InputError("--drafts needs at least one draft (a model, or 'ngram')")
         if len(set(self.drafts)) != len(self.drafts):
@@ -85,9 +99,12 @@ class TuneRequest:
         import hashlib
         import json
 
-        key = json.dumps([self.target, list(self.drafts), self.workload, self.temperature, list(self.objectives),
-                          self.n_max, self.max_prompts, self.max_new_tokens,
-                          list(self.thresholds) if self.thresholds is not None else None], sort_keys=True)
+        parts = [self.target, list(self.drafts), self.workload, self.temperature, list(self.objectives),
+                 self.n_max, self.max_prompts, self.max_new_tokens,
+                 list(self.thresholds) if self.thresholds is not None else None]
+        if self.threshold_kinds != ("per-token",):  # (studies made before the kinds keep their names)
+            parts.append(list(self.threshold_kinds))
+        key = json.dumps(parts, sort_keys=True)
         short = lambda s: s.rstrip("/").rsplit("/", 1)[-1]  # noqa: E731
         backend = "" if self.backend == "engine" else f"-{self.backend}"
         return (f"tune-{short(self.target)}-{short(self.workload)}-{self.server}{backend}-"

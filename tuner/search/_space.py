@@ -17,7 +17,7 @@ Which part of the space a server can express is asked from :mod:`specdec_tune.tu
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specdec_tune.errors import InputError
 from specdec_tune.tuner.model import NGRAM, NONE, Candidate
@@ -29,6 +29,9 @@ THETA_STEP = 0.05
 THETA_MAX = 0.95
 THETA_GRID = tuple(round(i * THETA_STEP, 2) for i in range(int(round(THETA_MAX / THETA_STEP)) + 1))
 SCHEDULES = ("constant", "heuristic")
+THRESHOLD_KINDS = ("per-token", "cumulative", "adaptive")  # specdec_tune.schedules.THRESHOLD_KINDS
+ADAPTIVE_STEPS = (0.02, 0.05, 0.1)  # the adaptive kind's steps searched
+ADAPTIVE_MAX = 0.9  # the adaptive θ's upper bound (specdec_tune.schedules.ADAPTIVE_BOUNDS)
 _PROBE_DRAFT = "draft-model"  # any model draft stands for all of them when probing a server
 
 
@@ -44,6 +47,14 @@ class SearchSpace:
         schedules: schedules for model drafts: ``constant`` and, where allowed, ``heuristic``.
         ngram_schedules: schedules for n-gram lookup.
         server: the server whose space this is (``any``: the whole space).
+        threshold_kinds: how θ applies (``per-token``; with ``tune --threshold-kinds`` also
+            ``cumulative`` and ``adaptive``). A cumulative θ of 0 is per-token θ = 0, so it is not
+            searched twice; the adaptive θ starts at most at 0.9, runs the constant schedule only, and
+            takes a step from ``steps``.
+        steps: the adaptive kind's steps.
+        epsilons: over-acceptance ε searched with Decoding-OPT next to exact acceptance (``tune
+            --max-bias``; empty: exact only). Decoding-UNO is not searched: it accepts as OPT does
+            (same speed) and is at least as biased (Theorem 4), so it is never on the front.
     """
 
     drafters: tuple[str, ...]
@@ -53,6 +64,31 @@ class SearchSpace:
     schedules: tuple[str, ...] = SCHEDULES
     ngram_schedules: tuple[str, ...] = SCHEDULES
     server: str = ANY
+    threshold_kinds: tuple[str, ...] = ("per-token",)
+    steps: tuple[float, ...] = ADAPTIVE_STEPS
+    epsilons: tuple[float, ...] = ()
+
+    def acceptances(self) -> tuple[tuple[str, float], ...]:
+        """(rule, ε) pairs searched for model drafts: exact, then OPT at each ε > 0."""
+        return (("exact", 0.0),) + tuple(("opt", e) for e in self.epsilons if e > 0)
+
+    def thetas_for(self, kind: str) -> tuple[float, ...]:
+        """θ values searched for ``kind`` (model drafts)."""
+        if kind == "cumulative":
+            return tuple(t for t in self.thresholds if t > 0)
+        if kind == "adaptive":
+            return tuple(t for t in self.thresholds if t <= ADAPTIVE_MAX + 1e-9)
+        return self.thresholds
+
+    def _model_points(self, drafter: str, n: int) -> Iterator[Candidate]:
+        for kind in self.threshold_kinds:
+            for theta in self.thetas_for(kind):
+                if kind == "adaptive":
+                    for step in self.steps:
+                        yield make_candidate(drafter, n, theta, self.threshold_rule, "constant", kind, step)
+                    continue
+                for schedule in self.schedules:
+                    yield make_candidate(drafter, n, theta, self.threshold_rule, schedule, kind)
 
     def schedules_for(self, drafter: str) -> tuple[str, ...]:
         return self.ngram_schedules if drafter == NGRAM else self.schedules
@@ -62,11 +98,13 @@ class SearchSpace:
         for drafter in self.drafters:
             if drafter == NONE:
                 continue
-            thetas = (0.0,) if drafter == NGRAM else self.thresholds
             for n in range(1, self.n_max + 1):
-                for theta in thetas:
-                    for schedule in self.schedules_for(drafter):
-                        yield make_candidate(drafter, n, theta, self.threshold_rule, schedule)
+                if drafter != NGRAM:
+                    for c in self._model_points(drafter, n):
+                        yield from (replace(c, acceptance=a, epsilon=e) for a, e in self.acceptances())
+                    continue
+                for schedule in self.ngram_schedules:
+                    yield make_candidate(drafter, n, 0.0, self.threshold_rule, schedule)
         if NONE in self.drafters:
             yield Candidate(NONE, 0)
 
@@ -77,13 +115,21 @@ class SearchSpace:
     def to_dict(self) -> dict:
         return {"drafters": list(self.drafters), "n_max": self.n_max, "thresholds": list(self.thresholds),
                 "threshold_rule": self.threshold_rule, "schedules": list(self.schedules),
-                "ngram_schedules": list(self.ngram_schedules), "server": self.server}
+                "ngram_schedules": list(self.ngram_schedules), "server": self.server,
+                "threshold_kinds": list(self.threshold_kinds), "steps": list(self.steps),
+                "epsilons": list(self.epsilons)}
 
 
-def make_candidate(drafter: str, n: int, theta: float, rule: str, schedule: str) -> Candidate:
-    """A candidate with θ rounded to the grid (Optuna's stepped floats carry binary noise)."""
+def make_candidate(drafter: str, n: int, theta: float, rule: str, schedule: str, kind: str = "per-token",
+                   step: float = 0.05) -> Candidate:
+    """A candidate with θ rounded to the grid (Optuna's stepped floats carry binary noise); a cumulative
+    θ of 0 is per-token θ = 0, and only the adaptive kind keeps its step."""
     theta = round(float(theta), 2)
-    return Candidate(drafter, int(n), theta, rule if theta > 0 else "before", schedule)
+    if kind == "cumulative" and theta == 0:
+        kind = "per-token"
+    step = round(float(step), 3) if kind == "adaptive" else 0.05
+    return Candidate(drafter, int(n), theta, rule if theta > 0 else "before", schedule, threshold_kind=kind,
+                     threshold_step=step)
 
 
 # --------------------------------------------------------------------------- servers
@@ -105,7 +151,8 @@ def check_server(server: str) -> str:
     return server
 
 
-def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ngram: bool) -> SearchSpace:
+def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ngram: bool,
+                        kinds: Sequence[str] = ("per-token",), epsilons: Sequence[float] = ()) -> SearchSpace:
     """The part of the whole space ``server`` can express, found by probing :func:`expressible`.
 
     Args:
@@ -113,6 +160,8 @@ def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ng
         model_drafts: the draft models profiled (names as stored in the run).
         n_max: largest N the profile can predict (capped at 16).
         ngram: whether n-gram lookup was profiled.
+        kinds: the threshold kinds asked (``tune --threshold-kinds``); the server keeps those it can express.
+        epsilons: over-acceptance ε asked (``tune --max-bias``); kept where the server runs Decoding-OPT.
     """
     check_server(server)
     n_max = min(int(n_max), N_LIMIT)
@@ -132,5 +181,11 @@ def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ng
         rule = "before"
     schedules = tuple(s for s in SCHEDULES if ok(Candidate(probe, 4, schedule=s))) or ("constant",)
     ngram_schedules = tuple(s for s in SCHEDULES if ok(Candidate(NGRAM, 4, schedule=s))) or ("constant",)
+    bad = [k for k in kinds if k not in THRESHOLD_KINDS]
+    if bad or not kinds:
+        raise InputError(f"--threshold-kinds must list some of {', '.join(THRESHOLD_KINDS)}, got {','.join(kinds)!r}")
+    kept = tuple(k for k in THRESHOLD_KINDS if k in kinds and (
+        k == "per-token" or (rule == "before" and ok(make_candidate(probe, 4, 0.3, "before", "constant", k)))))
+    lossy = tuple(e for e in epsilons if ok(Candidate(probe, 4, acceptance="opt", epsilon=e)))
     return SearchSpace(tuple(drafters), n_max, THETA_GRID if rule else (0.0,), rule or "before", schedules,
-                       ngram_schedules, server)
+                       ngram_schedules, server, kept or ("per-token",), epsilons=lossy)

@@ -25,7 +25,9 @@ from typing import Any
 
 from specdec_tune.db import Database, get_run, list_models
 from specdec_tune.profiler import Progress, run_profile
-from specdec_tune.tuner.model import NGRAM, Candidate, Evaluator, Scored, ServerDecision, TuningResult, decide
+from specdec_tune.errors import InputError
+from specdec_tune.tuner.model import NGRAM, Candidate, Evaluator, Scored, ServerDecision, TuningResult, bias_of, decide
+from specdec_tune.tuner.model import front_epsilons
 from specdec_tune.tuner.search._confirm import confirm, server_decisions
 from specdec_tune.tuner.search._measure import completed_trials, heldout_notes, measured_speedup
 from specdec_tune.tuner.search._memory import memory_model
@@ -40,7 +42,7 @@ from specdec_tune.tuner.servers import SERVERS
 
 def _scored_dict(s: Scored) -> dict[str, Any]:
     return {**s.candidate.to_dict(), "label": s.candidate.label(), "predicted_tokens_per_s": s.predicted_tokens_per_s,
-            "predicted_speedup": s.predicted_speedup, "memory_bytes": s.memory_bytes}
+            "predicted_speedup": s.predicted_speedup, "memory_bytes": s.memory_bytes, "bias": s.bias}
 
 
 def _distinct_top(ranked: Sequence[Scored], k: int) -> list[Scored]:
@@ -82,7 +84,9 @@ def _search(db: Database, req: TuneRequest, storage_url: str, progress: Progress
     max_context = max(run.settings.get("prompt_tokens", [0]) or [0]) + req.max_new_tokens
     memory = memory_model(db, run_id, max_context) if "memory" in req.objectives else None
     evaluator = Evaluator(db, run_id, req.mode, memory)
-    space = server_search_space(req.server, [d for d in req.drafts if d != NGRAM], n_max, NGRAM in req.drafts)
+    model_drafts = [d for d in req.drafts if d != NGRAM]
+    epsilons = _epsilons(evaluator, model_drafts) if req.max_bias is not None else ()
+    space = server_search_space(req.server, model_drafts, n_max, NGRAM in req.drafts, req.threshold_kinds, epsilons)
     if req.thresholds is not None and len(space.thresholds) > 1:
         space = replace(space, thresholds=tuple(req.thresholds))
     if NGRAM in req.drafts:
@@ -99,6 +103,23 @@ def _search(db: Database, req: TuneRequest, storage_url: str, progress: Progress
                          objectives=req.objectives, attrs=attrs, seed=req.seed,
                          on_trial=lambda _t: progress.advance())
     return _Searched(run, profiled, evaluator, outcome, name, storage_url, space, n_max, notes + outcome.notes)
+
+
+def _epsilons(evaluator: Evaluator, model_drafts: Sequence[str]) -> tuple[float, ...]:
+    """The over-acceptance grid the profile's front holds (every model draft's), for ``--max-bias``."""
+    grids = [set(front_epsilons(evaluator.profile(d).bias_front)) for d in model_drafts]
+    common = set.intersection(*grids) if grids else set()
+    if not common:
+        raise InputError("--max-bias needs the lossy acceptance front, which the profile lacks: profile a model draft "
+                         "with --temperature (and --reprofile a run made before the front was stored)")
+    return tuple(sorted(common))
+
+
+def within_budget(pool: Sequence[Scored], budget: float | None) -> list[Scored]:
+    """The candidates whose predicted bias per verified position is within ``budget`` (all without one)."""
+    if budget is None:
+        return list(pool)
+    return [s for s in pool if (s.bias or 0.0) <= budget + 1e-12]
 
 
 def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progress | None = None,
@@ -151,6 +172,9 @@ def _engine_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
     each server's pick out, and decide what each server's file carries (:mod:`._confirm`)."""
     run_id = s.run.id
     pool = s.outcome.pareto if len(req.objectives) > 1 else s.outcome.ranked
+    if req.max_bias is not None:  # the fastest within the budget: the front's points inside it, then the rest
+        inside = within_budget(pool, req.max_bias)
+        pool = inside + [x for x in within_budget(s.outcome.ranked, req.max_bias) if x not in inside]
     bests = _server_bests(req, s)
     conf = confirm(db, run_id, _distinct_top(pool, req.measure_top), bests, measure_prompts=req.measure_prompts,
                    heldout_prompts=req.heldout_prompts, temperature=req.temperature, repeats=req.repeats,
@@ -168,6 +192,8 @@ def _engine_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
         baseline_tokens_per_s=base_h.tokens_per_s, speedup=speedup, speedup_ci=ci, heldout=win_h.heldout,
         temperature=req.temperature, study=s.study, run_id=run_id,
         best_per_server={srv: d.to_dict() for srv, d in decided.items()},
+        bias=_bias(s, winner.candidate, req.max_bias), pareto=[_scored_dict(t) for t in s.outcome.pareto]
+        if req.max_bias is not None else [],
     )
     confirmation = [{**m.candidate.to_dict(), "label": m.candidate.label(), "measured_tokens_per_s": m.tokens_per_s,
                      "measured_ci": m.ci, "measured_speedup": m.speedup, "predicted_tokens_per_s": m.predicted_tokens_per_s,
@@ -176,6 +202,17 @@ def _engine_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
     return result, _report(s, result, confirmation, [_scored_dict(t) for t in s.outcome.pareto],
                            s.notes + heldout_notes(list(conf.heldout.values())),
                            threads=winner.validated.measurement.threads)
+
+
+def _bias(s: _Searched, c: Candidate, budget: float | None) -> dict[str, Any] | None:
+    """The winner's bias per verified position (sampling): predicted from the stored front, measured where
+    the profile decoded that rule and ε."""
+    if s.evaluator.mode != "sampling" or c.is_plain or c.is_ngram:
+        return None
+    b = bias_of(s.evaluator.profile(c.drafter).bias_front, c.acceptance, c.epsilon)
+    return {"bias": b.bias, "rejection": b.rejection, "label": b.label, "measured_bias": b.measured_bias,
+            "measured_rejection": b.measured_rejection, "budget": budget,
+            "unit": "mean TV(emitted, target) per verified position"}
 
 
 def _finish(result: TuningResult, outcome: SearchOutcome, export: tuple[str, Sequence[str]] | None,

@@ -14,7 +14,7 @@ CI and the prediction is reported as inside or outside it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specdec_tune.db import Database, RunRecord, get_run, set_prediction
 from specdec_tune.errors import InputError
@@ -120,7 +120,8 @@ def measure_predicted(
     # so the prediction for the measured prompts is made after it (from the profile only, below).
     planned = [_plan(db, run, draft, config, mode) for draft, config in items]
     specs = [MeasureSpec(PLAIN if plain else rp.draft, c.num_speculative_tokens, c.threshold, c.schedule,
-                         c.threshold_rule) for plain, rp, c in planned]
+                         c.threshold_rule, c.threshold_kind, c.threshold_step, c.acceptance, c.epsilon)
+             for plain, rp, c in planned]
     measured = measure_configs(db, run_id, specs, split=split, temperature=temperature, max_prompts=max_prompts,
                                repeats=repeats, seed=seed, progress=progress, threads=threads)
     out = []
@@ -141,9 +142,7 @@ def _plan(db: Database, run: RunRecord, draft: str | None, config: SpecConfig,
         raise InputError(f"measure decodes one sequence at a time; --batch-size must be 1, got {config.batch_size}")
     plain = config.num_speculative_tokens == 0 or draft == PLAIN
     name = run.resolve_draft(None if plain else draft)
-    config = SpecConfig(0 if plain else config.num_speculative_tokens, 0.0 if plain else config.threshold,
-                        "constant" if plain else config.schedule, 1, mode,  # type: ignore[arg-type]
-                        "before" if plain else config.threshold_rule)
+    config = replace(config, batch_size=1, mode=mode) if not plain else SpecConfig(0, mode=mode)  # type: ignore[arg-type]
     rp = load_run_profile(db, run.id, name)
     # Fails now (N beyond N_max, no traces) rather than after minutes of measuring.
     predict_prompts(rp, config, [(rp.prompts[0].prompt_tokens if rp.prompts else 8, None)])

@@ -30,8 +30,8 @@ from specdec_tune.errors import InputError
 from specdec_tune.tuner.model import Candidate, TuningResult
 from specdec_tune.tuner.servers import _schemas as sch
 from specdec_tune.tuner.servers._gguf import gguf_sources, prepare_ggufs
-from specdec_tune.tuner.servers._ship import Files, Shipped, carried, server_best
-from specdec_tune.tuner.servers._table import SERVERS, expressible, server_space
+from specdec_tune.tuner.servers._ship import Files, Shipped, carried, refusal_text, server_best
+from specdec_tune.tuner.servers._table import SERVERS
 from specdec_tune.tuner.servers._trtllm_fields import TRTLLM_COMMIT
 from specdec_tune.tuner.servers._trtllm_fields import check_options as check_trtllm_options
 
@@ -99,10 +99,10 @@ def batch_ranges(result: TuningResult) -> list[tuple[int, int, int]] | None:
     return None if len(ranges) <= 1 else [(lo, hi, n) for lo, hi, n in ranges]
 
 
-def _refuse(fmt: str, c: Candidate) -> None:
-    reason = expressible(server_space(fmt), c)
-    if reason is not None:
-        raise InputError(f"cannot export {c.label()} as {fmt}: {reason}")
+def _refuse(fmt: str, result: TuningResult) -> None:
+    refusal = refusal_text(fmt, result)
+    if refusal is not None:
+        raise InputError(refusal)
 
 
 def _paths(result: TuningResult) -> tuple[str, str | None]:
@@ -133,7 +133,7 @@ def _vllm(result: TuningResult) -> Files:
     target, draft = _paths(result)
     if c.is_plain:
         return [("vllm/launch.sh", _script(["vllm", "serve", target], "plain decoding: no --speculative-config"))]
-    _refuse("vllm", c)
+    _refuse("vllm", result)
     ranges = batch_ranges(result)
     fields: dict = {"method": "ngram" if c.is_ngram else "draft_model",
                     "num_speculative_tokens": max(n for _, _, n in ranges) if ranges else c.num_speculative_tokens}
@@ -156,7 +156,7 @@ def _sglang(result: TuningResult) -> Files:
     base = ["python", "-m", "sglang.launch_server", "--model-path", target]
     if c.is_plain:
         return [("sglang/launch.sh", _script(base, "plain decoding: no --speculative-* flags"))]
-    _refuse("sglang", c)
+    _refuse("sglang", result)
     n = c.num_speculative_tokens
     if c.is_ngram:  # the draft's first token is the last verified one: N + 1 tokens in the window
         args = _validated(sch.SglangSpeculativeArgs, "sglang", speculative_algorithm="NGRAM",
@@ -179,7 +179,7 @@ def _trtllm(result: TuningResult) -> Files:
     base = ["trtllm-serve", target, "--backend", "pytorch"]
     if c.is_plain:
         return [("trtllm/launch.sh", _script(base, "plain decoding: no speculative_config"))]
-    _refuse("trtllm", c)
+    _refuse("trtllm", result)
     ranges = batch_ranges(result)
     max_draft = c.num_speculative_tokens
     fields: dict = {}
@@ -218,7 +218,7 @@ def _llamacpp(result: TuningResult) -> Files:
     if c.is_plain:
         return [("llamacpp/launch.sh", _gguf_script(base, f"{version}; plain decoding: no --spec-* flags")),
                 gguf_sources(target, None)]
-    _refuse("llamacpp", c)
+    _refuse("llamacpp", result)
     n = c.num_speculative_tokens
     if c.is_ngram:
         args = _validated(sch.LlamacppSpeculativeArgs, "llamacpp", spec_type="ngram-simple",
@@ -248,7 +248,7 @@ def _hf(result: TuningResult) -> Files:
     c = result.candidate
     if c.is_plain:
         return []
-    _refuse("hf", c)
+    _refuse("hf", result)
     if c.is_ngram:
         cfg = _validated(sch.HfPromptLookupGenerationConfig, "hf", prompt_lookup_num_tokens=c.num_speculative_tokens,
                          max_matching_ngram_size=c.ngram_max)

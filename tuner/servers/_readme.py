@@ -44,8 +44,17 @@ def _config_lines(r: TuningResult, ranges: list[tuple[int, int, int]] | None, pe
         path = _paths(r)[1]  # the draft the files name
         lines += [f"- drafter: `{c.drafter}`" + (f" (path `{path}`)" if path and path != c.drafter else ""),
                   f"- N (num_speculative_tokens): {c.num_speculative_tokens}",
-                  f"- θ: {c.threshold:g}" + (f" (rule `{c.threshold_rule}`)" if c.threshold > 0 else " (off)"),
+                  f"- θ: {c.threshold:g}" + (f" (rule `{c.threshold_rule}`, {c.threshold_kind}"
+                                             + (f", step {c.threshold_step:g})" if c.threshold_kind == "adaptive" else ")")
+                                             if c.threshold > 0 or c.threshold_kind == "adaptive" else " (off)"),
                   f"- schedule: {c.schedule}"]
+        if r.bias:
+            b = r.bias
+            measured = "" if b.get("measured_bias") is None else f"; measured {b['measured_bias']:.4f}"
+            lines.append(f"- acceptance: {c.acceptance}" + (f" ε={c.epsilon:g}" if c.acceptance != "exact" else "")
+                         + f"; bias {b['bias']:.4f} per verified position (mean TV(emitted, target), "
+                         f"{b.get('label', 'computed')}{measured})"
+                         + (f", budget {b['budget']:g}" if b.get("budget") is not None else ""))
         if c.is_ngram:
             lines.append(f"- n-gram sizes: {c.ngram_min}..{c.ngram_max}")
     points = schedule_points(r) if per_b else {}

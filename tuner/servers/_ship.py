@@ -87,6 +87,21 @@ def _guarded(result: TuningResult) -> tuple[TuningResult, str | None]:
     return replace(result, candidate=Candidate(NONE, 0), per_batch_size={}), why
 
 
+def refusal_text(fmt: str, result: TuningResult) -> str | None:
+    """Why ``fmt`` cannot run ``result``'s configuration (one line), None when it can; a lossy setting's
+    line states the bias computed for it, so the user sees what the refused setting would have cost."""
+    c = result.candidate
+    reason = expressible(server_space(fmt), c)
+    if reason is None:
+        return None
+    if c.acceptance != "exact" and result.bias:
+        b = result.bias
+        measured = "" if b.get("measured_bias") is None else f", {b['measured_bias']:.4f} measured"
+        reason += (f"; this setting's bias: {b['bias']:.4f} per verified position (computed, {b.get('label', '')}"
+                   f"{measured})")
+    return f"cannot export {c.label()} as {fmt}: {reason}"
+
+
 def carried(result: TuningResult, fmt: str, every: bool = True) -> Shipped:
     """What ``fmt``'s files carry (module docstring), not yet built.
 
@@ -106,11 +121,10 @@ def carried(result: TuningResult, fmt: str, every: bool = True) -> Shipped:
             note = d.reason
         return Shipped(fmt, _decided(result, fmt, d), d, note)
     guarded, note = _guarded(result)
-    reason = expressible(server_space(fmt), guarded.candidate)
-    if reason is None:
+    refusal = refusal_text(fmt, guarded)
+    if refusal is None:
         return Shipped(fmt, guarded, None, note)
     alt = server_best(result, fmt) if every else None
-    refusal = f"cannot export {guarded.candidate.label()} as {fmt}: {reason}"
     if alt is None:
         raise InputError(refusal)
     return Shipped(fmt, alt, None, f"{refusal}; wrote {SERVERS[fmt].title}'s best inside its own space instead: "

@@ -41,6 +41,8 @@ class ServerSpace:
         batch_schedule_drafters: drafter kinds the batch schedule applies to.
         n_limit: largest N the server accepts (``None``: no limit of its own).
         notes: what a user must know that the candidate does not say (shown in export READMEs).
+        threshold_kinds: how its θ applies (``per-token`` only for every server read so far; see
+            :data:`KIND_FACTS` for why each lacks ``cumulative`` and ``adaptive``).
     """
 
     name: str
@@ -57,6 +59,7 @@ class ServerSpace:
     batch_schedule_drafters: tuple[str, ...] = ()
     n_limit: int | None = None
     notes: tuple[str, ...] = ()
+    threshold_kinds: tuple[str, ...] = ()
 
     def capabilities(self) -> dict[str, str]:
         """One human-readable line per capability (README and reports)."""
@@ -66,7 +69,8 @@ class ServerSpace:
             "n-gram sizes": {"range": "shortest and longest", "down_to_one": "longest (tries longest..1)",
                              "single": "one size", "fixed": "chosen by the server"}[self.ngram_sizes]
             if self.ngram else "-",
-            "θ": ", ".join(f"rule {r}" for r in self.threshold_rules) or "none",
+            "θ": ", ".join(f"rule {r}" for r in self.threshold_rules) + (
+                f" ({', '.join(self.threshold_kinds)})" if self.threshold_kinds else "") or "none",
             "schedules": ", ".join(self.schedules),
             "per-batch-size N": {"ranges": "inclusive ranges [[lo, hi, K], ...]",
                                  "upper_bounds": "{upper bound: K}, 0 above the largest key"}.get(
@@ -145,7 +149,7 @@ _LLAMACPP = ServerSpace(
     name="llamacpp", title="llama.cpp", version="llama.cpp 0c1e57098 (--spec-* flags)",
     sources=("common/arg.cpp", "common/speculative.cpp (draft-simple: n_min, p_min after top-k 10)",
              "tools/server/server-context.cpp"),
-    draft_model=True, ngram=True, ngram_sizes="single", threshold_rules=("before",),
+    draft_model=True, ngram=True, ngram_sizes="single", threshold_rules=("before",), threshold_kinds=("per-token",),
     notes=("llama.cpp runs GGUF files: the export converts both models with llama.cpp's convert_hf_to_gguf.py "
            "(float32, llamacpp/gguf_sources.json names the models).",
            "Builds from before the --spec-* rename take -md, --draft-max, --draft-min, --draft-p-min; "
@@ -162,7 +166,7 @@ _HF = ServerSpace(
     name="hf", title="HF transformers", version="transformers 5.24.0",
     sources=("transformers/generation/configuration_utils.py", "transformers/generation/candidate_generator.py",
              "transformers/generation/stopping_criteria.py (ConfidenceCriteria)"),
-    draft_model=True, ngram=True, ngram_sizes="down_to_one", threshold_rules=("hf",),
+    draft_model=True, ngram=True, ngram_sizes="down_to_one", threshold_rules=("hf",), threshold_kinds=("per-token",),
     schedules=("constant", "heuristic"),
     notes=("With scikit-learn installed and θ > 0, transformers re-tunes θ after every verification from "
            "an ROC curve of draft confidence vs acceptance (cost = FPR + 3·FNR): the exported θ is only "
@@ -173,6 +177,28 @@ _HF = ServerSpace(
 )
 
 SERVERS: dict[str, ServerSpace] = {s.name: s for s in (_VLLM, _SGLANG, _TRTLLM, _LLAMACPP, _HF)}
+
+# Why a server cannot run the cumulative or the adaptive threshold kind (specdec_tune.schedules), from
+# the same sources as its row. llama.cpp common/speculative.cpp (0017d6fb): the draft loop takes the
+# top candidate and breaks when ``cur_p->data[0].p < params.p_min``, a per-token test with a fixed p_min.
+# transformers 5.24.0 candidate_generator.py ``update_candidate_strategy``: with scikit-learn installed and
+# θ != 0 it sets ``assistant_confidence_threshold`` to the ROC point minimising FPR + 3·FNR over every
+# (confidence, matched) pair seen so far: an adaptive θ, but another rule than the step up after a
+# rejection / down after a full acceptance, so our adaptive kind is not expressible there either.
+# vLLM, SGLang and TensorRT-LLM have no draft-confidence threshold at all.
+KIND_FACTS: dict[str, dict[str, str]] = {
+    "cumulative": {
+        "llamacpp": "llama.cpp's --spec-draft-p-min tests each position's top probability alone "
+                    "(common/speculative.cpp), not the drafted prefix's probability",
+        "hf": "HF's assistant_confidence_threshold tests each token's own probability (ConfidenceCriteria), "
+              "not the drafted prefix's probability",
+    },
+    "adaptive": {
+        "llamacpp": "llama.cpp keeps --spec-draft-p-min fixed for the whole run",
+        "hf": "HF moves assistant_confidence_threshold by its own ROC rule (cost FPR + 3·FNR over all verdicts "
+              "so far, candidate_generator.py), not one step up after a rejection and down after a full acceptance",
+    },
+}
 
 
 def server_space(name: str) -> ServerSpace:
@@ -185,6 +211,24 @@ def server_space(name: str) -> ServerSpace:
         return SERVERS[name]
     except KeyError:
         raise InputError(f"unknown server {name!r}; valid: {', '.join(SERVERS)}") from None
+
+
+# Lossy acceptance (engine.lossy: Decoding-OPT / -UNO with over-acceptance ε). Only SGLang relaxes its
+# verification, and not with this rule. sgl-kernel/csrc/speculative/speculative_sampling.cuh
+# (TreeSpeculativeSamplingTargetOnly, sgl-project/sglang 120affb9) accepts a draft token when
+# ``coin <= prob_acc / threshold_acc || target_prob_single >= threshold_single``, where prob_acc is the
+# target probability of the (top-1) candidate; on rejection it sets draft_probs[token] = p(token) and
+# samples from relu(p - draft_probs): p without that token. So with --speculative-accept-threshold-acc t
+# a draft token is accepted with probability min(1, p(x)/t) (the flag's help says so), and with
+# -single s surely when p(x) >= s; the draft is treated as a point mass and the residual is Theorem 4's
+# optimal one for it. Our ε rule accepts min(1, (p(x) + ε)/q(x)) for a token sampled from q: another
+# family (additive in p and divided by q, not multiplicative); only t = s = 1, exact acceptance,
+# coincides. vLLM, TensorRT-LLM, llama.cpp and HF verify exactly.
+LOSSY_FACTS: dict[str, str] = {
+    "sglang": "SGLang's --speculative-accept-threshold-acc t raises a top-1 draft token's acceptance to min(1, p/t) "
+              "and -single s to 1 when p >= s (sgl-kernel speculative_sampling.cuh), not min(1, (p + ε)/q) for a "
+              "sampled draft token; only t = s = 1 (exact) coincides",
+}
 
 
 def expressible(space: ServerSpace, candidate: Candidate) -> str | None:
@@ -208,6 +252,13 @@ def expressible(space: ServerSpace, candidate: Candidate) -> str | None:
             rule = space.threshold_rules[0]
             how = {"before": "stops before the token below θ", "hf": "proposes the token below θ, then stops"}
             return f"{t}'s threshold {how[rule]} (rule {rule!r}), not rule {c.threshold_rule!r}"
+    if c.threshold_kind != "per-token" and (c.threshold > 0 or c.threshold_kind == "adaptive"):
+        if c.threshold_kind not in space.threshold_kinds:
+            why = KIND_FACTS.get(c.threshold_kind, {}).get(space.name, f"{t} has no draft-confidence threshold")
+            return f"{t} has no {c.threshold_kind} threshold: {why}"
+    if c.acceptance != "exact":
+        why = LOSSY_FACTS.get(space.name, f"{t} verifies exactly (min(1, p/q)); it has no over-acceptance")
+        return f"{t} cannot run {c.acceptance.upper()} ε={c.epsilon:g}: {why}"
     if c.schedule not in space.schedules:
         return f"{t} has no {c.schedule!r} schedule of N"
     if c.schedule != "constant" and kind == "ngram":
@@ -229,6 +280,10 @@ def project(space: ServerSpace, candidate: Candidate) -> Candidate | None:
     c = candidate
     if expressible(space, c) is None:
         return c
+    if c.acceptance != "exact":
+        c = replace(c, acceptance="exact", epsilon=0.0)
+    if c.threshold_kind != "per-token" and c.threshold_kind not in space.threshold_kinds:
+        c = replace(c, threshold_kind="per-token", threshold=min(c.threshold, 0.95))
     if c.threshold > 0 and (c.threshold_rule not in space.threshold_rules or _kind(c) not in space.threshold_drafters):
         c = replace(c, threshold=0.0, threshold_rule="before")
     if c.schedule not in space.schedules or (c.is_ngram and c.schedule != "constant"):
