@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from specdec_tune.engine.lean import LeanCausalLM, lean_unsupported, wrap_forward
     from specdec_tune.engine.loading import LoadedModel, check_compatible, load_model
     from specdec_tune.engine.names import resolve_source
+    from specdec_tune.engine.staged import StagedDrafter
+    from specdec_tune.engine.tree import TokenTree
+    from specdec_tune.engine.tree_decode import tree_speculative
+    from specdec_tune.engine.tree_draft import TreeDrafter
     from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult, VerifyResult
     from specdec_tune.engine.types import acceptance_counts, acceptance_per_position
     from specdec_tune.engine.verify import verify_greedy, verify_sampling
@@ -28,6 +32,7 @@ _HOME = {  # public name -> the module that defines it
     "LeanCausalLM": "lean", "lean_unsupported": "lean", "wrap_forward": "lean",
     "LoadedModel": "loading", "check_compatible": "loading", "load_model": "loading",
     "resolve_source": "names",
+    "StagedDrafter": "staged", "TokenTree": "tree", "tree_speculative": "tree_decode", "TreeDrafter": "tree_draft",
     "CycleStats": "types", "Draft": "types", "Drafter": "types", "GenerationResult": "types", "VerifyResult": "types",
     "acceptance_counts": "types", "acceptance_per_position": "types",
     "verify_greedy": "verify", "verify_sampling": "verify",

@@ -65,6 +65,8 @@ class CycleStats:
         outcomes: for each proposed token, True if accepted, ``[L]`` (accepted tokens form a prefix).
         draft_forwards: draft model forwards run in this cycle (0 for n-gram).
         target_positions: positions the target's verify forward processed (L + 1 normally).
+        path_ranks: token trees only: the sibling rank of each accepted node (0 = the draft's best
+            child), ``[accepted]``; ``()`` for a chain.
     """
 
     drafted: int
@@ -74,6 +76,7 @@ class CycleStats:
     outcomes: tuple[bool, ...]
     draft_forwards: int = 0
     target_positions: int = 0
+    path_ranks: tuple[int, ...] = ()
 
 
 @dataclass
