@@ -8,6 +8,7 @@ configuration records every room exchanges, ``_evaluator``: cached predictions o
 """
 from __future__ import annotations
 
+from specdec_tune.tuner.model._batch_theory import all_rejected, batch_rejection_limit, batch_rejections, sibling_acceptance
 from specdec_tune.tuner.model._calibration import OverheadFit, fit_overhead
 from specdec_tune.tuner.model._configs import NGRAM, NONE, THRESHOLD_RULES, Candidate, TuningResult, spec_config
 from specdec_tune.tuner.model._evaluator import Evaluator, Scored
@@ -24,7 +25,7 @@ from specdec_tune.tuner.model._throughput import closed_form_tokens_per_cycle, d
 from specdec_tune.tuner.model._throughput import relative_error, tokens_per_cycle_per_position, verify_time
 
 __all__ = [
-    "NGRAM", "NONE", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator", "ModelProfile", "OverheadFit",
+    "NGRAM", "NONE", "all_rejected", "batch_rejection_limit", "batch_rejections", "sibling_acceptance", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator", "ModelProfile", "OverheadFit",
     "PositionTrace", "Prediction", "PromptInfo", "PromptSpec", "ReplayStats", "RunPrediction", "RunProfile", "Scored",
     "SpecConfig", "Trace", "TuningResult", "alphas_from_traces", "at_machine_speed", "baseline_tokens_per_s", "best_configs",
     "best_n_per_batch_size", "build_run_profile", "closed_form_tokens_per_cycle", "draft_step_time", "fit_overhead",
