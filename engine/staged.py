@@ -53,12 +53,13 @@ class StagedDrafter:
         self.generator = generator
         self.forwards = 0  # draft-model forwards of the last proposal
         self.inner_forwards = 0  # inner-model forwards of the last proposal (0 for n-gram)
+        self.fed_tokens = 0  # tokens the draft model's forwards carried in the last proposal
         self._base = 0
 
     def propose(self, context: torch.Tensor, max_tokens: int) -> Draft:
         """Draft up to ``max_tokens`` tokens after ``context`` (``[T]``), distributed as the draft's."""
         self._base = base = context.shape[0]
-        self.forwards = self.inner_forwards = 0
+        self.forwards = self.inner_forwards = self.fed_tokens = 0
         stream = torch.empty(base + max_tokens + self.inner_n + 1, dtype=torch.long, device=context.device)
         stream[:base] = context
         length = base
@@ -74,6 +75,7 @@ class StagedDrafter:
                 stream[length:length + g] = guess.tokens
             logits = forward_with_cache(self.model, feed[None], self.cache, logits_to_keep=g + 1).logits[0]  # [g + 1, V]
             self.forwards += 1
+            self.fed_tokens += feed.shape[0]
             acc, nxt, table = self._inner_verdict(guess, logits)
             stream[length + acc] = nxt
             rows.extend(table[:acc + 1].unbind(0))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,9 @@ class MeasureSpec:
         threshold: θ (drafting stops when the draft's top probability is below it).
         schedule: ``constant`` or ``heuristic``.
         threshold_rule: ``before`` (exact) or ``hf`` (transformers' rule).
+        tree: a token tree of depth N (``specdec_tune.trees``); ``""``: a chain.
+        staged: the inner drafter speculating the draft (``ngram`` or another of the run's drafts).
+        rank_accept: per-rank acceptance that shapes a ``sequoia`` tree (the tuner's, from the profile).
     """
 
     draft: str | None
@@ -47,6 +50,9 @@ class MeasureSpec:
     threshold: float = 0.0
     schedule: str = "constant"
     threshold_rule: str = "before"
+    tree: str = ""
+    staged: str = ""
+    rank_accept: tuple[float, ...] = ()
 
     @property
     def is_plain(self) -> bool:
@@ -195,12 +201,14 @@ def measure_configs(
     _check(run, items, repeats, temperature)
     settings = run.settings
     planned = [(None if item.is_plain else run.resolve_draft(item.draft), item) for item in items]
+    inners = [item.staged if item.staged == NGRAM else run.resolve_draft(item.staged)
+              for _, item in planned if item.staged and not item.is_plain]
     split, prompts = chosen_prompts(run, split, max_prompts)
-    target, specs, choice = _load_models(run, [name for name, _ in planned], threads)
+    target, specs, choice = _load_models(run, [name for name, _ in planned] + inners, threads)
     wanted = [p.id for p in prompts]
     ids = [encode_prompt(target, p.prompt, p.id) for p in prompts]
     max_new = int(settings.get("max_new_tokens", 64))
-    cases = [_Case(draft=name, config=config, spec=specs[name],
+    cases = [_Case(draft=name, config=config, spec=_drafter(specs, name, config),
                    decode=_decode_config(config, max_new, temperature, target),
                    times=[[] for _ in ids], tokens=[[] for _ in ids])
              for name, config in planned]
@@ -209,6 +217,17 @@ def measure_configs(
     flags = [pid in profiled for pid in wanted]
     lengths = [int(x.shape[0]) for x in ids]
     return [_store(db, run_id, case, temperature, repeats, split, wanted, flags, lengths, choice) for case in cases]
+
+
+def _drafter(specs: dict[str | None, DraftSpec], name: str | None, config: MeasureSpec) -> DraftSpec:
+    """The loaded drafter of ``name``, drafting ``config``'s tree or staged by its inner drafter."""
+    spec = specs[name]
+    if config.is_plain or not (config.tree or config.staged):
+        return spec
+    if spec.model is None:
+        raise InputError(f"{config.tree and 'token trees' or 'staged drafting'} need a draft model, not {name!r}")
+    return replace(spec, tree=config.tree, rank_accept=tuple(config.rank_accept),
+                   inner=specs[config.staged] if config.staged else None)
 
 
 def _check(run, items: list[MeasureSpec], repeats: int, temperature: float) -> None:
@@ -307,6 +326,8 @@ def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: 
         db, run_id, draft=case.draft,
         config={"num_speculative_tokens": n, "threshold": config.threshold if n else 0.0,
                 "schedule": config.schedule if n else "constant", "threshold_rule": config.threshold_rule,
+                **({"tree": config.tree} if n and config.tree else {}),
+                **({"staged": config.staged} if n and config.staged else {}),
                 "batch_size": 1, "temperature": temperature,
                 "max_new_tokens": case.decode.max_new_tokens, "prompts": len(case.times), "repeats": repeats,
                 "split": split or "profiled prompts", "prompt_ids": list(prompt_ids),

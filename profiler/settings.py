@@ -33,6 +33,7 @@ class ProfileSettings:
     label: str | None = None
     split: str = "tune"  # which prompts of the workload (specdec_tune.splits.split_prompts); then max_prompts
     threads: int | None = None  # intra-op threads (None: chosen by profiler.threads, "auto")
+    trees: bool = False  # also record token-tree and staged-drafting data (profiler.tree_profile)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split", check_split(self.split))

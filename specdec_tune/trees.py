@@ -203,10 +203,10 @@ def sequoia_tree(rank_accept: Sequence[float], budget: int, depth: int) -> TreeS
                 m -= n_r
                 r += 1
         queue = nxt
-    return _breadth_first(parents, ranks_out)
+    return breadth_first(parents, ranks_out)
 
 
-def _breadth_first(parents: list[int], ranks: list[int]) -> TreeShape:
+def breadth_first(parents: list[int], ranks: list[int]) -> TreeShape:
     """Renumber nodes breadth first, siblings by rank (the order :class:`TreeShape` requires)."""
     depth: list[int] = []
     for p in parents:

@@ -14,7 +14,7 @@ from specdec_tune.tuner.model._configs import NGRAM, NONE, THRESHOLD_RULES, Cand
 from specdec_tune.tuner.model._evaluator import Evaluator, Scored
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, simulate_prompt
 from specdec_tune.tuner.model._grid import THRESHOLD_GRID, best_configs
-from specdec_tune.tuner.model._load import load_run_profile
+from specdec_tune.tuner.model._load import load_run_profile, load_tree_data
 from specdec_tune.tuner.model._predict import PromptSpec, RunPrediction, predict_baseline, predict_config
 from specdec_tune.tuner.model._predict import at_machine_speed, machine_speed, predict_prompts, profiled_specs, split_specs
 from specdec_tune.tuner.model._profile import PromptInfo, RunProfile, build_run_profile, resolve_draft, run_drafts
@@ -23,6 +23,8 @@ from specdec_tune.tuner.model._throughput import ModelProfile, Prediction, SpecC
 from specdec_tune.tuner.model._throughput import baseline_tokens_per_s, best_n_per_batch_size
 from specdec_tune.tuner.model._throughput import closed_form_tokens_per_cycle, draft_step_time, predict, rank_configs
 from specdec_tune.tuner.model._throughput import relative_error, tokens_per_cycle_per_position, verify_time
+from specdec_tune.tuner.model._tree import RANKS, StagedStats, TreeCycle, TreeData, expected_tau, simulate_tree
+from specdec_tune.tuner.model._tree_predict import TreePlan, predict_tree_prompts, tree_plan, width_time
 
 __all__ = [
     "NGRAM", "NONE", "all_rejected", "batch_rejection_limit", "batch_rejections", "sibling_acceptance", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator", "ModelProfile", "OverheadFit",
@@ -32,4 +34,6 @@ __all__ = [
     "heuristic_stationary", "machine_speed", "load_run_profile", "position_traces", "predict", "predict_baseline", "predict_config",
     "predict_prompts", "profiled_specs", "rank_configs", "relative_error", "replay", "resolve_draft", "run_drafts",
     "simulate_prompt", "spec_config", "split_specs", "tokens_per_cycle_per_position", "verify_time",
+    "RANKS", "StagedStats", "TreeCycle", "TreeData", "TreePlan", "expected_tau", "load_tree_data", "predict_tree_prompts",
+    "simulate_tree", "tree_plan", "width_time",
 ]  # fmt: skip

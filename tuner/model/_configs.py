@@ -31,6 +31,10 @@ class Candidate:
         schedule: ``"constant"`` or ``"heuristic"`` (HF's ``num_assistant_tokens_schedule``).
         ngram_max: prompt-lookup longest n-gram (n-gram drafter only).
         ngram_min: prompt-lookup shortest n-gram (n-gram drafter only).
+        tree: a token tree of depth N (``specdec_tune.trees``: ``chains:M``, ``topk:b1-b2``,
+            ``sequoia:B``, ``eagle:K:B``); ``""`` drafts a chain.
+        staged: the inner drafter that speculates the draft model's own decoding (``ngram`` or a
+            smaller model draft of the profile); ``""``: the draft decodes alone.
     """
 
     drafter: str
@@ -40,6 +44,8 @@ class Candidate:
     schedule: str = "constant"
     ngram_max: int = 3
     ngram_min: int = 1
+    tree: str = ""
+    staged: str = ""
 
     @property
     def is_plain(self) -> bool:
@@ -67,6 +73,10 @@ class Candidate:
             parts.append(f"θ={self.threshold:g}" + (" (hf rule)" if self.threshold_rule == "hf" else ""))
         if self.schedule != "constant":
             parts.append(self.schedule)
+        if self.tree:
+            parts.append(f"tree {self.tree}")
+        if self.staged:
+            parts.append(f"staged by {self.staged}")
         return " ".join(parts)
 
 

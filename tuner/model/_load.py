@@ -2,8 +2,12 @@
 reader of the model; the assembly itself is pure, :mod:`._profile`)."""
 from __future__ import annotations
 
+import statistics
+
 from specdec_tune.db import Database, get_run, list_measured, load_acceptance, load_timings, load_traces
+from specdec_tune.db import load_tree_traces
 from specdec_tune.tuner.model._profile import PromptInfo, RunProfile, build_run_profile, resolve_draft
+from specdec_tune.tuner.model._tree import StagedStats, TreeData
 
 
 def greedy_prompts(db: Database, run_id: int) -> list[PromptInfo] | None:
@@ -43,3 +47,33 @@ def load_run_profile(
     return build_run_profile(run, name, timings, traces, prompts=greedy_prompts(db, run_id),
                              sampling_traces=sampling, sampling_acceptance=tv, continuations=continuations,
                              in_loop=in_loop, calibrate=calibrate)
+
+
+def load_tree_data(db: Database, run_id: int, draft: str) -> TreeData | None:
+    """The token-tree and staged-drafting data of ``draft`` in run ``run_id`` (``profile --trees``), or
+    ``None`` when the run has none."""
+    rows = load_tree_traces(db, run_id, draft)
+    if not rows:
+        return None
+    by_prompt: dict[str, dict[int, dict]] = {"ranks": {}, "siblings": {}}
+    staged: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.kind == "staged":
+            staged.setdefault(str(r.data["inner"]), []).append(r.data)
+        else:
+            by_prompt[r.kind][int(r.prompt_index or 0)] = r.data
+    ranks = by_prompt["ranks"]
+    sib = by_prompt["siblings"]
+    widths: dict[int, list[float]] = {}
+    for t in load_timings(db, run_id, kind="draft_width", draft=draft):
+        widths.setdefault(t.k, []).append(t.seconds)
+    return TreeData(
+        ranks=tuple(tuple(int(x) for x in ranks[i]["ranks"]) for i in sorted(ranks)),
+        top=tuple(tuple(tuple(row) for row in ranks[i]["top"]) for i in sorted(ranks)),
+        iid=tuple(tuple(tuple(row) for row in sib[i]["iid"]) for i in sorted(sib)),
+        point=tuple(tuple(tuple(row) for row in sib[i]["point"]) for i in sorted(sib)),
+        width_raw_s={k: statistics.median(v) for k, v in sorted(widths.items())},
+        staged={name: StagedStats(name, int(docs[0]["inner_n"]), *(sum(int(d[key]) for d in docs) for key in
+                                  ("tokens", "draft_forwards", "fed", "inner_forwards")))
+                for name, docs in staged.items()},
+    )

@@ -26,6 +26,7 @@ from typing import Any
 from specdec_tune.errors import InputError
 from specdec_tune.tuner.model import NGRAM, NONE, Candidate, Evaluator, Scored, best_n_per_batch_size
 from specdec_tune.tuner.search._space import SearchSpace, make_candidate, server_search_space, unsupported
+from specdec_tune.tuner.search._tree_space import shape_candidate, shape_choices
 from specdec_tune.tuner.servers import SERVERS
 
 OBJECTIVES = ("throughput", "memory")
@@ -37,6 +38,11 @@ def suggest(trial: Any, space: SearchSpace) -> Candidate:
     if drafter == NONE:
         return Candidate(NONE, 0)
     n = trial.suggest_int("num_speculative_tokens", 1, space.n_max)
+    shapes = shape_choices(space) if drafter != NGRAM else ["chain"]
+    if len(shapes) > 1:  # a tree or staged drafter runs θ = 0 and the constant schedule (._tree_space)
+        shape = trial.suggest_categorical("shape", shapes)
+        if shape != "chain":
+            return shape_candidate(drafter, n, shape)
     theta = 0.0
     if drafter != NGRAM and len(space.thresholds) > 1:
         theta = trial.suggest_float("threshold", space.thresholds[0], space.thresholds[-1],
@@ -285,15 +291,16 @@ def brute_force(evaluator: Evaluator, space: SearchSpace) -> list[Scored]:
 
 
 def best_per_server(evaluator: Evaluator, model_drafts: Sequence[str], n_max: int, ngram: bool,
-                    servers: Sequence[str] = tuple(SERVERS)) -> dict[str, Scored]:
+                    servers: Sequence[str] = tuple(SERVERS), tree_args: dict[str, Any] | None = None) -> dict[str, Scored]:
     """The best predicted candidate inside each server's space (exhaustive over the cached model).
 
     Each server's space is small and a prediction costs about a millisecond, so every point of it is
     predicted: the side-by-side comparison is exact for the model, not an artefact of sampling.
+    ``tree_args`` (``._tree_space.tree_space_args``) adds the trees and staged drafting each server runs.
     """
     out = {}
     for server in servers:
-        ranked = brute_force(evaluator, server_search_space(server, model_drafts, n_max, ngram))
+        ranked = brute_force(evaluator, server_search_space(server, model_drafts, n_max, ngram, **(tree_args or {})))
         if ranked:
             out[server] = ranked[0]
     return out

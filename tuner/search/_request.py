@@ -12,6 +12,8 @@ from specdec_tune.profiler import ProfileSettings
 from specdec_tune.tuner.model import TuningResult
 from specdec_tune.tuner.search._space import ANY, N_LIMIT, check_server
 
+TREE_K_MAX = 17  # with --trees the verify curve reaches 17 positions: trees of up to 16 nodes
+
 
 @dataclass(frozen=True)
 class TuneRequest:
@@ -41,6 +43,7 @@ class TuneRequest:
     backend: str = "engine"  # engine | vllm: where the confirmation and held-out measurements run
     vllm_python: str | None = None  # the vLLM venv's Python (--backend vllm; else $SPECDEC_VLLM_PYTHON)
     threads: int | None = None  # intra-op threads (None: chosen by the profiler, "auto")
+    trees: tuple[str, ...] = ()  # token trees searched besides chains, plus staged drafting (._tree_space); () = chains only
 
     def __post_init__(self) -> None:
         check_server(self.server)
@@ -64,6 +67,12 @@ class TuneRequest:
             raise InputError(f"--threads must be 'auto' or >= 1, got {self.threads}")
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
             raise InputError(f"--batch-sizes must be integers >= 1, got {list(self.batch_sizes)}")
+        if self.trees:
+            from specdec_tune.tuner.search._tree_space import check_shapes
+
+            object.__setattr__(self, "trees", check_shapes(self.trees))
+            if self.backend != "engine":
+                raise InputError("--trees measures trees in the engine: use --backend engine")
         if self.backend not in ("engine", "vllm"):
             raise InputError(f"--backend must be engine or vllm, got {self.backend!r}")
         if self.backend == "vllm":
@@ -87,7 +96,8 @@ class TuneRequest:
 
         key = json.dumps([self.target, list(self.drafts), self.workload, self.temperature, list(self.objectives),
                           self.n_max, self.max_prompts, self.max_new_tokens,
-                          list(self.thresholds) if self.thresholds is not None else None], sort_keys=True)
+                          list(self.thresholds) if self.thresholds is not None else None]
+                         + ([list(self.trees)] if self.trees else []), sort_keys=True)
         short = lambda s: s.rstrip("/").rsplit("/", 1)[-1]  # noqa: E731
         backend = "" if self.backend == "engine" else f"-{self.backend}"
         return (f"tune-{short(self.target)}-{short(self.workload)}-{self.server}{backend}-"
@@ -121,8 +131,9 @@ class TuneReport:
 def profile_settings(req: TuneRequest) -> ProfileSettings:
     kwargs: dict[str, Any] = dict(
         device=req.device, temperature=req.temperature, batch_sizes=tuple(sorted(set(req.batch_sizes))),
-        n_max=req.n_max, k_max=req.n_max + 1, repeats=req.profile_repeats, max_prompts=req.max_prompts,
-        max_new_tokens=req.max_new_tokens, seed=req.seed, label="tune", threads=req.threads,
+        n_max=req.n_max, k_max=max(req.n_max + 1, TREE_K_MAX if req.trees else 0), repeats=req.profile_repeats,
+        max_prompts=req.max_prompts, max_new_tokens=req.max_new_tokens, seed=req.seed, label="tune",
+        threads=req.threads, trees=bool(req.trees),
     )
     return ProfileSettings(split="tune", **kwargs)
 
@@ -142,6 +153,7 @@ def find_profile(db: Database, req: TuneRequest) -> int | None:
             and set(req.batch_sizes) <= set(s.get("batch_sizes", []))
             and int(s.get("max_new_tokens", 0)) == req.max_new_tokens
             and int(s.get("max_prompts", 0)) == req.max_prompts
+            and (not req.trees or (bool(s.get("trees")) and int(s.get("k_max", 0)) >= wanted.k_max))
             and run.hardware.hostname == (platform.node() or None)
             and (req.device == "auto" or run.hardware.device == req.device)
         )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from specdec_tune.errors import InputError
 from specdec_tune.tuner.model import NGRAM, NONE, Candidate
 from specdec_tune.tuner.servers import SERVERS, expressible, server_space
+from specdec_tune.tuner.search._tree_space import expressible_shapes, shaped_candidates
 
 ANY = "any"
 N_LIMIT = 16
@@ -44,6 +45,10 @@ class SearchSpace:
         schedules: schedules for model drafts: ``constant`` and, where allowed, ``heuristic``.
         ngram_schedules: schedules for n-gram lookup.
         server: the server whose space this is (``any``: the whole space).
+        shapes: token trees (``chains:2``, ``sequoia:8``, ...) searched for model drafts besides the
+            chain, with θ = 0 and the constant schedule (:mod:`._tree_space`); ``()``: chains only.
+        max_nodes: the most tree nodes a candidate may verify (the profile's T_v(k) reaches nodes + 1).
+        staged_pairs: (draft, inner drafter) pairs searched as staged drafting.
     """
 
     drafters: tuple[str, ...]
@@ -53,6 +58,9 @@ class SearchSpace:
     schedules: tuple[str, ...] = SCHEDULES
     ngram_schedules: tuple[str, ...] = SCHEDULES
     server: str = ANY
+    shapes: tuple[str, ...] = ()
+    max_nodes: int = N_LIMIT
+    staged_pairs: tuple[tuple[str, str], ...] = ()
 
     def schedules_for(self, drafter: str) -> tuple[str, ...]:
         return self.ngram_schedules if drafter == NGRAM else self.schedules
@@ -67,6 +75,7 @@ class SearchSpace:
                 for theta in thetas:
                     for schedule in self.schedules_for(drafter):
                         yield make_candidate(drafter, n, theta, self.threshold_rule, schedule)
+        yield from shaped_candidates(self)
         if NONE in self.drafters:
             yield Candidate(NONE, 0)
 
@@ -77,7 +86,9 @@ class SearchSpace:
     def to_dict(self) -> dict:
         return {"drafters": list(self.drafters), "n_max": self.n_max, "thresholds": list(self.thresholds),
                 "threshold_rule": self.threshold_rule, "schedules": list(self.schedules),
-                "ngram_schedules": list(self.ngram_schedules), "server": self.server}
+                "ngram_schedules": list(self.ngram_schedules), "server": self.server,
+                **({"shapes": list(self.shapes), "max_nodes": self.max_nodes,
+                    "staged_pairs": [list(p) for p in self.staged_pairs]} if self.shapes or self.staged_pairs else {})}
 
 
 def make_candidate(drafter: str, n: int, theta: float, rule: str, schedule: str) -> Candidate:
@@ -105,7 +116,9 @@ def check_server(server: str) -> str:
     return server
 
 
-def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ngram: bool) -> SearchSpace:
+def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ngram: bool,
+                        shapes: Sequence[str] = (), max_nodes: int = N_LIMIT,
+                        staged_pairs: Sequence[tuple[str, str]] = ()) -> SearchSpace:
     """The part of the whole space ``server`` can express, found by probing :func:`expressible`.
 
     Args:
@@ -113,6 +126,9 @@ def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ng
         model_drafts: the draft models profiled (names as stored in the run).
         n_max: largest N the profile can predict (capped at 16).
         ngram: whether n-gram lookup was profiled.
+        shapes: trees to search besides chains (kept where the server runs them).
+        max_nodes: the most tree nodes a candidate may verify.
+        staged_pairs: (draft, inner) staged drafting to search (kept where the server runs it).
     """
     check_server(server)
     n_max = min(int(n_max), N_LIMIT)
@@ -133,4 +149,5 @@ def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ng
     schedules = tuple(s for s in SCHEDULES if ok(Candidate(probe, 4, schedule=s))) or ("constant",)
     ngram_schedules = tuple(s for s in SCHEDULES if ok(Candidate(NGRAM, 4, schedule=s))) or ("constant",)
     return SearchSpace(tuple(drafters), n_max, THETA_GRID if rule else (0.0,), rule or "before", schedules,
-                       ngram_schedules, server)
+                       ngram_schedules, server, expressible_shapes(server, model_drafts, shapes), max_nodes,
+                       tuple(p for p in staged_pairs if ok(Candidate(p[0], 4, staged=p[1]))))

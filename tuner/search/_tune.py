@@ -34,6 +34,7 @@ from specdec_tune.tuner.search._memory import memory_model
 from specdec_tune.tuner.search._optuna import SearchOutcome, best_per_server, expressible_on, per_batch_size, run_search
 from specdec_tune.tuner.search._request import TuneReport, TuneRequest, find_profile, profile_settings
 from specdec_tune.tuner.search._space import ANY, N_LIMIT, SearchSpace, server_search_space
+from specdec_tune.tuner.search._tree_space import tree_space_args
 from specdec_tune.tuner.search._study import open_storage
 
 # --------------------------------------------------------------------------- the job
@@ -83,7 +84,8 @@ def _search(db: Database, req: TuneRequest, storage_url: str, progress: Progress
     max_context = max(run.settings.get("prompt_tokens", [0]) or [0]) + req.max_new_tokens
     memory = memory_model(db, run_id, max_context) if "memory" in req.objectives else None
     evaluator = Evaluator(db, run_id, req.mode, memory)
-    space = server_search_space(req.server, [d for d in req.drafts if d != NGRAM], n_max, NGRAM in req.drafts)
+    space = server_search_space(req.server, [d for d in req.drafts if d != NGRAM], n_max, NGRAM in req.drafts,
+                                **tree_space_args(req, run, evaluator))
     if req.thresholds is not None and len(space.thresholds) > 1:
         space = replace(space, thresholds=tuple(req.thresholds))
     if NGRAM in req.drafts:
@@ -132,7 +134,8 @@ def _best_per_server(req: TuneRequest, s: _Searched, winner: Candidate, per_b: d
     """Each server's best predicted candidate (exhaustive), its per-batch-size N and, where the
     confirmation measured it, its measured tokens/s."""
     model_drafts = [d for d in req.drafts if d != NGRAM]
-    bests = best_per_server(s.evaluator, model_drafts, s.n_max, NGRAM in req.drafts) if req.server == ANY else {
+    bests = best_per_server(s.evaluator, model_drafts, s.n_max, NGRAM in req.drafts,
+                            tree_args=tree_space_args(req, s.run, s.evaluator)) if req.server == ANY else {
         req.server: s.evaluator.score(winner)}
     measured_by = {m.candidate: m.tokens_per_s for m in confirm}
     batch_sizes = sorted(set(req.batch_sizes))
