@@ -16,7 +16,7 @@ from specdec_tune.db.reads import require_run
 from specdec_tune.db.session import session_scope
 from specdec_tune.errors import InputError
 
-TREE_KINDS = ("ranks", "siblings", "staged")
+TREE_KINDS = ("ranks", "siblings", "staged", "overhead")
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,8 @@ class TreeTraceRecord:
     Attributes:
         kind: ``ranks`` (greedy: per output position the target token's rank in the draft's
             distribution and the draft's top probabilities), ``siblings`` (sampling: per position the
-            acceptance of successive i.i.d. and top-k drafts) or ``staged`` (an inner drafter's counts).
+            acceptance of successive i.i.d. and top-k drafts), ``staged`` (an inner drafter's counts) or
+            ``overhead`` (the engine's own time per tree cycle).
         prompt_index: the profiled prompt.
         temperature: 0 for greedy data.
         data: the JSON document (``profiler.tree_profile`` documents its keys).

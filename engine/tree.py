@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -44,7 +45,14 @@ class TokenTree:
 
 def tree_attention(shape: TreeShape, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Position offsets ``[n + 1]`` (depth; 0 for the root) and the ancestor mask ``[n + 1, n + 1]``
-    (True where fed row a may attend to fed row b: b is a or an ancestor of a; the root is everyone's)."""
+    (True where fed row a may attend to fed row b: b is a or an ancestor of a; the root is everyone's).
+    Built once per shape (a static shape repeats every cycle), then moved to ``device``."""
+    offsets, mask = _tree_attention(shape)
+    return offsets.to(device), mask.to(device)
+
+
+@lru_cache(maxsize=256)
+def _tree_attention(shape: TreeShape) -> tuple[torch.Tensor, torch.Tensor]:
     n = shape.size
     mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
     mask[:, 0] = True
@@ -54,7 +62,7 @@ def tree_attention(shape: TreeShape, device: torch.device | str = "cpu") -> tupl
             mask[i + 1] = mask[p + 1]
         mask[i + 1, i + 1] = True
     offsets = torch.tensor((0, *shape.depths), dtype=torch.long)
-    return offsets.to(device), mask.to(device)
+    return offsets, mask
 
 
 def tree_forward(model: torch.nn.Module, ids: torch.Tensor, cache: PreallocatedCache, positions: torch.Tensor,

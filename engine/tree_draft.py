@@ -22,6 +22,7 @@ path's last node).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import torch
 
@@ -75,24 +76,20 @@ class TreeDrafter:
     def _feed(self, nodes: Sequence[int], parents: Sequence[int], tokens: Sequence[torch.Tensor],
               depths: Sequence[int]) -> torch.Tensor:
         """One forward over ``nodes`` (ids into the growing node lists); their rows ``[k, vocab]``."""
-        fed = list(self._fed)
+        order = list(self._fed) + list(nodes)
         for v in nodes:
-            self._fed[v] = len(fed) + nodes.index(v)
-        order = fed + list(nodes)
-        ancestors = []
-        for v in nodes:
-            chain, a = set(), v
-            while a >= 0:
-                chain.add(a)
-                a = parents[a]
-            ancestors.append([u in chain for u in order])
-        device = tokens[0].device
-        mask = torch.cat([torch.ones(len(nodes), self._base, dtype=torch.bool, device=device),
-                          torch.tensor(ancestors, dtype=torch.bool, device=device)], dim=1)
-        positions = torch.tensor([self._base + depths[v] - 1 for v in nodes], device=device)
-        ids = torch.stack([tokens[v] for v in nodes])
+            self._fed[v] = order.index(v)
+        offsets, tail = _feed_rows(tuple(nodes), tuple(parents), tuple(depths), tuple(order))
+        return self._forward_rows(torch.stack([tokens[v] for v in nodes]), offsets, tail)
+
+    def _forward_rows(self, ids: torch.Tensor, offsets: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+        """The draft's forward over ``ids`` at positions base + ``offsets``, attending to the context and
+        to the fed rows ``tail`` allows (``[k, fed]``)."""
+        device = ids.device
+        mask = torch.cat([torch.ones(ids.shape[0], self._base, dtype=torch.bool, device=device),
+                          tail.to(device)], dim=1)
         self.forwards += 1
-        return self._rows(tree_forward(self.model, ids, self.cache, positions, mask))
+        return self._rows(tree_forward(self.model, ids, self.cache, offsets.to(device) + self._base, mask))
 
     def propose_tree(self, context: torch.Tensor, depth: int) -> TokenTree:
         """Draft a tree of at most ``depth`` levels after ``context`` (``[T]``)."""
@@ -110,11 +107,13 @@ class TreeDrafter:
         tokens: list[torch.Tensor] = []
         dist: list[torch.Tensor] = []  # [n] the row each node was drawn from
         rows = {-1: root}
+        plan = _static_plan(shape)
         for d in range(1, shape.depth + 1):
-            level = [i for i, dd in enumerate(shape.depths) if dd == d]
-            parents = sorted({shape.parents[i] for i in level})
+            parents, offsets, tail = plan[d - 1]
             if d > 1:
-                fed = self._feed(parents, shape.parents, tokens, shape.depths)
+                for p in parents:
+                    self._fed[p] = len(self._fed)
+                fed = self._forward_rows(torch.stack([tokens[p] for p in parents]), offsets, tail)
                 rows.update({p: fed[j] for j, p in enumerate(parents)})
             for p in parents:
                 kids = shape.children[p + 1]
@@ -178,6 +177,34 @@ class TreeDrafter:
                 break
             keep.append(self._fed[v])
         compact(self.cache, self._base, keep)
+
+
+@lru_cache(maxsize=256)
+def _static_plan(shape: TreeShape) -> tuple[tuple[tuple[int, ...], torch.Tensor, torch.Tensor], ...]:
+    """Per depth d = 1..D of a static shape, once: the nodes whose children are drawn at d (their
+    parents; fed to the draft for d >= 2), their position offsets and their mask over the fed rows."""
+    plan = []
+    fed: list[int] = []
+    for d in range(1, shape.depth + 1):
+        parents = tuple(sorted({shape.parents[i] for i, dd in enumerate(shape.depths) if dd == d}))
+        if d == 1:
+            plan.append((parents, torch.empty(0, dtype=torch.long), torch.empty(0, 0, dtype=torch.bool)))
+            continue
+        fed += parents
+        offsets, tail = _feed_rows(parents, shape.parents, shape.depths, tuple(fed))
+        plan.append((parents, offsets, tail))
+    return tuple(plan)
+
+
+def _feed_rows(nodes: tuple[int, ...], parents: tuple[int, ...], depths: tuple[int, ...],
+               order: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position offsets ``[k]`` (depth - 1 after the context) of ``nodes`` and their ancestor-or-self
+    mask ``[k, len(order)]`` over the fed rows ``order``."""
+    rows = []
+    for v in nodes:
+        chain = {v, *_ancestors(v, parents)}
+        rows.append([u in chain for u in order])
+    return torch.tensor([depths[v] - 1 for v in nodes], dtype=torch.long), torch.tensor(rows, dtype=torch.bool)
 
 
 def _ancestors(v: int, parents: Sequence[int]) -> list[int]:

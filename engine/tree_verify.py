@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -60,15 +61,24 @@ def tree_greedy_accept(tokens: torch.Tensor, shape: TreeShape, target_logits: to
     target_ids = target_logits.argmax(dim=-1)  # [n + 1]
     if n == 0:
         return torch.stack([torch.zeros((), dtype=torch.long, device=tokens.device), target_ids[0]])
-    parent_rows = torch.tensor(shape.parents, device=tokens.device) + 1  # [n]
+    parent_rows, rank = _shape_tensors(shape, str(tokens.device))  # [n], [n]
     match = tokens == target_ids[parent_rows]  # [n]
     ok = ~(ancestors[1:, 1:] & ~match[None, :]).any(dim=1)  # [n]: the node and all its ancestors match
-    depth = torch.tensor(shape.depths, device=tokens.device)
     # The deepest accepted node (the first in breadth-first order among equals); -1 when none.
-    score = torch.where(ok, depth * (n + 1) + (n - torch.arange(n, device=tokens.device)), -1)
+    score = torch.where(ok, rank, -1)
     best = score.argmax()
     row = torch.where(score[best] >= 0, best + 1, torch.zeros_like(best))
     return torch.stack([row, target_ids[row]])
+
+
+@lru_cache(maxsize=256)
+def _shape_tensors(shape: TreeShape, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per shape, once: each node's parent row ``[n]`` and its order key ``[n]`` (deeper first, then
+    breadth-first order)."""
+    n = shape.size
+    parent_rows = torch.tensor(shape.parents, device=device) + 1
+    depth = torch.tensor(shape.depths, device=device)
+    return parent_rows, depth * (n + 1) + (n - torch.arange(n, device=device))
 
 
 def verify_tree_greedy(tree: TokenTree, target_logits: torch.Tensor, ancestors: torch.Tensor) -> TreeVerdict:

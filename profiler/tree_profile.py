@@ -14,6 +14,9 @@ Recorded per model draft, stored in ``tree_traces`` as it goes:
 - ``staged``: the first ``overhead_prompts`` prompts decoded greedily by the draft speculated by n-gram
   lookup and by every smaller model draft of the run (``engine.staged``): tokens proposed, draft-model
   forwards, tokens they carried, inner forwards.
+- ``overhead``: on the first prompts, greedy tree decoding with a few trees (``OVERHEAD_TREES``) with
+  the forwards hooked: per cycle the engine's own time (wall minus forwards), nodes and draft forwards
+  (a tree cycle builds masks, verifies and compacts caches: more bookkeeping than a chain's).
 - timings ``draft_width``: the draft's forward over w = 2..8 tokens at the typical context, interleaved
   rounds like every micro-benchmark; a tree drafts one depth per forward.
 """
@@ -25,11 +28,13 @@ from typing import Any
 import torch
 
 from specdec_tune.db import TreeTraceRecord, add_timing_samples, add_tree_traces
-from specdec_tune.engine import DecodeConfig, ModelDrafter, NgramDrafter, speculative
+from specdec_tune.engine import DecodeConfig, ModelDrafter, NgramDrafter, TreeDrafter, speculative, tree_speculative
 from specdec_tune.engine.drafters import probs_from_logits
 from specdec_tune.engine.staged import StagedDrafter
 from specdec_tune.profiler import microbench as mb
+from specdec_tune.profiler.overhead import ForwardRecorder
 from specdec_tune.profiler.runs import DraftSpec
+from specdec_tune.trees import parse_tree
 
 RANKS = 8
 TOP = 8
@@ -37,6 +42,9 @@ SIBLINGS = 4
 WIDTHS = tuple(range(2, 9))
 INNER_N = 3  # tokens the inner drafter proposes per inner cycle
 STAGED_N = 8  # N of the staged pass (its per-token rates barely depend on N)
+# Trees whose cycles are timed for the engine's own per-cycle time (static and dynamic kinds, 6-12 nodes).
+OVERHEAD_TREES = (("chains:2", 3), ("sequoia:12", 6), ("eagle:2:8", 4))
+OVERHEAD_PROMPTS = 4
 
 
 def _logits(model: torch.nn.Module, seq: torch.Tensor) -> torch.Tensor:
@@ -84,26 +92,65 @@ def sibling_rows(target: torch.nn.Module, draft: torch.nn.Module, sequences: Seq
 
 def staged_pass(target: torch.nn.Module, draft: torch.nn.Module, inner: DraftSpec, prompts: Sequence[torch.Tensor],
                 max_new_tokens: int, eos: int | None) -> list[dict[str, Any]]:
-    """Per prompt: what the draft speculated by ``inner`` cost while decoding greedily (N = STAGED_N)."""
+    """Per prompt: what the draft speculated by ``inner`` cost while decoding greedily (N = STAGED_N),
+    with every forward hooked: counts, and per cycle [drafted, engine seconds outside the forwards]."""
     config = DecodeConfig(max_new_tokens=max_new_tokens, num_speculative_tokens=STAGED_N, eos_token_id=eos)
+    inner_model = inner.model.model if inner.model is not None else None
+    recorder = ForwardRecorder(next(target.parameters()).device)
     out = []
-    with torch.inference_mode():
+    with recorder.attach(target, draft, inner_model), torch.inference_mode():
         for ids in prompts:
             max_len = ids.shape[0] + max_new_tokens + STAGED_N + 2
-            inner_drafter = NgramDrafter() if inner.model is None else ModelDrafter(inner.model.model, max_len)
+            inner_drafter = NgramDrafter() if inner_model is None else ModelDrafter(inner_model, max_len + INNER_N + 2)
             staged = StagedDrafter(draft, inner_drafter, INNER_N, max_len)
             counts = {"inner": inner.name, "inner_n": INNER_N, "tokens": 0, "draft_forwards": 0, "fed": 0,
                       "inner_forwards": 0}
 
             def on_cycle(stats, counts=counts, staged=staged) -> None:
+                recorder.on_cycle(stats)
                 counts["tokens"] += stats.drafted
                 counts["draft_forwards"] += staged.forwards
                 counts["fed"] += staged.fed_tokens
                 counts["inner_forwards"] += staged.inner_forwards
 
+            recorder.begin()
             speculative(target, staged, ids, config, on_cycle=on_cycle)
+            counts["cycles"] = [[c.drafted, round(c.overhead_s, 7)] for c in recorder.finish().cycle_overheads()]
             out.append(counts)
     return out
+
+
+def overhead_pass(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[torch.Tensor],
+                  max_new_tokens: int, eos: int | None, rank_accept: Sequence[float]) -> list[dict[str, Any]]:
+    """Per prompt: the engine's own time per tree cycle (wall time minus the hooked forwards) while
+    decoding greedily with each of ``OVERHEAD_TREES``: rows [dynamic, nodes, draft forwards, seconds]."""
+    recorder = ForwardRecorder(next(target.parameters()).device)
+    out = []
+    with recorder.attach(target, draft), torch.inference_mode():
+        for ids in prompts:
+            rows = []
+            for text, depth in OVERHEAD_TREES:
+                spec = parse_tree(text)
+                config = DecodeConfig(max_new_tokens=max_new_tokens, num_speculative_tokens=depth, eos_token_id=eos)
+                drafter = TreeDrafter(draft, ids.shape[0] + max_new_tokens + spec.nodes(depth) + 2, spec,
+                                      rank_accept=rank_accept)
+                recorder.begin()
+                tree_speculative(target, drafter, ids, config, on_cycle=recorder.on_cycle)
+                rows += [[int(spec.kind == "eagle"), c.drafted, c.draft_forwards, round(c.overhead_s, 7)]
+                         for c in recorder.finish().cycle_overheads()]
+            out.append({"cycles": rows})
+    return out
+
+
+def _rank_accept(rows: Sequence[TreeTraceRecord]) -> tuple[float, ...]:
+    """P(rank = r) over the ``ranks`` rows (shapes the Sequoia tree of the overhead pass)."""
+    counts, total = [0] * RANKS, 0
+    for r in rows:
+        for rank in r.data.get("ranks", ()):
+            total += 1
+            if rank < RANKS:
+                counts[rank] += 1
+    return tuple(c / total for c in counts) if total else (1.0,)
 
 
 def _inners(drafts: Sequence[DraftSpec], spec: DraftSpec) -> list[DraftSpec]:
@@ -138,6 +185,10 @@ def tree_passes(session) -> None:
                     for ids, t in zip(session.ids, sampled)]
             rows += [TreeTraceRecord("siblings", i, s.temperature, d)
                      for i, d in enumerate(sibling_rows(session.target.model, model, seqs, prompt_lens, s.temperature))]
+        ranks = _rank_accept(rows)
+        docs = overhead_pass(session.target.model, model, session.ids[:min(few, OVERHEAD_PROMPTS)], s.max_new_tokens,
+                             session.target.eos_token_id, ranks)
+        rows += [TreeTraceRecord("overhead", i, 0.0, d) for i, d in enumerate(docs)]
         add_tree_traces(db, run_id, name, rows)
         session.progress.advance()
         for inner in _inners(session.drafts, spec):

@@ -29,7 +29,7 @@ from specdec_tune.engine.tree_verify import TreeVerdict, verify_tree_sampling
 from specdec_tune.engine.types import Draft
 from specdec_tune.trees import parse_tree
 from tests.stub_models import Bigram
-from tests.test_sampling import DRAFT_ROWS, TEMP, VOCAB, chi2_pvalue, target_joint
+from tests.test_sampling import DRAFT_ROWS, TEMP, VOCAB, chi2_pvalue, pair, target_joint  # noqa: F401 (pair: the fixture)
 
 SAMPLES = 1500
 
@@ -62,15 +62,6 @@ def wrong_resample_p(tree, target_probs, generator=None) -> TreeVerdict:
     if tree.shape.children[row]:  # the node had children and all were rejected
         return TreeVerdict(verdict.path, int(torch.multinomial(target_probs[row], 1, generator=generator)))
     return verdict
-
-
-@pytest.fixture(scope="module")
-def pair():
-    g = torch.Generator().manual_seed(7)
-    target = Bigram(torch.randn(VOCAB, VOCAB, generator=g, dtype=torch.float64) * 1.2)
-    draft = Bigram(torch.tensor(DRAFT_ROWS, dtype=torch.float64).log())
-    prompt = torch.tensor([3, 1, 0])
-    return target, draft, prompt, target_joint(target, prompt)
 
 
 def tree_pairs(target, draft, prompt, tree: str, depth: int, verify_fn=None) -> torch.Tensor:

@@ -186,9 +186,7 @@ def tune(
     export: Optional[str] = typer.Option(None, "--export", metavar="DIR", help="Write the server files for the winner here."),
     formats: str = typer.Option("all", "--formats", help="Export formats: all or a comma list (vllm,sglang,trtllm,llamacpp,hf)."),
     threads: ThreadsOption = DEFAULT_THREADS,
-    trees: Optional[str] = typer.Option(None, "--trees", metavar="SHAPES", help=(
-        "Also search token trees and staged drafting: 'default' or a comma list of chains:M, topk:b1-b2, "
-        "sequoia:B, eagle:K:B (depth = N); profiles with --trees.")),
+    trees: Optional[str] = typer.Option(None, "--trees", metavar="SHAPES", help="Also search token trees and staged drafting: 'default' or a comma list of chains:M, topk:b1-b2, sequoia:B, eagle:K:B (depth = N)."),
     db: DbOption = None,
     json_out: bool = typer.Option(False, "--json", help="End with one JSON object for the winner."),
 ) -> None:

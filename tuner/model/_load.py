@@ -55,7 +55,7 @@ def load_tree_data(db: Database, run_id: int, draft: str) -> TreeData | None:
     rows = load_tree_traces(db, run_id, draft)
     if not rows:
         return None
-    by_prompt: dict[str, dict[int, dict]] = {"ranks": {}, "siblings": {}}
+    by_prompt: dict[str, dict[int, dict]] = {"ranks": {}, "siblings": {}, "overhead": {}}
     staged: dict[str, list[dict]] = {}
     for r in rows:
         if r.kind == "staged":
@@ -74,6 +74,9 @@ def load_tree_data(db: Database, run_id: int, draft: str) -> TreeData | None:
         point=tuple(tuple(tuple(row) for row in sib[i]["point"]) for i in sorted(sib)),
         width_raw_s={k: statistics.median(v) for k, v in sorted(widths.items())},
         staged={name: StagedStats(name, int(docs[0]["inner_n"]), *(sum(int(d[key]) for d in docs) for key in
-                                  ("tokens", "draft_forwards", "fed", "inner_forwards")))
+                                  ("tokens", "draft_forwards", "fed", "inner_forwards")),
+                                  cycles=tuple((int(n), float(t)) for d in docs for n, t in d.get("cycles", ())))
                 for name, docs in staged.items()},
+        overhead=tuple((int(d), int(n), int(f), float(t)) for doc in by_prompt["overhead"].values()
+                       for d, n, f, t in doc["cycles"]),
     )

@@ -41,6 +41,7 @@ class StagedStats:
         draft_forwards: draft-model forwards it ran.
         fed: tokens those forwards carried.
         inner_forwards: inner-model forwards (0 for n-gram).
+        cycles: per timed cycle (tokens proposed, the engine's seconds outside every forward).
     """
 
     inner: str
@@ -49,6 +50,7 @@ class StagedStats:
     draft_forwards: int
     fed: int
     inner_forwards: int
+    cycles: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ class TreeData:
         point: ``[prompt][position][K]`` p-mass of the draft's top-1..K tokens (sampled outputs).
         width_raw_s: draft forward over w tokens (micro-benchmark median), w = 1..W.
         staged: inner drafter name -> :class:`StagedStats`.
+        overhead: per timed tree cycle (dynamic tree?, nodes, draft forwards, engine seconds outside
+            the forwards), from the profile's tree overhead pass.
     """
 
     ranks: tuple[tuple[int, ...], ...]
@@ -70,6 +74,7 @@ class TreeData:
     point: tuple[tuple[tuple[float, ...], ...], ...] = ()
     width_raw_s: dict[int, float] = field(default_factory=dict)
     staged: dict[str, StagedStats] = field(default_factory=dict)
+    overhead: tuple[tuple[int, int, int, float], ...] = ()
 
     @property
     def rank_accept(self) -> tuple[float, ...]:

@@ -65,9 +65,31 @@ def _width_line(raw1: float, points: tuple[tuple[int, float], ...]) -> tuple[flo
     return float(intercept), max(float(slope), 0.0)
 
 
-def _tree_cost(rp: RunProfile, data: TreeData, c: TreeCycle) -> float:
+def tree_overhead(rp: RunProfile, data: TreeData, nodes: int, dynamic: bool) -> float:
+    """The engine's own time per tree cycle: a Theil-Sen line in the nodes through the profile's timed
+    tree cycles (their per-draft-forward overhead o_f taken out, as T_draft carries it), plus the first
+    draft forward's excess the chain's o_c holds; the chain's o_c when the profile timed no tree."""
+    rows = [r for r in data.overhead if bool(r[0]) == dynamic] or list(data.overhead)
+    if len(rows) < 3:
+        return rp.cycle_overhead_s
+    intercept, slope = _overhead_line(tuple((n, t - f * rp.forward_overhead_s) for _, n, f, t in rows))
+    excess = max(rp.cycle_overhead_s - rp.engine_overhead_s, 0.0)
+    return max(intercept + slope * nodes, 0.0) + excess
+
+
+@lru_cache(maxsize=64)
+def _overhead_line(points: tuple[tuple[int, float], ...]) -> tuple[float, float]:
+    xs = [float(n) for n, _ in points]
+    ys = [t for _, t in points]
+    if len(set(xs)) < 2:
+        return sum(ys) / len(ys), 0.0
+    slope, intercept, _, _ = stats.theilslopes(ys, xs)
+    return float(intercept), float(slope)
+
+
+def _tree_cost(rp: RunProfile, data: TreeData, c: TreeCycle, dynamic: bool = False) -> float:
     return (draft_step_time(rp.model, 1) + sum(width_time(rp, data, w) for w in c.widths)
-            + verify_time(rp.model, 1, c.nodes + 1) + rp.cycle_overhead_s)
+            + verify_time(rp.model, 1, c.nodes + 1) + tree_overhead(rp, data, c.nodes, dynamic))
 
 
 def _alphas(accepted: Sequence[int], depth: int) -> tuple[float, ...]:
@@ -109,7 +131,8 @@ def _greedy_tree(rp: RunProfile, data: TreeData, spec: TreeSpec, depth: int, spe
         return simulate_tree(data.ranks[i], top, rp.prompts[i].new_tokens, rp.max_new_tokens, depth, spec, a)
 
     source = "tree simulation" + (" (dynamic tree: proxy)" if spec.kind == "eagle" else "")
-    return _pooled(rp, specs, simulate, lambda c: _tree_cost(rp, data, c), lambda c: c.nodes,
+    dynamic = spec.kind == "eagle"
+    return _pooled(rp, specs, simulate, lambda c: _tree_cost(rp, data, c, dynamic), lambda c: c.nodes,
                    lambda c: 1 + len(c.widths), source, depth)
 
 
@@ -126,7 +149,7 @@ def _sampling_tree(rp: RunProfile, data: TreeData, spec: TreeSpec, depth: int, t
         taus += [expected_tau(shape, at, j) for j in range(len(rows))]
     tau = sum(taus) / len(taus)
     cycle = TreeCycle(shape.size, 0, shape.expanded()[1:])
-    seconds = _tree_cost(rp, data, cycle)
+    seconds = _tree_cost(rp, data, cycle, point)
     cycles = tokens / tau
     return _Cycles(cycles * seconds, cycles, seconds, tau, float(shape.size), float(1 + len(cycle.widths)), (),
                    "tree sampling expectation")
@@ -142,6 +165,16 @@ def _staged_cost(rp: RunProfile, data: TreeData, plan: TreePlan, proposed: float
     return proposed * (per_token * width_time(rp, data, width) + inner * plan.inner_step_s)
 
 
+def staged_overhead(rp: RunProfile, plan: TreePlan, proposed: float) -> float:
+    """The engine's own time of a staged cycle proposing ``proposed`` tokens: a Theil-Sen line through
+    the staged pass's hooked cycles (the inner loop's verdicts and rollbacks included); o_c without them."""
+    st = plan.staged
+    if st is None or len(st.cycles) < 3:
+        return rp.cycle_overhead_s
+    intercept, slope = _overhead_line(tuple(st.cycles))
+    return max(intercept + slope * proposed, 0.0)
+
+
 def _staged(rp: RunProfile, data: TreeData, plan: TreePlan, config: SpecConfig, specs: Sequence[PromptSpec],
             tokens: int) -> _Cycles:
     n = config.num_speculative_tokens
@@ -150,13 +183,15 @@ def _staged(rp: RunProfile, data: TreeData, plan: TreePlan, config: SpecConfig, 
             return simulate_prompt(rp.positions[i], rp.prompts[i].new_tokens, rp.max_new_tokens, n, 0.0)
 
         def cost(c) -> float:
-            return _staged_cost(rp, data, plan, c.proposed) + verify_time(rp.model, 1, c.proposed + 1) + rp.cycle_overhead_s
+            return (_staged_cost(rp, data, plan, c.proposed) + verify_time(rp.model, 1, c.proposed + 1)
+                    + staged_overhead(rp, plan, c.proposed))
 
         return _pooled(rp, specs, simulate, cost, lambda c: c.proposed, lambda c: c.forwards,
                        f"staged simulation ({plan.staged.inner})", n)
     p = model_predict(rp.model, config)
     chain_draft = p.expected_draft_forwards * draft_step_time(rp.model, 1)
-    seconds = p.cycle_time_s - chain_draft + _staged_cost(rp, data, plan, p.expected_draft_length)
+    seconds = (p.cycle_time_s - chain_draft - rp.cycle_overhead_s + _staged_cost(rp, data, plan, p.expected_draft_length)
+               + staged_overhead(rp, plan, p.expected_draft_length))
     cycles = tokens / p.expected_tokens_per_cycle
     return _Cycles(cycles * seconds, cycles, seconds, p.expected_tokens_per_cycle, p.expected_draft_length,
                    p.expected_draft_forwards, tuple(p.acceptance_per_position), f"staged {p.source}")

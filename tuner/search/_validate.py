@@ -136,14 +136,20 @@ def measure_predicted(
                                repeats=repeats, seed=seed, progress=progress, threads=threads)
     out = []
     for m, (_, rp, config), t in zip(measured, planned, trees):
-        # Rates predicted at the profile's machine speed, rescaled to the speed the probe saw during this
-        # measurement (a busier or quieter machine); speedups are unchanged by it.
-        prompts_m = _prompt_specs(run, m)
-        raw = predict_prompts(rp, config, prompts_m) if t is None else predict_tree_prompts(rp, t[1], config, t[0], prompts_m)
-        prediction = at_machine_speed(raw, machine_speed(rp, m.machine_probe_s))
+        prediction = _predicted(run, rp, config, t, m)
         _store_prediction(db, m, prediction)
         out.append(Validated(m, prediction, config, in_sample=m.in_sample))
     return out
+
+
+def _predicted(run: RunRecord, rp: RunProfile, config: SpecConfig, tree: tuple[TreePlan, TreeData] | None,
+               m: Measurement) -> RunPrediction:
+    """The prediction for exactly the measured prompts, at the profile's machine speed rescaled to the
+    speed the probe saw during this measurement (a busier or quieter machine; speedups are unchanged)."""
+    prompts = _prompt_specs(run, m)
+    raw = predict_prompts(rp, config, prompts) if tree is None else \
+        predict_tree_prompts(rp, tree[1], config, tree[0], prompts)
+    return at_machine_speed(raw, machine_speed(rp, m.machine_probe_s))
 
 
 def _plan(db: Database, run: RunRecord, draft: str | None, config: SpecConfig,
