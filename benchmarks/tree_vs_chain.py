@@ -161,7 +161,7 @@ def main(
     profile_prompts: Annotated[int, typer.Option("--profile-prompts")] = 8,
     profile_repeats: Annotated[int, typer.Option("--profile-repeats")] = 10,
     chains: Annotated[str, typer.Option("--chains", help="draft:N, comma-separated.")]
-        = "mini-draft-1l:4,mini-draft-1l:6,mini-draft-2l:4,mini-draft-2l:6",
+        = "mini-draft-1l:4,mini-draft-1l:6,mini-draft-2l:3,mini-draft-2l:4,mini-draft-2l:5,mini-draft-2l:6",
     trees: Annotated[str, typer.Option("--trees", help="draft@N@shape, comma-separated.")]
         = ("mini-draft-2l@4@chains:2,mini-draft-2l@5@topk:2,mini-draft-2l@5@sequoia:8,mini-draft-2l@6@sequoia:12,"
            "mini-draft-2l@5@eagle:2:8,mini-draft-1l@6@sequoia:10,mini-draft-1l@4@eagle:3:10"),

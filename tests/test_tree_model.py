@@ -105,7 +105,7 @@ def test_space_holds_trees_where_the_server_runs_them():
 def test_capability_table_refuses_and_projects_trees():
     tree = Candidate("mini-draft-2l", 4, tree="sequoia:8")
     assert "one chain" in expressible(SERVERS["vllm"], tree)
-    assert "one chain" in expressible(SERVERS["sglang"], tree)
+    assert "only eagle" in expressible(SERVERS["sglang"], tree)
     assert expressible(SERVERS["sglang"], Candidate("mini-draft-2l", 4, tree="eagle:2:6")) is None
     assert "staged" in expressible(SERVERS["sglang"], Candidate("mini-draft-2l", 4, staged="ngram"))
     assert project(SERVERS["vllm"], tree) == Candidate("mini-draft-2l", 4)
@@ -172,3 +172,14 @@ def test_profile_with_trees_stores_tree_data_and_the_evaluator_predicts_trees(ti
             ev.score(Candidate(draft, 4, tree="chains:3"))  # 12 nodes: beyond the measured T_v(k)
         with pytest.raises(SpecdecError, match="mini-draft-9l"):
             ev.score(Candidate(draft, 3, staged="mini-draft-9l"))
+
+
+@pytest.mark.parametrize("trees,needle", [("bogus:3", "tree 'bogus:3' is not valid"), ("sequoia:0", "is not valid"),
+                                          ("chain", "is a chain")])
+def test_tune_refuses_a_bad_tree_in_one_line(tmp_path, trees, needle):
+    from tests.conftest import cli_stderr
+
+    code, err = cli_stderr(["tune", "--target", "mini-target", "--drafts", "mini-draft-1l", "--workload", "functions",
+                            "--trees", trees, "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "x.db").exists() or (tmp_path / "x.db").stat().st_size < 200_000

@@ -1,7 +1,9 @@
 """The pure throughput model: predict any configuration from a stored profile (no torch, no timing).
 
 Public names only; the modules behind them are private (``_throughput``: the analytic model,
-``_replay``: trace replay, ``_greedy_sim``: exact greedy simulation, ``_calibration``: in-loop
+``_replay``: trace replay, ``_greedy_sim``: exact greedy simulation, ``_tree`` and ``_tree_predict``:
+token trees and staged drafting, ``_batch_theory``: batch speculative decoding's rejections (seed
+003), ``_calibration``: in-loop
 calibration, ``_profile`` and ``_load``: profile assembly, ``_predict`` and ``_prefill``: end-to-end
 predictions, ``_grid``: the N × θ ranking, ``_configs``: the
 configuration records every room exchanges, ``_evaluator``: cached predictions of candidates).

@@ -255,8 +255,10 @@ def _tree_reason(space: ServerSpace, c: Candidate) -> str | None:
         kind = c.tree.split(":")[0]
         if c.is_ngram:
             return "n-gram drafts are chains in the engine (no n-gram trees)"
+        if kind not in space.trees and space.trees:
+            return f"{t} runs only {', '.join(space.trees)} token trees with a separate draft model, not {kind}"
         if kind not in space.trees:
-            return f"{t} verifies one chain with a separate draft model (no {kind} token trees)"
+            return f"{t} verifies one chain with a separate draft model (no token trees)"
     return None
 
 
