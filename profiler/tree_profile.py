@@ -16,7 +16,8 @@ Recorded per model draft, stored in ``tree_traces`` as it goes:
   forwards, tokens they carried, inner forwards.
 - ``overhead``: on the first prompts, greedy tree decoding with a few trees (``OVERHEAD_TREES``) with
   the forwards hooked: per cycle the engine's own time (wall minus forwards), nodes and draft forwards
-  (a tree cycle builds masks, verifies and compacts caches: more bookkeeping than a chain's).
+  (a tree cycle builds masks, verifies and compacts caches: more bookkeeping than a chain's), and the
+  in-loop time of every deeper-depth draft forward by its width.
 - timings ``draft_width``: the draft's forward over w = 2..8 tokens at the typical context, interleaved
   rounds like every micro-benchmark; a tree drafts one depth per forward.
 """
@@ -128,7 +129,7 @@ def overhead_pass(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequ
     out = []
     with recorder.attach(target, draft), torch.inference_mode():
         for ids in prompts:
-            rows = []
+            rows, widths = [], []
             for text, depth in OVERHEAD_TREES:
                 spec = parse_tree(text)
                 config = DecodeConfig(max_new_tokens=max_new_tokens, num_speculative_tokens=depth, eos_token_id=eos)
@@ -136,9 +137,24 @@ def overhead_pass(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequ
                                       rank_accept=rank_accept)
                 recorder.begin()
                 tree_speculative(target, drafter, ids, config, on_cycle=recorder.on_cycle)
+                timeline = recorder.finish()
                 rows += [[int(spec.kind == "eagle"), c.drafted, c.draft_forwards, round(c.overhead_s, 7)]
-                         for c in recorder.finish().cycle_overheads()]
-            out.append({"cycles": rows})
+                         for c in timeline.cycle_overheads()]
+                widths += _depth_forwards(timeline)
+            out.append({"cycles": rows, "draft_widths": widths})
+    return out
+
+
+def _depth_forwards(timeline) -> list[list[float]]:
+    """[k, seconds] of the draft forwards of a tree's deeper depths (each cycle's first draft forward,
+    the catch-up and the root's children, is T_s's and left out)."""
+    out, seen = [], set()
+    ends = timeline.cycle_ends
+    for f in (f for f in timeline.forwards if f.role == "draft"):
+        cycle = sum(e <= f.start for e in ends)
+        if cycle in seen:
+            out.append([f.tokens, round(f.seconds, 7)])
+        seen.add(cycle)
     return out
 
 

@@ -158,6 +158,7 @@ def test_profile_with_trees_stores_tree_data_and_the_evaluator_predicts_trees(ti
     assert len(data.ranks) == 2 and all(len(r) >= 1 for r in data.ranks)
     assert sum(data.rank_accept) <= 1 + 1e-9 and set(data.staged) == {"ngram"}
     assert data.staged["ngram"].cycles and data.overhead and {d for d, *_ in data.overhead} == {0, 1}
+    assert data.width_in_loop_s and min(data.width_in_loop_s) >= 1
     assert all(0 <= b <= 1 for prompt in data.iid for row in prompt for b in row)
     for mode in ("greedy", "sampling"):
         ev = Evaluator(db, run_id, mode)

@@ -79,4 +79,14 @@ def load_tree_data(db: Database, run_id: int, draft: str) -> TreeData | None:
                 for name, docs in staged.items()},
         overhead=tuple((int(d), int(n), int(f), float(t)) for doc in by_prompt["overhead"].values()
                        for d, n, f, t in doc["cycles"]),
+        width_in_loop_s=_medians((int(k), float(t)) for doc in by_prompt["overhead"].values()
+                                 for k, t in doc.get("draft_widths", ())),
     )
+
+
+def _medians(pairs) -> dict[int, float]:
+    """Median seconds per key of (key, seconds) pairs."""
+    groups: dict[int, list[float]] = {}
+    for k, t in pairs:
+        groups.setdefault(k, []).append(t)
+    return {k: statistics.median(v) for k, v in sorted(groups.items())}

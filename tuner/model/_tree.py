@@ -66,6 +66,7 @@ class TreeData:
         staged: inner drafter name -> :class:`StagedStats`.
         overhead: per timed tree cycle (dynamic tree?, nodes, draft forwards, engine seconds outside
             the forwards), from the profile's tree overhead pass.
+        width_in_loop_s: median in-loop draft forward over w tree nodes (the same pass), w -> seconds.
     """
 
     ranks: tuple[tuple[int, ...], ...]
@@ -75,6 +76,7 @@ class TreeData:
     width_raw_s: dict[int, float] = field(default_factory=dict)
     staged: dict[str, StagedStats] = field(default_factory=dict)
     overhead: tuple[tuple[int, int, int, float], ...] = ()
+    width_in_loop_s: dict[int, float] = field(default_factory=dict)
 
     @property
     def rank_accept(self) -> tuple[float, ...]:

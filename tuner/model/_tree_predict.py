@@ -46,23 +46,28 @@ class TreePlan:
 
 
 def width_time(rp: RunProfile, data: TreeData, width: float) -> float:
-    """T_draft(w): a robust line through the draft-width micro-benchmarks (Theil-Sen over w = 1..W,
-    w = 1 being the T_s micro-benchmark; single medians of a loaded machine are too noisy to
-    interpolate between), scaled by the calibrated/raw ratio of T_s."""
+    """T_draft(w), one draft forward over w tree nodes (plus o_f, as T_s carries it): the tree loop's own
+    in-loop median at the nearest timed width (the profile's tree overhead pass), moved along the robust
+    slope s of the draft-width micro-benchmarks (Theil-Sen over w = 1..W, w = 1 being T_s's own; single
+    medians of a loaded machine are too noisy to interpolate between), s scaled like T_s to the loop;
+    without in-loop widths, T_s + s·(w - 1)."""
     step = draft_step_time(rp.model, 1)
     raw1 = rp.draft_step_raw_s.get(1)
     if not raw1 or not data.width_raw_s or width <= 1:
         return step * max(width, 1.0)
-    intercept, slope = _width_line(raw1, tuple(sorted(data.width_raw_s.items())))
-    return step * max(intercept + slope * width, raw1) / (intercept + slope)
+    slope = _width_slope(raw1, tuple(sorted(data.width_raw_s.items()))) * step / raw1  # calibrated
+    if data.width_in_loop_s:  # the tree loop's own depth forwards: nearest timed width, then the slope
+        near = min(data.width_in_loop_s, key=lambda w: (abs(w - width), w))
+        return data.width_in_loop_s[near] + rp.forward_overhead_s + slope * (width - near)
+    return step + slope * (width - 1.0)
 
 
 @lru_cache(maxsize=64)
-def _width_line(raw1: float, points: tuple[tuple[int, float], ...]) -> tuple[float, float]:
+def _width_slope(raw1: float, points: tuple[tuple[int, float], ...]) -> float:
     xs = [1.0] + [float(w) for w, _ in points]
     ys = [raw1] + [t for _, t in points]
-    slope, intercept, _, _ = stats.theilslopes(ys, xs)
-    return float(intercept), max(float(slope), 0.0)
+    slope = stats.theilslopes(ys, xs)[0]
+    return max(float(slope), 0.0)
 
 
 def tree_overhead(rp: RunProfile, data: TreeData, nodes: int, dynamic: bool) -> float:
