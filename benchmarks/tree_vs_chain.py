@@ -30,6 +30,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated
 
 import typer
@@ -42,8 +43,9 @@ from specdec_tune.cli import _options as opts  # noqa: E402
 from specdec_tune.db import get_run, open_database  # noqa: E402
 from specdec_tune.profiler import ProfileSettings, run_profile  # noqa: E402
 from specdec_tune.stats import speedup_ci  # noqa: E402
-from specdec_tune.tuner.model import Candidate, Evaluator, spec_config, verify_time  # noqa: E402
-from specdec_tune.tuner.search import measure_predicted, shape_candidate  # noqa: E402
+from specdec_tune.tuner.model import Candidate, Evaluator, spec_config, tree_overhead, verify_time  # noqa: E402
+from specdec_tune.tuner.search import DEFAULT_TREES, brute_force, measure_predicted, server_search_space  # noqa: E402
+from specdec_tune.tuner.search import shape_candidate, tree_space_args  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 GOAL_SPEEDUP = 1.10
@@ -85,20 +87,25 @@ def _row(c: Candidate, v, plain, ev: Evaluator) -> dict:
             "speedup_error": 0.0 if plain is None else (p.speedup - m.tokens_per_s / plain.measurement.tokens_per_s)
             / (m.tokens_per_s / plain.measurement.tokens_per_s),
             "speedup_measured": m.tokens_per_s / plain.measurement.tokens_per_s if plain else 1.0,
+            "speedup_predicted": p.speedup,
             "speedup_ci": [lo, hi], "cycle_s_predicted": p.cycle_time_s, "nodes_predicted": p.expected_draft_length,
             "draft_forwards_predicted": p.expected_draft_forwards, "source": p.source, "in_sample": v.in_sample,
             "measured_id": m.measured_id, **_terms(c, p, ev)}
 
 
 def _terms(c: Candidate, p, ev: Evaluator) -> dict:
-    """The predicted cycle's terms (ms): draft forwards, the target's verify over nodes + 1, overhead."""
+    """The predicted cycle's terms at the profile's machine speed (ms): draft forwards, the target's
+    verify over nodes + 1 (at the mean node count) and the engine's own time."""
     if c.is_plain:
         return {}
     rp = ev.profile(c.drafter)
+    cycle = p.cycle_time_s * p.machine_speed  # undo the rescaling to the measurement's machine speed
     verify = verify_time(rp.model, 1, max(1, round(p.expected_draft_length)) + 1)
-    overhead = rp.cycle_overhead_s
-    return {"verify_ms": verify * 1e3, "overhead_ms": overhead * 1e3,
-            "draft_ms": max(p.cycle_time_s - verify - overhead, 0.0) * 1e3}
+    data = ev.tree_data(c.drafter) if c.tree else None
+    overhead = tree_overhead(rp, data, round(p.expected_draft_length), c.tree.startswith("eagle")) if data \
+        else rp.cycle_overhead_s
+    return {"verify_ms": verify * 1e3, "overhead_ms": overhead * 1e3, "cycle_ms": cycle * 1e3,
+            "draft_ms": max(cycle - verify - overhead, 0.0) * 1e3}
 
 
 def _profile(db, target: str, drafts: list[str], workload: str, prompts: int, repeats: int) -> int:
@@ -120,7 +127,7 @@ def _versus(rows: list[dict], validated: dict, kind: str) -> dict | None:
 
 def _lines(rows: list[dict], versus: list[dict], header: list[str], fidelity: dict) -> list[str]:
     lines = header + ["", f"{'configuration':<44} {'measured':>8} {'95% CI':>13} {'predicted':>9} {'error':>7} "
-                      f"{'τ meas':>6} {'τ pred':>6} {'× plain (95% CI)':>20} {'cycle ms':>8} {'nodes':>5}"]
+                      f"{'τ meas':>6} {'τ pred':>6} {'× plain (95% CI)':>20} {'× pred':>6} {'cycle ms':>8} {'nodes':>5}"]
     for r in rows:
         ci = f"{r['ci95'][0]:.1f}-{r['ci95'][1]:.1f}" if r["ci95"] else "-"
         sp = f"{r['speedup_measured']:.2f} ({r['speedup_ci'][0]:.2f}-{r['speedup_ci'][1]:.2f})" \
@@ -128,15 +135,15 @@ def _lines(rows: list[dict], versus: list[dict], header: list[str], fidelity: di
         tau = f"{r['tau_measured']:.2f}" if r["tau_measured"] else "-"
         lines.append(f"{r['config']:<44} {r['measured']:8.1f} {ci:>13} {r['predicted']:9.1f} "
                      f"{(r['error'] or 0) * 100:+6.1f}% {tau:>6} {r['tau_predicted']:6.2f} {sp:>20} "
-                     f"{r['cycle_s_predicted'] * 1e3:8.2f} {r['nodes_predicted']:5.1f}")
-    lines += ["", "why (per cycle; measured τ, predicted terms in ms: draft forwards + verify T_v(nodes + 1) + overhead):"]
+                     f"{r['speedup_predicted']:6.2f} {r['cycle_s_predicted'] * 1e3:8.2f} {r['nodes_predicted']:5.1f}")
+    lines += ["", "why (per cycle; measured τ; predicted terms at the profile's machine speed, ms: draft forwards + "
+                  "verify T_v(nodes + 1) + engine; staged: its draft forwards, inner drafter and inner bookkeeping in the first term):"]
     for r in rows:
         if r["kind"] != "plain":
             tau = r["tau_measured"] or float("nan")
             lines.append(f"  {r['config']:<44} τ {tau:.2f} measured ({r['tau_predicted']:.2f} predicted); "
                          f"{r['draft_ms']:.2f} + {r['verify_ms']:.2f} + {r['overhead_ms']:.2f} = "
-                         f"{r['cycle_s_predicted'] * 1e3:.2f} ms; {r['cycle_s_predicted'] * 1e3 / r['tau_predicted']:.2f} "
-                         f"ms per token predicted")
+                         f"{r['cycle_ms']:.2f} ms; {r['cycle_ms'] / r['tau_predicted']:.2f} ms per token predicted")
     lines.append("")
     for name, s in fidelity.items():
         if s:
@@ -148,6 +155,24 @@ def _lines(rows: list[dict], versus: list[dict], header: list[str], fidelity: di
         lines.append(f"best {v['kind']} {v['best']} vs best chain {v['chain']}: {v['ratio']:.3f}× (paired 95% CI "
                      f"{v['ci95'][0]:.3f}-{v['ci95'][1]:.3f}); goal >= {v['goal']:.2f}×: {'met' if v['met'] else 'not met'}")
     return lines
+
+
+def _tune_pick(db, run_id: int, ev: Evaluator, drafts: list[str]) -> dict:
+    """What ``tune --trees default`` would search first: the model's best over the whole space (chains
+    with θ and schedules, the default trees, the staged pairs profiled), predicted from this profile."""
+    run = get_run(db, run_id)
+    req = SimpleNamespace(trees=DEFAULT_TREES, drafts=tuple(drafts))
+    space = server_search_space("any", [d for d in drafts if d != "ngram"], int(run.settings.get("n_max", 8)),
+                                "ngram" in drafts, **tree_space_args(req, run, ev))
+    ranked = brute_force(ev, space)
+    best = ranked[0].candidate
+    chain = next(s for s in ranked if not (s.candidate.tree or s.candidate.staged))
+    kind = "a tree" if best.tree else "staged drafting" if best.staged else "a chain"
+    line = (f"tune's search over {space.size} points (chains, default trees, staged pairs) predicts {kind} best: "
+            f"{best.label()} ({ranked[0].predicted_tokens_per_s:.1f} tokens/s predicted; best chain "
+            f"{chain.candidate.label()} {chain.predicted_tokens_per_s:.1f})")
+    return {"best": best.to_dict(), "kind": kind, "predicted": ranked[0].predicted_tokens_per_s,
+            "best_chain": chain.candidate.to_dict(), "best_chain_predicted": chain.predicted_tokens_per_s, "line": line}
 
 
 @app.command()
@@ -186,9 +211,17 @@ def main(
     rows = [_row(c, v, plain, ev) for c, v in zip(grid, validated)]
     by_config = {r["config"]: v for r, v in zip(rows, validated)}
     spec = [r for r in rows if r["kind"] != "plain"]
-    fidelity = {"trees and staged": summarize([r for r in spec if r["kind"] != "chain"]),
-                "chains": summarize([r for r in spec if r["kind"] == "chain"]), "all": summarize(spec)}
+    # Speedups over plain decoding measured in the same passes: free of the machine's speed, which on a
+    # shared machine moves between passes (and with it each configuration's machine-probe rescaling).
+    by_speedup = [{**r, "predicted": r["speedup_predicted"], "measured": r["speedup_measured"],
+                   "error": r["speedup_error"]} for r in spec]
+    fidelity = {"trees and staged, speedup": summarize([r for r in by_speedup if r["kind"] != "chain"]),
+                "chains, speedup": summarize([r for r in by_speedup if r["kind"] == "chain"]),
+                "all, speedup": summarize(by_speedup),
+                "trees and staged, tokens/s": summarize([r for r in spec if r["kind"] != "chain"]),
+                "all, tokens/s": summarize(spec)}
     versus = [v for v in (_versus(rows, by_config, "tree"), _versus(rows, by_config, "staged")) if v]
+    pick = _tune_pick(database, run_id, ev, names)
     settings = get_run(database, run_id).settings
     header = [f"# trees and staged drafting vs chains, held out ({time.strftime('%Y-%m-%d')}, {platform.node()}, "
               f"{platform.processor() or platform.machine()}, torch threads {settings.get('threads')})",
@@ -196,12 +229,13 @@ def main(
               f"({len(settings.get('prompt_ids', []))} tuning prompts, --trees), {max_prompts} held-out prompts, "
               f"{repeats} interleaved passes, batch size 1 (the engine does not batch)",
               f"# load average before / after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"]
-    lines = _lines(rows, versus, header, fidelity)
+    lines = _lines(rows, versus, header, fidelity) + [pick["line"]]
     stem = out or f"tree_vs_chain_cpu_{Path(workload).stem}"
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{stem}.txt").write_text("\n".join(lines) + "\n")
     (RESULTS / f"{stem}.json").write_text(json.dumps({"run_id": run_id, "rows": rows, "fidelity": fidelity,
-                                                      "versus": versus, "seconds": time.perf_counter() - started,
+                                                      "versus": versus, "tune_pick": pick,
+                                                      "seconds": time.perf_counter() - started,
                                                       "load_average": [load_before, os.getloadavg()]},
                                                      indent=1, default=str) + "\n")
     print("\n".join(lines))

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from specdec_tune.errors import InputError
 
@@ -156,6 +156,12 @@ def expected_accepted(shape: TreeShape, rank_accept: Sequence[float]) -> float:
 
 
 def sequoia_tree(rank_accept: Sequence[float], budget: int, depth: int) -> TreeShape:
+    """See :func:`_sequoia_tree` (computed once per (acceptance, budget, depth))."""
+    return _sequoia_tree(tuple(float(x) for x in rank_accept), int(budget), int(depth))
+
+
+@lru_cache(maxsize=1024)
+def _sequoia_tree(rank_accept: tuple[float, ...], budget: int, depth: int) -> TreeShape:
     """The tree of at most ``budget`` nodes and depth <= ``depth`` maximising :func:`expected_accepted`.
 
     Sequoia's dynamic program (Chen et al. 2024, Section 3.1, "positional acceptance"): a node's

@@ -26,7 +26,7 @@ from specdec_tune.tuner.model._throughput import baseline_tokens_per_s, best_n_p
 from specdec_tune.tuner.model._throughput import closed_form_tokens_per_cycle, draft_step_time, predict, rank_configs
 from specdec_tune.tuner.model._throughput import relative_error, tokens_per_cycle_per_position, verify_time
 from specdec_tune.tuner.model._tree import RANKS, StagedStats, TreeCycle, TreeData, expected_tau, simulate_tree
-from specdec_tune.tuner.model._tree_predict import TreePlan, predict_tree_prompts, tree_plan, width_time
+from specdec_tune.tuner.model._tree_predict import TreePlan, predict_tree_prompts, tree_overhead, tree_plan, width_time
 
 __all__ = [
     "NGRAM", "NONE", "all_rejected", "batch_rejection_limit", "batch_rejections", "sibling_acceptance", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator", "ModelProfile", "OverheadFit",
@@ -37,5 +37,5 @@ __all__ = [
     "predict_prompts", "profiled_specs", "rank_configs", "relative_error", "replay", "resolve_draft", "run_drafts",
     "simulate_prompt", "spec_config", "split_specs", "tokens_per_cycle_per_position", "verify_time",
     "RANKS", "StagedStats", "TreeCycle", "TreeData", "TreePlan", "expected_tau", "load_tree_data", "predict_tree_prompts",
-    "simulate_tree", "tree_plan", "width_time",
+    "simulate_tree", "tree_overhead", "tree_plan", "width_time",
 ]  # fmt: skip
