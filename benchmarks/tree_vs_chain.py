@@ -108,9 +108,9 @@ def _terms(c: Candidate, p, ev: Evaluator) -> dict:
             "draft_ms": max(cycle - verify - overhead, 0.0) * 1e3}
 
 
-def _profile(db, target: str, drafts: list[str], workload: str, prompts: int, repeats: int) -> int:
+def _profile(db, target: str, drafts: list[str], workload: str, prompts: int, repeats: int, temperature: float) -> int:
     settings = ProfileSettings(split="tune", max_prompts=prompts, n_max=8, k_max=17, repeats=repeats,
-                               max_new_tokens=64, trees=True, threads=1)
+                               max_new_tokens=64, trees=True, threads=1, temperature=temperature)
     return run_profile(db, target, drafts, workload, settings).run_id
 
 
@@ -194,6 +194,8 @@ def main(
         = "mini-draft-2l@6@ngram,mini-draft-2l@6@mini-draft-1l,mini-draft-1l@6@ngram",
     max_prompts: Annotated[int, typer.Option("--max-prompts", help="Held-out prompts measured.")] = 8,
     repeats: opts.RepeatsOption = opts.DEFAULT_REPEATS,
+    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 samples (profile and measure).")]
+        = 0.0,
     out: Annotated[str | None, typer.Option("--out", help="Result file stem (default tree_vs_chain_cpu_WORKLOAD).")] = None,
 ) -> None:
     """Measure trees and staged drafting against the best chain on held-out prompts (module docstring)."""
@@ -201,12 +203,14 @@ def main(
     grid = _grid(names, chains, trees, staged)
     database = open_database(db)
     started, load_before = time.perf_counter(), os.getloadavg()
-    run_id = run if run is not None else _profile(database, target, names, workload, profile_prompts, profile_repeats)
-    ev = Evaluator(database, run_id)
-    items = [(None if c.is_plain else c.drafter, spec_config(c)) for c in grid]
+    run_id = run if run is not None else _profile(database, target, names, workload, profile_prompts, profile_repeats,
+                                                  temperature)
+    mode = "sampling" if temperature > 0 else "greedy"
+    ev = Evaluator(database, run_id, mode)
+    items = [(None if c.is_plain else c.drafter, spec_config(c, mode)) for c in grid]
     shapes = [("", "") if c.is_plain else (c.tree, c.staged) for c in grid]
     validated = measure_predicted(database, run_id, items, split="holdout", max_prompts=max_prompts,
-                                  repeats=repeats, shapes=shapes)
+                                  repeats=repeats, shapes=shapes, temperature=temperature)
     plain = validated[0]
     rows = [_row(c, v, plain, ev) for c, v in zip(grid, validated)]
     by_config = {r["config"]: v for r, v in zip(rows, validated)}
@@ -227,10 +231,11 @@ def main(
               f"{platform.processor() or platform.machine()}, torch threads {settings.get('threads')})",
               f"# target {target}, drafts {drafts}, workload {workload}, profile run {run_id} "
               f"({len(settings.get('prompt_ids', []))} tuning prompts, --trees), {max_prompts} held-out prompts, "
-              f"{repeats} interleaved passes, batch size 1 (the engine does not batch)",
+              f"{repeats} interleaved passes, batch size 1 (the engine does not batch), "
+              f"{'greedy' if temperature == 0 else f'sampling at temperature {temperature}'}",
               f"# load average before / after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"]
     lines = _lines(rows, versus, header, fidelity) + [pick["line"]]
-    stem = out or f"tree_vs_chain_cpu_{Path(workload).stem}"
+    stem = out or f"tree_vs_chain_cpu_{Path(workload).stem}" + (f"_t{temperature:g}" if temperature else "")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{stem}.txt").write_text("\n".join(lines) + "\n")
     (RESULTS / f"{stem}.json").write_text(json.dumps({"run_id": run_id, "rows": rows, "fidelity": fidelity,

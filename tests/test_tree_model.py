@@ -184,3 +184,22 @@ def test_tune_refuses_a_bad_tree_in_one_line(tmp_path, trees, needle):
                             "--trees", trees, "--db", f"sqlite:///{tmp_path / 'x.db'}"])
     assert code == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "x.db").exists() or (tmp_path / "x.db").stat().st_size < 200_000
+
+
+def test_tune_measures_the_best_chain_beside_trees():
+    """When trees and staged drafters fill the top predictions, the best predicted chain is measured too:
+    a tree wins only by measuring faster than it."""
+    from specdec_tune.tuner.model import Scored
+    from specdec_tune.tuner.search._tune import _distinct_top
+
+    def scored(c: Candidate, tps: float) -> Scored:
+        return Scored(c, tps, tps / 50, 3.0, "test")
+
+    ranked = [scored(Candidate("d", 5, tree="sequoia:8"), 110), scored(Candidate("d", 4, staged="ngram"), 109),
+              scored(Candidate("d", 6, tree="chains:2"), 108), scored(Candidate("d", 4), 107),
+              scored(Candidate("none", 0), 50)]
+    top = _distinct_top(ranked, 3)
+    assert [s.candidate for s in top] == [ranked[0].candidate, ranked[1].candidate, Candidate("d", 4)]
+    assert [s.candidate for s in _distinct_top(ranked, 1)] == [ranked[0].candidate, Candidate("d", 4)]
+    chains_first = [ranked[3], *ranked[:3]]
+    assert [s.candidate for s in _distinct_top(chains_first, 2)] == [Candidate("d", 4), ranked[0].candidate]

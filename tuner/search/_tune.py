@@ -46,8 +46,16 @@ def _scored_dict(s: Scored) -> dict[str, Any]:
 
 
 def _distinct_top(ranked: Sequence[Scored], k: int) -> list[Scored]:
-    """Top ``k`` speculative candidates by prediction (plain decoding is measured anyway)."""
-    return [s for s in ranked if not s.candidate.is_plain][:k]
+    """Top ``k`` speculative candidates by prediction (plain decoding is measured anyway). When trees or
+    staged drafting fill them, the best predicted chain takes the last place: a tree must *measure*
+    faster than the chain to win (every server runs chains; a tree's prediction is a simulation)."""
+    top = [s for s in ranked if not s.candidate.is_plain][:k]
+    chained = lambda s: not (s.candidate.tree or s.candidate.staged)  # noqa: E731
+    if top and not any(chained(s) for s in top):
+        chain = next((s for s in ranked if not s.candidate.is_plain and chained(s)), None)
+        if chain is not None:
+            top = top[:max(k - 1, 1)] + [chain]
+    return top
 
 
 @dataclass
