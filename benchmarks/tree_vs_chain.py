@@ -157,6 +157,20 @@ def _lines(rows: list[dict], versus: list[dict], header: list[str], fidelity: di
     return lines
 
 
+def _fidelity(rows: list[dict]) -> dict:
+    """``fidelity.py``'s statistics on speedups over plain decoding measured in the same passes (free of
+    the machine's speed, which on a shared machine moves between passes, and with it each
+    configuration's machine-probe rescaling) and on tokens/s."""
+    spec = [r for r in rows if r["kind"] != "plain"]
+    by_speedup = [{**r, "predicted": r["speedup_predicted"], "measured": r["speedup_measured"],
+                   "error": r["speedup_error"]} for r in spec]
+    return {"trees and staged, speedup": summarize([r for r in by_speedup if r["kind"] != "chain"]),
+            "chains, speedup": summarize([r for r in by_speedup if r["kind"] == "chain"]),
+            "all, speedup": summarize(by_speedup),
+            "trees and staged, tokens/s": summarize([r for r in spec if r["kind"] != "chain"]),
+            "all, tokens/s": summarize(spec)}
+
+
 def _tune_pick(db, run_id: int, ev: Evaluator, drafts: list[str]) -> dict:
     """What ``tune --trees default`` would search first: the model's best over the whole space (chains
     with θ and schedules, the default trees, the staged pairs profiled), predicted from this profile."""
@@ -214,16 +228,7 @@ def main(
     plain = validated[0]
     rows = [_row(c, v, plain, ev) for c, v in zip(grid, validated)]
     by_config = {r["config"]: v for r, v in zip(rows, validated)}
-    spec = [r for r in rows if r["kind"] != "plain"]
-    # Speedups over plain decoding measured in the same passes: free of the machine's speed, which on a
-    # shared machine moves between passes (and with it each configuration's machine-probe rescaling).
-    by_speedup = [{**r, "predicted": r["speedup_predicted"], "measured": r["speedup_measured"],
-                   "error": r["speedup_error"]} for r in spec]
-    fidelity = {"trees and staged, speedup": summarize([r for r in by_speedup if r["kind"] != "chain"]),
-                "chains, speedup": summarize([r for r in by_speedup if r["kind"] == "chain"]),
-                "all, speedup": summarize(by_speedup),
-                "trees and staged, tokens/s": summarize([r for r in spec if r["kind"] != "chain"]),
-                "all, tokens/s": summarize(spec)}
+    fidelity = _fidelity(rows)
     versus = [v for v in (_versus(rows, by_config, "tree"), _versus(rows, by_config, "staged")) if v]
     pick = _tune_pick(database, run_id, ev, names)
     settings = get_run(database, run_id).settings
