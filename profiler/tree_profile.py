@@ -11,10 +11,11 @@ Recorded per model draft, stored in ``tree_traces`` as it goes:
   per position β_1..β_M, the acceptance of the m-th of M i.i.d. drafts after the ones before it were
   rejected (recursive residuals, ``engine.tree_verify``), and ``point``, the target's mass on the
   draft's top-1..K tokens (deterministic siblings).
-- ``staged``: the first ``overhead_prompts`` prompts decoded greedily by the draft speculated by n-gram
-  lookup and by every smaller model draft of the run (``engine.staged``): tokens proposed, draft-model
-  forwards, tokens they carried, inner forwards.
-- ``overhead``: on the first prompts, greedy tree decoding with a few trees (``OVERHEAD_TREES``) with
+- ``staged``: the first ``overhead_prompts`` prompts decoded by the draft speculated by n-gram lookup
+  and by every smaller model draft of the run (``engine.staged``), greedily and (with a temperature)
+  sampling: tokens proposed, draft-model forwards, tokens they carried, inner forwards, engine time.
+- ``overhead``: on the first prompts, tree decoding (greedy, and with a temperature sampling) with a few
+  trees (``OVERHEAD_TREES``) with
   the forwards hooked: per cycle the engine's own time (wall minus forwards), nodes and draft forwards
   (a tree cycle builds masks, verifies and compacts caches: more bookkeeping than a chain's), and the
   in-loop time of every deeper-depth draft forward by its width.
@@ -92,18 +93,22 @@ def sibling_rows(target: torch.nn.Module, draft: torch.nn.Module, sequences: Seq
 
 
 def staged_pass(target: torch.nn.Module, draft: torch.nn.Module, inner: DraftSpec, prompts: Sequence[torch.Tensor],
-                max_new_tokens: int, eos: int | None) -> list[dict[str, Any]]:
-    """Per prompt: what the draft speculated by ``inner`` cost while decoding greedily (N = STAGED_N),
-    with every forward hooked: counts, and per cycle [drafted, engine seconds outside the forwards]."""
-    config = DecodeConfig(max_new_tokens=max_new_tokens, num_speculative_tokens=STAGED_N, eos_token_id=eos)
+                max_new_tokens: int, eos: int | None, temperature: float = 0.0, seed: int = 0) -> list[dict[str, Any]]:
+    """Per prompt: what the draft speculated by ``inner`` cost while decoding (N = STAGED_N; greedy, or
+    sampling at ``temperature``, where the inner acceptance and the verdicts differ), with every forward
+    hooked: counts, and per cycle [drafted, engine seconds outside the forwards]."""
+    config = DecodeConfig(max_new_tokens=max_new_tokens, num_speculative_tokens=STAGED_N, eos_token_id=eos,
+                          temperature=temperature)
+    gen = torch.Generator(device=next(target.parameters()).device).manual_seed(seed)
     inner_model = inner.model.model if inner.model is not None else None
     recorder = ForwardRecorder(next(target.parameters()).device)
     out = []
     with recorder.attach(target, draft, inner_model), torch.inference_mode():
         for ids in prompts:
             max_len = ids.shape[0] + max_new_tokens + STAGED_N + 2
-            inner_drafter = NgramDrafter() if inner_model is None else ModelDrafter(inner_model, max_len + INNER_N + 2)
-            staged = StagedDrafter(draft, inner_drafter, INNER_N, max_len)
+            inner_drafter = NgramDrafter() if inner_model is None else ModelDrafter(
+                inner_model, max_len + INNER_N + 2, temperature=temperature, generator=gen)
+            staged = StagedDrafter(draft, inner_drafter, INNER_N, max_len, temperature=temperature, generator=gen)
             counts = {"inner": inner.name, "inner_n": INNER_N, "tokens": 0, "draft_forwards": 0, "fed": 0,
                       "inner_forwards": 0}
 
@@ -115,28 +120,32 @@ def staged_pass(target: torch.nn.Module, draft: torch.nn.Module, inner: DraftSpe
                 counts["inner_forwards"] += staged.inner_forwards
 
             recorder.begin()
-            speculative(target, staged, ids, config, on_cycle=on_cycle)
+            speculative(target, staged, ids, config, gen, on_cycle=on_cycle)
             counts["cycles"] = [[c.drafted, round(c.overhead_s, 7)] for c in recorder.finish().cycle_overheads()]
             out.append(counts)
     return out
 
 
 def overhead_pass(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequence[torch.Tensor],
-                  max_new_tokens: int, eos: int | None, rank_accept: Sequence[float]) -> list[dict[str, Any]]:
+                  max_new_tokens: int, eos: int | None, rank_accept: Sequence[float],
+                  temperature: float = 0.0, seed: int = 0) -> list[dict[str, Any]]:
     """Per prompt: the engine's own time per tree cycle (wall time minus the hooked forwards) while
-    decoding greedily with each of ``OVERHEAD_TREES``: rows [dynamic, nodes, draft forwards, seconds]."""
+    decoding with each of ``OVERHEAD_TREES`` (greedy, or sampling at ``temperature``: the sampled
+    verdict walks the siblings on the host): rows [dynamic, nodes, draft forwards, seconds]."""
     recorder = ForwardRecorder(next(target.parameters()).device)
+    gen = torch.Generator(device=next(target.parameters()).device).manual_seed(seed)
     out = []
     with recorder.attach(target, draft), torch.inference_mode():
         for ids in prompts:
             rows, widths = [], []
             for text, depth in OVERHEAD_TREES:
                 spec = parse_tree(text)
-                config = DecodeConfig(max_new_tokens=max_new_tokens, num_speculative_tokens=depth, eos_token_id=eos)
+                config = DecodeConfig(max_new_tokens=max_new_tokens, num_speculative_tokens=depth, eos_token_id=eos,
+                                      temperature=temperature)
                 drafter = TreeDrafter(draft, ids.shape[0] + max_new_tokens + spec.nodes(depth) + 2, spec,
-                                      rank_accept=rank_accept)
+                                      rank_accept=rank_accept, temperature=temperature, generator=gen)
                 recorder.begin()
-                tree_speculative(target, drafter, ids, config, on_cycle=recorder.on_cycle)
+                tree_speculative(target, drafter, ids, config, gen, on_cycle=recorder.on_cycle)
                 timeline = recorder.finish()
                 rows += [[int(spec.kind == "eagle"), c.drafted, c.draft_forwards, round(c.overhead_s, 7)]
                          for c in timeline.cycle_overheads()]
@@ -201,14 +210,16 @@ def tree_passes(session) -> None:
                     for ids, t in zip(session.ids, sampled)]
             rows += [TreeTraceRecord("siblings", i, s.temperature, d)
                      for i, d in enumerate(sibling_rows(session.target.model, model, seqs, prompt_lens, s.temperature))]
-        ranks = _rank_accept(rows)
-        docs = overhead_pass(session.target.model, model, session.ids[:min(few, OVERHEAD_PROMPTS)], s.max_new_tokens,
-                             session.target.eos_token_id, ranks)
-        rows += [TreeTraceRecord("overhead", i, 0.0, d) for i, d in enumerate(docs)]
+        temps = (0.0, s.temperature) if s.temperature > 0 else (0.0,)
+        for t in temps:  # greedy, and the profile's sampling temperature: their verdicts cost differently
+            docs = overhead_pass(session.target.model, model, session.ids[:min(few, OVERHEAD_PROMPTS)],
+                                 s.max_new_tokens, session.target.eos_token_id, _rank_accept(rows), t, s.seed)
+            rows += [TreeTraceRecord("overhead", i, t, d) for i, d in enumerate(docs)]
         add_tree_traces(db, run_id, name, rows)
         session.progress.advance()
         for inner in _inners(session.drafts, spec):
-            docs = staged_pass(session.target.model, model, inner, session.ids[:few], s.max_new_tokens,
-                               session.target.eos_token_id)
-            add_tree_traces(db, run_id, name, [TreeTraceRecord("staged", i, 0.0, d) for i, d in enumerate(docs)])
+            for t in temps:
+                docs = staged_pass(session.target.model, model, inner, session.ids[:few], s.max_new_tokens,
+                                   session.target.eos_token_id, t, s.seed)
+                add_tree_traces(db, run_id, name, [TreeTraceRecord("staged", i, t, d) for i, d in enumerate(docs)])
             session.progress.advance()

@@ -159,6 +159,8 @@ def test_profile_with_trees_stores_tree_data_and_the_evaluator_predicts_trees(ti
     assert sum(data.rank_accept) <= 1 + 1e-9 and set(data.staged) == {"ngram"}
     assert data.staged["ngram"].cycles and data.overhead and {d for d, *_ in data.overhead} == {0, 1}
     assert data.width_in_loop_s and min(data.width_in_loop_s) >= 1
+    sampled = load_tree_data(db, run_id, draft, "sampling")  # the timed passes of the sampling mode
+    assert sampled.overhead and sampled.overhead != data.overhead and sampled.staged["ngram"] != data.staged["ngram"]
     assert all(0 <= b <= 1 for prompt in data.iid for row in prompt for b in row)
     for mode in ("greedy", "sampling"):
         ev = Evaluator(db, run_id, mode)

@@ -69,7 +69,7 @@ class Evaluator:
     def tree_data(self, drafter: str) -> TreeData | None:
         """The drafter's token-tree data (``None``: the profile has none)."""
         if drafter not in self._trees:
-            self._trees[drafter] = load_tree_data(self.db, self.run_id, drafter)
+            self._trees[drafter] = load_tree_data(self.db, self.run_id, drafter, self.mode)
         return self._trees[drafter]
 
     def plan(self, c: Candidate) -> TreePlan | None:

@@ -49,12 +49,15 @@ def load_run_profile(
                              in_loop=in_loop, calibrate=calibrate)
 
 
-def load_tree_data(db: Database, run_id: int, draft: str) -> TreeData | None:
+def load_tree_data(db: Database, run_id: int, draft: str, mode: str = "greedy") -> TreeData | None:
     """The token-tree and staged-drafting data of ``draft`` in run ``run_id`` (``profile --trees``), or
-    ``None`` when the run has none."""
+    ``None`` when the run has none. The timed passes (engine time, staged rates) are the ``mode``'s
+    where the profile ran them in that mode, else the greedy ones."""
     rows = load_tree_traces(db, run_id, draft)
     if not rows:
         return None
+    sampled = mode == "sampling" and any(r.temperature > 0 for r in rows if r.kind in ("overhead", "staged"))
+    rows = [r for r in rows if r.kind not in ("overhead", "staged") or (r.temperature > 0) == sampled]
     by_prompt: dict[str, dict[int, dict]] = {"ranks": {}, "siblings": {}, "overhead": {}}
     staged: dict[str, list[dict]] = {}
     for r in rows:

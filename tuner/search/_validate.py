@@ -174,7 +174,7 @@ def _tree_plan(db: Database, run: RunRecord, rp: RunProfile, config: SpecConfig,
     tree, staged = shape
     if not tree and not staged:
         return None
-    data = load_tree_data(db, run.id, rp.draft)
+    data = load_tree_data(db, run.id, rp.draft, config.mode)
     inner = load_run_profile(db, run.id, staged) if staged else None
     plan = tree_plan(tree, staged, data, inner)
     assert plan is not None and data is not None
