@@ -149,12 +149,12 @@ def main(
     splits: Splits = "in,out",
 ) -> None:
     args = dict(locals())  # every option, as the results JSON records them
-    with _neighbour(neighbour):
+    with neighbour_process(neighbour):
         _main(args)
 
 
 @contextlib.contextmanager
-def _neighbour(on: bool) -> Iterator[None]:
+def neighbour_process(on: bool) -> Iterator[None]:
     """One CPU-bound process beside the block (a busy loop), stopped after it."""
     if not on:
         yield

@@ -41,10 +41,23 @@ def hardware_label(h: HardwareRecord) -> str:
 
 
 def run_label(run: RunRecord) -> str:
-    """``run 3: mini-target on functions, 2026-11-22 20:10 (completed)``."""
+    """``run 3: mini-target on functions, 2026-11-22 20:10 (completed)``; ``, synthetic acceptance`` is
+    added for a run whose acceptance was given (:func:`synthetic_note`)."""
     workload = run.workload.name if run.workload else "no workload"
     when = run.started_at.strftime("%Y-%m-%d %H:%M")
-    return f"run {run.id}: {short_name(run.target.name)} on {short_name(workload)}, {when} ({run.status})"
+    synthetic = ", synthetic acceptance" if synthetic_note(run.settings) else ""
+    return f"run {run.id}: {short_name(run.target.name)} on {short_name(workload)}, {when} ({run.status}{synthetic})"
+
+
+def synthetic_note(settings: dict) -> str | None:
+    """The label of a run profiled with synthetic acceptance (model shapes with random weights: the
+    verify step accepted at given rates), None for a run whose target decided."""
+    rates = settings.get("synthetic_acceptance")
+    if not rates:
+        return None
+    alphas = ", ".join(f"{float(a):g}" for a in rates)
+    return (f"Synthetic acceptance α = {alphas} (given, not measured): this run's models have random weights, so "
+            "its acceptance, τ and every prediction rest on these rates; its timings are measured.")
 
 
 @dataclass(frozen=True)

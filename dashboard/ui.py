@@ -13,7 +13,7 @@ import streamlit as st
 
 from specdec_tune.dashboard import cache
 from specdec_tune.dashboard.measured import short_name
-from specdec_tune.dashboard.overview import hardware_label, run_label
+from specdec_tune.dashboard.overview import hardware_label, run_label, synthetic_note
 from specdec_tune.dashboard.servers_info import server_names
 from specdec_tune.dashboard.sources import Sources, first_command
 from specdec_tune.db import RunRecord
@@ -137,6 +137,13 @@ def need(what: str, message: str) -> None:
     st.info(f"{message} Run first:")
     st.code(commands(what), language="bash")
     st.stop()
+
+
+def synthetic_banner(run: RunRecord | None) -> None:
+    """A warning on every page that shows a run profiled with synthetic acceptance."""
+    note = synthetic_note(run.settings) if run is not None else None
+    if note:
+        st.warning(note)
 
 
 def fmt(x: float | None, digits: int = 1, suffix: str = "") -> str:

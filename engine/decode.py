@@ -15,7 +15,7 @@ import torch
 from specdec_tune.engine.drafters import probs_from_logits
 from specdec_tune.engine.kvcache import PreallocatedCache, forward_with_cache, make_cache
 from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult, VerifyResult
-from specdec_tune.engine.verify import greedy_accept, verify_sampling
+from specdec_tune.engine.verify import SyntheticAcceptance, greedy_accept, synthetic_verdict, verify_sampling
 from specdec_tune.schedules import MAX_SPECULATIVE_TOKENS, SCHEDULES, THRESHOLD_RULES, next_num_speculative
 
 
@@ -30,6 +30,10 @@ class DecodeConfig:
     temperature: float = 0.0
     eos_token_id: int | None = None
     threshold_rule: str = "before"  # 'before' (exact; ours) or 'hf' (transformers'); see ModelDrafter
+    # Synthetic acceptance: conditional α_1, α_2, ... (the last repeats), seeded by synthetic_seed and the
+    # prompt; greedy only (verify.SyntheticAcceptance). None: the target decides.
+    synthetic_acceptance: tuple[float, ...] | None = None
+    synthetic_seed: int = 0
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -44,6 +48,12 @@ class DecodeConfig:
             raise ValueError(f"threshold_rule must be one of {', '.join(THRESHOLD_RULES)}, got {self.threshold_rule!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        rates = self.synthetic_acceptance
+        if rates is not None:
+            if not rates or any(not 0.0 <= a <= 1.0 for a in rates):
+                raise ValueError(f"synthetic acceptance rates must be 1 or more values in [0, 1], got {list(rates)}")
+            if self.temperature > 0:
+                raise ValueError("synthetic acceptance decodes greedily (temperature 0)")
 
 
 VerifyFn = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Generator | None], VerifyResult]
@@ -130,6 +140,7 @@ def speculative(
     _check_prompt(prompt_ids)
     n_max = config.num_speculative_tokens
     verify_s = verify_fn or verify_sampling
+    synthetic = _synthetic(prompt_ids, config)  # None unless synthetic acceptance
     cache, tokens = _prefill(model, prompt_ids, config, cache)  # tokens: prompt + emitted
     length = prompt_ids.shape[0]
     out: list[int] = []
@@ -145,7 +156,7 @@ def speculative(
         if n_draft:
             tokens[length:length + n_draft] = draft.tokens
         logits = _forward(model, feed, cache, n_draft + 1)  # [L + 1, vocab]
-        verdict = _verdict(draft, logits, config, verify_s, generator)
+        verdict = _verdict(draft, logits, config, verify_s, generator, synthetic)
         acc, nxt = verdict.accepted, verdict.next_token
         emitted, eos_hit = _emit(out, verdict.drafted[:acc] + [nxt], config.max_new_tokens, config.eos_token_id)
         if emitted > acc:  # the accepted draft tokens are already in the buffer
@@ -192,18 +203,33 @@ def _prefill(
     return cache, tokens
 
 
+def _synthetic(prompt_ids: torch.Tensor, config: DecodeConfig) -> SyntheticAcceptance | None:
+    """The synthetic acceptance of this decode (None: the target decides), seeded from
+    ``synthetic_seed`` and the prompt, so every prompt draws its own acceptances and a repeat of a
+    prompt draws the same (one host read of the prompt per decode)."""
+    if config.synthetic_acceptance is None:
+        return None
+    ids = prompt_ids.tolist()
+    return SyntheticAcceptance(config.synthetic_acceptance,
+                               config.synthetic_seed * 1_000_003 + sum((i + 1) * t for i, t in enumerate(ids)))
+
+
 def _verdict(
-    draft: Draft, logits: torch.Tensor, config: DecodeConfig, verify_s: VerifyFn, generator: torch.Generator | None
+    draft: Draft, logits: torch.Tensor, config: DecodeConfig, verify_s: VerifyFn, generator: torch.Generator | None,
+    synthetic: SyntheticAcceptance | None = None,
 ) -> _Verdict:
-    """Verify ``draft`` against the target's ``[L + 1, vocab]`` logits (sampling or greedy)."""
+    """Verify ``draft`` against the target's ``[L + 1, vocab]`` logits (sampling, greedy or synthetic)."""
     if config.temperature > 0:
         result = verify_s(draft.tokens, draft.probs, probs_from_logits(logits, config.temperature), generator)
         return _Verdict(result.num_accepted, result.next_token, draft.tokens.tolist(), draft.confidence.tolist())
+    if synthetic is None:
+        verdict = greedy_accept(draft.tokens, logits)
+    else:
+        verdict = synthetic_verdict(logits, synthetic.draw(draft.length))
     # The cycle's one host synchronisation: verdict, draft tokens and confidences in one copy
     # (float64 holds every token id exactly).
     n_draft = draft.length
-    host = torch.cat([greedy_accept(draft.tokens, logits).double(), draft.tokens.double(),
-                      draft.confidence.double()]).tolist()
+    host = torch.cat([verdict.double(), draft.tokens.double(), draft.confidence.double()]).tolist()
     return _Verdict(int(host[0]), int(host[1]), [int(t) for t in host[2:2 + n_draft]], host[2 + n_draft:])
 
 

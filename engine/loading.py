@@ -7,13 +7,14 @@ from typing import Any
 
 import torch
 
-from specdec_tune.engine import lean_kernels
+from specdec_tune.engine import lean_kernels, shapes
 from specdec_tune.engine.lean import FORWARDS, LeanCausalLM, hf_model, lean_unsupported, wrap_forward
 from specdec_tune.engine.names import hub_unreachable, nearest_hint, one_line, resolve_source
 from specdec_tune.errors import InputError, ModelLoadError
 
 DEVICES = ("auto", "cpu", "cuda")
-DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # the short names are aliases
 
 
 @dataclass
@@ -90,14 +91,15 @@ def load_model(
     """Load a Hugging Face causal LM and its tokenizer in eval mode.
 
     Args:
-        name: bundled zoo name (e.g. ``mini-target``), local folder, or hub id.
+        name: bundled zoo name (e.g. ``mini-target``), model shape (``shape:llama-3.1-8b``: random
+            weights, :mod:`engine.shapes`), local folder, or hub id.
         device: ``auto`` | ``cpu`` | ``cuda`` or a torch.device.
         dtype: ``auto`` | ``float32`` | ``bfloat16`` | ``float16`` or a torch.dtype.
         forward: ``auto`` (the lean Llama-family forward when the model supports it, else HF's),
             ``lean`` (refused for a model it cannot run) or ``hf``. See :mod:`engine.lean`.
 
     Raises:
-        ModelLoadError: the folder or hub id cannot be loaded.
+        ModelLoadError: the folder or hub id cannot be loaded, or a shape does not fit in memory.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -106,6 +108,9 @@ def load_model(
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     dt = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, dev)
     source = resolve_source(name)
+    if shapes.is_shape(source):  # a published shape with seeded random weights (engine.shapes)
+        model, tokenizer = shapes.build_shape(source, dev, dt)
+        return _loaded(name, source, model, tokenizer, dev, dt, forward)
     hub = not Path(source).is_dir()
     # A hub id resolved while the hub cannot be reached is in the local cache: load it from there,
     # without transformers' retries.
@@ -117,6 +122,11 @@ def load_model(
         raise ModelLoadError(f"cannot load model {name!r}: {one_line(exc)}{nearest_hint(name) if hub else ''}") from exc
     model.to(dev).eval()
     model.requires_grad_(False)
+    return _loaded(name, source, model, tokenizer, dev, dt, forward)
+
+
+def _loaded(name: str, source: str, model: torch.nn.Module, tokenizer: Any, dev: torch.device, dt: torch.dtype,
+            forward: str) -> LoadedModel:
     if forward == "lean" and lean_unsupported(model) is not None:
         raise InputError(f"--forward lean cannot run {name!r}: {lean_unsupported(model)} (use --forward auto or hf)")
     return LoadedModel(name=name, source=source, model=wrap_forward(model, forward), tokenizer=tokenizer,

@@ -27,21 +27,25 @@ def resolve_source(name: str) -> str:
     model loads, so a typo fails in seconds, offline, instead of after transformers' network retries.
 
     Returns:
-        A bundled name's folder, an existing local model folder (as given, ``~`` expanded), or ``name``
+        ``shape:<name>`` for a model shape (:mod:`engine.shapes`), a bundled name's folder, an existing
+        local model folder (as given, ``~`` expanded), or ``name``
         itself as a hub id: one that is in the local Hugging Face cache, or any valid one while the hub
         answers (:func:`hub_unreachable`; ``gpt2`` without an org is a valid hub id too).
 
     Raises:
         InputError: an empty name.
+        NotFoundError: an unknown ``shape:`` name (naming the shapes).
         ModelLoadError: one line naming ``name`` and what would be valid: a folder that is not a model
             (naming what it lacks: config.json, weights, tokenizer), a path that does not exist, a name
             that is no valid hub id, or a name that is neither bundled nor local while the hub cannot
             be reached; the last two suggest the nearest bundled name.
     """
-    from specdec_tune.engine import zoo
+    from specdec_tune.engine import shapes, zoo
 
     if not name or not name.strip():
         raise InputError("model name is empty (give a bundled name, a folder or a hub id)")
+    if shapes.is_shape(name):
+        return shapes.get_shape(name).label  # a published shape with random weights (engine.shapes)
     bundled = zoo.get_model(name)
     if bundled is not None:
         return check_model_folder(bundled.path)

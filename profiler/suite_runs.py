@@ -40,7 +40,9 @@ from specdec_tune.engine import (
     speculative,
 )
 from specdec_tune.engine.workloads import load_workload
+from specdec_tune.consistency import first_difference
 from specdec_tune.errors import InputError, ModelLoadError
+from specdec_tune.profiler.consistency import reference_margin
 from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
 from specdec_tune.profiler.timers import Stopwatch, synchronize
@@ -117,6 +119,9 @@ class PromptSample:
     plain_seconds: list[float] = field(default_factory=list)  # [repeat] the paired plain decode's wall seconds
     plain_new_tokens: int = 0
     probe_seconds: list[float] = field(default_factory=list)  # [repeat] the machine probe's seconds, right after
+    dtype: str | None = None  # the dtype the arm decoded in (the consistency rule depends on it)
+    # where a greedy output parted from plain decoding's: {position, margin, top_logit} (specdec_tune.consistency)
+    parted: dict | None = None
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -263,8 +268,10 @@ def _measure_prompt(plan: _Plan, x: torch.Tensor, s: PromptSample, repeat: int, 
             s.plain_new_tokens = ref.new_tokens
             if arm.temperature == 0:
                 s.plain_token_ids = list(ref.token_ids)
+                s.parted = parted_at(plan.target, x, s.plain_token_ids, list(result.token_ids))
     s.probe_seconds.append(probe.run())
     if repeat == 0:
+        s.dtype = str(plan.target.dtype).replace("torch.", "")
         s.new_tokens = result.new_tokens
         s.token_ids = list(result.token_ids)
         cyc = result.cycles
@@ -272,6 +279,18 @@ def _measure_prompt(plan: _Plan, x: torch.Tensor, s: PromptSample, repeat: int, 
         s.draft_forwards = sum(c.draft_forwards for c in cyc)
         s.reached, s.accepted = acceptance_counts(cyc, arm.num_speculative_tokens if not arm.plain else 0)
         s.traces = [[list(c.confidences), int(c.accepted)] for c in cyc]
+
+
+def parted_at(target: LoadedModel, prompt_ids: torch.Tensor, reference: list[int], other: list[int]) -> dict | None:
+    """Where a greedy output first parts from the reference, with the reference's logit margin there
+    (measured only outside float32, where the consistency rule needs it); None when identical."""
+    pos = first_difference(reference, other)
+    if pos is None:
+        return None
+    out: dict = {"position": pos, "margin": None, "top_logit": None}
+    if target.dtype not in (torch.float32, torch.float64) and pos < min(len(reference), len(other)):
+        out["margin"], out["top_logit"] = reference_margin(target, prompt_ids, reference, pos, other[pos])
+    return out
 
 
 def environment_fingerprint(device: str = "cpu", backend: str = "engine", server: str | None = None) -> dict[str, Any]:

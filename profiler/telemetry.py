@@ -1,17 +1,25 @@
 """Device telemetry during a profile run: NVML on a GPU, a null monitor otherwise.
 
 NVML comes from ``nvidia-ml-py`` (``import pynvml``), imported lazily so the CPU install needs neither
-the package nor a driver. A background thread samples power, energy, memory used, SM clock and
-utilisation every ``interval_s``; energy over the run is the delta of
-``nvmlDeviceGetTotalEnergyConsumption`` (docs/architecture.md, Measurement rules). Without a GPU, or
-without the package, or when NVML fails to initialise, :func:`open_monitor` returns a
-:class:`NullMonitor` that records nothing: telemetry is never a reason for a profile to fail.
+the package nor a driver. Energy over the run is the delta of ``nvmlDeviceGetTotalEnergyConsumption``,
+read twice in this process, at ``start`` and at ``stop`` (docs/architecture.md, Measurement rules).
+Power, memory used, SM clock and utilisation are sampled every ``interval_s`` by a separate process
+(``profiler/_nvml_sampler.py``, run by path, standard library only): a sampler thread here would take
+the GIL for its Python work on every sample, and the decode loop, which launches every kernel from
+Python, would wait for it. Without a GPU, or without the package, or when NVML fails to initialise,
+:func:`open_monitor` returns a :class:`NullMonitor` that records nothing: telemetry is never a
+reason for a profile to fail.
 """
 from __future__ import annotations
 
-import threading
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -72,8 +80,19 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+SAMPLER = Path(__file__).with_name("_nvml_sampler.py")
+START_TIMEOUT_S = 5.0  # the longest start waits for the sampler's first sample
+
+
 class NvmlMonitor:
-    """Samples one GPU through NVML in a daemon thread."""
+    """One GPU through NVML: energy read here at the boundaries, samples taken by another process.
+
+    Args:
+        pynvml: the NVML binding (``pynvml``; tests pass a fake module). The sampling process
+            imports it again by its ``__name__``, with this process's ``sys.path``.
+        index: the device index NVML knows it by.
+        interval_s: seconds between samples.
+    """
 
     def __init__(self, pynvml: Any, index: int = 0, interval_s: float = 0.1) -> None:
         self.nvml = pynvml
@@ -86,62 +105,79 @@ class NvmlMonitor:
             driver_version=_text(pynvml.nvmlSystemGetDriverVersion()),
             memory_total_mb=memory.total / 2**20,
         )
-        self._samples: list[TelemetryRow] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._t0 = 0.0
+        self.device = str(index)
+        try:  # the UUID names the same device in the sampling process whatever its index order
+            self.device = _text(pynvml.nvmlDeviceGetUUID(self.handle))
+        except Exception:  # an old driver or binding without UUIDs: the index will do
+            pass
+        self._proc: subprocess.Popen | None = None
+        self._out: Path | None = None
         self._energy0: float | None = None
 
-    def _read(self, what: str) -> float | None:
-        """One NVML reading; a query the device does not support gives ``None``."""
-        n, h = self.nvml, self.handle
+    def _energy_j(self) -> float | None:
         try:
-            if what == "power_w":
-                return n.nvmlDeviceGetPowerUsage(h) / 1000.0  # milliwatts
-            if what == "energy_j":
-                return n.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0  # millijoules
-            if what == "memory_used_mb":
-                return n.nvmlDeviceGetMemoryInfo(h).used / 2**20
-            if what == "sm_clock_mhz":
-                return float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))
-            if what == "utilization_pct":
-                return float(n.nvmlDeviceGetUtilizationRates(h).gpu)
-        except Exception:  # NVMLError_NotSupported and friends: a missing reading, not a failure
+            return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle) / 1000.0  # millijoules
+        except Exception:  # no energy counter (pre-Volta): energy unknown, not a failure
             return None
-        raise ValueError(f"unknown telemetry field {what!r}")
-
-    def _sample(self) -> TelemetryRow:
-        fields = ("power_w", "energy_j", "memory_used_mb", "sm_clock_mhz", "utilization_pct")
-        return TelemetryRow(t=time.perf_counter() - self._t0, **{f: self._read(f) for f in fields})
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._samples.append(self._sample())
 
     def start(self) -> None:
-        self._t0 = time.perf_counter()
-        self._energy0 = self._read("energy_j")
-        self._samples = [self._sample()]
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="specdec-nvml", daemon=True)
-        self._thread.start()
+        """Read the energy counter and start the sampling process; return after its first sample."""
+        t0 = time.monotonic()
+        self._energy0 = self._energy_j()
+        fd, name = tempfile.mkstemp(prefix="specdec-nvml-", suffix=".jsonl")
+        os.close(fd)
+        self._out = Path(name)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        args = [sys.executable, str(SAMPLER), self.nvml.__name__, self.device, repr(self.interval_s), repr(t0), name]
+        self._proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, env=env)
+        # Return once the sampler has taken its first sample, so that its start-up (an interpreter,
+        # tens of milliseconds of CPU) is over before anything is measured.
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self._out.stat().st_size == 0 and self._proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def stop(self) -> TelemetrySummary:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5 * self.interval_s + 1)
-        self._samples.append(self._sample())
-        end = self._read("energy_j")
+        """Stop the sampling process (it takes one last sample), read the energy counter again."""
+        end = self._energy_j()
         energy = end - self._energy0 if end is not None and self._energy0 is not None else None
+        samples = self._collect()
         try:
             self.nvml.nvmlShutdown()
         except Exception:  # shutting down twice or after a driver hiccup: nothing left to release
             pass
-        return TelemetrySummary(list(self._samples), energy)
+        return TelemetrySummary(samples, energy)
+
+    def _collect(self) -> list[TelemetryRow]:
+        proc, out = self._proc, self._out
+        self._proc = self._out = None
+        if proc is None or out is None:
+            return []
+        try:
+            proc.stdin.close()  # end of file: the sampler takes its last sample and exits
+            proc.wait(timeout=5 * self.interval_s + 5)
+        except subprocess.TimeoutExpired:  # a hung driver call: the samples so far still count
+            proc.kill()
+            proc.wait()
+        try:
+            lines = out.read_text(encoding="utf-8").splitlines()
+        finally:
+            out.unlink(missing_ok=True)
+        rows = []
+        for line in lines:
+            try:
+                rows.append(TelemetryRow(**json.loads(line)))
+            except (ValueError, TypeError):  # a line cut short by a killed sampler
+                continue
+        return rows
 
 
 def open_monitor(device: torch.device | str, interval_s: float = 0.1) -> NvmlMonitor | NullMonitor:
-    """An NVML monitor for a CUDA device, else (or if NVML is unavailable) a :class:`NullMonitor`."""
+    """An NVML monitor for a CUDA device, else (or if NVML is unavailable) a :class:`NullMonitor`.
+
+    The monitor costs nothing until ``start``; ``environment_fingerprint`` opens one for the driver
+    version only.
+    """
     dev = torch.device(device)
     if dev.type != "cuda":
         return NullMonitor(f"device is {dev.type}")

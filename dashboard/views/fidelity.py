@@ -22,6 +22,8 @@ if not info.points:
     where = f"run {ids[0]}" if len(ids) == 1 else "these runs"
     ui.need("measure", f"No measured configuration with a prediction in {where} yet.")
 
+for r in (r for r in sel.runs if r.id in {p.run_id for p in info.points}):
+    ui.synthetic_banner(r)
 st.plotly_chart(charts.fidelity_chart(info), key="fidelity")
 st.header("Error table")
 st.dataframe([{

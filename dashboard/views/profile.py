@@ -18,6 +18,7 @@ st.caption(f"run {run.id} ({run.status}) · target {short_name(run.target.name)}
            f"N_max {run.settings.get('n_max', '–')} · typical context {info.typical_context or '–'} tokens · "
            f"forward {run.settings.get('forward', '–')}")
 
+ui.synthetic_banner(sel.run)
 st.header("Acceptance (vLLM's panels)")
 panels = [p for p in info.acceptance if sel.draft is None or p.draft == sel.draft]
 if not panels:

@@ -17,6 +17,7 @@ if sel.run is None:
 sizes = [int(b) for b in sel.run.settings.get("batch_sizes", [1])] or [1]
 batch = st.selectbox("Batch size B", sizes, key="why_batch") if len(sizes) > 1 else sizes[0]
 info = cache.why(sel.sources.db_url, sel.run.id, int(batch))
+ui.synthetic_banner(sel.run)
 for note in info.skipped:
     st.warning(f"Not predicted: {note}")
 if not info.ranked:

@@ -97,3 +97,26 @@ def check_workload(workload: str) -> None:
     from specdec_tune.engine.workloads import load_workload
 
     load_workload(workload)
+
+
+def parse_rates(text: str | None, flag: str = "--synthetic-acceptance") -> tuple[float, ...] | None:
+    """``0.7`` or ``0.8,0.7,0.6`` (conditional α_1, α_2, ...; the last repeats) as a tuple; None for None.
+
+    Raises:
+        InputError: anything but numbers in [0, 1] (one line naming the flag).
+    """
+    if text is None:
+        return None
+    try:
+        rates = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        rates = ()
+    if not rates or any(not 0.0 <= a <= 1.0 for a in rates):
+        raise InputError(f"{flag} must be acceptance rates in [0, 1], comma-separated (α_1, α_2, ...; the last "
+                         f"repeats), got {text!r}")
+    return rates
+
+
+def synthetic_label(rates) -> str:
+    """How every number that rests on given acceptance rates is labelled."""
+    return "synthetic acceptance α = " + ", ".join(f"{a:g}" for a in rates) + " (given, not measured)"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -62,8 +62,12 @@ NumSpeculativeTokensOption = Annotated[
 ]
 DeviceOption = Annotated[str, typer.Option("--device", help="auto | cpu | cuda")]
 DtypeOption = Annotated[
-    str, typer.Option("--dtype", help="auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16 | float16")
+    str, typer.Option("--dtype", help="auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16 | float16 (fp32 | bf16 | fp16)")
 ]
+SyntheticAcceptanceOption = Annotated[Optional[str], typer.Option("--synthetic-acceptance", metavar="RATES", help=(
+    "Accept draft position i with probability α_i instead of asking the target (for model shapes with random "
+    "weights, shape:<name>): 0.7, or α_1,α_2,... (the last repeats). Every number that rests on it is labelled "
+    "synthetic."))]
 SeedOption = Annotated[int, typer.Option("--seed", help="Sampling seed.")]
 ThreadsOption = Annotated[str, typer.Option("--threads", metavar="auto|N", help=(
     "CPU threads per forward: auto (calibrated once per machine and model pair, never more than the CPUs "

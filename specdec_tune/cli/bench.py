@@ -96,7 +96,8 @@ def bench(
 ) -> None:
     """Greedy tokens/s of (a) HF generate, (b) HF assisted generation, (c) our baseline, (d) our
     speculative engine, (e) vLLM plain and (f) vLLM speculative decoding (--compare) on the same
-    prompts at batch 1, interleaved; their ratios with 95% CIs, and whether all outputs are identical."""
+    prompts at batch 1, interleaved; their ratios with 95% CIs, and whether the greedy outputs agree
+    (float32: identical; bfloat16/float16: parted only at near-ties of the target's logits)."""
     chk.check_num_speculative_tokens(num_speculative_tokens)
     chk.check_max_new_tokens(max_new_tokens)
     if max_prompts < 1 or repeats < 1:
@@ -166,9 +167,22 @@ def _print_result(out: Console, title: str, result) -> None:
                       f"(95% CI {lo:.2f}-{hi:.2f}, measured)")
     if result.vllm:
         _print_vllm(out, result.vllm)
+    out.print(consistency_line(result), highlight=False)
+
+
+def consistency_line(result) -> str:
+    """The greedy outputs' verdict under the consistency rule, with the share of prompts that parted
+    and where (``specdec_tune.consistency``)."""
+    c = result.consistency_json()
     names = ", ".join(f"({_LETTER[m]})" for m in result.methods)
-    verdict = "identical" if result.identical else f"DIFFER at {result.mismatches[:5]}"
-    out.print(f"greedy outputs of {names}: {verdict}")
+    head = f"greedy outputs of {names} against ({_LETTER[c['reference']]}), {c['dtype']}: "
+    if c["verdict"] == "identical":
+        return head + "identical"
+    where = "; ".join(f"prompt {p['prompt']} ({_LETTER[p['method']]}) {p['reason']}" for p in c["parted"][:5])
+    share = f"{c['prompts_parted']} of {result.prompts} prompts parted"
+    if c["verdict"] == "near-tie":
+        return head + f"consistent: {share}, each at a near-tie within {c['dtype']} rounding ({where})"
+    return head + f"DIFFER: {share} ({where})"
 
 
 def _start_vllm(python, tgt, drf, ids, n: int, max_new_tokens: int, eager: bool,

@@ -25,6 +25,7 @@ from specdec_tune.cli._options import (
     MaxNewTokensOption,
     NumSpeculativeTokensOption,
     SeedOption,
+    SyntheticAcceptanceOption,
     TargetOption,
     ThreadsOption,
 )
@@ -51,13 +52,15 @@ def generate(
     dtype: DtypeOption = DEFAULT_DTYPE,
     forward: ForwardOption = DEFAULT_FORWARD,
     threads: ThreadsOption = DEFAULT_THREADS,
+    synthetic_acceptance: SyntheticAcceptanceOption = None,
     tree: Optional[str] = typer.Option(None, "--tree", help="Draft a token tree of depth N: chains:M, topk:b1-b2 or eagle:K:B (sequoia trees are shaped by a profile: tune --trees)."),
     staged: Optional[str] = typer.Option(None, "--staged", help="Speculate the draft's own decoding with 'ngram' or a smaller draft model."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object per prompt on stdout."),
 ) -> None:
     """Generate text and print measured tokens/s, tokens per cycle τ and per-position acceptance α_i."""
 
-    _check(max_new_tokens, num_speculative_tokens, threshold, threshold_rule, schedule, temperature, threads)
+    rates = _check(max_new_tokens, num_speculative_tokens, threshold, threshold_rule, schedule, temperature, threads,
+                   synthetic_acceptance)
     _check_tree(tree, staged, draft, threshold, schedule)
     items = _collect_prompts(prompt, prompts)
     opt.check_model_names(target, draft)  # a mistyped name fails now, before torch and the models load
@@ -79,7 +82,10 @@ def generate(
         temperature=temperature,
         eos_token_id=tgt.eos_token_id,
         threshold_rule=threshold_rule,
+        synthetic_acceptance=rates,
+        synthetic_seed=seed,
     )
+    acceptance = f" ({opt.synthetic_label(rates)})" if rates else ""
     encoded = [(p, encode_prompt(tgt, p.prompt, p.id)) for p in items]
     warm_up(tgt, spec, encoded[0][1], config)
     out = console(stderr=json_out)
@@ -87,18 +93,24 @@ def generate(
         run = measure_prompt(tgt, spec, ids, config, prompt_id=p.id, seed=seed + i)
         if json_out:
             print_json({**run.to_json(), "target": target, "draft": spec.name, "category": p.category,
-                        "threads": choice.to_dict()})
+                        "threads": choice.to_dict(), "acceptance": "synthetic" if rates else "measured",
+                        "synthetic_acceptance": list(rates) if rates else None})
             continue
         out.print(f"[bold]{p.id}[/bold]", highlight=False)
         out.print(run.text, markup=False, highlight=False)
         line = f"measured: {run.tokens_per_s:.1f} tokens/s ({run.new_tokens} new tokens in {run.seconds:.3f} s)"
         if run.cycles:
-            line += f", τ = {run.mean_tokens_per_cycle:.2f} tokens/cycle over {run.cycles} cycles, α = {opt.format_alphas(run.acceptance_per_position)}"
+            line += (f", τ = {run.mean_tokens_per_cycle:.2f} tokens/cycle over {run.cycles} cycles, "
+                     f"α = {opt.format_alphas(run.acceptance_per_position)}{acceptance}")
         out.print(line, highlight=False)
 
 
 def _check(max_new_tokens: int, n: int, threshold: float, threshold_rule: str, schedule: str, temperature: float,
-           threads: str) -> None:
+           threads: str, synthetic_acceptance: str | None) -> tuple[float, ...] | None:
+    """Every flag checked before anything loads; returns the synthetic acceptance rates (None: off)."""
+    rates = opt.parse_rates(synthetic_acceptance)
+    if rates is not None and temperature > 0:
+        raise InputError("--synthetic-acceptance decodes greedily: leave --temperature at 0")
     opt.check_max_new_tokens(max_new_tokens)
     opt.check_num_speculative_tokens(n)
     opt.check_threshold(threshold)
@@ -107,6 +119,7 @@ def _check(max_new_tokens: int, n: int, threshold: float, threshold_rule: str, s
         raise InputError(f"--threshold-rule must be one of {', '.join(THRESHOLD_RULES)}, got {threshold_rule!r}")
     opt.check_temperature(temperature)
     opt.parse_threads(threads)
+    return rates
 
 
 def _check_tree(tree: str | None, staged: str | None, draft: str, threshold: float, schedule: str) -> None:

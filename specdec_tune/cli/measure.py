@@ -21,6 +21,7 @@ from specdec_tune.cli._options import (
     DbOption,
     ScheduleOption,
     SeedOption,
+    SyntheticAcceptanceOption,
     ThreadsOption,
     ThresholdOption,
 )
@@ -72,44 +73,91 @@ def interpolated_between(batch_size: int, profiled: list[int], run: int) -> tupl
 @app.command()
 def predict(
     run: int = typer.Option(..., "--run", help="Profile run id (printed by `profile`)."),
-    num_speculative_tokens: int = typer.Option(..., "--num-speculative-tokens", "-N", help="N (0 = plain decoding)."),
+    num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", "-N", help=(
+        "N (0 = plain decoding). Leave it out with --batch-sizes for the best N per batch size.")),
     threshold: ThresholdOption = DEFAULT_THRESHOLD,
     schedule: ScheduleOption = DEFAULT_SCHEDULE,
     batch_size: int = typer.Option(1, "--batch-size", help="B sequences in lock-step (needs T_v(B, k) in the run)."),
+    batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", help=(
+        "Several B, e.g. 1,2,4,8: one row each (the best N over 0..k_max-1 when -N is left out).")),
     draft: _RunDraft = None,
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 predicts sampling mode."),
+    synthetic_acceptance: SyntheticAcceptanceOption = None,
     max_prompts: Optional[int] = typer.Option(None, "--max-prompts", help="Predict for the run's first prompts only."),
     db: DbOption = None,
     json_out: _Json = False,
 ) -> None:
-    """Predict tokens/s of one configuration from a stored profile (no model is run)."""
+    """Predict tokens/s of one configuration from a stored profile (no model is run); with
+    --synthetic-acceptance, as if the draft were accepted at those rates (labelled synthetic)."""
     from specdec_tune.db import open_database
-    from specdec_tune.tuner.model import load_run_profile, predict_config
+    from specdec_tune.tuner.model import load_run_profile, synthetic_rates, with_synthetic_acceptance
 
-    config = _spec_config(num_speculative_tokens, threshold, schedule, batch_size, temperature)
+    rates = opt.parse_rates(synthetic_acceptance)
+    if num_speculative_tokens is None and batch_sizes is None:
+        raise InputError("give -N (the configuration to predict), or --batch-sizes for the best N per batch size")
     database = open_database(db)
     rp = load_run_profile(database, run, draft)
+    if rates is not None:
+        rp = with_synthetic_acceptance(rp, rates)
+    rates = rates or synthetic_rates(rp.run.settings)
+    sizes = opt.int_list(batch_sizes, "--batch-sizes") if batch_sizes is not None else (batch_size,)
+    rows = [_predict_row(rp, run, num_speculative_tokens, threshold, schedule, b, temperature, max_prompts)
+            for b in sizes]
+    label = "predicted" + (f", {opt.synthetic_label(rates)}" if rates else "")
+    for r in rows:
+        r["label"] = label + _interpolated(r)
+    if json_out:
+        obj = rows[0] if batch_sizes is None else {"run_id": run, "draft": rp.draft, "per_batch_size": rows,
+                                                   "label": label}
+        print_json({**obj, "acceptance": "synthetic" if rates else "measured",
+                    "synthetic_acceptance": list(rates) if rates else None, "throughput": THROUGHPUT_NOTE})
+        return
+    for r in rows:
+        typer.echo(_predict_line(r, run, rp.draft))
+
+
+def _interpolated(r: dict) -> str:
+    between = r["interpolated_between"]
+    return f", interpolated between profiled B = {between[0]} and {between[1]}" if between else ""
+
+
+def _predict_row(rp, run: int, n: int | None, threshold: float, schedule: str, batch_size: int, temperature: float,
+                 max_prompts: int | None) -> dict:
+    """One predicted configuration as a dict; ``n`` None: the best N at this batch size (θ as given)."""
+    from specdec_tune.errors import SpecdecError
+    from specdec_tune.tuner.model import predict_config
+
     between = interpolated_between(batch_size, sorted(rp.model.verify_s), run)
-    p = predict_config(rp, config, max_prompts)
-    label = "predicted" if between is None else f"predicted, interpolated between profiled B = {between[0]} and {between[1]}"
-    obj = {
-        "run_id": run, "draft": rp.draft, "num_speculative_tokens": config.num_speculative_tokens,
-        "threshold": config.threshold, "schedule": config.schedule, "batch_size": config.batch_size,
-        "mode": config.mode, "tokens_per_s": p.tokens_per_s, "speedup": p.speedup,
+    chosen = n is None
+    if chosen:
+        k_max = max(max(c) for c in rp.model.verify_s.values())
+        scored = []
+        for m in range(k_max):
+            try:
+                scored.append(predict_config(rp, _spec_config(m, threshold, schedule, batch_size, temperature),
+                                             max_prompts))
+            except SpecdecError:  # beyond what the run can predict (N_max, θ): not a candidate
+                continue
+        best = max(range(len(scored)), key=lambda i: (scored[i].tokens_per_s, -i))
+        n, p = best, scored[best]
+    else:
+        p = predict_config(rp, _spec_config(n, threshold, schedule, batch_size, temperature), max_prompts)
+    return {
+        "run_id": run, "draft": rp.draft, "num_speculative_tokens": n, "best_n": chosen,
+        "threshold": threshold, "schedule": schedule, "batch_size": batch_size,
+        "mode": "sampling" if temperature > 0 else "greedy", "tokens_per_s": p.tokens_per_s, "speedup": p.speedup,
         "baseline_tokens_per_s": p.baseline_tokens_per_s, "decode_tokens_per_s": p.decode_tokens_per_s,
         "expected_tokens_per_cycle": p.expected_tokens_per_cycle, "expected_draft_length": p.expected_draft_length,
-        "source": p.source, "throughput": THROUGHPUT_NOTE, "label": label,
-        "interpolated_between": list(between) if between else None,
+        "source": p.source, "interpolated_between": list(between) if between else None,
     }
-    if json_out:
-        print_json(obj)
-        return
-    typer.echo(
-        f"{label}: {p.tokens_per_s:.1f} tokens/s ({p.speedup:.2f}× over {p.baseline_tokens_per_s:.1f} tokens/s plain "
-        f"decoding), τ = {p.expected_tokens_per_cycle:.2f} tokens/cycle, E[L] = {p.expected_draft_length:.2f} "
-        f"[run {run}, draft {rp.draft}, N = {config.num_speculative_tokens}, θ = {config.threshold}, "
-        f"{config.schedule}, B = {config.batch_size}, {config.mode}; {p.source}]"
-    )
+
+
+def _predict_line(r: dict, run: int, draft: str | None) -> str:
+    return (f"{r['label']}: {r['tokens_per_s']:.1f} tokens/s ({r['speedup']:.2f}× over "
+            f"{r['baseline_tokens_per_s']:.1f} tokens/s plain decoding), τ = {r['expected_tokens_per_cycle']:.2f} "
+            f"tokens/cycle, E[L] = {r['expected_draft_length']:.2f} [run {run}, draft {draft}, "
+            f"{'best ' if r['best_n'] else ''}N = {r['num_speculative_tokens']}, θ = {r['threshold']}, "
+            f"{r['schedule']}, B = {r['batch_size']}, {r['mode']}; {r['source']}]")
 
 
 @app.command()
@@ -189,7 +237,10 @@ def _measured_json(v, plain, run: int, temperature: float) -> dict:
         "predicted_tokens_per_cycle": p.expected_tokens_per_cycle if p else None,
         "acceptance_per_position": m.acceptance_per_position, "new_tokens": m.new_tokens, "seconds": m.seconds,
         "prompts": m.prompts, "repeats": m.repeats, "measured_id": m.measured_id, "throughput": THROUGHPUT_NOTE,
-        "label": "measured", "speedup": _speedup(v, plain), "threads": m.threads,
+        "label": "measured" + (", synthetic acceptance" if m.synthetic_acceptance else ""),
+        "acceptance": "synthetic" if m.synthetic_acceptance else "measured",
+        "synthetic_acceptance": m.synthetic_acceptance,
+        "speedup": _speedup(v, plain), "threads": m.threads,
         "machine_probe_s": m.machine_probe_s, "prediction_machine_speed": p.machine_speed if p else None,
     }
 
@@ -200,6 +251,9 @@ def _print_measured(v, plain, run: int) -> None:
     m, p = v.measurement, v.prediction
     if m.threads:
         console(stderr=True).print(ThreadChoice(**m.threads).text(), highlight=False, markup=False)
+    if m.synthetic_acceptance:
+        typer.echo(f"acceptance: {opt.synthetic_label(m.synthetic_acceptance)}: τ and α below were drawn at these "
+                   "rates, the timings are real")
     where = (f"{m.prompts} prompts of split {m.split}" if m.split else f"the run's {m.prompts} profiled prompts")
     ran = sum(m.profiled)
     sample = ("in-sample: the profile ran these prompts" if v.in_sample else

@@ -29,6 +29,7 @@ from specdec_tune.cli._options import (
     ForwardOption,
     MaxNewTokensOption,
     SeedOption,
+    SyntheticAcceptanceOption,
     TargetOption,
     ThreadsOption,
     WorkloadOption,
@@ -65,6 +66,7 @@ def profile_summary(db, run_id: int) -> dict:
             "ar_overhead_ms": base_rp.model.ar_overhead_s * 1e3,
         },
         "drafts": [],
+        "acceptance": _acceptance_json(run.settings),
     }
     for d in run.drafts:
         rp = load_run_profile(db, run_id, d.name)
@@ -91,12 +93,21 @@ def profile_summary(db, run_id: int) -> dict:
             "best_n_per_batch_size": per_batch,
             "best": [
                 {"num_speculative_tokens": c.num_speculative_tokens, "threshold": c.threshold,
-                 "tokens_per_s": p.tokens_per_s, "speedup": p.speedup,
-                 "expected_tokens_per_cycle": p.expected_tokens_per_cycle, "label": "predicted"}
+                 "tokens_per_s": p.tokens_per_s, "speedup": p.speedup, "source": p.source,
+                 "expected_tokens_per_cycle": p.expected_tokens_per_cycle,
+                 "label": "predicted, synthetic acceptance" if p.source == "synthetic" else "predicted"}
                 for c, p in best
             ],
         })
     return out
+
+
+def _acceptance_json(settings: dict) -> dict:
+    """Where the run's acceptance comes from: measured (the target verified), or synthetic (given rates)."""
+    rates = settings.get("synthetic_acceptance")
+    if not rates:
+        return {"kind": "measured"}
+    return {"kind": "synthetic", "rates": list(rates), "label": opt.synthetic_label(rates)}
 
 
 def _print_summary(out: Console, s: dict) -> None:
@@ -108,6 +119,10 @@ def _print_summary(out: Console, s: dict) -> None:
 
         probe = f"; machine probe {s['machine_probe_ms']:.2f} ms (measured)" if s.get("machine_probe_ms") else ""
         out.print(ThreadChoice(**s["threads"]).text() + probe, highlight=False, markup=False)
+    synthetic = s["acceptance"]["kind"] == "synthetic"
+    if synthetic:
+        out.print(f"acceptance: {s['acceptance']['label']}: the models' weights are random, so acceptance and every "
+                  "prediction below rest on these rates (labelled synthetic)", highlight=False)
     curve = s["verify_ms"].get("1") or next(iter(s["verify_ms"].values()), {})
     shown = [k for k in SHOWN_K if str(k) in curve] or list(curve)[:6]
     base = s["baseline"]
@@ -131,17 +146,20 @@ def _print_summary(out: Console, s: dict) -> None:
         table.add_row("engine overhead per cycle / per draft forward",
                       f"{d['cycle_overhead_ms']:.2f} / {d['per_forward_overhead_ms']:.3f} ms", "measured")
         alphas = " ".join(opt.format_rate(a) for a in d["alpha"][:8])
-        table.add_row("α_1..α_8 (conditional, greedy)", alphas or "–", "measured")
+        predicted = "predicted, synthetic acceptance" if synthetic else "predicted"
+        table.add_row("α_1..α_8 (conditional, greedy)", alphas or "–",
+                      "counted under synthetic acceptance" if synthetic else "measured")
         table.add_row("greedy agreement / 1 - TV (teacher-forced)",
-                      f"{opt.format_rate(d['greedy_agreement'])} / {opt.format_rate(d['one_minus_tv'])}", "measured")
+                      f"{opt.format_rate(d['greedy_agreement'])} / {opt.format_rate(d['one_minus_tv'])}",
+                      "measured (random weights: meaningless)" if synthetic else "measured")
         for i, b in enumerate(d["best"]):
             table.add_row(
                 f"{'best' if i == 0 else f'#{i + 1}'}: N = {b['num_speculative_tokens']}, θ = {b['threshold']:.1f}",
                 f"{b['tokens_per_s']:.1f} tokens/s, {b['speedup']:.2f}×, τ {b['expected_tokens_per_cycle']:.2f}",
-                "predicted")
+                predicted)
         if d["best_n_per_batch_size"]:
             table.add_row("best N per batch size (θ = 0; 0 = do not speculate)",
-                          ", ".join(f"B={b}: {n}" for b, n in d["best_n_per_batch_size"].items()), "predicted")
+                          ", ".join(f"B={b}: {n}" for b, n in d["best_n_per_batch_size"].items()), predicted)
         out.print(table)
     out.print(f"throughput is {THROUGHPUT_NOTE}", highlight=False)
 
@@ -188,12 +206,14 @@ def profile(
     seed: SeedOption = DEFAULT_SEED,
     label: Optional[str] = typer.Option(None, "--label", help="Free-text label stored with the run."),
     threads: ThreadsOption = DEFAULT_THREADS,
+    synthetic_acceptance: SyntheticAcceptanceOption = None,
     trees: bool = typer.Option(False, "--trees", help="Also record token-tree and staged-drafting data (ranks, sibling acceptance, draft widths, staged passes), so tune can search trees."),
     db: DbOption = None,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (run id, timings, acceptance, best configs)."),
 ) -> None:
     """Measure T_s, T_v(k), prefill, overhead and acceptance; store them; print the predicted best N and θ."""
     opt.check_temperature(temperature)
+    rates = opt.parse_rates(synthetic_acceptance)
     drafts = [d.strip() for d in draft.split(",") if d.strip()]
     opt.check_model_names(target, *drafts)  # a mistyped name or a bad workload fails before torch and the models load
     opt.check_workload(workload)
@@ -205,7 +225,7 @@ def profile(
         batch_sizes=opt.int_list(batch_sizes, "--batch-sizes"), k_max=k_max, n_max=n_max, repeats=repeats,
         max_prompts=max_prompts, max_new_tokens=max_new_tokens,
         context_lens=opt.int_list(context_lens, "--context-lens"), seed=seed, label=label,
-        threads=opt.parse_threads(threads), trees=trees,
+        threads=opt.parse_threads(threads), synthetic_acceptance=rates, trees=trees,
     )
     database = open_database(db)  # a bad --db fails here, before any model is loaded
     newest = max((r.id for r in list_runs(database, limit=1)), default=0)

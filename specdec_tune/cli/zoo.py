@@ -81,6 +81,39 @@ def zoo_list(
     console().print(table)
 
 
+@zoo_app.command("shapes")
+def zoo_shapes(as_json: bool = typer.Option(False, "--json", help="Print a JSON list of objects instead of a table.")) -> None:
+    """Show the model shapes (``--target``/``--draft shape:<name>``): published configs with seeded random weights,
+    their parameters and the memory they need here."""
+    import torch
+
+    from specdec_tune.engine.shapes import available_memory, get_shape, memory_needed, parameter_count, shape_names
+
+    free = available_memory("cpu")
+    rows = []
+    for name in shape_names():
+        shape = get_shape(name)
+        need = {dt: memory_needed(shape, getattr(torch, dt), "cpu") for dt in ("float32", "bfloat16")}
+        rows.append({"name": name, "family": shape.family, "published": shape.published, "source": shape.source,
+                     "parameters": parameter_count(shape), "tokenizer_vocab_size": shape.tokenizer_vocab_size,
+                     "cpu_memory_gib": {dt: n / 2**30 for dt, n in need.items()},
+                     "fits_cpu_now": {dt: free is None or n <= free for dt, n in need.items()},
+                     "weights": "seeded random (acceptance is meaningless: pair with --synthetic-acceptance)"})
+    if as_json:
+        print_json(rows)
+        return
+    from rich.table import Table
+
+    avail = "unknown" if free is None else f"{free / 2**30:.1f} GiB"
+    table = Table(title=f"model shapes (random weights; CPU memory free now: {avail})")
+    for col in ("name", "params", "GiB fp32", "GiB bf16", "config"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        mem = {dt: f"{g:.1f}" + ("" if r["fits_cpu_now"][dt] else " (no room)") for dt, g in r["cpu_memory_gib"].items()}
+        table.add_row(r["name"], f"{r['parameters'] / 1e9:.2f} B", mem["float32"], mem["bfloat16"], r["source"])
+    console().print(table)
+
+
 @zoo_app.command("train")
 def zoo_train(
     out: Path = typer.Option(Path("specdec_zoo"), "--out", help="Folder to write models, workloads, card, log."),

@@ -6,13 +6,15 @@ token trees and staged drafting, ``_batch_theory``: batch speculative decoding's
 003), ``_calibration``: in-loop
 calibration, ``_profile`` and ``_load``: profile assembly, ``_predict`` and ``_prefill``: end-to-end
 predictions, ``_grid``: the N × θ ranking, ``_configs``: the
-configuration records every room exchanges, ``_evaluator``: cached predictions of candidates).
+configuration records every room exchanges, ``_decision``: what each server's file carries and the
+measured evidence behind it, ``_evaluator``: cached predictions of candidates).
 """
 from __future__ import annotations
 
 from specdec_tune.tuner.model._batch_theory import all_rejected, batch_rejection_limit, batch_rejections, sibling_acceptance
 from specdec_tune.tuner.model._calibration import OverheadFit, fit_overhead
 from specdec_tune.tuner.model._configs import NGRAM, NONE, THRESHOLD_RULES, Candidate, TuningResult, spec_config
+from specdec_tune.tuner.model._decision import MIN_LOWER, ServerDecision, decide, decisions
 from specdec_tune.tuner.model._evaluator import Evaluator, Scored
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, simulate_prompt
 from specdec_tune.tuner.model._grid import THRESHOLD_GRID, best_configs
@@ -20,6 +22,7 @@ from specdec_tune.tuner.model._load import load_run_profile, load_tree_data
 from specdec_tune.tuner.model._predict import PromptSpec, RunPrediction, predict_baseline, predict_config
 from specdec_tune.tuner.model._predict import at_machine_speed, machine_speed, predict_prompts, profiled_specs, split_specs
 from specdec_tune.tuner.model._profile import PromptInfo, RunProfile, build_run_profile, resolve_draft, run_drafts
+from specdec_tune.tuner.model._profile import synthetic_rates, with_synthetic_acceptance
 from specdec_tune.tuner.model._replay import ReplayStats, Trace, heuristic_stationary, replay
 from specdec_tune.tuner.model._throughput import ModelProfile, Prediction, SpecConfig, alphas_from_traces
 from specdec_tune.tuner.model._throughput import baseline_tokens_per_s, best_n_per_batch_size
@@ -29,13 +32,14 @@ from specdec_tune.tuner.model._tree import RANKS, StagedStats, TreeCycle, TreeDa
 from specdec_tune.tuner.model._tree_predict import TreePlan, predict_tree_prompts, tree_overhead, tree_plan, width_time
 
 __all__ = [
-    "NGRAM", "NONE", "all_rejected", "batch_rejection_limit", "batch_rejections", "sibling_acceptance", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator", "ModelProfile", "OverheadFit",
+    "MIN_LOWER", "NGRAM", "NONE", "all_rejected", "batch_rejection_limit", "batch_rejections", "sibling_acceptance", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator", "ModelProfile", "OverheadFit",
     "PositionTrace", "Prediction", "PromptInfo", "PromptSpec", "ReplayStats", "RunPrediction", "RunProfile", "Scored",
-    "SpecConfig", "Trace", "TuningResult", "alphas_from_traces", "at_machine_speed", "baseline_tokens_per_s", "best_configs",
-    "best_n_per_batch_size", "build_run_profile", "closed_form_tokens_per_cycle", "draft_step_time", "fit_overhead",
+    "ServerDecision", "SpecConfig", "Trace", "TuningResult", "alphas_from_traces", "at_machine_speed", "baseline_tokens_per_s", "best_configs",
+    "best_n_per_batch_size", "build_run_profile", "closed_form_tokens_per_cycle", "decide", "decisions", "draft_step_time", "fit_overhead",
     "heuristic_stationary", "machine_speed", "load_run_profile", "position_traces", "predict", "predict_baseline", "predict_config",
     "predict_prompts", "profiled_specs", "rank_configs", "relative_error", "replay", "resolve_draft", "run_drafts",
-    "simulate_prompt", "spec_config", "split_specs", "tokens_per_cycle_per_position", "verify_time",
+    "simulate_prompt", "spec_config", "split_specs", "synthetic_rates", "tokens_per_cycle_per_position", "verify_time",
+    "with_synthetic_acceptance",
     "RANKS", "StagedStats", "TreeCycle", "TreeData", "TreePlan", "expected_tau", "load_tree_data", "predict_tree_prompts",
     "simulate_tree", "tree_overhead", "tree_plan", "width_time",
 ]  # fmt: skip

@@ -18,8 +18,8 @@ the output is a suffix of a recorded θ = 0, N = N_max cycle, and replaying the 
 position traces gives every cycle's (L, A, F) for any N ≤ N_max, θ and schedule on the profiled
 prompts, end of sequence included. Only what a N_max cycle never saw is estimated: confidences past
 its last drafted token (continued with the measured rate of confidences ≥ θ after a rejection).
-Otherwise (sampling, n-gram lookup) the cycles come from :func:`predict` (i.i.d. trace replay) with
-M_p / E[τ] cycles per prompt.
+Otherwise (sampling, n-gram lookup, synthetic acceptance) the cycles come from :func:`predict` (i.i.d.
+trace replay, or the given rates) with M_p / E[τ] cycles per prompt.
 """
 from __future__ import annotations
 
@@ -212,9 +212,14 @@ def _predict(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec], cy
     if config.num_speculative_tokens == 0:
         return base
     n = config.num_speculative_tokens
-    n_max = int(rp.run.settings.get("n_max", 0)) or max((len(t.confidences) for t in rp.model.traces), default=0)
-    if n > n_max:
-        raise InputError(f"N={n} exceeds the run's N_max={n_max}; profile with a larger --n-max")
+    if rp.model.synthetic_acceptance is not None:  # given rates: any N whose verify forward was timed
+        k_max = max(max(curve) for curve in rp.model.verify_s.values())
+        if n + 1 > k_max:
+            raise InputError(f"N={n} needs T_v({n + 1}); run {rp.run.id} timed k up to {k_max} (profile with --k-max)")
+    else:
+        n_max = int(rp.run.settings.get("n_max", 0)) or max((len(t.confidences) for t in rp.model.traces), default=0)
+        if n > n_max:
+            raise InputError(f"N={n} exceeds the run's N_max={n_max}; profile with a larger --n-max")
     tokens = sum(s.new_tokens for s in specs)
     simulated = config.mode == "greedy" and rp.positions is not None
     if cycles is not None:

@@ -283,9 +283,10 @@ def build_run_profile(
         traces=_traces(traces), cycle_overhead_s=times.cycle_overhead_s,
         ar_overhead_s=max(trimmed_mean(plain), 0.0) if plain else 0.0, sampling_acceptance=sampling_acceptance,
         sampling_traces=_traces(sampling_traces) if sampling_traces else None, name=draft or "",
+        synthetic_acceptance=synthetic_rates(run.settings),
     )
-    positions = None
-    if draft is not None and draft != NGRAM and traces:
+    positions = None  # synthetic acceptance is drawn per cycle, not per output position: no exact simulation
+    if draft is not None and draft != NGRAM and traces and model.synthetic_acceptance is None:
         positions = _positions(traces, continuations, len(infos), int(run.settings.get("n_max", 16)))
     return RunProfile(
         run=run, draft=draft, model=model, draft_step_raw_s=raw, first_draft_step_s=times.first_draft_step_s,
@@ -296,6 +297,18 @@ def build_run_profile(
         positions=positions, after_rejection=tuple(c for tr in traces for c in tr.confidences[tr.num_accepted + 1:]),
         max_new_tokens=max_new, machine_probe_s=t.probe(),
     )
+
+
+def synthetic_rates(settings: dict) -> tuple[float, ...] | None:
+    """The synthetic acceptance rates a run was profiled with (None: the target decided)."""
+    rates = settings.get("synthetic_acceptance")
+    return tuple(float(a) for a in rates) if rates else None
+
+
+def with_synthetic_acceptance(rp: RunProfile, rates: tuple[float, ...]) -> RunProfile:
+    """``rp`` predicting with given conditional acceptance rates instead of its traces: "what if the
+    acceptance were α" (every prediction from it is labelled synthetic)."""
+    return replace(rp, model=replace(rp.model, synthetic_acceptance=tuple(rates)), positions=None)
 
 
 def run_drafts(run: RunRecord) -> list[str]:

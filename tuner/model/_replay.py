@@ -147,15 +147,28 @@ def replay(traces: Sequence[Trace], n: int, threshold: float = 0.0, rule: str = 
 
 def constant_alpha_stats(alpha: float, n: int) -> ReplayStats:
     """The same expectations for constant acceptance α and no threshold (L = N always)."""
-    tau = 1.0 + sum(alpha**k for k in range(1, n + 1))
+    return alpha_stats([alpha] * n)
+
+
+def alpha_stats(alphas: Sequence[float]) -> ReplayStats:
+    """Expectations for conditional per-position acceptance α_1..α_N and no threshold (L = N always):
+    position i is reached with probability Π_{j<i} α_j and accepted with Π_{j<=i} α_j."""
+    reached, accepted, survive = [], [], 1.0
+    for a in alphas:
+        if not 0.0 <= a <= 1.0:
+            raise InputError(f"per-position acceptance {a!r} must lie in [0, 1]")
+        reached.append(survive)
+        survive *= a
+        accepted.append(survive)
+    n = len(alphas)
     return ReplayStats(
-        mean_tau=tau,
+        mean_tau=1.0 + sum(accepted),
         mean_draft_length=float(n),
         mean_draft_forwards=float(n),
         draft_length_dist={n: 1.0},
-        all_accepted_rate=alpha**n,
-        reached=tuple(alpha**i for i in range(n)),
-        accepted=tuple(alpha ** (i + 1) for i in range(n)),
+        all_accepted_rate=survive,
+        reached=tuple(reached),
+        accepted=tuple(accepted),
     )
 
 

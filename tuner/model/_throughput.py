@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from specdec_tune.errors import InputError
-from specdec_tune.tuner.model._replay import ReplayStats, Trace, constant_alpha_stats, heuristic_stationary, mix, replay
+from specdec_tune.tuner.model._replay import ReplayStats, Trace, alpha_stats, constant_alpha_stats, heuristic_stationary
+from specdec_tune.tuner.model._replay import mix, replay
 
 __all__ = [
     "ModelProfile", "Prediction", "ReplayStats", "SpecConfig", "Trace", "alphas_from_traces",
@@ -65,6 +66,9 @@ class ModelProfile:
         sampling_acceptance: 1 - E[TV(p, q)] from a teacher-forced pass (sampling mode).
         sampling_traces: cycles recorded in sampling mode; preferred over ``sampling_acceptance``.
         name: the draft's name.
+        synthetic_acceptance: given conditional rates α_1, α_2, ... (the last repeats) that replace the
+            greedy traces: synthetic acceptance, for model shapes with random weights. Predictions
+            from them carry ``source="synthetic"``.
     """
 
     draft_step_s: Mapping[int, float]
@@ -75,6 +79,7 @@ class ModelProfile:
     sampling_acceptance: float | None = None
     sampling_traces: Sequence[Trace] | None = None
     name: str = ""
+    synthetic_acceptance: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         for b, t in self.draft_step_s.items():
@@ -93,6 +98,9 @@ class ModelProfile:
         a = self.sampling_acceptance
         if a is not None and not 0.0 <= a <= 1.0:
             raise InputError(f"sampling_acceptance={a!r} must lie in [0, 1]")
+        rates = self.synthetic_acceptance
+        if rates is not None and (not rates or any(not 0.0 <= r <= 1.0 for r in rates)):
+            raise InputError(f"synthetic_acceptance={rates!r} must be rates in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -149,7 +157,8 @@ class Prediction:
         cycle_time_s: E[T_cycle] in seconds.
         acceptance_per_position: conditional α_i implied for this configuration, ``[N]`` (NaN where no
             cycle reaches position i, e.g. a high θ cuts every draft before it).
-        source: 'traces', 'sampling_traces', 'tv' (constant α = 1 - E[TV]) or 'baseline' (N = 0).
+        source: 'traces', 'sampling_traces', 'tv' (constant α = 1 - E[TV]), 'synthetic' (given rates) or
+            'baseline' (N = 0).
         label: always 'predicted', to tell it apart from measured numbers wherever both are shown.
     """
 
@@ -257,6 +266,11 @@ def baseline_tokens_per_s(profile: ModelProfile, batch_size: int = 1) -> float:
 def _stats_for(profile: ModelProfile, config: SpecConfig, n: int) -> tuple[ReplayStats, str]:
     """Per-cycle expectations at N = n from the best acceptance source for the config's mode."""
     theta = config.threshold
+    if config.mode == "greedy" and profile.synthetic_acceptance is not None:
+        if theta > 0:
+            raise InputError(f"threshold={theta}: synthetic acceptance has no draft confidences to cut (θ must be 0)")
+        rates = profile.synthetic_acceptance
+        return alpha_stats([rates[min(i, len(rates) - 1)] for i in range(n)]), "synthetic"
     if config.mode == "greedy":
         if not profile.traces:
             raise InputError(f"profile {profile.name!r} has no greedy traces; profile acceptance first")

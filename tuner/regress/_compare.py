@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from specdec_tune.consistency import Consistency, judge, overall
 from specdec_tune.db import CellVerdict
 from specdec_tune.tuner.regress._explain import explain, side_terms
 from specdec_tune.tuner.regress._stats import bh_adjust, median_ratio, minimum_detectable_change, proportion_mdc
@@ -145,15 +146,30 @@ def _acceptance_cells(name: str, base: Sequence[dict], cur: Sequence[dict], posi
 
 
 def _correctness_cell(name: str, cur: Sequence[dict], temperature: float) -> Cell:
+    """Greedy outputs against plain decoding's under the consistency rule (``specdec_tune.consistency``):
+    float32 must be identical; in bfloat16/float16 an output may part only at a near-tie."""
     checked = [s for s in cur if s.get("plain_token_ids") is not None]
     if temperature > 0 or not checked:
         why = "sampling: outputs are random" if temperature > 0 else "plain decoding (nothing to compare)"
         return Cell(name, "correctness", "no_verdict", details={"reason": f"not checked: {why}"})
-    bad = [s["prompt_id"] for s in checked if list(s["token_ids"]) != list(s["plain_token_ids"])]
-    verdict = "fail" if bad else "ok"
-    return Cell(name, "correctness", verdict, 0.0, len(bad) / len(checked), details={
+    verdicts = {s["prompt_id"]: _judged(s) for s in checked}
+    bad = [pid for pid, v in verdicts.items() if v.status == "differ"]
+    ties = {pid: v.position for pid, v in verdicts.items() if v.status == "near-tie"}
+    dtypes = sorted({v.dtype for v in verdicts.values()})
+    return Cell(name, "correctness", "fail" if bad else "ok", 0.0, len(bad) / len(checked), details={
         "prompts": len(checked), "differing_prompts": bad[:10],
-        "rule": "greedy speculative output must equal plain decoding's on every prompt"})
+        "verdict": overall([v.status for v in verdicts.values()]),
+        "near_ties": dict(list(ties.items())[:10]), "parted_share": (len(bad) + len(ties)) / len(checked),
+        "reasons": {pid: verdicts[pid].reason for pid in (bad + list(ties))[:10]}, "dtype": ", ".join(dtypes),
+        "rule": "greedy speculative output equals plain decoding's (float32), or parts from it only at a near-tie "
+                "of the target's logits (bfloat16/float16)"})
+
+
+def _judged(sample: Mapping[str, Any]) -> Consistency:
+    """The consistency rule on one stored sample (samples stored before the rule are float32)."""
+    parted = sample.get("parted") or {}
+    return judge(sample["plain_token_ids"], sample["token_ids"], sample.get("dtype") or "float32",
+                 parted.get("margin"), parted.get("top_logit"))
 
 
 def compare_benchmark(name: str, base: Sequence[dict] | None, cur: Sequence[dict], config: Mapping[str, Any],

@@ -32,7 +32,9 @@ def _num(x: float | None, digits: int = 3) -> str:
 
 def _change(c: Cell) -> str:
     if c.metric == "correctness":
-        return f"{c.details.get('differing_prompts') and len(c.details['differing_prompts']) or 0} prompt(s) differ"
+        ties = len(c.details.get("near_ties") or {})
+        tie_note = f", {ties} parted at a near-tie ({c.details.get('dtype')} rounding)" if ties else ""
+        return f"{len(c.details.get('differing_prompts') or [])} prompt(s) differ{tie_note}"
     if c.metric == "model_error":
         return "—" if c.current_value is None else f"{100 * c.current_value:+.1f}% error"
     raw = c.details.get("raw_ratio")

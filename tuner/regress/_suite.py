@@ -84,7 +84,8 @@ class Benchmark(BaseModel):
                                                                    "constant N)")
     repeats: int = Field(3, ge=1, le=50)
     device: str = "auto"  # auto: the GPU when there is one
-    dtype: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 on a GPU, fp32 on a CPU; outside fp32 greedy outputs may part at near-ties")
     forward: str = "auto"
     profile_run: int | None = Field(None, ge=1, description="profile run whose model predicts this benchmark")
     draft_delay_ms: float = Field(0.0, ge=0.0, le=10000.0, description="TEST ONLY: sleep per draft proposal")

@@ -101,7 +101,8 @@ class SglangSpeculativeArgs(_Strict):
         return out
 
 
-# TensorRT-LLM (upper-bound keys): tensorrt_llm/llmapi/llm_args.py DecodingBaseConfig and subclasses.
+# TensorRT-LLM 00043967 (upper-bound keys): tensorrt_llm/llmapi/llm_args.py DecodingBaseConfig and subclasses;
+# the names and types are also checked against _trtllm_fields.py (TensorRT-LLM's own field list).
 class TrtllmSpeculativeConfig(_Strict):
     """``speculative_config`` in an extra-LLM-API-options YAML file."""
 
@@ -144,7 +145,7 @@ class TrtllmExtraOptions(_Strict):
     speculative_config: TrtllmSpeculativeConfig
 
 
-# llama.cpp 0017d6fb: common/arg.cpp.
+# llama.cpp 0c1e57098 (llama-cpp-python 0.3.36): common/arg.cpp; run by tests/test_llamacpp_consumer.py.
 class LlamacppSpeculativeArgs(_Strict):
     """The speculative flags of ``llama-server`` (current ``--spec-*`` names)."""
 

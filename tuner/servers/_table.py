@@ -149,27 +149,33 @@ _SGLANG = ServerSpace(
 # decoding (1.4.0rc1): "a single sequence of draft tokens with length max_draft_len is created for every
 # request" for the draft/target and n-gram methods.
 _TRTLLM = ServerSpace(
-    name="trtllm", title="TensorRT-LLM", version="TensorRT-LLM main 2026 (draft_len_schedule keys = upper bounds)",
-    sources=("tensorrt_llm/llmapi/llm_args.py (DecodingBaseConfig, DraftTargetDecodingConfig, "
-             "NGramDecodingConfig)",),
+    name="trtllm", title="TensorRT-LLM",
+    version="TensorRT-LLM main 00043967 (draft_len_schedule keys = upper bounds)",
+    sources=("tensorrt_llm/llmapi/llm_args.py @ 0004396720054fd8e205cbf616f21f0b57c6b412 (DecodingBaseConfig, "
+             "DraftTargetDecodingConfig, NGramDecodingConfig; field list in _trtllm_fields.py)",),
     draft_model=True, ngram=True, ngram_sizes="down_to_one",
     batch_schedule="upper_bounds", batch_schedule_drafters=("model", "ngram"),
     notes=("Batch sizes above the largest draft_len_schedule key do not speculate (TensorRT-LLM's rule).",
            "Builds from before the upper-bound change read the keys as lower bounds."),
 )
-# llama.cpp common/arg.cpp at ggml-org/llama.cpp 0017d6fb: --spec-type (draft-simple, ngram-simple, ...),
+# llama.cpp common/arg.cpp at ggml-org/llama.cpp 0c1e57098 (vendored by llama-cpp-python 0.3.36, the build
+# scripts/setup_llamacpp.sh makes and the tests run): --spec-type (draft-simple, ngram-simple, ...),
 # --spec-draft-model (aliases -md, --model-draft), --spec-draft-n-max, --spec-draft-n-min,
 # --spec-draft-p-min (alias --draft-p-min), --spec-ngram-simple-size-n/-size-m. Removed (abort with
 # "the argument has been removed"): --draft/--draft-n/--draft-max, --draft-min/--draft-n-min. The server
-# clears a draft shorter than n-min, so we pass --spec-draft-n-min 0 (our engine verifies any draft).
+# clears a draft shorter than n-min (common/speculative.cpp, draft-simple), so we pass
+# --spec-draft-n-min 0 (our engine verifies any draft). Its p-min compares the top probability after
+# the draft sampler's top-k 10 (profiler/llamacpp_parity.py).
 # Trees: llama-server verifies one chain; the llama-speculative example (examples/speculative/
 # speculative.cpp: up to -np draft branches, split where a draft probability exceeds --draft-p-split)
 # drafts a tree with the draft model, but it is not a server and the exports target llama-server.
 _LLAMACPP = ServerSpace(
-    name="llamacpp", title="llama.cpp", version="llama.cpp master 0017d6fb (--spec-* flags)",
-    sources=("common/arg.cpp", "tools/server (draft.size() < n_min clears the draft)"),
+    name="llamacpp", title="llama.cpp", version="llama.cpp 0c1e57098 (--spec-* flags)",
+    sources=("common/arg.cpp", "common/speculative.cpp (draft-simple: n_min, p_min after top-k 10)",
+             "tools/server/server-context.cpp"),
     draft_model=True, ngram=True, ngram_sizes="single", threshold_rules=("before",),
-    notes=("llama.cpp runs GGUF files: convert both models with convert_hf_to_gguf.py first.",
+    notes=("llama.cpp runs GGUF files: the export converts both models with llama.cpp's convert_hf_to_gguf.py "
+           "(float32, llamacpp/gguf_sources.json names the models).",
            "Builds from before the --spec-* rename take -md, --draft-max, --draft-min, --draft-p-min; "
            "current builds abort on --draft-max and --draft-min."),
 )

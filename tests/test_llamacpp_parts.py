@@ -1,0 +1,85 @@
+"""The llama.cpp pieces that need no llama.cpp build: where it is looked for, the converter shim's
+tokenizer rule, the /metrics parser, and the refusal when it is missing."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from specdec_tune.errors import InputError
+from specdec_tune.profiler import _gguf_convert as shim
+from specdec_tune.profiler.llamacpp import ENV_VAR, LlamaCpp, llamacpp_home
+from specdec_tune.profiler.llamacpp_server import parse_metrics
+from specdec_tune.profiler.vllm_backend import SpecCounters
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = ROOT / "engine" / "zoo" / "models"
+
+
+def test_the_script_and_the_package_agree_on_the_build_folder(monkeypatch):
+    """scripts/setup_llamacpp.sh builds where specdec-tune looks (same cache, version and CPU key)."""
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    printed = subprocess.run(["bash", str(ROOT / "scripts" / "setup_llamacpp.sh"), "--print-home"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(printed) == llamacpp_home()
+    monkeypatch.setenv(ENV_VAR, "/somewhere/else")
+    assert llamacpp_home() == Path("/somewhere/else")
+
+
+@pytest.mark.parametrize("change,gpt2", [
+    (None, True),
+    (lambda t: t.update(normalizer={"type": "NFC"}), False),
+    (lambda t: t["pre_tokenizer"].update(add_prefix_space=True), False),
+    (lambda t: t["pre_tokenizer"].update(use_regex=False), False),
+    (lambda t: t["model"].update(byte_fallback=True), False),
+    (lambda t: t.update(pre_tokenizer={"type": "Metaspace"}), False),
+])
+def test_the_shim_names_only_gpt2_byte_level_pre_tokenization(tmp_path, change, gpt2):
+    spec = json.loads((ZOO / "mini-target" / "tokenizer.json").read_text())
+    if change:
+        change(spec)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    assert shim.byte_level_gpt2(tmp_path) is gpt2
+
+
+def test_metrics_page_parsing():
+    page = "\n".join([
+        "# HELP llamacpp:spec_decode_num_drafts_total Speculative: Total speculative decoding verification steps",
+        "# TYPE llamacpp:spec_decode_num_drafts_total counter",
+        "llamacpp:spec_decode_num_drafts_total 36",
+        "llamacpp:spec_decode_num_draft_tokens_total 135",
+        "llamacpp:spec_decode_num_accepted_tokens_total 80",
+        "llamacpp:prompt_tokens_total 1003",
+        'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 26',
+        'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 21',
+        'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="3"} 16',
+        'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="2"} 17',
+    ])
+    assert parse_metrics(page) == SpecCounters(36, 135, 80, (26, 21, 17, 16))
+    assert parse_metrics("llamacpp:requests_processing 0") == SpecCounters()
+
+
+def test_llamacpp_export_without_llama_cpp_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    from specdec_tune.tuner.model import Candidate, TuningResult
+    from specdec_tune.tuner.servers import write_exports
+
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "no-llama"))
+    assert LlamaCpp(tmp_path / "no-llama").missing()
+    r = TuningResult(candidate=Candidate("mini-draft-1l", 4), server="llamacpp", target="mini-target",
+                     workload="functions")
+    with pytest.raises(InputError) as exc:
+        write_exports(r, ["llamacpp"], tmp_path / "out")
+    assert "scripts/setup_llamacpp.sh" in str(exc.value) and "\n" not in str(exc.value)
+    assert not (tmp_path / "out").exists()
+    out = write_exports(r, ["all"], tmp_path / "all")  # under all: listed with the reason
+    assert "llamacpp" not in out and "- llamacpp: cannot write llamacpp/target.gguf" in \
+        (tmp_path / "all" / "README.md").read_text()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_setup_script_is_valid_bash():
+    for script in ("setup_llamacpp.sh", "setup_sglang_env.sh"):
+        subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], check=True)
