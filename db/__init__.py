@@ -30,6 +30,7 @@ from specdec_tune.db.regress import RegressRunRecord, add_calibration, add_regre
 from specdec_tune.db.regress import create_regress_run, finish_regress_run, get_regress_run, latest_calibration
 from specdec_tune.db.regress import list_regress_runs, load_regress_benchmarks, load_regress_cells, metric_trend
 from specdec_tune.db.session import session_scope
+from specdec_tune.db.trees import TREE_KINDS, TreeTraceRecord, add_tree_traces, load_tree_traces
 
 __all__ = [
     "DEFAULT_URL", "ENV_VAR", "default_storage_url", "sqlite_file", "FINISHED_STATUSES", "MODES", "RUN_STATUSES", "TIMING_KINDS",
@@ -45,4 +46,5 @@ __all__ = [
     "add_regress_benchmark", "add_regress_cells", "create_regress_run", "finish_regress_run", "get_regress_run",
     "latest_calibration", "list_regress_runs", "load_regress_benchmarks", "load_regress_cells", "metric_trend",
     "BiasFrontRow", "TeacherForcedRow", "add_bias_front", "add_teacher_forced", "load_bias_front", "load_teacher_forced",
+    "TREE_KINDS", "TreeTraceRecord", "add_tree_traces", "load_tree_traces",
 ]  # fmt: skip

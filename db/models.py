@@ -269,6 +269,23 @@ class TeacherForcedPosition(Base):
     top_q: Mapped[list[Any]] = mapped_column()  # [M] the draft's top probability there
 
 
+class TreeTrace(Base):
+    """Per-prompt data for token trees and staged drafting (``profiler.tree_profile``): one JSON
+    document per (draft, kind, prompt); ``kind`` is ``ranks`` (greedy), ``siblings`` (sampling) or
+    ``staged`` (an inner drafter's counts)."""
+
+    __tablename__ = "tree_traces"
+    __table_args__ = (Index("ix_tree_traces_run_id_draft_kind", "run_id", "draft", "kind"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("profile_runs.id", ondelete="CASCADE"))
+    draft: Mapped[str] = mapped_column(String(512))
+    kind: Mapped[str] = mapped_column(String(16))
+    temperature: Mapped[float] = mapped_column(Float)
+    prompt_index: Mapped[int | None] = mapped_column(Integer)
+    data: Mapped[dict[str, Any]] = mapped_column()
+
+
 class MeasuredRun(Base):
     """An end-to-end measurement of one configuration, stored next to its prediction."""
 

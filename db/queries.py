@@ -139,7 +139,7 @@ def delete_run(db: Database, run_id: int) -> None:
         require_run(s, db, run_id)
         # Explicit deletes rather than relying on ON DELETE CASCADE, which SQLite applies only
         # when foreign keys are enabled on the connection.
-        for table in (m.RunDraft, m.TimingSample, m.Acceptance, m.AcceptanceTrace,
+        for table in (m.RunDraft, m.TimingSample, m.Acceptance, m.AcceptanceTrace, m.TreeTrace,
                       m.MeasuredRun, m.Telemetry):  # fmt: skip
             s.execute(delete(table).where(table.run_id == run_id))
         s.execute(delete(m.ProfileRun).where(m.ProfileRun.id == run_id))

@@ -15,8 +15,9 @@ from typing import Any, TypeVar
 # Kinds of timing samples. draft_step: one draft forward producing one token (T_s); verify: one
 # target forward over k new tokens with a KV cache (T_v(k)); autoregressive: a plain decode step
 # (T_ar = T_v(1) measured inside the baseline loop); prefill: a prompt forward; overhead: per-cycle
-# bookkeeping outside the forwards.
-TIMING_KINDS = ("draft_step", "verify", "autoregressive", "prefill", "overhead", "machine_probe")
+# bookkeeping outside the forwards; draft_width: one draft forward over k tree nodes (a depth of a
+# token tree, docs/model.md, Token trees and staged drafting).
+TIMING_KINDS = ("draft_step", "verify", "autoregressive", "prefill", "overhead", "machine_probe", "draft_width")
 RUN_STATUSES = ("running", "completed", "interrupted", "failed")
 FINISHED_STATUSES = RUN_STATUSES[1:]
 MODES = ("greedy", "sampling")

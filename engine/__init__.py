@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from specdec_tune.engine.loading import LoadedModel, check_compatible, load_model
     from specdec_tune.engine.lossy import bias_and_rejection, emitted_distribution, least_bias, pareto_bias
     from specdec_tune.engine.names import resolve_source
+    from specdec_tune.engine.staged import StagedDrafter
+    from specdec_tune.engine.tree import TokenTree
+    from specdec_tune.engine.tree_decode import tree_speculative
+    from specdec_tune.engine.tree_draft import TreeDrafter
     from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult, VerifyResult
     from specdec_tune.engine.types import acceptance_counts, acceptance_per_position
     from specdec_tune.engine.verify import verify_greedy, verify_lossy, verify_sampling
@@ -30,6 +34,7 @@ _HOME = {  # public name -> the module that defines it
     "LoadedModel": "loading", "check_compatible": "loading", "load_model": "loading",
     "resolve_source": "names",
     "bias_and_rejection": "lossy", "emitted_distribution": "lossy", "least_bias": "lossy", "pareto_bias": "lossy",
+    "StagedDrafter": "staged", "TokenTree": "tree", "tree_speculative": "tree_decode", "TreeDrafter": "tree_draft",
     "CycleStats": "types", "Draft": "types", "Drafter": "types", "GenerationResult": "types", "VerifyResult": "types",
     "acceptance_counts": "types", "acceptance_per_position": "types",
     "verify_greedy": "verify", "verify_lossy": "verify", "verify_sampling": "verify",

@@ -210,41 +210,55 @@ class LeanCausalLM(torch.nn.Module):
             self._cos, self._sin = c[0].to(like.dtype), s[0].to(like.dtype)
         return self._cos, self._sin
 
-    def forward(self, input_ids=None, cache=None, use_cache=True, logits_to_keep=0, past_key_values=None, **kwargs):
+    def forward(self, input_ids=None, cache=None, use_cache=True, logits_to_keep=0, past_key_values=None, tree=None,
+                **kwargs):
+        """HF-style call; ``tree`` = (positions ``[k]``, mask ``[k, cached + k]``) runs a token tree
+        (``engine.tree.tree_forward``): new row i sits at position positions[i] and attends to the
+        cached and new rows its mask allows."""
         cache = cache if cache is not None else past_key_values  # either keyword, as transformers 5.x takes them
         if kwargs or input_ids is None or not use_cache or not isinstance(cache, PreallocatedCache) \
                 or not isinstance(logits_to_keep, int):
+            if tree is not None:
+                raise ValueError("a tree forward needs the engine's preallocated cache and no other arguments")
             return forward_with_cache(self.hf, input_ids, cache, use_cache=use_cache, logits_to_keep=logits_to_keep,
                                       **kwargs)
         if torch.is_grad_enabled():
             with torch.no_grad():
-                return self._lean(input_ids, cache, logits_to_keep)
-        return self._lean(input_ids, cache, logits_to_keep)
+                return self._lean(input_ids, cache, logits_to_keep, tree)
+        return self._lean(input_ids, cache, logits_to_keep, tree)
 
-    def _lean(self, input_ids: torch.Tensor, cache: PreallocatedCache, logits_to_keep: int) -> LeanOutput:
-        batch, k = input_ids.shape
-        start = cache.get_seq_length()
-        x = F.embedding(input_ids, self._embed)
+    def _positions(self, start: int, k: int, x: torch.Tensor, tree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """cos, sin ``[k, D]`` and the attention mask ``[k, start + k]`` (None for one token) of the new rows."""
         cos, sin = self._rope(start + k, x)
-        cos, sin = cos[start:start + k], sin[start:start + k]  # [k, D], broadcast over [B, H, k, D]
+        if tree is not None:  # token tree: row i at its own position, attending where its mask allows
+            at, mask = tree
+            return cos[at].contiguous(), sin[at].contiguous(), mask
         mask = None
         if k > 1:  # causal within the new tokens; every cached position is visible
             pos = torch.arange(start + k, device=x.device)
             mask = pos[None, :] <= pos[start:, None]  # [k, start + k]
+        return cos[start:start + k], sin[start:start + k], mask  # [k, D], broadcast over [B, H, k, D]
+
+    def _lean(self, input_ids: torch.Tensor, cache: PreallocatedCache, logits_to_keep: int, tree=None) -> LeanOutput:
+        batch, k = input_ids.shape
+        start = cache.get_seq_length()
+        x = F.embedding(input_ids, self._embed)
+        cos, sin, mask = self._positions(start, k, x, tree)
+        causal = start == 0 and k > 1 and tree is None  # a prefill: SDPA's own causal kernel
         hq, hkv, d, eps = self.num_heads, self.num_kv_heads, self.head_dim, self.eps
         gqa = {"enable_gqa": True} if hq != hkv and _GQA_ARG else {}
         packed = self._packed_weights(x) if PACKED_MIN_TOKENS <= k <= PACKED_MAX_TOKENS else None
         fused = lean_kernels.kernels() if self.use_kernels and x.device.type == "cpu" and x.dtype == torch.float32 \
             else None
         if fused is not None:
-            h = self._fused_layers(fused, x, cache, packed, cos, sin, mask, start, gqa)
+            h = self._fused_layers(fused, x, cache, packed, cos, sin, mask, causal, gqa)
             if logits_to_keep:
                 h = h[:, -logits_to_keep:]
             if packed is not None:
                 return LeanOutput(logits=_packed_linear(h, packed[2], packed[3]))
             return LeanOutput(logits=F.linear(h, self._head, self._head_bias))
         if packed is not None:
-            x = self._packed_layers(x, cache, packed[1], cos, sin, mask, start == 0, gqa)
+            x = self._packed_layers(x, cache, packed[1], cos, sin, mask, causal, gqa)
             if logits_to_keep:
                 x = x[:, -logits_to_keep:]
             return LeanOutput(logits=_packed_linear(_rms_norm(x, self._norm, eps), packed[2], packed[3]))
@@ -254,7 +268,7 @@ class LeanCausalLM(torch.nn.Module):
             key = _rotate(F.linear(h, wk, bk).view(batch, k, hkv, d).transpose(1, 2), cos, sin)
             value = F.linear(h, wv, bv).view(batch, k, hkv, d).transpose(1, 2)
             keys, values = layer.update(key, value)
-            x = x + F.linear(self._attend(q, keys, values, mask, start == 0 and k > 1, gqa), wo, bo)
+            x = x + F.linear(self._attend(q, keys, values, mask, causal, gqa), wo, bo)
             h = _rms_norm(x, ln2, eps)
             x = x + F.linear(F.silu(F.linear(h, wg, bg)) * F.linear(h, wu, bu), wd, bd)
         if logits_to_keep:
@@ -275,13 +289,12 @@ class LeanCausalLM(torch.nn.Module):
         b, _, k, _ = q.shape
         return att.transpose(1, 2).reshape(b, k, hq * self.head_dim)
 
-    def _fused_layers(self, kern, x, cache, packed, cos, sin, mask, start: int, gqa: dict) -> torch.Tensor:
+    def _fused_layers(self, kern, x, cache, packed, cos, sin, mask, causal: bool, gqa: dict) -> torch.Tensor:
         """The decoder layers with the fused CPU kernels (:mod:`lean_kernels`), on the packed weights
         when given, else the model's own; returns the final-normed hidden states (same function)."""
         batch, k, _ = x.shape
         hq, hkv, d, eps = self.num_heads, self.num_kv_heads, self.head_dim, self.eps
         nq, nkv = hq * d, hkv * d
-        causal = start == 0 and k > 1
         delta = None
         for i, (layer, w) in enumerate(zip(cache.layers, self._layers)):
             h = kern.rms_norm(x, w[0], eps) if delta is None else kern.add_rms_norm(x, delta, w[0], eps)

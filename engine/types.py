@@ -76,6 +76,8 @@ class CycleStats:
         threshold: θ of this cycle (``Draft.threshold``; moves with the adaptive kind).
         target_probs: the target's probability of each proposed token, ``[L]`` (sampling mode; the
             replay of lossy acceptance reads it); empty when greedy.
+        path_ranks: token trees only: the sibling rank of each accepted node (0 = the draft's best
+            child), ``[accepted]``; ``()`` for a chain.
     """
 
     drafted: int
@@ -88,6 +90,7 @@ class CycleStats:
     token_probs: tuple[float, ...] = ()
     threshold: float = 0.0
     target_probs: tuple[float, ...] = ()
+    path_ranks: tuple[int, ...] = ()
 
 
 @dataclass

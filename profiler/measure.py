@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,9 @@ class MeasureSpec:
         threshold_step: the adaptive kind's step.
         acceptance: ``exact``, ``opt`` or ``uno`` (``engine.lossy``; sampling only).
         epsilon: the lossy rules' over-acceptance ε.
+        tree: a token tree of depth N (``specdec_tune.trees``); ``""``: a chain.
+        staged: the inner drafter speculating the draft (``ngram`` or another of the run's drafts).
+        rank_accept: per-rank acceptance that shapes a ``sequoia`` tree (the tuner's, from the profile).
     """
 
     draft: str | None
@@ -55,6 +58,9 @@ class MeasureSpec:
     threshold_step: float = 0.05
     acceptance: str = "exact"
     epsilon: float = 0.0
+    tree: str = ""
+    staged: str = ""
+    rank_accept: tuple[float, ...] = ()
 
     @property
     def is_plain(self) -> bool:
@@ -204,13 +210,15 @@ def measure_configs(
     _check(run, items, repeats, temperature)
     settings = run.settings
     planned = [(None if item.is_plain else run.resolve_draft(item.draft), item) for item in items]
+    inners = [item.staged if item.staged == NGRAM else run.resolve_draft(item.staged)
+              for _, item in planned if item.staged and not item.is_plain]
     split, prompts = chosen_prompts(run, split, max_prompts)
-    target, specs, choice = _load_models(run, [name for name, _ in planned], threads)
+    target, specs, choice = _load_models(run, [name for name, _ in planned] + inners, threads)
     wanted = [p.id for p in prompts]
     ids = [encode_prompt(target, p.prompt, p.id) for p in prompts]
     max_new = int(settings.get("max_new_tokens", 64))
     synthetic = settings.get("synthetic_acceptance")
-    cases = [_Case(draft=name, config=config, spec=specs[name],
+    cases = [_Case(draft=name, config=config, spec=_drafter(specs, name, config),
                    decode=_decode_config(config, max_new, temperature, target, synthetic, seed),
                    times=[[] for _ in ids], tokens=[[] for _ in ids])
              for name, config in planned]
@@ -219,6 +227,17 @@ def measure_configs(
     flags = [pid in profiled for pid in wanted]
     lengths = [int(x.shape[0]) for x in ids]
     return [_store(db, run_id, case, temperature, repeats, split, wanted, flags, lengths, choice) for case in cases]
+
+
+def _drafter(specs: dict[str | None, DraftSpec], name: str | None, config: MeasureSpec) -> DraftSpec:
+    """The loaded drafter of ``name``, drafting ``config``'s tree or staged by its inner drafter."""
+    spec = specs[name]
+    if config.is_plain or not (config.tree or config.staged):
+        return spec
+    if spec.model is None:
+        raise InputError(f"{config.tree and 'token trees' or 'staged drafting'} need a draft model, not {name!r}")
+    return replace(spec, tree=config.tree, rank_accept=tuple(config.rank_accept),
+                   inner=specs[config.staged] if config.staged else None)
 
 
 def _check(run, items: list[MeasureSpec], repeats: int, temperature: float) -> None:
@@ -327,6 +346,8 @@ def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: 
                 "schedule": config.schedule if n else "constant", "threshold_rule": config.threshold_rule,
                 "threshold_kind": config.threshold_kind if n else "per-token", "threshold_step": config.threshold_step,
                 "acceptance": config.acceptance if n else "exact", "epsilon": config.epsilon if n else 0.0,
+                **({"tree": config.tree} if n and config.tree else {}),
+                **({"staged": config.staged} if n and config.staged else {}),
                 "batch_size": 1, "temperature": temperature,
                 "max_new_tokens": case.decode.max_new_tokens, "prompts": len(case.times), "repeats": repeats,
                 "split": split or "profiled prompts", "prompt_ids": list(prompt_ids),

@@ -18,18 +18,26 @@ from specdec_tune.engine import (
     build_drafter,
     speculative,
 )
+from specdec_tune.engine import StagedDrafter, TreeDrafter, tree_speculative
 from specdec_tune.errors import InputError
 from specdec_tune.profiler.timers import Stopwatch, synchronize
+from specdec_tune.trees import parse_tree
 
 NGRAM = "ngram"
 
 
 @dataclass(frozen=True)
 class DraftSpec:
-    """Which drafter a run uses: a loaded draft model, n-gram lookup, or none (baseline)."""
+    """Which drafter a run uses: a loaded draft model, n-gram lookup, or none (baseline); a model
+    draft may draft token trees (``tree``, ``specdec_tune.trees``; ``rank_accept`` shapes a Sequoia
+    tree) or be speculated itself by ``inner`` (staged drafting, ``inner_n`` tokens per inner cycle)."""
 
     kind: str  # "model" | "ngram" | "none"
     model: LoadedModel | None = None
+    tree: str = ""
+    rank_accept: tuple[float, ...] = ()
+    inner: DraftSpec | None = None
+    inner_n: int = 3
 
     @property
     def name(self) -> str:
@@ -101,6 +109,8 @@ def decode_once(
     with torch.inference_mode():
         if draft.kind == "none":
             return autoregressive(target.model, prompt_ids, config, generator)
+        if draft.tree or draft.inner is not None:
+            return _tree_or_staged(target, draft, prompt_ids, config, generator, on_cycle)
         drafter = build_drafter(
             draft.model.model if draft.model is not None else None,
             max_len=prompt_ids.shape[0] + config.max_new_tokens + config.num_speculative_tokens + 2,
@@ -112,6 +122,26 @@ def decode_once(
             threshold_step=config.threshold_step,
         )
         return speculative(target.model, drafter, prompt_ids, config, generator, on_cycle=on_cycle)
+
+
+def _tree_or_staged(target: LoadedModel, draft: DraftSpec, prompt_ids: torch.Tensor, config: DecodeConfig,
+                    generator: torch.Generator | None, on_cycle) -> GenerationResult:
+    """A decode with a tree drafter (``engine.tree_decode``) or a staged drafter (``engine.staged``)."""
+    if draft.model is None:
+        raise InputError("token trees and staged drafting need a draft model")
+    spec = parse_tree(draft.tree)
+    max_len = prompt_ids.shape[0] + config.max_new_tokens + (spec.nodes(config.num_speculative_tokens) if spec else
+                                                             config.num_speculative_tokens) + 2
+    t = config.temperature
+    if spec is not None:
+        drafter = TreeDrafter(draft.model.model, max_len, spec, rank_accept=draft.rank_accept, temperature=t,
+                              generator=generator)
+        return tree_speculative(target.model, drafter, prompt_ids, config, generator, on_cycle=on_cycle)
+    inner = draft.inner
+    inner_drafter = build_drafter(inner.model.model if inner.model is not None else None,
+                                  max_len=max_len + draft.inner_n + 2, temperature=t, generator=generator)
+    staged = StagedDrafter(draft.model.model, inner_drafter, draft.inner_n, max_len, temperature=t, generator=generator)
+    return speculative(target.model, staged, prompt_ids, config, generator, on_cycle=on_cycle)
 
 
 def measure_prompt(

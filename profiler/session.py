@@ -6,7 +6,8 @@ each prompt; then the decoding passes, interleaved prompt by prompt: the plain b
 overhead, in-loop T_ar, greedy output lengths), per draft the greedy acceptance pass (θ = 0,
 N = N_max: traces, per-cycle overhead, in-loop forward times), short overhead passes at small N on
 the first prompts (to separate per-cycle from per-forward overhead) and with ``temperature > 0`` a
-sampling pass; last the teacher-forced agreement and the per-draft summaries. A
+sampling pass; then the teacher-forced agreement and the per-draft summaries; last, with ``trees``,
+the token-tree and staged-drafting stage (:mod:`profiler.tree_profile`). A
 ``KeyboardInterrupt`` marks the run ``interrupted``, any other error ``failed``; both re-raise.
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.settings import ProfileResult, ProfileSettings, Progress, StageLog
 from specdec_tune.profiler.threads import apply_threads, choose_threads
 from specdec_tune.profiler.telemetry import NullMonitor, open_monitor
+from specdec_tune.profiler.tree_profile import tree_passes
 from specdec_tune.splits import split_prompts
 
 # The settings, result and progress types live in profiler.settings; this module keeps their old names.
@@ -194,7 +196,8 @@ class ProfileSession:
 
     # -- stages
     def _stages(self) -> None:
-        for stage in (self.warm_up, self.bench_forwards, self.bench_prefill, self.decode_passes):
+        trees = (self.tree_passes,) if self.settings.trees else ()
+        for stage in (self.warm_up, self.bench_forwards, self.bench_prefill, self.decode_passes, *trees):
             stage()
             add_timing_samples(self.db, self.run_id, self._probe_rows(3))
 
@@ -298,6 +301,10 @@ class ProfileSession:
         self._store_baseline()
         for spec in self.drafts:
             self._store_acceptance(spec)
+
+    def tree_passes(self) -> None:
+        """Token-tree and staged-drafting data (``profile --trees``, :mod:`profiler.tree_profile`)."""
+        tree_passes(self)
 
     def _baseline_prompt(self, recorder: ForwardRecorder, prompt_id: str, ids: torch.Tensor, config: DecodeConfig) -> list[TimingRow]:
         """Plain greedy decoding of one prompt with hooks: in-loop T_ar, per-token overhead, output."""

@@ -37,6 +37,7 @@ class ProfileSettings:
     # with these rates instead of asking the target, for model shapes with random weights. Labelled synthetic.
     synthetic_acceptance: tuple[float, ...] | None = None
     front_prompts: int = 4  # sampling: prompts each lossy rule and ε decodes for the measured front (0: none)
+    trees: bool = False  # also record token-tree and staged-drafting data (profiler.tree_profile)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split", check_split(self.split))

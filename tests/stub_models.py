@@ -21,7 +21,8 @@ class Bigram(torch.nn.Module):
         self.config = LlamaConfig(vocab_size=table.shape[0], num_hidden_layers=1, bos_token_id=None, eos_token_id=None,
                                   pad_token_id=None)
 
-    def forward(self, input_ids: torch.Tensor, past_key_values=None, use_cache: bool = True, logits_to_keep: int = 0):
+    def forward(self, input_ids: torch.Tensor, past_key_values=None, use_cache: bool = True, logits_to_keep: int = 0,
+                attention_mask=None, position_ids=None):  # a tree forward's mask and positions change nothing here
         ids = input_ids[0]
         if past_key_values is not None:  # keep the cache's length in step with the tokens fed
             for layer in past_key_values.layers:

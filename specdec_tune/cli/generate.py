@@ -1,6 +1,8 @@
 """``specdec-tune generate``: decode prompts with the baseline or speculative engine, measured."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Optional
 
 import typer
@@ -61,6 +63,8 @@ def generate(
     forward: ForwardOption = DEFAULT_FORWARD,
     threads: ThreadsOption = DEFAULT_THREADS,
     synthetic_acceptance: SyntheticAcceptanceOption = None,
+    tree: Optional[str] = typer.Option(None, "--tree", help="Draft a token tree of depth N: chains:M, topk:b1-b2 or eagle:K:B (sequoia trees are shaped by a profile: tune --trees)."),
+    staged: Optional[str] = typer.Option(None, "--staged", help="Speculate the draft's own decoding with 'ngram' or a smaller draft model."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object per prompt on stdout."),
 ) -> None:
     """Generate text and print measured tokens/s, tokens per cycle τ and per-position acceptance α_i."""
@@ -69,6 +73,7 @@ def generate(
                    synthetic_acceptance)
     opt.check_threshold_kind(threshold_kind, threshold_step, threshold, threshold_rule, schedule)
     opt.check_acceptance(acceptance, epsilon, temperature)
+    _check_tree(tree, staged, draft, threshold, schedule, threshold_kind, acceptance)
     items = _collect_prompts(prompt, prompts)
     opt.check_model_names(target, draft)  # a mistyped name fails now, before torch and the models load
     from specdec_tune.engine import DecodeConfig
@@ -77,6 +82,9 @@ def generate(
     quiet_loading()
     tgt = _load(target, device, dtype, forward)
     spec = _draft_spec(draft, tgt, device, dtype, forward)
+    if tree or staged:  # a tree of the draft, or the draft speculated by an inner drafter (profiler.runs)
+        spec = replace(spec, tree=tree or "",
+                       inner=_draft_spec(staged, tgt, device, dtype, forward) if staged else None)
     choice = set_threads(threads, tgt, spec.model)
     config = DecodeConfig(
         max_new_tokens=max_new_tokens,
@@ -128,6 +136,31 @@ def _check(max_new_tokens: int, n: int, threshold: float, threshold_rule: str, s
     opt.check_temperature(temperature)
     opt.parse_threads(threads)
     return rates
+
+
+def _check_tree(tree: str | None, staged: str | None, draft: str, threshold: float, schedule: str,
+                threshold_kind: str = "per-token", acceptance: str = "exact") -> None:
+    """``--tree`` / ``--staged`` need a model draft, θ = 0, the constant schedule and exact acceptance (one
+    of them at a time)."""
+    if not tree and not staged:
+        return
+    from specdec_tune.trees import parse_tree
+
+    if tree and staged:
+        raise InputError("give --tree or --staged, not both")
+    if draft in ("none", NGRAM):
+        raise InputError(f"--tree and --staged need a draft model, not --draft {draft}")
+    if threshold > 0 or schedule != "constant" or threshold_kind != "per-token":
+        raise InputError("--tree and --staged run θ = 0 and the constant schedule (no --threshold-kind)")
+    if acceptance != "exact":
+        raise InputError(f"--tree and --staged verify exactly; --acceptance {acceptance} is for chains")
+    spec = parse_tree(tree) if tree else None
+    if tree and spec is None:
+        raise InputError(f"--tree {tree!r} is a chain; leave --tree out")
+    if spec is not None and spec.kind == "sequoia":
+        raise InputError("sequoia trees are shaped from a profile's acceptance: use tune --trees, or chains/topk/eagle")
+    if staged and staged != NGRAM:
+        opt.check_model_names(staged)
 
 
 def _collect_prompts(prompt: str | None, prompts: str | None) -> list:

@@ -221,6 +221,7 @@ def profile(
     label: Optional[str] = typer.Option(None, "--label", help="Free-text label stored with the run."),
     threads: ThreadsOption = DEFAULT_THREADS,
     synthetic_acceptance: SyntheticAcceptanceOption = None,
+    trees: bool = typer.Option(False, "--trees", help="Also record token-tree and staged-drafting data (ranks, sibling acceptance, draft widths, staged passes), so tune can search trees."),
     db: DbOption = None,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (run id, timings, acceptance, best configs)."),
 ) -> None:
@@ -238,7 +239,7 @@ def profile(
         batch_sizes=opt.int_list(batch_sizes, "--batch-sizes"), k_max=k_max, n_max=n_max, repeats=repeats,
         max_prompts=max_prompts, max_new_tokens=max_new_tokens,
         context_lens=opt.int_list(context_lens, "--context-lens"), seed=seed, label=label,
-        threads=opt.parse_threads(threads), synthetic_acceptance=rates, front_prompts=front_prompts,
+        threads=opt.parse_threads(threads), synthetic_acceptance=rates, front_prompts=front_prompts, trees=trees,
     )
     database = open_database(db)  # a bad --db fails here, before any model is loaded
     newest = max((r.id for r in list_runs(database, limit=1)), default=0)

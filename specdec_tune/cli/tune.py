@@ -222,6 +222,7 @@ def tune(
     export: Optional[str] = typer.Option(None, "--export", metavar="DIR", help="Write the server files for the winner here."),
     formats: str = typer.Option("all", "--formats", help="Export formats: all or a comma list (vllm,sglang,trtllm,llamacpp,hf)."),
     threads: ThreadsOption = DEFAULT_THREADS,
+    trees: Optional[str] = typer.Option(None, "--trees", metavar="SHAPES", help="Also search token trees and staged drafting: 'default' or a comma list of chains:M, topk:b1-b2, sequoia:B, eagle:K:B (depth = N)."),
     db: DbOption = None,
     json_out: bool = typer.Option(False, "--json", help="End with one JSON object for the winner."),
 ) -> None:
@@ -237,7 +238,7 @@ def tune(
         temperature=temperature, objectives=objective_list, study=study, n_max=n_max,
         max_prompts=max_prompts, max_new_tokens=max_new_tokens, profile_repeats=profile_repeats,
         measure_prompts=measure_prompts, heldout_prompts=heldout_prompts, repeats=repeats, seed=seed, device=device,
-        backend=backend, vllm_python=vllm_python, threads=parse_threads(threads),
+        backend=backend, vllm_python=vllm_python, threads=parse_threads(threads), trees=tree_list(trees),
         threshold_kinds=tuple(k.strip() for k in threshold_kinds.split(",") if k.strip()), max_bias=max_bias,
     )
     db_url = resolve_url(db)
@@ -256,6 +257,17 @@ def tune(
         print_json(report_json(report))
         return
     _print(console(), report)
+
+
+def tree_list(text: str | None) -> tuple[str, ...]:
+    """``--trees``: ``default`` (the default grid), a comma list of tree specs, or nothing."""
+    if not text:
+        return ()
+    if text.strip() == "default":
+        from specdec_tune.tuner.search import DEFAULT_TREES
+
+        return DEFAULT_TREES
+    return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
 def _kept_trials(storage_url: str, study: str) -> int | str:

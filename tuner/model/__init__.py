@@ -1,7 +1,9 @@
 """The pure throughput model: predict any configuration from a stored profile (no torch, no timing).
 
 Public names only; the modules behind them are private (``_throughput``: the analytic model,
-``_replay``: trace replay, ``_greedy_sim``: exact greedy simulation, ``_calibration``: in-loop
+``_replay``: trace replay, ``_greedy_sim``: exact greedy simulation, ``_tree`` and ``_tree_predict``:
+token trees and staged drafting, ``_batch_theory``: batch speculative decoding's rejections (seed
+003), ``_calibration``: in-loop
 calibration, ``_profile`` and ``_load``: profile assembly, ``_predict`` and ``_prefill``: end-to-end
 predictions, ``_grid``: the N × θ ranking, ``_tv``: acceptance from the teacher-forced TV and lossy
 replay, ``_bias``: a lossy rule's bias, ``_chain``: acceptance sources and chains, ``_spec``: the model's
@@ -10,6 +12,7 @@ file carries and the measured evidence behind it, ``_evaluator``: cached predict
 """
 from __future__ import annotations
 
+from specdec_tune.tuner.model._batch_theory import all_rejected, batch_rejection_limit, batch_rejections, sibling_acceptance
 from specdec_tune.tuner.model._bias import BiasPrediction, bias_of, front_epsilons
 from specdec_tune.tuner.model._calibration import OverheadFit, fit_overhead
 from specdec_tune.tuner.model._configs import NGRAM, NONE, THRESHOLD_RULES, Candidate, TuningResult, spec_config
@@ -17,7 +20,7 @@ from specdec_tune.tuner.model._decision import MIN_LOWER, ServerDecision, decide
 from specdec_tune.tuner.model._evaluator import Evaluator, Scored
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, simulate_prompt
 from specdec_tune.tuner.model._grid import THRESHOLD_GRID, best_configs
-from specdec_tune.tuner.model._load import load_run_profile
+from specdec_tune.tuner.model._load import load_run_profile, load_tree_data
 from specdec_tune.tuner.model._predict import PromptSpec, RunPrediction, predict_baseline, predict_config
 from specdec_tune.tuner.model._predict import at_machine_speed, machine_speed, predict_prompts, profiled_specs, split_specs
 from specdec_tune.tuner.model._profile import PromptInfo, RunProfile, build_run_profile, resolve_draft, run_drafts
@@ -27,11 +30,13 @@ from specdec_tune.tuner.model._throughput import ModelProfile, Prediction, SpecC
 from specdec_tune.tuner.model._throughput import baseline_tokens_per_s, best_n_per_batch_size
 from specdec_tune.tuner.model._throughput import closed_form_tokens_per_cycle, draft_step_time, predict, rank_configs
 from specdec_tune.tuner.model._throughput import relative_error, tokens_per_cycle_per_position, verify_time
+from specdec_tune.tuner.model._tree import RANKS, StagedStats, TreeCycle, TreeData, expected_tau, simulate_tree
+from specdec_tune.tuner.model._tree_predict import TreePlan, predict_tree_prompts, tree_overhead, tree_plan, width_time
 from specdec_tune.tuner.model._tv import lossy_stats, tv_stats
 
 __all__ = [
     "BiasPrediction", "bias_of", "front_epsilons", "tv_stats", "lossy_stats",
-    "MIN_LOWER", "NGRAM", "NONE", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator", "ModelProfile", "OverheadFit",
+    "MIN_LOWER", "NGRAM", "NONE", "all_rejected", "batch_rejection_limit", "batch_rejections", "sibling_acceptance", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator", "ModelProfile", "OverheadFit",
     "PositionTrace", "Prediction", "PromptInfo", "PromptSpec", "ReplayStats", "RunPrediction", "RunProfile", "Scored",
     "ServerDecision", "SpecConfig", "Trace", "TuningResult", "alphas_from_traces", "at_machine_speed", "baseline_tokens_per_s", "best_configs",
     "best_n_per_batch_size", "build_run_profile", "closed_form_tokens_per_cycle", "decide", "decisions", "draft_step_time", "fit_overhead",
@@ -39,4 +44,6 @@ __all__ = [
     "predict_prompts", "profiled_specs", "rank_configs", "relative_error", "replay", "resolve_draft", "run_drafts",
     "simulate_prompt", "spec_config", "split_specs", "synthetic_rates", "tokens_per_cycle_per_position", "verify_time",
     "with_synthetic_acceptance",
+    "RANKS", "StagedStats", "TreeCycle", "TreeData", "TreePlan", "expected_tau", "load_tree_data", "predict_tree_prompts",
+    "simulate_tree", "tree_overhead", "tree_plan", "width_time",
 ]  # fmt: skip

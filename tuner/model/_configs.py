@@ -36,6 +36,10 @@ class Candidate:
         acceptance: ``"exact"``, ``"opt"`` (Decoding-OPT) or ``"uno"`` (Decoding-UNO): sampling only
             (``engine.lossy``).
         epsilon: the lossy rules' over-acceptance ε.
+        tree: a token tree of depth N (``specdec_tune.trees``: ``chains:M``, ``topk:b1-b2``,
+            ``sequoia:B``, ``eagle:K:B``); ``""`` drafts a chain.
+        staged: the inner drafter that speculates the draft model's own decoding (``ngram`` or a
+            smaller model draft of the profile); ``""``: the draft decodes alone.
     """
 
     drafter: str
@@ -49,6 +53,8 @@ class Candidate:
     threshold_step: float = 0.05
     acceptance: str = "exact"
     epsilon: float = 0.0
+    tree: str = ""
+    staged: str = ""
 
     @property
     def is_plain(self) -> bool:
@@ -81,6 +87,10 @@ class Candidate:
             parts.append(self.schedule)
         if self.acceptance != "exact":
             parts.append(f"{self.acceptance.upper()} ε={self.epsilon:g}")
+        if self.tree:
+            parts.append(f"tree {self.tree}")
+        if self.staged:
+            parts.append(f"staged by {self.staged}")
         return " ".join(parts)
 
 

@@ -9,9 +9,11 @@ from typing import Any
 from specdec_tune.db import Database
 from specdec_tune.tuner.model._bias import bias_of
 from specdec_tune.tuner.model._configs import Candidate, spec_config
-from specdec_tune.tuner.model._load import load_run_profile
+from specdec_tune.tuner.model._load import load_run_profile, load_tree_data
 from specdec_tune.tuner.model._predict import predict_baseline, predict_config
 from specdec_tune.tuner.model._profile import RunProfile
+from specdec_tune.tuner.model._tree import TreeData
+from specdec_tune.tuner.model._tree_predict import TreePlan, predict_tree_prompts, tree_plan
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Evaluator:
                  memory: Callable[[Candidate], float] | None = None) -> None:
         self.db, self.run_id, self.mode, self.memory = db, run_id, mode, memory
         self._profiles: dict[str | None, RunProfile] = {}
+        self._trees: dict[str, TreeData | None] = {}
         self.cache: dict[Candidate, Scored] = {}
         self.predictions = 0  # model evaluations actually run (cache misses)
 
@@ -67,11 +70,28 @@ class Evaluator:
             self._profiles[drafter] = load_run_profile(self.db, self.run_id, drafter, baseline_only=drafter is None)
         return self._profiles[drafter]
 
+    def tree_data(self, drafter: str) -> TreeData | None:
+        """The drafter's token-tree data (``None``: the profile has none)."""
+        if drafter not in self._trees:
+            self._trees[drafter] = load_tree_data(self.db, self.run_id, drafter, self.mode)
+        return self._trees[drafter]
+
+    def plan(self, c: Candidate) -> TreePlan | None:
+        """The tree or staged plan of ``c`` (``None``: a chain)."""
+        if not c.tree and not c.staged:
+            return None
+        inner = self.profile(c.staged) if c.staged else None
+        return tree_plan(c.tree, c.staged, self.tree_data(c.drafter), inner)
+
     def score(self, c: Candidate) -> Scored:
         if c in self.cache:
             return self.cache[c]
+        plan = None if c.is_plain else self.plan(c)
         if c.is_plain:
             p = predict_baseline(self.profile(None))
+        elif plan is not None:
+            rp = self.profile(c.drafter)
+            p = predict_tree_prompts(rp, self.tree_data(c.drafter), spec_config(c, self.mode), plan)
         else:
             p = predict_config(self.profile(c.drafter), spec_config(c, self.mode))
         self.predictions += 1

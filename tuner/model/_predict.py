@@ -24,7 +24,7 @@ trace replay, or the given rates) with M_p / E[τ] cycles per prompt.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from specdec_tune.errors import InputError
@@ -197,8 +197,14 @@ def _replayed(rp: RunProfile, config: SpecConfig, tokens: int) -> _Cycles:
                    p.expected_draft_forwards, tuple(p.acceptance_per_position), p.source)
 
 
-def _predict(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) -> RunPrediction:
-    """Predict ``config`` end to end on ``specs`` (profiled prompts exactly, the others pooled)."""
+CyclesFn = Callable[[RunProfile, SpecConfig, Sequence[PromptSpec], int], "_Cycles"]
+
+
+def _predict(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec], cycles: CyclesFn | None = None) -> RunPrediction:
+    """Predict ``config`` end to end on ``specs`` (profiled prompts exactly, the others pooled).
+
+    ``cycles`` replaces the chain's cycles (token trees and staged drafting, :mod:`._tree_predict`):
+    it gets the profile, the config, the checked prompts and their new tokens."""
     if rp.draft is None:
         raise InputError("a draft is needed to predict speculative decoding")
     specs = _check_specs(rp, specs)
@@ -217,7 +223,10 @@ def _predict(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) ->
             raise InputError(f"N={n} exceeds the run's N_max={n_max}; profile with a larger --n-max")
     tokens = sum(s.new_tokens for s in specs)
     simulated = config.mode == "greedy" and rp.positions is not None
-    cyc = _simulated(rp, config, specs) if simulated else _replayed(rp, config, tokens)
+    if cycles is not None:
+        cyc = cycles(rp, config, specs, tokens)
+    else:
+        cyc = _simulated(rp, config, specs) if simulated else _replayed(rp, config, tokens)
     fits = prefill_fits(rp)
     # The first draft forward of a sequence is the draft's prefill, which replaces one draft step.
     raw_step = rp.first_draft_step_s.get(b, 0.0)

@@ -3,7 +3,7 @@
 The jobs live here: ``run_tune`` (profile, search, confirm, hold out, export), ``measure_predicted``
 (validate predictions against measurement) and the vLLM-measured tuning. Public names only; the
 modules behind them are private (``_space``, ``_optuna``, ``_study``, ``_request``, ``_memory``, ``_tune``, ``_measure``,
-``_validate``, ``_server_tune``).
+``_validate``, ``_server_tune``, ``_tree_space``).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from specdec_tune.tuner.search._server_tune import pick_among_tied, run_server_t
 from specdec_tune.tuner.search._space import ANY, N_LIMIT, THETA_GRID, SearchSpace, check_server, server_search_space
 from specdec_tune.tuner.search._space import unsupported
 from specdec_tune.tuner.search._study import check_storage, load_existing, open_storage
+from specdec_tune.tuner.search._tree_space import DEFAULT_TREES, check_shapes, shape_candidate, tree_space_args
 from specdec_tune.tuner.search._tune import run_tune
 from specdec_tune.tuner.search._validate import Validated, measure_predicted
 
@@ -25,5 +26,5 @@ __all__ = [
     "check_server", "check_storage", "close_calls", "completed_trials", "expressible_on", "find_profile",
     "load_existing", "measure_candidates", "measure_predicted", "measured_speedup", "open_storage", "per_batch_size",
     "pick_among_tied", "run_search", "run_server_tune", "run_tune", "schedule_from_measured", "server_search_space",
-    "unsupported",
+    "unsupported", "DEFAULT_TREES", "check_shapes", "shape_candidate", "tree_space_args",
 ]  # fmt: skip

@@ -46,7 +46,8 @@ def measure_candidates(db: Database, run_id: int, candidates: Sequence[Candidate
     items = [(None if c.is_plain else c.drafter, spec_config(c, mode)) for c in candidates]
     kwargs: dict[str, Any] = dict(temperature=temperature, max_prompts=max_prompts, repeats=repeats, seed=seed,
                                   progress=progress, threads=threads)
-    validated = measure_predicted(db, run_id, items, split=split, **kwargs)
+    shapes = [("", "") if c.is_plain else (c.tree, c.staged) for c in candidates]
+    validated = measure_predicted(db, run_id, items, split=split, shapes=shapes, **kwargs)
     heldout = split == "holdout"
     plain = next((v.measurement for c, v in zip(candidates, validated) if c.is_plain), None)
     out = []

@@ -26,6 +26,7 @@ from typing import Any
 from specdec_tune.errors import InputError
 from specdec_tune.tuner.model import NGRAM, NONE, Candidate, Evaluator, Scored, best_n_per_batch_size
 from specdec_tune.tuner.search._space import SearchSpace, make_candidate, server_search_space, unsupported
+from specdec_tune.tuner.search._tree_space import shape_candidate, shape_choices
 from specdec_tune.tuner.servers import SERVERS
 
 OBJECTIVES = ("throughput", "memory", "bias")
@@ -37,6 +38,11 @@ def suggest(trial: Any, space: SearchSpace) -> Candidate:
     if drafter == NONE:
         return Candidate(NONE, 0)
     n = trial.suggest_int("num_speculative_tokens", 1, space.n_max)
+    shapes = shape_choices(space) if drafter != NGRAM else ["chain"]
+    if len(shapes) > 1:  # a tree or staged drafter runs θ = 0, the constant schedule, exact acceptance (._tree_space)
+        shape = trial.suggest_categorical("shape", shapes)
+        if shape != "chain":
+            return shape_candidate(drafter, n, shape)
     kind, theta, step = "per-token", 0.0, 0.05
     if drafter != NGRAM and len(space.threshold_kinds) > 1:
         kind = trial.suggest_categorical("threshold_kind", list(space.threshold_kinds))
@@ -305,8 +311,8 @@ def brute_force(evaluator: Evaluator, space: SearchSpace) -> list[Scored]:
 
 
 def best_per_server(evaluator: Evaluator, model_drafts: Sequence[str], n_max: int, ngram: bool,
-                    servers: Sequence[str] = tuple(SERVERS), thresholds: Sequence[float] | None = None
-                    ) -> dict[str, Scored]:
+                    servers: Sequence[str] = tuple(SERVERS), thresholds: Sequence[float] | None = None,
+                    tree_args: dict[str, Any] | None = None) -> dict[str, Scored]:
     """The best predicted candidate inside each server's space (exhaustive over the cached model).
 
     Each server's space is small and a prediction costs milliseconds (cached: the spaces overlap, and
@@ -316,10 +322,11 @@ def best_per_server(evaluator: Evaluator, model_drafts: Sequence[str], n_max: in
 
     Args:
         thresholds: the θ grid for servers with θ (default: the full grid).
+        tree_args: the trees and staged drafting each server runs (``._tree_space.tree_space_args``).
     """
     out = {}
     for server in servers:
-        space = server_search_space(server, model_drafts, n_max, ngram)
+        space = server_search_space(server, model_drafts, n_max, ngram, **(tree_args or {}))
         if thresholds is not None and len(space.thresholds) > 1:
             space = replace(space, thresholds=tuple(thresholds))
         ranked = brute_force(evaluator, space)

@@ -12,6 +12,8 @@ from specdec_tune.profiler import ProfileSettings
 from specdec_tune.tuner.model import TuningResult
 from specdec_tune.tuner.search._space import ANY, N_LIMIT, THRESHOLD_KINDS, check_server
 
+TREE_K_MAX = 17  # with --trees the verify curve reaches 17 positions: trees of up to 16 nodes
+
 
 @dataclass(frozen=True)
 class TuneRequest:
@@ -43,6 +45,7 @@ class TuneRequest:
     threads: int | None = None  # intra-op threads (None: chosen by the profiler, "auto")
     threshold_kinds: tuple[str, ...] = ("per-token",)  # how θ may apply (per-token, cumulative, adaptive)
     max_bias: float | None = None  # a bias budget per verified position: Decoding-OPT's ε is searched too
+    trees: tuple[str, ...] = ()  # token trees searched besides chains, plus staged drafting (._tree_space); () = chains only
 
     def __post_init__(self) -> None:
         check_server(self.server)
@@ -78,6 +81,12 @@ class TuneRequest:
             raise InputError(f"--threads must be 'auto' or >= 1, got {self.threads}")
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
             raise InputError(f"--batch-sizes must be integers >= 1, got {list(self.batch_sizes)}")
+        if self.trees:
+            from specdec_tune.tuner.search._tree_space import check_shapes
+
+            object.__setattr__(self, "trees", check_shapes(self.trees))
+            if self.backend != "engine":
+                raise InputError("--trees measures trees in the engine: use --backend engine")
         if self.backend not in ("engine", "vllm"):
             raise InputError(f"--backend must be engine or vllm, got {self.backend!r}")
         if self.backend == "vllm":
@@ -104,6 +113,8 @@ class TuneRequest:
                  list(self.thresholds) if self.thresholds is not None else None]
         if self.threshold_kinds != ("per-token",):  # (studies made before the kinds keep their names)
             parts.append(list(self.threshold_kinds))
+        if self.trees:  # (likewise studies made before trees)
+            parts.append(list(self.trees))
         key = json.dumps(parts, sort_keys=True)
         short = lambda s: s.rstrip("/").rsplit("/", 1)[-1]  # noqa: E731
         backend = "" if self.backend == "engine" else f"-{self.backend}"
@@ -138,8 +149,9 @@ class TuneReport:
 def profile_settings(req: TuneRequest) -> ProfileSettings:
     kwargs: dict[str, Any] = dict(
         device=req.device, temperature=req.temperature, batch_sizes=tuple(sorted(set(req.batch_sizes))),
-        n_max=req.n_max, k_max=req.n_max + 1, repeats=req.profile_repeats, max_prompts=req.max_prompts,
-        max_new_tokens=req.max_new_tokens, seed=req.seed, label="tune", threads=req.threads,
+        n_max=req.n_max, k_max=max(req.n_max + 1, TREE_K_MAX if req.trees else 0), repeats=req.profile_repeats,
+        max_prompts=req.max_prompts, max_new_tokens=req.max_new_tokens, seed=req.seed, label="tune",
+        threads=req.threads, trees=bool(req.trees),
     )
     return ProfileSettings(split="tune", **kwargs)
 
@@ -159,6 +171,7 @@ def find_profile(db: Database, req: TuneRequest) -> int | None:
             and set(req.batch_sizes) <= set(s.get("batch_sizes", []))
             and int(s.get("max_new_tokens", 0)) == req.max_new_tokens
             and int(s.get("max_prompts", 0)) == req.max_prompts
+            and (not req.trees or (bool(s.get("trees")) and int(s.get("k_max", 0)) >= wanted.k_max))
             and run.hardware.hostname == (platform.node() or None)
             and (req.device == "auto" or run.hardware.device == req.device)
         )

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from specdec_tune.errors import InputError
 from specdec_tune.tuner.model import NGRAM, NONE, Candidate
 from specdec_tune.tuner.servers import SERVERS, expressible, server_space
+from specdec_tune.tuner.search._tree_space import expressible_shapes, shaped_candidates
 
 ANY = "any"
 N_LIMIT = 16
@@ -55,6 +56,11 @@ class SearchSpace:
         epsilons: over-acceptance ε searched with Decoding-OPT next to exact acceptance (``tune
             --max-bias``; empty: exact only). Decoding-UNO is not searched: it accepts as OPT does
             (same speed) and is at least as biased (Theorem 4), so it is never on the front.
+        shapes: token trees (``chains:2``, ``sequoia:8``, ...) searched for model drafts besides the
+            chain, with θ = 0, the constant schedule and exact acceptance (:mod:`._tree_space`); ``()``:
+            chains only.
+        max_nodes: the most tree nodes a candidate may verify (the profile's T_v(k) reaches nodes + 1).
+        staged_pairs: (draft, inner drafter) pairs searched as staged drafting.
     """
 
     drafters: tuple[str, ...]
@@ -67,6 +73,9 @@ class SearchSpace:
     threshold_kinds: tuple[str, ...] = ("per-token",)
     steps: tuple[float, ...] = ADAPTIVE_STEPS
     epsilons: tuple[float, ...] = ()
+    shapes: tuple[str, ...] = ()
+    max_nodes: int = N_LIMIT
+    staged_pairs: tuple[tuple[str, str], ...] = ()
 
     def acceptances(self) -> tuple[tuple[str, float], ...]:
         """(rule, ε) pairs searched for model drafts: exact, then OPT at each ε > 0."""
@@ -105,6 +114,7 @@ class SearchSpace:
                     continue
                 for schedule in self.ngram_schedules:
                     yield make_candidate(drafter, n, 0.0, self.threshold_rule, schedule)
+        yield from shaped_candidates(self)
         if NONE in self.drafters:
             yield Candidate(NONE, 0)
 
@@ -117,7 +127,9 @@ class SearchSpace:
                 "threshold_rule": self.threshold_rule, "schedules": list(self.schedules),
                 "ngram_schedules": list(self.ngram_schedules), "server": self.server,
                 "threshold_kinds": list(self.threshold_kinds), "steps": list(self.steps),
-                "epsilons": list(self.epsilons)}
+                "epsilons": list(self.epsilons),
+                **({"shapes": list(self.shapes), "max_nodes": self.max_nodes,
+                    "staged_pairs": [list(p) for p in self.staged_pairs]} if self.shapes or self.staged_pairs else {})}
 
 
 def make_candidate(drafter: str, n: int, theta: float, rule: str, schedule: str, kind: str = "per-token",
@@ -152,7 +164,9 @@ def check_server(server: str) -> str:
 
 
 def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ngram: bool,
-                        kinds: Sequence[str] = ("per-token",), epsilons: Sequence[float] = ()) -> SearchSpace:
+                        kinds: Sequence[str] = ("per-token",), epsilons: Sequence[float] = (),
+                        shapes: Sequence[str] = (), max_nodes: int = N_LIMIT,
+                        staged_pairs: Sequence[tuple[str, str]] = ()) -> SearchSpace:
     """The part of the whole space ``server`` can express, found by probing :func:`expressible`.
 
     Args:
@@ -162,6 +176,9 @@ def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ng
         ngram: whether n-gram lookup was profiled.
         kinds: the threshold kinds asked (``tune --threshold-kinds``); the server keeps those it can express.
         epsilons: over-acceptance ε asked (``tune --max-bias``); kept where the server runs Decoding-OPT.
+        shapes: trees to search besides chains (kept where the server runs them).
+        max_nodes: the most tree nodes a candidate may verify.
+        staged_pairs: (draft, inner) staged drafting to search (kept where the server runs it).
     """
     check_server(server)
     n_max = min(int(n_max), N_LIMIT)
@@ -188,4 +205,6 @@ def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ng
         k == "per-token" or (rule == "before" and ok(make_candidate(probe, 4, 0.3, "before", "constant", k)))))
     lossy = tuple(e for e in epsilons if ok(Candidate(probe, 4, acceptance="opt", epsilon=e)))
     return SearchSpace(tuple(drafters), n_max, THETA_GRID if rule else (0.0,), rule or "before", schedules,
-                       ngram_schedules, server, kept or ("per-token",), epsilons=lossy)
+                       ngram_schedules, server, kept or ("per-token",), epsilons=lossy,
+                       shapes=expressible_shapes(server, model_drafts, shapes), max_nodes=max_nodes,
+                       staged_pairs=tuple(p for p in staged_pairs if ok(Candidate(p[0], 4, staged=p[1]))))

@@ -34,6 +34,7 @@ from specdec_tune.tuner.search._memory import memory_model
 from specdec_tune.tuner.search._optuna import SearchOutcome, best_per_server, expressible_on, per_batch_size, run_search
 from specdec_tune.tuner.search._request import TuneReport, TuneRequest, find_profile, profile_settings
 from specdec_tune.tuner.search._space import ANY, N_LIMIT, SearchSpace, server_search_space
+from specdec_tune.tuner.search._tree_space import tree_space_args
 from specdec_tune.tuner.search._study import open_storage
 from specdec_tune.tuner.servers import SERVERS
 
@@ -46,8 +47,16 @@ def _scored_dict(s: Scored) -> dict[str, Any]:
 
 
 def _distinct_top(ranked: Sequence[Scored], k: int) -> list[Scored]:
-    """Top ``k`` speculative candidates by prediction (plain decoding is measured anyway)."""
-    return [s for s in ranked if not s.candidate.is_plain][:k]
+    """Top ``k`` speculative candidates by prediction (plain decoding is measured anyway). When trees or
+    staged drafting fill them, the best predicted chain takes the last place: a tree must *measure*
+    faster than the chain to win (every server runs chains; a tree's prediction is a simulation)."""
+    top = [s for s in ranked if not s.candidate.is_plain][:k]
+    chained = lambda s: not (s.candidate.tree or s.candidate.staged)  # noqa: E731
+    if top and not any(chained(s) for s in top):
+        chain = next((s for s in ranked if not s.candidate.is_plain and chained(s)), None)
+        if chain is not None:
+            top = top[:max(k - 1, 1)] + [chain]
+    return top
 
 
 @dataclass
@@ -86,7 +95,8 @@ def _search(db: Database, req: TuneRequest, storage_url: str, progress: Progress
     evaluator = Evaluator(db, run_id, req.mode, memory)
     model_drafts = [d for d in req.drafts if d != NGRAM]
     epsilons = _epsilons(evaluator, model_drafts) if req.max_bias is not None else ()
-    space = server_search_space(req.server, model_drafts, n_max, NGRAM in req.drafts, req.threshold_kinds, epsilons)
+    space = server_search_space(req.server, model_drafts, n_max, NGRAM in req.drafts, req.threshold_kinds, epsilons,
+                                **tree_space_args(req, run, evaluator))
     if req.thresholds is not None and len(space.thresholds) > 1:
         space = replace(space, thresholds=tuple(req.thresholds))
     if NGRAM in req.drafts:
@@ -153,7 +163,7 @@ def _server_bests(req: TuneRequest, s: _Searched) -> dict[str, Scored]:
     model_drafts = [d for d in req.drafts if d != NGRAM]
     servers = tuple(SERVERS) if req.server == ANY else (req.server,)
     return best_per_server(s.evaluator, model_drafts, s.n_max, NGRAM in req.drafts, servers,
-                           thresholds=req.thresholds)
+                           thresholds=req.thresholds, tree_args=tree_space_args(req, s.run, s.evaluator))
 
 
 def _schedule(req: TuneRequest, s: _Searched, c: Candidate) -> dict[int, int]:

@@ -14,6 +14,7 @@ CI and the prediction is reported as inside or outside it.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from specdec_tune.db import Database, RunRecord, get_run, set_prediction
@@ -32,10 +33,15 @@ from specdec_tune.tuner.model import (
     RunPrediction,
     RunProfile,
     SpecConfig,
+    TreeData,
+    TreePlan,
     at_machine_speed,
     load_run_profile,
+    load_tree_data,
     machine_speed,
     predict_prompts,
+    predict_tree_prompts,
+    tree_plan,
 )
 
 _DEFAULT = "default"
@@ -87,6 +93,7 @@ def measure_predicted(
     seed: int = 0,
     progress: Progress | None = None,
     threads: int | None = None,
+    shapes: Sequence[tuple[str, str]] | None = None,
 ) -> list[Validated]:
     """Predict, then measure (interleaved), each ``(draft, config)`` of run ``run_id``; store both.
 
@@ -104,6 +111,7 @@ def measure_predicted(
         seed: sampling seed.
         progress: progress sink.
         threads: intra-op threads (None: the profile's, lowered to the CPUs idle now).
+        shapes: per item, ``(tree, staged)`` of its candidate (``("", "")``: a chain; default: all chains).
 
     Raises:
         NotFoundError: unknown run or draft.
@@ -119,20 +127,30 @@ def measure_predicted(
     # A held-out prompt's length in tokens needs the target's tokenizer, which the measurement loads;
     # so the prediction for the measured prompts is made after it (from the profile only, below).
     planned = [_plan(db, run, draft, config, mode) for draft, config in items]
+    shapes = list(shapes) if shapes is not None else [("", "")] * len(items)
+    trees = [None if plain else _tree_plan(db, run, rp, c, shape) for (plain, rp, c), shape in zip(planned, shapes)]
     specs = [MeasureSpec(PLAIN if plain else rp.draft, c.num_speculative_tokens, c.threshold, c.schedule,
-                         c.threshold_rule, c.threshold_kind, c.threshold_step, c.acceptance, c.epsilon)
-             for plain, rp, c in planned]
+                         c.threshold_rule, c.threshold_kind, c.threshold_step, c.acceptance, c.epsilon,
+                         *_tree_fields(t, shape))
+             for (plain, rp, c), t, shape in zip(planned, trees, shapes)]
     measured = measure_configs(db, run_id, specs, split=split, temperature=temperature, max_prompts=max_prompts,
                                repeats=repeats, seed=seed, progress=progress, threads=threads)
     out = []
-    for m, (_, rp, config) in zip(measured, planned):
-        # Rates predicted at the profile's machine speed, rescaled to the speed the probe saw during this
-        # measurement (a busier or quieter machine); speedups are unchanged by it.
-        prediction = at_machine_speed(predict_prompts(rp, config, _prompt_specs(run, m)),
-                                      machine_speed(rp, m.machine_probe_s))
+    for m, (_, rp, config), t in zip(measured, planned, trees):
+        prediction = _predicted(run, rp, config, t, m)
         _store_prediction(db, m, prediction)
         out.append(Validated(m, prediction, config, in_sample=m.in_sample))
     return out
+
+
+def _predicted(run: RunRecord, rp: RunProfile, config: SpecConfig, tree: tuple[TreePlan, TreeData] | None,
+               m: Measurement) -> RunPrediction:
+    """The prediction for exactly the measured prompts, at the profile's machine speed rescaled to the
+    speed the probe saw during this measurement (a busier or quieter machine; speedups are unchanged)."""
+    prompts = _prompt_specs(run, m)
+    raw = predict_prompts(rp, config, prompts) if tree is None else \
+        predict_tree_prompts(rp, tree[1], config, tree[0], prompts)
+    return at_machine_speed(raw, machine_speed(rp, m.machine_probe_s))
 
 
 def _plan(db: Database, run: RunRecord, draft: str | None, config: SpecConfig,
@@ -147,6 +165,27 @@ def _plan(db: Database, run: RunRecord, draft: str | None, config: SpecConfig,
     # Fails now (N beyond N_max, no traces) rather than after minutes of measuring.
     predict_prompts(rp, config, [(rp.prompts[0].prompt_tokens if rp.prompts else 8, None)])
     return plain, rp, config
+
+
+def _tree_plan(db: Database, run: RunRecord, rp: RunProfile, config: SpecConfig,
+               shape: tuple[str, str]) -> tuple[TreePlan, TreeData] | None:
+    """The tree or staged plan of one item and its tree data (``None``: a chain); fails before anything runs."""
+    tree, staged = shape
+    if not tree and not staged:
+        return None
+    data = load_tree_data(db, run.id, rp.draft, config.mode)
+    inner = load_run_profile(db, run.id, staged) if staged else None
+    plan = tree_plan(tree, staged, data, inner)
+    assert plan is not None and data is not None
+    predict_tree_prompts(rp, data, config, plan, [PromptSpec(rp.prompts[0].prompt_tokens if rp.prompts else 8)])
+    return plan, data
+
+
+def _tree_fields(t: tuple[TreePlan, TreeData] | None, shape: tuple[str, str]) -> tuple[str, str, tuple[float, ...]]:
+    """MeasureSpec's tree, staged and rank_accept of one item (the measured tree is the predicted one)."""
+    if t is None:
+        return "", "", ()
+    return shape[0], shape[1], t[1].rank_accept if t[0].tree is not None and t[0].tree.kind == "sequoia" else ()
 
 
 def _store_prediction(db: Database, m: Measurement, prediction: RunPrediction) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from specdec_tune.errors import InputError
+from specdec_tune.trees import parse_tree
 from specdec_tune.tuner.model import Candidate, TuningResult
 from specdec_tune.tuner.servers import _schemas as sch
 from specdec_tune.tuner.servers._gguf import gguf_sources, prepare_ggufs
@@ -163,9 +164,12 @@ def _sglang(result: TuningResult) -> Files:
                           speculative_num_draft_tokens=n + 1, speculative_ngram_min_bfs_breadth=1,
                           speculative_ngram_max_bfs_breadth=1)
     else:
+        # A token tree (capability table: SGLang's EAGLE-2 tree, eagle:K:B) drafts K per step, verifies B nodes.
+        tree = parse_tree(c.tree)
+        k, nodes = (tree.width, tree.nodes(n)) if tree is not None else (1, n)
         args = _validated(sch.SglangSpeculativeArgs, "sglang", speculative_algorithm="STANDALONE",
-                          speculative_draft_model_path=draft, speculative_num_steps=n, speculative_eagle_topk=1,
-                          speculative_num_draft_tokens=n + 1)
+                          speculative_draft_model_path=draft, speculative_num_steps=n, speculative_eagle_topk=k,
+                          speculative_num_draft_tokens=nodes + 1)
     flags = args.flags()
     return [("sglang/flags.txt", "\n".join(flags) + "\n"),
             ("sglang/launch.sh", _script(base + flags, SERVERS["sglang"].version))]

@@ -57,6 +57,10 @@ def _config_lines(r: TuningResult, ranges: list[tuple[int, int, int]] | None, pe
                          + (f", budget {b['budget']:g}" if b.get("budget") is not None else ""))
         if c.is_ngram:
             lines.append(f"- n-gram sizes: {c.ngram_min}..{c.ngram_max}")
+        if c.tree:
+            lines.append(f"- token tree: `{c.tree}`, depth N (specdec_tune.trees)")
+        if c.staged:
+            lines.append(f"- staged drafting: the draft's own decoding speculated by `{c.staged}`")
     points = schedule_points(r) if per_b else {}
     if points:
         lines.append(f"- N per batch size ({r.per_batch_size_source}; B=1 takes the configuration's N; 0 = do not "
@@ -109,7 +113,9 @@ def _servers_table(r: TuningResult, shipped: dict[str, Shipped]) -> list[str]:
         reason = expressible(space, r.candidate)
         lacks = ["θ" if not space.threshold_rules else "",
                  "per-batch-size N" if space.batch_schedule is None else "",
-                 "heuristic schedule" if "heuristic" not in space.schedules else ""]
+                 "heuristic schedule" if "heuristic" not in space.schedules else "",
+                 "token trees" if not space.trees else f"token trees other than {', '.join(space.trees)}",
+                 "staged drafting" if not space.staged else ""]
         lacks_text = ", ".join(x for x in lacks if x) or "–"
         if space.threshold_rules:
             lacks_text += f"; θ rule other than `{space.threshold_rules[0]}`"

