@@ -443,7 +443,7 @@ class TestStorageContract:
             "INSERT INTO acceptance_traces (run_id, draft, mode, temperature, cycle_index, confidences, "
             "num_accepted) VALUES (1, 'd', 'sampling', 1.0, 0, '[0.9, 0.4]', 1)",
         ], ("hardware", "models", "profile_runs", "acceptance_traces"))
-        assert upgrade(url) == ("0004", "0005")
+        assert upgrade(url, "0005") == ("0004", "0005")
         with open_database(url) as db:
             (old,) = load_traces(db, 1, "d", "sampling")
             assert old.confidences == (0.9, 0.4) and old.token_probs is None and old.target_probs is None
