@@ -78,6 +78,7 @@ def autoregressive(
     prompt_ids: torch.Tensor,
     config: DecodeConfig,
     generator: torch.Generator | None = None,
+    on_cycle: Callable[[CycleStats], None] | None = None,
 ) -> GenerationResult:
     """Target-only decoding with a KV cache: the reference for correctness and speed.
 
@@ -85,6 +86,8 @@ def autoregressive(
         model: the target causal LM.
         prompt_ids: ``[T]`` prompt token ids on the model's device.
         config: max_new_tokens, temperature and eos are used.
+        on_cycle: called after each token is picked (one "cycle" of plain decoding: nothing drafted,
+            one token emitted), so the profiler can time token arrivals as it does speculative cycles.
     """
     _check_prompt(prompt_ids)
     cache = make_cache(model, prompt_ids.shape[0] + config.max_new_tokens + 1)
@@ -92,9 +95,14 @@ def autoregressive(
     logits = _forward(model, prompt_ids, cache, 1)[-1]
     eos_hit = False
     buf = torch.empty(1, dtype=torch.long, device=prompt_ids.device)
+    positions = prompt_ids.shape[0]  # the first token comes out of the prefill
     while True:
-        tok = _pick(logits, config.temperature, generator)
+        tok = _pick(logits, config.temperature, generator)  # the step's host synchronisation
         out.append(tok)
+        if on_cycle is not None:
+            on_cycle(CycleStats(drafted=0, accepted=0, emitted=1, confidences=(), outcomes=(),
+                                target_positions=positions))
+        positions = 1
         if tok == config.eos_token_id:
             eos_hit = True
             break

@@ -17,9 +17,12 @@ import torch
 
 from specdec_tune.db import Database, add_measured_run, get_run
 from specdec_tune.engine import DecodeConfig, LoadedModel, acceptance_per_position, check_compatible, load_model
+from specdec_tune.costs import check_price, usd_per_million_tokens
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.errors import InputError
+from specdec_tune.latency import LatencySamples, RequestLatency, latency_summary
 from specdec_tune.profiler.describe import tokenizer_hash
+from specdec_tune.profiler.energy import EnergyMeter, EnergySamples, open_energy_meter
 from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
 from specdec_tune.profiler.settings import Progress
@@ -79,6 +82,18 @@ class Measurement:
     profiled: list[bool] = field(default_factory=list)  # per prompt: did the profile run it?
     threads: dict = field(default_factory=dict)  # the thread choice (profiler.threads.ThreadChoice.to_dict())
     probe_seconds: list[float] = field(default_factory=list)  # the machine probe after each pass of this config
+    latency: LatencySamples | None = None  # when every request's tokens arrived (TTFT, TPOT, gaps)
+    energy: EnergySamples | None = None  # NVML joules per pass (None: no GPU energy counter)
+    gpu_price: float | None = None  # --gpu-price, dollars per hour
+
+    @property
+    def latency_summary(self) -> dict | None:
+        """p50/p90/p99 TTFT, TPOT and inter-token gaps with 95% CIs (``specdec_tune.latency``)."""
+        return None if self.latency is None else latency_summary(self.latency)
+
+    @property
+    def usd_per_million_tokens(self) -> float | None:
+        return None if self.gpu_price is None else usd_per_million_tokens(self.gpu_price, self.tokens_per_s)
 
     @property
     def machine_probe_s(self) -> float | None:
@@ -121,6 +136,8 @@ class _Case:
     tokens: list[list[int]]  # [prompt][repeat] new tokens
     cycles: list = field(default_factory=list)
     probes: list[float] = field(default_factory=list)  # [repeat] the machine probe's seconds after this pass
+    arrivals: list[list[RequestLatency]] = field(default_factory=list)  # [prompt][repeat]
+    joules: list[float] = field(default_factory=list)  # [repeat] energy of this pass (GPU with NVML only)
 
 
 def default_split(settings: dict) -> str | None:
@@ -164,6 +181,7 @@ def measure_configs(
     seed: int = 0,
     progress: Progress | None = None,
     threads: int | None = None,
+    gpu_price: float | None = None,
 ) -> list[Measurement]:
     """Measure several configurations of one run, interleaved, and store each measurement.
 
@@ -186,6 +204,10 @@ def measure_configs(
         progress: progress sink.
         threads: intra-op threads (None: the profile's count, lowered to the CPUs idle now;
             :mod:`profiler.threads`).
+        gpu_price: dollars per hour of the device, stored with each measurement as $ per million tokens.
+
+    Each measurement also keeps when every request's tokens arrived (TTFT, TPOT and inter-token gaps,
+    :mod:`specdec_tune.latency`) and, on a GPU with NVML, the joules of each of its passes.
 
     Raises:
         NotFoundError: unknown run or draft.
@@ -193,6 +215,7 @@ def measure_configs(
     """
     run = get_run(db, run_id)
     _check(run, items, repeats, temperature)
+    check_price(gpu_price)
     settings = run.settings
     planned = [(None if item.is_plain else run.resolve_draft(item.draft), item) for item in items]
     split, prompts = chosen_prompts(run, split, max_prompts)
@@ -202,13 +225,19 @@ def measure_configs(
     max_new = int(settings.get("max_new_tokens", 64))
     cases = [_Case(draft=name, config=config, spec=specs[name],
                    decode=_decode_config(config, max_new, temperature, target),
-                   times=[[] for _ in ids], tokens=[[] for _ in ids])
+                   times=[[] for _ in ids], tokens=[[] for _ in ids], arrivals=[[] for _ in ids])
              for name, config in planned]
-    _run_cases(target, cases, wanted, ids, repeats, seed, progress or Progress())
+    meter = open_energy_meter(target.device)
+    try:
+        _run_cases(target, cases, wanted, ids, repeats, seed, progress or Progress(), meter)
+    finally:
+        if meter is not None:
+            meter.close()
     profiled = set(settings.get("prompt_ids", []))
     flags = [pid in profiled for pid in wanted]
     lengths = [int(x.shape[0]) for x in ids]
-    return [_store(db, run_id, case, temperature, repeats, split, wanted, flags, lengths, choice) for case in cases]
+    return [_store(db, run_id, case, _Context(temperature, repeats, split, wanted, flags, lengths, choice, gpu_price))
+            for case in cases]
 
 
 def _check(run, items: list[MeasureSpec], repeats: int, temperature: float) -> None:
@@ -256,7 +285,7 @@ def _decode_config(config: MeasureSpec, max_new: int, temperature: float, target
 
 
 def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: list[torch.Tensor], repeats: int,
-               seed: int, progress: Progress) -> None:
+               seed: int, progress: Progress, meter: EnergyMeter | None = None) -> None:
     """Warm every case up once, then decode every prompt ``repeats`` times per case, into the cases."""
     label = (f"measure {cases[0].draft or 'plain'} N={cases[0].config.num_speculative_tokens} θ={cases[0].config.threshold}"
              if len(cases) == 1 else f"measure {len(cases)} configurations")
@@ -272,50 +301,97 @@ def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: 
     for r in range(repeats):
         shift = r % len(cases)
         for case in cases[shift:] + cases[:shift]:
+            joules0 = meter.read() if meter is not None else None
             for i, (pid, x) in enumerate(zip(wanted, ids)):
                 m = measure_prompt(target, case.spec, x, case.decode, prompt_id=pid, seed=seed + i)
                 case.times[i].append(m.seconds)
                 case.tokens[i].append(m.new_tokens)
+                if m.latency is not None:
+                    case.arrivals[i].append(m.latency)
                 if r == 0 and m.result is not None:
                     case.cycles += m.result.cycles
                 progress.advance()
+            if meter is not None and joules0 is not None:  # this configuration's pass only (before the probe)
+                case.joules.append(meter.read() - joules0)
             case.probes.append(probe.run())  # how fast the machine was during this pass
 
 
-def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: int, split: str | None,
-           prompt_ids: list[str], profiled: list[bool], lengths: list[int], choice: ThreadChoice) -> Measurement:
-    samples = RateSamples(tuple(prompt_ids), tuple(tuple(float(t) for t in row) for row in case.tokens),
+@dataclass(frozen=True)
+class _Context:
+    """What every configuration of one ``measure_configs`` call shares."""
+
+    temperature: float
+    repeats: int
+    split: str | None
+    prompt_ids: list[str]
+    profiled: list[bool]
+    lengths: list[int]
+    choice: ThreadChoice
+    gpu_price: float | None
+
+
+def _measurement(run_id: int, case: _Case, ctx: _Context) -> Measurement:
+    """The measurement of one case from its raw samples (throughput, CI, acceptance, latency, energy)."""
+    samples = RateSamples(tuple(ctx.prompt_ids), tuple(tuple(float(t) for t in row) for row in case.tokens),
                           tuple(tuple(row) for row in case.times))
-    seconds = sum(statistics.median(t) for t in case.times)
-    new_tokens = int(round(sum(statistics.median(t) for t in case.tokens)))
-    tps = samples.tokens_per_s
-    ci = tokens_per_s_ci(samples)
-    per_repeat = [sum(t[r] for t in case.tokens) / sum(t[r] for t in case.times) for r in range(repeats)]
+    per_repeat = [sum(t[r] for t in case.tokens) / sum(t[r] for t in case.times) for r in range(ctx.repeats)]
     cycles = case.cycles
     tau = sum(c.accepted + 1 for c in cycles) / len(cycles) if cycles else (1.0 if case.config.is_plain else None)
     alpha, _ = acceptance_per_position(cycles) if cycles else ([], [])
+    latency = LatencySamples(tuple(ctx.prompt_ids), tuple(tuple(row) for row in case.arrivals)) \
+        if all(case.arrivals) else None
+    energy = EnergySamples(tuple(case.joules), tuple(float(sum(t[r] for t in case.tokens))
+                                                     for r in range(len(case.joules)))) if case.joules else None
+    return Measurement(
+        run_id=run_id, draft=case.draft or PLAIN, config=case.config, temperature=ctx.temperature,
+        tokens_per_s=samples.tokens_per_s, seconds=sum(statistics.median(t) for t in case.times),
+        new_tokens=int(round(sum(statistics.median(t) for t in case.tokens))), mean_tokens_per_cycle=tau,
+        acceptance_per_position=alpha, prompts=len(case.times), repeats=ctx.repeats,
+        per_repeat_tokens_per_s=per_repeat, samples=samples, ci95=tokens_per_s_ci(samples), split=ctx.split,
+        prompt_ids=list(ctx.prompt_ids), prompt_tokens=list(ctx.lengths), profiled=list(ctx.profiled),
+        threads=ctx.choice.to_dict(), probe_seconds=list(case.probes), latency=latency, energy=energy,
+        gpu_price=ctx.gpu_price,
+    )
+
+
+def operator_columns(m: Measurement) -> dict:
+    """Revision 0005's columns of a measurement: latency percentiles and arrivals, energy, cost."""
+    out: dict = {}
+    summary = m.latency_summary
+    if summary is not None and m.latency is not None:
+        pick = lambda metric, p: summary[metric][p]["value"]  # noqa: E731
+        out.update(ttft_p50_s=pick("ttft_s", "p50"), tpot_p50_s=pick("tpot_s", "p50"),
+                   tpot_p90_s=pick("tpot_s", "p90"), tpot_p99_s=pick("tpot_s", "p99"),
+                   latency={"summary": summary, "requests": m.latency.to_json(), "label": "measured"})
+    if m.energy is not None:
+        ci = m.energy.ci95()
+        out.update(energy_j=m.energy.total_j, joules_per_token=m.energy.joules_per_token,
+                   energy={**m.energy.to_json(), "joules_per_token_ci": None if ci is None else list(ci),
+                           "source": "NVML total-energy counter, delta per pass"})
+    if m.gpu_price is not None:  # its CI is the throughput's, inverted (costs.usd_ci)
+        out.update(gpu_price_usd_per_hour=m.gpu_price, usd_per_million_tokens=m.usd_per_million_tokens)
+    return out
+
+
+def _store(db: Database, run_id: int, case: _Case, ctx: _Context) -> Measurement:
+    result = _measurement(run_id, case, ctx)
     config = case.config
     n = 0 if config.is_plain else config.num_speculative_tokens
-    result = Measurement(
-        run_id=run_id, draft=case.draft or PLAIN, config=config, temperature=temperature, tokens_per_s=tps,
-        seconds=seconds, new_tokens=new_tokens, mean_tokens_per_cycle=tau, acceptance_per_position=alpha,
-        prompts=len(case.times), repeats=repeats, per_repeat_tokens_per_s=per_repeat, samples=samples, ci95=ci,
-        split=split, prompt_ids=list(prompt_ids), prompt_tokens=list(lengths), profiled=list(profiled),
-        threads=choice.to_dict(), probe_seconds=list(case.probes),
-    )
     result.measured_id = add_measured_run(
         db, run_id, draft=case.draft,
         config={"num_speculative_tokens": n, "threshold": config.threshold if n else 0.0,
                 "schedule": config.schedule if n else "constant", "threshold_rule": config.threshold_rule,
-                "batch_size": 1, "temperature": temperature,
-                "max_new_tokens": case.decode.max_new_tokens, "prompts": len(case.times), "repeats": repeats,
-                "split": split or "profiled prompts", "prompt_ids": list(prompt_ids),
-                "prompt_tokens": list(lengths),
-                "in_sample": result.in_sample, "profiled_prompts": sum(profiled),
-                "measured_acceptance_per_position": alpha, "throughput": "end to end, prefill included",
-                "threads": choice.threads, "thread_choice": choice.to_dict(), "machine_probe_s": result.machine_probe_s,
+                "batch_size": 1, "temperature": ctx.temperature,
+                "max_new_tokens": case.decode.max_new_tokens, "prompts": len(case.times), "repeats": ctx.repeats,
+                "split": ctx.split or "profiled prompts", "prompt_ids": list(ctx.prompt_ids),
+                "prompt_tokens": list(ctx.lengths),
+                "in_sample": result.in_sample, "profiled_prompts": sum(ctx.profiled),
+                "measured_acceptance_per_position": result.acceptance_per_position,
+                "throughput": "end to end, prefill included", "threads": ctx.choice.threads,
+                "thread_choice": ctx.choice.to_dict(), "machine_probe_s": result.machine_probe_s,
                 "probe_seconds": list(case.probes)},
-        measured_tokens_per_s=tps, seconds=seconds, new_tokens=new_tokens, measured_tau=tau,
-        ci=ci, samples=samples.to_json(),
+        measured_tokens_per_s=result.tokens_per_s, seconds=result.seconds, new_tokens=result.new_tokens,
+        measured_tau=result.mean_tokens_per_cycle, ci=result.ci95, samples=result.samples.to_json(),
+        operator=operator_columns(result),
     )
     return result
