@@ -19,6 +19,9 @@ from typing import Any
 
 import torch
 
+from specdec_tune.costs import usd_per_million_tokens
+from specdec_tune.latency import LatencySamples, latency_summary
+
 
 class EnergyMeter:
     """Reads one GPU's total-energy counter (joules)."""
@@ -85,3 +88,25 @@ class EnergySamples:
         half = float(stats.t.ppf(0.975, len(per) - 1)) * sem
         return (mean - half, mean + half)
 
+
+
+def operator_columns(latency: LatencySamples | None, energy: EnergySamples | None, gpu_price: float | None,
+                     tokens_per_s: float) -> dict[str, Any]:
+    """A measured run's latency, energy and cost columns (``db`` revision 0005), our engine and vLLM alike:
+    TTFT/TPOT percentiles and the raw arrivals; joules (only where NVML measured them); $ per million
+    tokens at ``gpu_price`` (its CI is the throughput's, inverted: ``costs.usd_ci``)."""
+    out: dict[str, Any] = {}
+    if latency is not None:
+        summary = latency_summary(latency)
+        pick = lambda metric, p: summary[metric][p]["value"]  # noqa: E731
+        out.update(ttft_p50_s=pick("ttft_s", "p50"), tpot_p50_s=pick("tpot_s", "p50"),
+                   tpot_p90_s=pick("tpot_s", "p90"), tpot_p99_s=pick("tpot_s", "p99"),
+                   latency={"summary": summary, "requests": latency.to_json(), "label": "measured"})
+    if energy is not None:
+        ci = energy.ci95()
+        out.update(energy_j=energy.total_j, joules_per_token=energy.joules_per_token,
+                   energy={**energy.to_json(), "joules_per_token_ci": None if ci is None else list(ci),
+                           "source": "NVML total-energy counter, delta per pass"})
+    if gpu_price is not None:
+        out.update(gpu_price_usd_per_hour=gpu_price, usd_per_million_tokens=usd_per_million_tokens(gpu_price, tokens_per_s))
+    return out

@@ -22,7 +22,7 @@ from specdec_tune.engine.workloads import load_workload
 from specdec_tune.errors import InputError
 from specdec_tune.latency import LatencySamples, RequestLatency, latency_summary
 from specdec_tune.profiler.describe import tokenizer_hash
-from specdec_tune.profiler.energy import EnergyMeter, EnergySamples, open_energy_meter
+from specdec_tune.profiler.energy import EnergyMeter, EnergySamples, open_energy_meter, operator_columns
 from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
 from specdec_tune.profiler.settings import Progress
@@ -354,25 +354,6 @@ def _measurement(run_id: int, case: _Case, ctx: _Context) -> Measurement:
     )
 
 
-def operator_columns(m: Measurement) -> dict:
-    """Revision 0005's columns of a measurement: latency percentiles and arrivals, energy, cost."""
-    out: dict = {}
-    summary = m.latency_summary
-    if summary is not None and m.latency is not None:
-        pick = lambda metric, p: summary[metric][p]["value"]  # noqa: E731
-        out.update(ttft_p50_s=pick("ttft_s", "p50"), tpot_p50_s=pick("tpot_s", "p50"),
-                   tpot_p90_s=pick("tpot_s", "p90"), tpot_p99_s=pick("tpot_s", "p99"),
-                   latency={"summary": summary, "requests": m.latency.to_json(), "label": "measured"})
-    if m.energy is not None:
-        ci = m.energy.ci95()
-        out.update(energy_j=m.energy.total_j, joules_per_token=m.energy.joules_per_token,
-                   energy={**m.energy.to_json(), "joules_per_token_ci": None if ci is None else list(ci),
-                           "source": "NVML total-energy counter, delta per pass"})
-    if m.gpu_price is not None:  # its CI is the throughput's, inverted (costs.usd_ci)
-        out.update(gpu_price_usd_per_hour=m.gpu_price, usd_per_million_tokens=m.usd_per_million_tokens)
-    return out
-
-
 def _store(db: Database, run_id: int, case: _Case, ctx: _Context) -> Measurement:
     result = _measurement(run_id, case, ctx)
     config = case.config
@@ -392,6 +373,6 @@ def _store(db: Database, run_id: int, case: _Case, ctx: _Context) -> Measurement
                 "probe_seconds": list(case.probes)},
         measured_tokens_per_s=result.tokens_per_s, seconds=result.seconds, new_tokens=result.new_tokens,
         measured_tau=result.mean_tokens_per_cycle, ci=result.ci95, samples=result.samples.to_json(),
-        operator=operator_columns(result),
+        operator=operator_columns(result.latency, result.energy, result.gpu_price, result.tokens_per_s),
     )
     return result

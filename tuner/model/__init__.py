@@ -13,6 +13,8 @@ from specdec_tune.tuner.model._configs import NGRAM, NONE, THRESHOLD_RULES, Cand
 from specdec_tune.tuner.model._evaluator import Evaluator, Scored
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, simulate_prompt
 from specdec_tune.tuner.model._grid import THRESHOLD_GRID, best_configs
+from specdec_tune.tuner.model._latency import LatencyPrediction, predict_latency
+from specdec_tune.tuner.model._memory import GIB, MemoryBreakdown, MemoryModel, ModelMemory
 from specdec_tune.tuner.model._load import load_run_profile
 from specdec_tune.tuner.model._predict import PromptSpec, RunPrediction, predict_baseline, predict_config
 from specdec_tune.tuner.model._predict import at_machine_speed, machine_speed, predict_prompts, profiled_specs, split_specs
@@ -24,11 +26,12 @@ from specdec_tune.tuner.model._throughput import closed_form_tokens_per_cycle, d
 from specdec_tune.tuner.model._throughput import relative_error, tokens_per_cycle_per_position, verify_time
 
 __all__ = [
-    "NGRAM", "NONE", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator", "ModelProfile", "OverheadFit",
+    "NGRAM", "NONE", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator", "GIB", "LatencyPrediction", "MemoryBreakdown", "MemoryModel", "ModelMemory",
+    "ModelProfile", "OverheadFit",
     "PositionTrace", "Prediction", "PromptInfo", "PromptSpec", "ReplayStats", "RunPrediction", "RunProfile", "Scored",
     "SpecConfig", "Trace", "TuningResult", "alphas_from_traces", "at_machine_speed", "baseline_tokens_per_s", "best_configs",
     "best_n_per_batch_size", "build_run_profile", "closed_form_tokens_per_cycle", "draft_step_time", "fit_overhead",
     "heuristic_stationary", "machine_speed", "load_run_profile", "position_traces", "predict", "predict_baseline", "predict_config",
-    "predict_prompts", "profiled_specs", "rank_configs", "relative_error", "replay", "resolve_draft", "run_drafts",
+    "predict_latency", "predict_prompts", "profiled_specs", "rank_configs", "relative_error", "replay", "resolve_draft", "run_drafts",
     "simulate_prompt", "spec_config", "split_specs", "tokens_per_cycle_per_position", "verify_time",
 ]  # fmt: skip

@@ -64,6 +64,8 @@ class RunProfile:
         engine_overhead_s: the hooked engine overhead per cycle (the fit's intercept, as measured).
         machine_probe_s: the machine probe's median seconds during the profile (None: a run profiled
             before the probe was recorded); see :func:`machine_speed`.
+        trace_prompts: the profiled prompt of each of ``model.traces`` (per-request latency replays
+            each prompt's own cycles); ``sampling_trace_prompts`` the same for ``model.sampling_traces``.
     """
 
     run: RunRecord
@@ -84,6 +86,8 @@ class RunProfile:
     ar_forward_s: float | None = None
     engine_overhead_s: float = 0.0
     machine_probe_s: float | None = None
+    trace_prompts: tuple[int | None, ...] = ()
+    sampling_trace_prompts: tuple[int | None, ...] = ()
 
     @property
     def is_ngram(self) -> bool:
@@ -294,7 +298,8 @@ def build_run_profile(
         sequence_overhead_s=max(trimmed_mean(sequence), 0.0) if sequence else 0.0,
         prompts=infos, prefill_target_s=times.prefill_target_s, prefill_draft_s=times.prefill_draft_s,
         positions=positions, after_rejection=tuple(c for tr in traces for c in tr.confidences[tr.num_accepted + 1:]),
-        max_new_tokens=max_new, machine_probe_s=t.probe(),
+        max_new_tokens=max_new, machine_probe_s=t.probe(), trace_prompts=tuple(tr.prompt_index for tr in traces),
+        sampling_trace_prompts=tuple(tr.prompt_index for tr in sampling_traces or ()),
     )
 
 

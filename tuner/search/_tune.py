@@ -81,7 +81,7 @@ def _search(db: Database, req: TuneRequest, storage_url: str, progress: Progress
     run = get_run(db, run_id)
     n_max = min(req.n_max, int(run.settings.get("n_max", N_LIMIT)))
     max_context = max(run.settings.get("prompt_tokens", [0]) or [0]) + req.max_new_tokens
-    memory = memory_model(db, run_id, max_context) if "memory" in req.objectives else None
+    memory = memory_model(db, run_id, max_context).bytes if "memory" in req.objectives else None
     evaluator = Evaluator(db, run_id, req.mode, memory)
     space = server_search_space(req.server, [d for d in req.drafts if d != NGRAM], n_max, NGRAM in req.drafts)
     if req.thresholds is not None and len(space.thresholds) > 1:

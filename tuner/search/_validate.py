@@ -28,6 +28,7 @@ from specdec_tune.profiler import (
     measure_configs,
 )
 from specdec_tune.tuner.model import (
+    LatencyPrediction,
     PromptSpec,
     RunPrediction,
     RunProfile,
@@ -35,6 +36,7 @@ from specdec_tune.tuner.model import (
     at_machine_speed,
     load_run_profile,
     machine_speed,
+    predict_latency,
     predict_prompts,
 )
 
@@ -50,12 +52,14 @@ class Validated:
         prediction: the model's prediction for exactly the measured prompts.
         config: the configuration (N = 0: plain decoding).
         in_sample: every measured prompt was one the profile ran (its traces were replayed).
+        latency: the predicted per-request TTFT and TPOT on the same prompts.
     """
 
     measurement: Measurement
     prediction: RunPrediction
     config: SpecConfig
     in_sample: bool = False
+    latency: LatencyPrediction | None = None
 
     @property
     def relative_error(self) -> float | None:
@@ -127,10 +131,12 @@ def measure_predicted(
     for m, (_, rp, config) in zip(measured, planned):
         # Rates predicted at the profile's machine speed, rescaled to the speed the probe saw during this
         # measurement (a busier or quieter machine); speedups are unchanged by it.
-        prediction = at_machine_speed(predict_prompts(rp, config, _prompt_specs(run, m)),
-                                      machine_speed(rp, m.machine_probe_s))
-        _store_prediction(db, m, prediction)
-        out.append(Validated(m, prediction, config, in_sample=m.in_sample))
+        speed = machine_speed(rp, m.machine_probe_s)
+        specs = _prompt_specs(run, m)
+        prediction = at_machine_speed(predict_prompts(rp, config, specs), speed)
+        latency = predict_latency(rp, config, specs).scaled(speed)
+        _store_prediction(db, m, prediction, latency)
+        out.append(Validated(m, prediction, config, in_sample=m.in_sample, latency=latency))
     return out
 
 
@@ -150,12 +156,13 @@ def _plan(db: Database, run: RunRecord, draft: str | None, config: SpecConfig,
     return plain, rp, config
 
 
-def _store_prediction(db: Database, m: Measurement, prediction: RunPrediction) -> None:
+def _store_prediction(db: Database, m: Measurement, prediction: RunPrediction, latency: LatencyPrediction) -> None:
     """The prediction beside its measurement, with whether it lies inside the measured 95% CI."""
     if m.measured_id is None:
         return
     set_prediction(db, m.measured_id, predicted_tokens_per_s=prediction.tokens_per_s,
                    predicted_tau=prediction.expected_tokens_per_cycle,
+                   predicted={"predicted_tpot_p50_s": latency.tpot(0.5), "predicted_tpot_p90_s": latency.tpot(0.9)},
                    extra={"prediction_source": prediction.source, "prediction_in_sample": prediction.in_sample,
                           "prediction_machine_speed": prediction.machine_speed,
                           "prediction_inside_ci": None if m.ci95 is None else
