@@ -24,6 +24,7 @@ from specdec_tune.latency import LatencySamples, RequestLatency, latency_summary
 from specdec_tune.profiler.describe import tokenizer_hash
 from specdec_tune.profiler.energy import EnergyMeter, EnergySamples, open_energy_meter, operator_columns
 from specdec_tune.profiler.machine_probe import MachineProbe
+from specdec_tune.profiler.memory import peak_for_run
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
 from specdec_tune.profiler.settings import Progress
 from specdec_tune.profiler.threads import ThreadChoice, apply_threads, choose_threads
@@ -85,6 +86,7 @@ class Measurement:
     latency: LatencySamples | None = None  # when every request's tokens arrived (TTFT, TPOT, gaps)
     energy: EnergySamples | None = None  # NVML joules per pass (None: no GPU energy counter)
     gpu_price: float | None = None  # --gpu-price, dollars per hour
+    peak_memory: Any = None  # profiler.memory.PeakMemory (measure --memory), in a fresh process
 
     @property
     def latency_summary(self) -> dict | None:
@@ -182,6 +184,7 @@ def measure_configs(
     progress: Progress | None = None,
     threads: int | None = None,
     gpu_price: float | None = None,
+    peak_memory: bool = False,
 ) -> list[Measurement]:
     """Measure several configurations of one run, interleaved, and store each measurement.
 
@@ -205,6 +208,8 @@ def measure_configs(
         threads: intra-op threads (None: the profile's count, lowered to the CPUs idle now;
             :mod:`profiler.threads`).
         gpu_price: dollars per hour of the device, stored with each measurement as $ per million tokens.
+        peak_memory: also measure each configuration's own peak memory, one decode of the first prompt in
+            a fresh process (:mod:`profiler.memory`).
 
     Each measurement also keeps when every request's tokens arrived (TTFT, TPOT and inter-token gaps,
     :mod:`specdec_tune.latency`) and, on a GPU with NVML, the joules of each of its passes.
@@ -236,8 +241,14 @@ def measure_configs(
     profiled = set(settings.get("prompt_ids", []))
     flags = [pid in profiled for pid in wanted]
     lengths = [int(x.shape[0]) for x in ids]
-    return [_store(db, run_id, case, _Context(temperature, repeats, split, wanted, flags, lengths, choice, gpu_price))
-            for case in cases]
+    peaks = [peak_for_run(run, _source(case), 0 if case.config.is_plain else case.config.num_speculative_tokens,
+                          prompts[0].prompt, max_new, choice.threads) if peak_memory else None for case in cases]
+    return [_store(db, run_id, case, _Context(temperature, repeats, split, wanted, flags, lengths, choice, gpu_price),
+                   peak) for case, peak in zip(cases, peaks)]
+
+
+def _source(case: _Case) -> str:
+    return case.spec.model.source if case.spec.model is not None else case.spec.kind
 
 
 def _check(run, items: list[MeasureSpec], repeats: int, temperature: float) -> None:
@@ -354,8 +365,12 @@ def _measurement(run_id: int, case: _Case, ctx: _Context) -> Measurement:
     )
 
 
-def _store(db: Database, run_id: int, case: _Case, ctx: _Context) -> Measurement:
+def _store(db: Database, run_id: int, case: _Case, ctx: _Context, peak=None) -> Measurement:
     result = _measurement(run_id, case, ctx)
+    result.peak_memory = peak
+    operator = operator_columns(result.latency, result.energy, result.gpu_price, result.tokens_per_s)
+    if peak is not None:
+        operator["peak_memory_bytes"] = peak.bytes
     config = case.config
     n = 0 if config.is_plain else config.num_speculative_tokens
     result.measured_id = add_measured_run(
@@ -373,6 +388,6 @@ def _store(db: Database, run_id: int, case: _Case, ctx: _Context) -> Measurement
                 "probe_seconds": list(case.probes)},
         measured_tokens_per_s=result.tokens_per_s, seconds=result.seconds, new_tokens=result.new_tokens,
         measured_tau=result.mean_tokens_per_cycle, ci=result.ci95, samples=result.samples.to_json(),
-        operator=operator_columns(result.latency, result.energy, result.gpu_price, result.tokens_per_s),
+        operator=operator,
     )
     return result

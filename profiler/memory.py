@@ -81,6 +81,16 @@ def measure_peak_memory(target: str, draft: str | None, num_speculative_tokens: 
     return PeakMemory(**json.loads(lines[-1]))
 
 
+def peak_for_run(run, draft: str, num_speculative_tokens: int, prompt: str, max_new_tokens: int,
+                 threads: int) -> PeakMemory:
+    """:func:`measure_peak_memory` of one configuration of a profile run, loaded as the run loaded it."""
+    s = run.settings
+    return measure_peak_memory(run.target.extra.get("source") or run.target.name,
+                               "none" if num_speculative_tokens == 0 else draft, num_speculative_tokens, prompt,
+                               max_new_tokens=max_new_tokens, device=s.get("device", "auto"),
+                               dtype=s.get("dtype", "auto"), forward=s.get("forward", "auto"), threads=threads)
+
+
 # --------------------------------------------------------------------------- the probe (a fresh process)
 
 

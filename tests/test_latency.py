@@ -194,3 +194,26 @@ def test_no_energy_meter_without_a_gpu_or_nvml(monkeypatch):
     from specdec_tune.profiler.energy import open_energy_meter
 
     assert open_energy_meter("cpu") is None
+
+
+def test_dashboard_shows_energy_only_where_it_was_measured():
+    import datetime as dt
+
+    from specdec_tune.dashboard.operator import operator_info
+    from specdec_tune.db import MeasuredRecord
+
+    def rec(i: int, joules: float | None) -> MeasuredRecord:
+        return MeasuredRecord(
+            id=i, run_id=1, draft="d", config={"num_speculative_tokens": 3, "split": "holdout"},
+            measured_tokens_per_s=100.0, predicted_tokens_per_s=None, measured_tau=2.0, predicted_tau=None, seconds=1.0,
+            new_tokens=100, created_at=dt.datetime.now(dt.timezone.utc), ci_low=90.0, ci_high=110.0,
+            tpot_p50_s=0.01, tpot_p90_s=0.012, tpot_p99_s=0.02, ttft_p50_s=0.1,
+            latency={"summary": {"tpot_s": {"p50": {"value": 0.01, "ci": [0.009, 0.011]}}, "mean_burst": 2.5}},
+            joules_per_token=joules, energy=None if joules is None else {"joules_per_token_ci": [0.4, 0.6]},
+            gpu_price_usd_per_hour=3.6, usd_per_million_tokens=10.0)
+
+    cpu = operator_info([rec(1, None)])
+    assert not cpu.has_energy and cpu.has_cost and cpu.rows[0].tpot_p50_ci == (0.009, 0.011)
+    assert cpu.rows[0].usd_ci == pytest.approx((3.6 / 3600 / 110 * 1e6, 3.6 / 3600 / 90 * 1e6))
+    gpu = operator_info([rec(1, None), rec(2, 0.5)])
+    assert gpu.has_energy and gpu.rows[1].joules_per_token_ci == (0.4, 0.6) and gpu.rows[0].joules_per_token is None

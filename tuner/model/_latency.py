@@ -116,8 +116,15 @@ def _prompt_model(rp: RunProfile, i: int):
 
 
 def _replayed(rp: RunProfile, config: SpecConfig, i: int) -> _Request:
-    """Prompt ``i``'s own cycles replayed i.i.d. (n-gram lookup, sampling)."""
-    p = predict(_prompt_model(rp, i), config)
+    """Prompt ``i``'s own cycles replayed i.i.d. (n-gram lookup, sampling). Where the prompt's longest
+    recorded draft is shorter than N (lookup found no longer match), N is cut to it: the replay of a
+    longer N would cut there anyway."""
+    model = _prompt_model(rp, i)
+    traces = model.sampling_traces if config.mode == "sampling" and model.sampling_traces else model.traces
+    longest = max((len(t.confidences) for t in traces), default=0)
+    if 0 < longest < config.num_speculative_tokens:
+        config = replace(config, num_speculative_tokens=longest)
+    p = predict(model, config)
     n_tokens = rp.prompts[i].new_tokens
     cycles = max(n_tokens / p.expected_tokens_per_cycle, 1.0)
     return _Request(p.cycle_time_s, (cycles - 1.0) * p.cycle_time_s / max(n_tokens - 1, 1), n_tokens)

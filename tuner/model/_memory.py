@@ -5,8 +5,10 @@
 
 - **weights** W: parameters × bytes per element of the dtype they are held in;
 - **packed copies**: our lean forward on a CPU in float32 repacks the linear weights (every layer's
-  projections and the LM head) once into oneDNN's blocked layout for multi-token forwards (verify,
-  prefill) and keeps that second copy (``engine/lean.py``); 0 elsewhere;
+  projections and the LM head) once into oneDNN's blocked layout at its first forward of 2 to 128
+  tokens and keeps that second copy (``engine/lean.py``); 0 elsewhere. A speculating target verifies
+  L + 1 ≥ 2 positions, and a draft model catches up 2 tokens after a fully accepted cycle, so both
+  pack; plain decoding packs only when its prompt's prefill has 2 to 128 tokens (steps are 1 token);
 - **KV caches**: 2 (K and V) × layers × KV heads × head dim × bytes per element, per position and
   sequence, for the target *and* the draft (a draft model keeps its own cache; n-gram lookup none).
   Our engine preallocates ``ctx + N + 2`` positions per cache when speculating (``ctx + 1`` for
@@ -42,12 +44,17 @@ class ModelMemory:
         weight_bytes: its parameters.
         kv_bytes_per_token: K and V of every layer for one position of one sequence.
         packed_bytes: the lean forward's blocked copy of its linear weights (0 where not packed).
+        packed_widths: forwards of this many tokens (inclusive range) make that copy.
     """
 
     name: str
     weight_bytes: float
     kv_bytes_per_token: float
     packed_bytes: float = 0.0
+    packed_widths: tuple[int, int] = (2, 128)
+
+    def packs(self, width: int) -> bool:
+        return self.packed_bytes > 0 and self.packed_widths[0] <= width <= self.packed_widths[1]
 
 
 @dataclass(frozen=True)
@@ -95,16 +102,19 @@ class MemoryModel:
             raise InputError(f"no memory facts for draft {c.drafter!r}; known: {', '.join(self.drafts) or 'none'}")
         return self.drafts[c.drafter]
 
-    def breakdown(self, c: Candidate, batch_size: int = 1, context: int | None = None) -> MemoryBreakdown:
-        """The bytes of ``c`` serving ``batch_size`` sequences of ``context`` tokens (default: the run's)."""
+    def breakdown(self, c: Candidate, batch_size: int = 1, context: int | None = None,
+                  prompt_tokens: int | None = None) -> MemoryBreakdown:
+        """The bytes of ``c`` serving ``batch_size`` sequences of ``context`` tokens (default: the run's);
+        ``prompt_tokens`` decides whether plain decoding's prefill packs the target (None: it does)."""
         if batch_size < 1:
             raise InputError(f"batch size must be >= 1, got {batch_size}")
         ctx = self.context if context is None else int(context)
         positions = ctx + 1 if c.is_plain else ctx + c.num_speculative_tokens + 2
         d = self._draft(c)
+        target_packs = not c.is_plain or prompt_tokens is None or self.target.packs(prompt_tokens)
         return MemoryBreakdown(
             target_weights=self.target.weight_bytes, draft_weights=d.weight_bytes if d else 0.0,
-            packed=self.target.packed_bytes + (d.packed_bytes if d else 0.0),
+            packed=(self.target.packed_bytes if target_packs else 0.0) + (d.packed_bytes if d else 0.0),
             target_kv=batch_size * positions * self.target.kv_bytes_per_token,
             draft_kv=batch_size * positions * d.kv_bytes_per_token if d else 0.0,
             graph_pools=self.graph_pool_bytes)

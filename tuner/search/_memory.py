@@ -11,6 +11,7 @@ from specdec_tune.tuner.model import NGRAM, MemoryModel, ModelMemory
 
 _WIDTH = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 PACK_MAX_BYTES = 1 << 30  # engine/lean.py: a larger model keeps no packed copy
+PACKED_WIDTHS = (2, 128)  # engine/lean.py PACKED_MIN_TOKENS, PACKED_MAX_TOKENS: forwards that use (and make) it
 
 
 def _config(record: Any) -> Any:
@@ -26,9 +27,11 @@ def _config(record: Any) -> Any:
 def model_memory(record: Any, *, device: str, forward: str) -> ModelMemory:
     """One stored model's memory facts (docs/architecture.md, The throughput model; ``tuner.model._memory``).
 
-    The packed copy: the lean forward on a CPU in float32 packs every layer's q/k/v/o and gate/up/down
-    projections and the LM head once (engine/lean.py, ``_packed_weights``; a oneDNN blocked weight
-    holds exactly the dense bytes, ``torch.ops.mkldnn._nbytes``), for models up to 1 GiB.
+    The packed copy: the lean forward on a CPU in float32 packs every layer's q/k/v (one product),
+    o, gate/up (one product) and down projections and the LM head once (engine/lean.py,
+    ``_packed_weights``), for models up to 1 GiB. A oneDNN blocked weight pads its output features to a
+    multiple of 64 (``torch.ops.mkldnn._nbytes``, torch 2.13 on this project's x86-64 CPUs; other ISAs may
+    block differently); widths that are multiples of 64, as real models have, pack to exactly their bytes.
     """
     cfg = _config(record)
     width = _WIDTH.get(str(record.dtype), 4)
@@ -40,9 +43,15 @@ def model_memory(record: Any, *, device: str, forward: str) -> ModelMemory:
     packed = 0.0
     if device == "cpu" and width == 4 and forward == "lean" and weights <= PACK_MAX_BYTES:
         hidden, inter = int(cfg.hidden_size), int(cfg.intermediate_size)
-        attention = hidden * (heads * head_dim) * 2 + hidden * (kv_heads * head_dim) * 2  # q, o; k, v
-        packed = float(width * (layers * (attention + 3 * hidden * inter) + int(cfg.vocab_size) * hidden))
-    return ModelMemory(record.name, weights, float(2 * layers * kv_heads * head_dim * width), packed)
+        q, kv = heads * head_dim, kv_heads * head_dim
+        per_layer = _padded(q + 2 * kv) * hidden + _padded(hidden) * q + _padded(2 * inter) * hidden \
+            + _padded(hidden) * inter  # qkv, o, gate/up, down: [out, in]
+        packed = float(width * (layers * per_layer + _padded(int(cfg.vocab_size)) * hidden))
+    return ModelMemory(record.name, weights, float(2 * layers * kv_heads * head_dim * width), packed, PACKED_WIDTHS)
+
+
+def _padded(rows: int) -> int:
+    return -(-rows // 64) * 64
 
 
 def memory_model(db: Database, run_id: int, max_context: int, graph_pool_bytes: float = 0.0) -> MemoryModel:

@@ -28,7 +28,9 @@ from specdec_tune.profiler import (
     measure_configs,
 )
 from specdec_tune.tuner.model import (
+    Candidate,
     LatencyPrediction,
+    MemoryBreakdown,
     PromptSpec,
     RunPrediction,
     RunProfile,
@@ -53,6 +55,7 @@ class Validated:
         config: the configuration (N = 0: plain decoding).
         in_sample: every measured prompt was one the profile ran (its traces were replayed).
         latency: the predicted per-request TTFT and TPOT on the same prompts.
+        memory: the predicted memory of the configuration (with ``peak_memory``).
     """
 
     measurement: Measurement
@@ -60,6 +63,7 @@ class Validated:
     config: SpecConfig
     in_sample: bool = False
     latency: LatencyPrediction | None = None
+    memory: MemoryBreakdown | None = None  # predicted, where the peak was measured (``peak_memory``)
 
     @property
     def relative_error(self) -> float | None:
@@ -91,6 +95,8 @@ def measure_predicted(
     seed: int = 0,
     progress: Progress | None = None,
     threads: int | None = None,
+    gpu_price: float | None = None,
+    peak_memory: bool = False,
 ) -> list[Validated]:
     """Predict, then measure (interleaved), each ``(draft, config)`` of run ``run_id``; store both.
 
@@ -108,6 +114,8 @@ def measure_predicted(
         seed: sampling seed.
         progress: progress sink.
         threads: intra-op threads (None: the profile's, lowered to the CPUs idle now).
+        gpu_price: dollars per hour of the device (stored as $ per million tokens).
+        peak_memory: measure each configuration's peak memory in a fresh process, next to its prediction.
 
     Raises:
         NotFoundError: unknown run or draft.
@@ -126,8 +134,10 @@ def measure_predicted(
     specs = [MeasureSpec(PLAIN if plain else rp.draft, c.num_speculative_tokens, c.threshold, c.schedule,
                          c.threshold_rule) for plain, rp, c in planned]
     measured = measure_configs(db, run_id, specs, split=split, temperature=temperature, max_prompts=max_prompts,
-                               repeats=repeats, seed=seed, progress=progress, threads=threads)
+                               repeats=repeats, seed=seed, progress=progress, threads=threads, gpu_price=gpu_price,
+                               peak_memory=peak_memory)
     out = []
+    mm = _memory(db, run, measured) if peak_memory else None
     for m, (_, rp, config) in zip(measured, planned):
         # Rates predicted at the profile's machine speed, rescaled to the speed the probe saw during this
         # measurement (a busier or quieter machine); speedups are unchanged by it.
@@ -135,9 +145,21 @@ def measure_predicted(
         specs = _prompt_specs(run, m)
         prediction = at_machine_speed(predict_prompts(rp, config, specs), speed)
         latency = predict_latency(rp, config, specs).scaled(speed)
-        _store_prediction(db, m, prediction, latency)
-        out.append(Validated(m, prediction, config, in_sample=m.in_sample, latency=latency))
+        memory = None
+        if mm is not None and m.peak_memory is not None:
+            c = Candidate("none" if config.num_speculative_tokens == 0 else m.draft, config.num_speculative_tokens)
+            memory = mm.breakdown(c, 1, m.peak_memory.prompt_tokens + m.peak_memory.new_tokens,
+                                  m.peak_memory.prompt_tokens)
+        _store_prediction(db, m, prediction, latency, memory)
+        out.append(Validated(m, prediction, config, in_sample=m.in_sample, latency=latency, memory=memory))
     return out
+
+
+def _memory(db: Database, run: RunRecord, measured: list[Measurement]):
+    from specdec_tune.tuner.search._memory import memory_model
+
+    return memory_model(db, run.id, max(m.peak_memory.prompt_tokens + m.peak_memory.new_tokens
+                                        for m in measured if m.peak_memory is not None))
 
 
 def _plan(db: Database, run: RunRecord, draft: str | None, config: SpecConfig,
@@ -156,13 +178,15 @@ def _plan(db: Database, run: RunRecord, draft: str | None, config: SpecConfig,
     return plain, rp, config
 
 
-def _store_prediction(db: Database, m: Measurement, prediction: RunPrediction, latency: LatencyPrediction) -> None:
+def _store_prediction(db: Database, m: Measurement, prediction: RunPrediction, latency: LatencyPrediction,
+                      memory: MemoryBreakdown | None = None) -> None:
     """The prediction beside its measurement, with whether it lies inside the measured 95% CI."""
     if m.measured_id is None:
         return
     set_prediction(db, m.measured_id, predicted_tokens_per_s=prediction.tokens_per_s,
                    predicted_tau=prediction.expected_tokens_per_cycle,
-                   predicted={"predicted_tpot_p50_s": latency.tpot(0.5), "predicted_tpot_p90_s": latency.tpot(0.9)},
+                   predicted={"predicted_tpot_p50_s": latency.tpot(0.5), "predicted_tpot_p90_s": latency.tpot(0.9),
+                              "predicted_memory_bytes": None if memory is None else memory.total},
                    extra={"prediction_source": prediction.source, "prediction_in_sample": prediction.in_sample,
                           "prediction_machine_speed": prediction.machine_speed,
                           "prediction_inside_ci": None if m.ci95 is None else
