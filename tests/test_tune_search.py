@@ -14,6 +14,7 @@ from specdec_tune.db import default_storage_url, open_database
 from specdec_tune.errors import InputError, StorageError
 from specdec_tune.tuner.model import Candidate, Evaluator
 from specdec_tune.tuner.search import (
+    best_per_server,
     brute_force,
     check_storage,
     open_storage,
@@ -84,6 +85,48 @@ def test_tpe_search_caches_duplicates_and_gets_close(profile_db, tmp_path):
     assert ev.predictions == len(distinct)  # a point proposed twice was predicted once
     best = brute_force(ev, space)[0].predicted_tokens_per_s
     assert out.ranked[0].predicted_tokens_per_s >= 0.95 * best
+
+
+class _Landscape(Evaluator):
+    """Synthetic predictions (no profile): speculation pays most at N = 5, more with θ and the heuristic
+    schedule, so the whole space's optimum is one that vLLM cannot run and vLLM's best is one point of many."""
+
+    def __init__(self) -> None:
+        self.cache, self.memory, self.mode, self.predictions = {}, None, "greedy", 0
+
+    def score(self, c):
+        from specdec_tune.tuner.model import Scored
+
+        if c not in self.cache:
+            self.predictions += 1
+            tps = 90.0 if c.is_plain else (95.0 - c.num_speculative_tokens if c.is_ngram else
+                                           100 + 10 * (1 - abs(c.num_speculative_tokens - 5) / 5)
+                                           + 15 * c.threshold * (c.schedule == "heuristic"))
+            self.cache[c] = Scored(c, tps, tps / 90.0, 2.0, "synthetic")
+        return self.cache[c]
+
+
+def test_each_servers_best_is_found_where_the_main_study_never_sampled(tmp_path):
+    """A short TPE study over the whole space samples a few points; each server's best inside its own space
+    is still the model's optimum there (every point of the server's space predicted), though the study
+    never visited it, so the confirmation measures it."""
+    ev = _Landscape()
+    space = server_search_space("any", ["d"], 16, True)
+    out = run_search(ev, space, storage=_storage(tmp_path), study_name="short", trials=3)
+    visited = {s.candidate for s in out.ranked}
+    bests = best_per_server(ev, ["d"], 16, True)
+    assert set(bests) == set(SERVERS)
+    for server, best in bests.items():
+        exhaustive = brute_force(_Landscape(), server_search_space(server, ["d"], 16, True))
+        assert best.candidate == exhaustive[0].candidate and unsupported(server, best.candidate) is None
+    assert bests["vllm"].candidate == Candidate("d", 5) and Candidate("d", 5) not in visited  # never sampled ...
+    # ... so reading the server's best off the study's trials (a plausible shortcut) would miss it
+    from_study = [s for s in out.ranked if unsupported("vllm", s.candidate) is None]
+    assert not from_study or from_study[0].predicted_tokens_per_s < bests["vllm"].predicted_tokens_per_s
+    # a θ grid given to tune (benchmarks) restricts the servers that have θ, and only them
+    grid = best_per_server(ev, ["d"], 16, True, ("llamacpp", "hf", "vllm"), thresholds=(0.0, 0.5))
+    assert grid["hf"].candidate == Candidate("d", 5, 0.5, "hf", "heuristic") and grid["vllm"] == bests["vllm"]
+    assert bests["hf"].candidate == Candidate("d", 5, 0.95, "hf", "heuristic")
 
 
 @pytest.mark.parametrize("server", SERVERS)

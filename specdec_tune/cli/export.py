@@ -77,7 +77,7 @@ def export(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (paths per format)."),
 ) -> None:
     """Export the tuned configuration for vLLM, SGLang, TensorRT-LLM, llama.cpp or HF transformers."""
-    from specdec_tune.tuner.servers import resolve_formats, write_exports
+    from specdec_tune.tuner.servers import resolve_formats, ship_all, write_exports
 
     if (study is None) == (run is None):
         raise InputError("give exactly one of --study NAME or --run ID")
@@ -97,10 +97,14 @@ def export(
         with open_database(db) as database:
             result = result_from_run(database, run, config)
     written = written_or_refused(lambda: write_exports(result, formats, out), out)
+    shipped, _ = ship_all(result, formats)
+    carries = {f: s.result.candidate.label() for f, s in shipped.items()}
     if json_out:
-        print_json({"config": result.candidate.label(), "exports": {k: [str(p) for p in v] for k, v in written.items()}})
+        print_json({"config": result.candidate.label(), "carries": carries,
+                    "exports": {k: [str(p) for p in v] for k, v in written.items()}})
         return
     typer.echo(f"exported {result.candidate.label()} ({'study ' + study if study else f'run {run}'}):")
     for name, paths in written.items():
         for p in paths:
-            typer.echo(f"  {name}: {p}")
+            typer.echo(f"  {name}: {p}" + (f" ({carries[name]})" if carries.get(name, result.candidate.label())
+                                           != result.candidate.label() else ""))

@@ -104,16 +104,8 @@ def _print(console: Console, report) -> None:
                       _fmt_ci(row["measured_ci"]), "–" if speedup is None else f"{speedup:.2f}×",
                       _rate(row["predicted_tokens_per_s"]), ", ".join(row["servers"]))
     console.print(table)
-    if len(r.best_per_server) > 1:
-        table = Table(title="best inside each server's space (predicted; measured where it was)", title_justify="left")
-        for col in ("server", "configuration", "predicted tokens/s", "measured tokens/s"):
-            table.add_column(col)
-        from specdec_tune.tuner.model import Candidate
-
-        for srv, d in r.best_per_server.items():
-            table.add_row(srv, Candidate.from_dict(d).label(), _rate(d["predicted_tokens_per_s"]),
-                          _rate(d.get("measured_tokens_per_s")))
-        console.print(table)
+    if r.best_per_server:
+        _print_servers(console, r)
     if len(report.pareto) > 1:
         console.print("Pareto front (predicted tokens/s vs memory speculation adds): " + "; ".join(
             f"{p['label']}: {p['predicted_tokens_per_s']:.1f} tokens/s, {p['memory_bytes'] / 2**20:.1f} MiB"
@@ -126,6 +118,27 @@ def _print(console: Console, report) -> None:
     for path in report.exports:
         console.print(f"exported: {path}", highlight=False)
     console.print(f"throughput is {THROUGHPUT_NOTE}", highlight=False)
+
+
+def _print_servers(console: Console, r) -> None:
+    """Each server's measured pick and what its file carries (the decision and why)."""
+    from specdec_tune.tuner.model import decisions
+
+    decided = decisions(r)
+    table = Table(title="each server: its best measured inside its space, held out against plain decoding "
+                        "(interleaved); the file carries it when the CI's lower bound is >= 1",
+                  title_justify="left")
+    for col in ("server", "configuration", "predicted tokens/s", "measured tokens/s", "speedup (measured, 95% CI)",
+                "file carries"):
+        table.add_column(col)
+    for srv, d in decided.items():
+        speedup = "–" if d.speedup is None else f"{d.speedup:.2f}× {_fmt_ci(d.speedup_ci)}"
+        table.add_row(srv, d.candidate.label(), _rate(d.predicted_tokens_per_s), _rate(d.measured_tokens_per_s),
+                      speedup, d.shipped.label())
+    console.print(table)
+    for srv, d in decided.items():
+        if not d.speculates and not d.candidate.is_plain:
+            console.print(f"note: {srv} carries plain decoding: {d.reason}", highlight=False)
 
 
 def _print_server(console: Console, sr: dict) -> None:

@@ -4,12 +4,14 @@ Public names only; the modules behind them are private (``_throughput``: the ana
 ``_replay``: trace replay, ``_greedy_sim``: exact greedy simulation, ``_calibration``: in-loop
 calibration, ``_profile`` and ``_load``: profile assembly, ``_predict`` and ``_prefill``: end-to-end
 predictions, ``_grid``: the N × θ ranking, ``_configs``: the
-configuration records every room exchanges, ``_evaluator``: cached predictions of candidates).
+configuration records every room exchanges, ``_decision``: what each server's file carries and the
+measured evidence behind it, ``_evaluator``: cached predictions of candidates).
 """
 from __future__ import annotations
 
 from specdec_tune.tuner.model._calibration import OverheadFit, fit_overhead
 from specdec_tune.tuner.model._configs import NGRAM, NONE, THRESHOLD_RULES, Candidate, TuningResult, spec_config
+from specdec_tune.tuner.model._decision import MIN_LOWER, ServerDecision, decide, decisions
 from specdec_tune.tuner.model._evaluator import Evaluator, Scored
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, simulate_prompt
 from specdec_tune.tuner.model._grid import THRESHOLD_GRID, best_configs
@@ -26,11 +28,11 @@ from specdec_tune.tuner.model._throughput import closed_form_tokens_per_cycle, d
 from specdec_tune.tuner.model._throughput import relative_error, tokens_per_cycle_per_position, verify_time
 
 __all__ = [
-    "NGRAM", "NONE", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator", "GIB", "LatencyPrediction", "MemoryBreakdown", "MemoryModel", "ModelMemory",
-    "ModelProfile", "OverheadFit",
+    "GIB", "MIN_LOWER", "NGRAM", "NONE", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator",
+    "LatencyPrediction", "MemoryBreakdown", "MemoryModel", "ModelMemory", "ModelProfile", "OverheadFit",
     "PositionTrace", "Prediction", "PromptInfo", "PromptSpec", "ReplayStats", "RunPrediction", "RunProfile", "Scored",
-    "SpecConfig", "Trace", "TuningResult", "alphas_from_traces", "at_machine_speed", "baseline_tokens_per_s", "best_configs",
-    "best_n_per_batch_size", "build_run_profile", "closed_form_tokens_per_cycle", "draft_step_time", "fit_overhead",
+    "ServerDecision", "SpecConfig", "Trace", "TuningResult", "alphas_from_traces", "at_machine_speed", "baseline_tokens_per_s", "best_configs",
+    "best_n_per_batch_size", "build_run_profile", "closed_form_tokens_per_cycle", "decide", "decisions", "draft_step_time", "fit_overhead",
     "heuristic_stationary", "machine_speed", "load_run_profile", "position_traces", "predict", "predict_baseline", "predict_config",
     "predict_latency", "predict_prompts", "profiled_specs", "rank_configs", "relative_error", "replay", "resolve_draft", "run_drafts",
     "simulate_prompt", "spec_config", "split_specs", "tokens_per_cycle_per_position", "verify_time",

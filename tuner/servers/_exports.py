@@ -3,12 +3,15 @@
 One builder per format turns a :class:`TuningResult` into files: it asks the capability table
 (:mod:`._table`) whether the server can run the configuration, fills the server's
 schema (:mod:`._schemas`, pydantic, ``extra="forbid"``) and renders text.
-Everything is built and validated first; only then is anything written, so a refusal or a schema
-violation leaves ``out_dir`` untouched.
+Which configuration each format's files carry (the tuner's measured decision for that server, plain
+decoding when its held-out CI reaches below 1) is decided in :mod:`._ship`; the README renders the
+same :class:`Shipped` records the files are built from. Everything is built and validated first; only
+then is anything written, so a refusal or a schema violation leaves ``out_dir`` untouched.
 
 Per-batch-size N (``TuningResult.per_batch_size``, the model's best N at each batch size asked) becomes
 a step function: batch size B_i's N holds from B_i up to the next batch size asked minus one; batch
-size 1 always takes the winner's N (measured, where the model's choice at B=1 is a prediction). vLLM
+size 1 always takes the configuration's own N (measured, where the model's choice at B=1 is a
+prediction; :func:`schedule_points`). vLLM
 gets it as inclusive ranges ``[[1, hi, K], ...]``; TensorRT-LLM as ``{hi: K}`` (upper-bound keys).
 Above the largest batch size asked vLLM keeps the last K and TensorRT-LLM uses 0 (each server's rule).
 """
@@ -26,14 +29,14 @@ from pydantic import ValidationError
 from specdec_tune.errors import InputError
 from specdec_tune.tuner.model import Candidate, TuningResult
 from specdec_tune.tuner.servers import _schemas as sch
+from specdec_tune.tuner.servers._ship import Files, Shipped, carried, server_best
 from specdec_tune.tuner.servers._table import SERVERS, expressible, server_space
 
 FORMATS = tuple(SERVERS)  # one file format per server of the capability table
 ALL = "all"
-Files = list[tuple[str, str]]  # (relative path, text)
 
-__all__ = ["ALL", "FORMATS", "batch_ranges", "build_exports", "model_path", "render_exports", "resolve_formats", "server_best",
-           "vllm_config", "write_exports"]
+__all__ = ["ALL", "FORMATS", "Shipped", "batch_ranges", "build_exports", "model_path", "render_exports",
+           "resolve_formats", "schedule_points", "server_best", "ship", "ship_all", "vllm_config", "write_exports"]
 
 
 def resolve_formats(formats: Sequence[str]) -> tuple[list[str], bool]:
@@ -66,15 +69,23 @@ def model_path(name: str | None) -> str | None:
     return model_source(name)
 
 
+def schedule_points(result: TuningResult) -> dict[int, int]:
+    """Batch size -> N as the files mean it: the result's per-batch-size N with batch size 1 taking the
+    configuration's own N (the measured one; the model's choice at B = 1 is a prediction). Empty for
+    plain decoding or without a per-batch-size N."""
+    c = result.candidate
+    if c.is_plain or not result.per_batch_size:
+        return {}
+    points = {int(b): int(n) for b, n in result.per_batch_size.items() if int(b) >= 1}
+    points[1] = c.num_speculative_tokens
+    return dict(sorted(points.items()))
+
+
 def batch_ranges(result: TuningResult) -> list[tuple[int, int, int]] | None:
     """Contiguous inclusive ranges ``(lo, hi, N)`` from batch size 1 to the largest asked, or ``None``
     when N does not vary (a constant N needs no schedule)."""
-    c = result.candidate
-    if c.is_plain or not result.per_batch_size:
-        return None
-    points = {int(b): int(n) for b, n in result.per_batch_size.items() if int(b) >= 1}
-    points[1] = c.num_speculative_tokens
-    keys = sorted(points)
+    points = schedule_points(result)
+    keys = list(points)
     ranges: list[list[int]] = []
     for i, b in enumerate(keys):
         hi = keys[i + 1] - 1 if i + 1 < len(keys) else b
@@ -82,7 +93,7 @@ def batch_ranges(result: TuningResult) -> list[tuple[int, int, int]] | None:
             ranges[-1][1] = hi
         else:
             ranges.append([b, hi, points[b]])
-    return None if len(ranges) == 1 else [(lo, hi, n) for lo, hi, n in ranges]
+    return None if len(ranges) <= 1 else [(lo, hi, n) for lo, hi, n in ranges]
 
 
 def _refuse(fmt: str, c: Candidate) -> None:
@@ -235,55 +246,50 @@ def _hf(result: TuningResult) -> Files:
 BUILDERS = {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm, "llamacpp": _llamacpp, "hf": _hf}
 
 
-def server_best(result: TuningResult, fmt: str) -> TuningResult | None:
-    """The best configuration inside ``fmt``'s space (``result.best_per_server``) as a result of its own,
-    or ``None`` when the tuner recorded none. Its numbers are its own: measured only when the tuner
-    measured it (on the tuning prompts), otherwise predicted; its schedule is its own per-batch-size N."""
-    entry = result.best_per_server.get(fmt)
-    if not entry:
-        return None
-    c = Candidate.from_dict(entry)
-    if c == result.candidate:
-        return None
-    return replace(result, candidate=c, server=fmt, draft_path=None if c.drafter != result.candidate.drafter
-                   else result.draft_path, per_batch_size={int(b): int(n) for b, n in
-                                                           (entry.get("per_batch_size") or {}).items()},
-                   measured_tokens_per_s=entry.get("measured_tokens_per_s"),
-                   predicted_tokens_per_s=entry.get("predicted_tokens_per_s"), speedup=None, speedup_ci=None,
-                   heldout=False)
+def ship(result: TuningResult, fmt: str, every: bool = True) -> Shipped:
+    """What ``fmt``'s files carry (:func:`~._ship.carried`), built.
+
+    Raises:
+        InputError: the server cannot express the configuration (and nothing else was recorded), or
+            a schema violation.
+    """
+    s = carried(result, fmt, every)
+    return replace(s, files=BUILDERS[fmt](s.result))
 
 
-def build_exports(result: TuningResult, formats: Sequence[str]) -> tuple[dict[str, Files], dict[str, str], dict[str, str]]:
-    """Build (not write) every format: ``(files per format, refusal per skipped format, substitution
-    note per format that got its own server's best instead of the winner)``.
+def ship_all(result: TuningResult, formats: Sequence[str]) -> tuple[dict[str, Shipped], dict[str, str]]:
+    """:func:`ship` every format asked: ``(shipped per format, refusal per skipped format)``.
 
-    Named formats must all succeed. With ``all``, a server that cannot express the winner gets the best
-    configuration inside its own space (``result.best_per_server``, as ``tune --server any`` records it)
-    and the note says so; without such a record the format is skipped and its reason returned.
+    Named formats must all succeed; with ``all`` a format that cannot be written is skipped and its
+    reason returned.
+
+    Raises:
+        InputError: an unknown format, or a named format that cannot be written.
+    """
+    fmts, every = resolve_formats(formats)
+    shipped: dict[str, Shipped] = {}
+    skipped: dict[str, str] = {}
+    for f in fmts:
+        try:
+            shipped[f] = ship(result, f, every)
+        except InputError as exc:
+            if not every:
+                raise
+            skipped[f] = str(exc)
+    return shipped, skipped
+
+
+def build_exports(result: TuningResult,
+                  formats: Sequence[str]) -> tuple[dict[str, Files], dict[str, str], dict[str, str]]:
+    """Build (not write) every format: ``(files per format, refusal per skipped format, note per format
+    whose files carry something other than the overall winner)`` (:func:`ship_all`).
 
     Raises:
         InputError: an unknown format, or a named format that cannot express the configuration.
     """
-    fmts, every = resolve_formats(formats)
-    built: dict[str, Files] = {}
-    skipped: dict[str, str] = {}
-    substituted: dict[str, str] = {}
-    for f in fmts:
-        try:
-            built[f] = BUILDERS[f](result)
-        except InputError as exc:
-            if not every:
-                raise
-            alt = server_best(result, f)
-            try:
-                if alt is None:
-                    raise exc
-                built[f] = BUILDERS[f](alt)
-                substituted[f] = (f"{exc}; wrote {SERVERS[f].title}'s best inside its own space instead: "
-                                  f"{alt.candidate.label()}")
-            except InputError as why:
-                skipped[f] = str(why)
-    return built, skipped, substituted
+    shipped, skipped = ship_all(result, formats)
+    return ({f: s.files for f, s in shipped.items()}, skipped,
+            {f: s.note for f, s in shipped.items() if s.note is not None})
 
 
 def render_exports(result: TuningResult, formats: Sequence[str]) -> dict[str, Files]:
@@ -296,9 +302,9 @@ def render_exports(result: TuningResult, formats: Sequence[str]) -> dict[str, Fi
     """
     from specdec_tune.tuner.servers._readme import render_readme
 
-    built, skipped, substituted = build_exports(result, formats)
-    readme = render_readme(result, built, skipped, substituted)
-    return {**{fmt: list(files) for fmt, files in built.items()}, "readme": [("README.md", readme)]}
+    shipped, skipped = ship_all(result, formats)
+    readme = render_readme(result, shipped, skipped)
+    return {**{fmt: list(s.files) for fmt, s in shipped.items()}, "readme": [("README.md", readme)]}
 
 
 def write_exports(result: TuningResult, formats: Sequence[str], out_dir: Path) -> dict[str, list[Path]]:

@@ -1,13 +1,14 @@
 """The README.md written next to the exported files: what was tuned, its numbers, and how to use it.
 
 Every rate is labelled: *measured* (real decoding, on held-out or tuning prompts, as the result says)
-or *predicted* (the throughput model). Nothing here computes a number; it renders the result's.
+or *predicted* (the throughput model). Nothing here computes a number or chooses a configuration: each
+server's section renders the :class:`~._exports.Shipped` record its files were built from.
 """
 from __future__ import annotations
 
-from typing import Any
-
-from specdec_tune.tuner.model import Candidate, TuningResult
+from specdec_tune.tuner.model import MIN_LOWER, TuningResult
+from specdec_tune.tuner.servers._exports import _paths, batch_ranges, schedule_points
+from specdec_tune.tuner.servers._ship import Shipped
 from specdec_tune.tuner.servers._table import SERVERS, caveats, expressible
 
 _HOW = {
@@ -30,56 +31,69 @@ def _rate(x: float | None, label: str) -> str:
     return "not measured" if x is None and label == "measured" else ("–" if x is None else f"{x:.1f} tokens/s ({label})")
 
 
-def _config_lines(r: TuningResult, ranges: list[tuple[int, int, int]] | None) -> list[str]:
+def _ci(ci: tuple[float, float] | None) -> str:
+    return f" (95% CI {ci[0]:.2f}–{ci[1]:.2f})" if ci else ""
+
+
+def _config_lines(r: TuningResult, ranges: list[tuple[int, int, int]] | None, per_b: bool = True) -> list[str]:
     c = r.candidate
     lines = [f"- configuration: **{c.label()}**"]
     if not c.is_plain:
-        lines += [f"- drafter: `{c.drafter}`" + (f" (path `{r.draft_path}`)" if r.draft_path else ""),
+        path = _paths(r)[1]  # the draft the files name
+        lines += [f"- drafter: `{c.drafter}`" + (f" (path `{path}`)" if path and path != c.drafter else ""),
                   f"- N (num_speculative_tokens): {c.num_speculative_tokens}",
                   f"- θ: {c.threshold:g}" + (f" (rule `{c.threshold_rule}`)" if c.threshold > 0 else " (off)"),
                   f"- schedule: {c.schedule}"]
         if c.is_ngram:
             lines.append(f"- n-gram sizes: {c.ngram_min}..{c.ngram_max}")
-    if r.per_batch_size:
-        lines.append(f"- best N per batch size ({r.per_batch_size_source}; 0 = do not speculate): "
-                     + ", ".join(f"B={b}: {n}" for b, n in sorted(r.per_batch_size.items())))
+    points = schedule_points(r) if per_b else {}
+    if points:
+        lines.append(f"- N per batch size ({r.per_batch_size_source}; B=1 takes the configuration's N; 0 = do not "
+                     "speculate): " + ", ".join(f"B={b}: {n}" for b, n in points.items()))
         if ranges:
-            lines.append("- as a schedule (B=1 takes the winner's N): "
-                         + ", ".join(f"B {lo}..{hi} → N={n}" for lo, hi, n in ranges))
+            lines.append("- as a schedule: " + ", ".join(f"B {lo}..{hi} → N={n}" for lo, hi, n in ranges))
     return lines
+
+
+def _speed(r: TuningResult) -> str:
+    where = "held-out prompts" if r.heldout else "tuning prompts"
+    if r.speedup is None:
+        return "not measured" + (" (predicted only)" if r.measured_tokens_per_s is None else " against plain decoding")
+    if r.measured_tokens_per_s is None:
+        return f"{r.speedup:.2f}× (predicted); not measured"
+    return f"{r.speedup:.2f}× over plain decoding, measured on {where}{_ci(r.speedup_ci)}"
 
 
 def _numbers(r: TuningResult) -> list[str]:
     where = "held-out prompts" if r.heldout else "tuning prompts"
-    ci = f" (95% CI {r.speedup_ci[0]:.2f}–{r.speedup_ci[1]:.2f})" if r.speedup_ci else ""
-    speed = (f"{r.speedup:.2f}× over plain decoding, measured on {where}{ci}" if r.speedup is not None and
-             r.measured_tokens_per_s is not None else
-             (f"{r.speedup:.2f}× (predicted)" if r.speedup is not None else "–"))
     return [f"- throughput: {_rate(r.measured_tokens_per_s, 'measured')}" + (f" on {where}" if r.measured_tokens_per_s else ""),
             f"- plain decoding: {_rate(r.baseline_tokens_per_s, 'measured' if r.measured_tokens_per_s else 'predicted')}",
-            f"- speedup: {speed}",
+            f"- speedup: {_speed(r)}",
             f"- predicted throughput: {_rate(r.predicted_tokens_per_s, 'predicted')}",
             f"- temperature: {r.temperature:g}" + (" (greedy)" if r.temperature == 0 else "")]
 
 
-def _best(entry: dict[str, Any] | None) -> str:
-    if not entry:
-        return "–"
-    try:
-        label = Candidate.from_dict(entry).label()
-    except (KeyError, TypeError):
-        return "–"
-    nums = []
-    if entry.get("measured_tokens_per_s") is not None:
-        nums.append(f"{entry['measured_tokens_per_s']:.1f} tok/s measured")
-    if entry.get("predicted_tokens_per_s") is not None:
-        nums.append(f"{entry['predicted_tokens_per_s']:.1f} tok/s predicted")
-    return f"{label}" + (f" ({', '.join(nums)})" if nums else "")
+def _short(r: TuningResult) -> str:
+    """The measured speedup in a table cell."""
+    if r.speedup is None or r.measured_tokens_per_s is None:
+        return "not measured"
+    return f"{r.speedup:.2f}×{_ci(r.speedup_ci)}, " + ("held out" if r.heldout else "tuning prompts")
 
 
-def _servers_table(r: TuningResult) -> list[str]:
-    rows = ["| server | version checked | runs this config? | what it cannot express | best inside its space |",
-            "|---|---|---|---|---|"]
+def _carried(s: Shipped | None) -> tuple[str, str]:
+    """(what the file carries, its measured speedup) for the servers table."""
+    if s is None:
+        return "– (not written)", "–"
+    measured = s.decision.candidate if s.decision is not None else None
+    if s.result.candidate.is_plain and measured is not None and not measured.is_plain:
+        return "plain decoding", f"{measured.label()}: {_short(s.result)}"
+    return s.result.candidate.label(), _short(s.result) if not s.result.candidate.is_plain else "–"
+
+
+def _servers_table(r: TuningResult, shipped: dict[str, Shipped]) -> list[str]:
+    rows = ["| server | version checked | runs the winner? | what it cannot express | its file carries "
+            "| measured speedup |",
+            "|---|---|---|---|---|---|"]
     for name, space in SERVERS.items():
         reason = expressible(space, r.candidate)
         lacks = ["θ" if not space.threshold_rules else "",
@@ -88,56 +102,76 @@ def _servers_table(r: TuningResult) -> list[str]:
         lacks_text = ", ".join(x for x in lacks if x) or "–"
         if space.threshold_rules:
             lacks_text += f"; θ rule other than `{space.threshold_rules[0]}`"
+        carries, speed = _carried(shipped.get(name))
         rows.append(f"| {space.title} | {space.version} | {'yes' if reason is None else 'no: ' + reason} | "
-                    f"{lacks_text} | {_best(r.best_per_server.get(name))} |")
+                    f"{lacks_text} | {carries} | {speed} |")
     return rows
 
 
-def render_readme(r: TuningResult, built: dict[str, list[tuple[str, str]]], skipped: dict[str, str],
-                  substituted: dict[str, str] | None = None) -> str:
-    """The README text for the exports in ``built`` (format -> files), the formats ``skipped`` and those
-    ``substituted`` (written with their own server's best configuration instead of the winner)."""
-    from specdec_tune.tuner.servers._exports import batch_ranges, server_best
+def _file_section(s: Shipped) -> list[str]:
+    """One server's section, rendered from the very result its files were built from."""
+    space, this = SERVERS[s.fmt], s.result
+    names = ", ".join(f"`{p}`" for p, _ in s.files) or "(none needed)"
+    out = [f"### {space.title} ({space.version})", "", f"Files: {names}.", ""]
+    d = s.decision
+    if s.note:
+        out += [f"**{'Plain decoding' if this.candidate.is_plain else 'Not the overall winner'}:** {s.note}.", ""]
+    out += _config_lines(this, batch_ranges(this), per_b=space.batch_schedule is not None)
+    if d is not None and d.candidate.is_plain:
+        out.append("- decision: plain decoding (the fastest measured)")
+    elif d is not None and not d.speculates:
+        out += [f"- measured: {d.candidate.label()}: {_speed(this)}",
+                "- decision: plain decoding" + (f" (the CI's lower bound, {d.speedup_ci[0]:.2f}, is below "
+                                                f"{MIN_LOWER:g})" if d.speedup_ci else "")]
+    else:
+        out += [f"- measured speedup: {_speed(this)}",
+                f"- throughput: {_rate(this.measured_tokens_per_s, 'measured')}; plain decoding "
+                f"{_rate(this.baseline_tokens_per_s, 'measured' if this.measured_tokens_per_s else 'predicted')}"]
+        if d is not None and d.speedup_ci:
+            out.append(f"- decision: speculate (the CI's lower bound, {d.speedup_ci[0]:.2f}, is at least "
+                       f"{MIN_LOWER:g})")
+    out.append(f"- predicted throughput: {_rate(this.predicted_tokens_per_s, 'predicted')}"
+               + (f", {d.predicted_speedup:.2f}× (predicted)" if d is not None and d.predicted_speedup else ""))
+    if d is not None and d.selected:
+        out.append(f"- chosen: {d.selected}")
+    out.append("")
+    if s.files and not this.candidate.is_plain:
+        out += [f"How: {_HOW[s.fmt][1]}", ""]
+    if s.fmt in ("vllm", "trtllm") and batch_ranges(this):
+        out += [f"Per-batch-size N: {space.notes[0]}", ""]
+    notes = caveats(space, this.candidate)
+    if s.fmt == "llamacpp":
+        notes = [space.notes[0], *notes]
+    return out + [f"- {n}" for n in notes] + ([""] if notes else [])
 
-    substituted = substituted or {}
 
-    ranges = batch_ranges(r)
+def render_readme(r: TuningResult, shipped: dict[str, Shipped], skipped: dict[str, str]) -> str:
+    """The README text for the formats ``shipped`` (:func:`~._exports.ship_all`: each format's files and
+    the result they were built from) and those ``skipped``. Each server's section renders the result its
+    files were built from, so the README and the files state the same configuration."""
     source = f"study `{r.study}`" if r.study else (f"profile run {r.run_id}" if r.run_id is not None else "–")
     out = ["# Speculative decoding configuration (specdec-tune)", "",
-           f"Tuned for server `{r.server}` from {source}.", "", "## Configuration", ""]
-    out += _config_lines(r, ranges)
+           f"Tuned for server `{r.server}` from {source}. The overall winner is below; each server's file "
+           "carries the configuration its own section names, measured on held-out prompts where it says so.", "",
+           "## Configuration", ""]
+    out += _config_lines(r, batch_ranges(r))
     out += ["", "## Numbers", ""] + _numbers(r)
     out += ["", "## Where it was tuned", "",
             f"- hardware: {r.hardware or '–'}",
             f"- target: `{r.target}`" + (f" (path `{r.target_path}`)" if r.target_path else ""),
             f"- draft: `{r.candidate.drafter}`",
             f"- workload: `{r.workload}`", ""]
-    out += ["## What each server can run", ""] + _servers_table(r) + [""]
+    out += ["## What each server can run", ""] + _servers_table(r, shipped) + [""]
     out += ["## Files and how to pass them", ""]
-    if r.candidate.is_plain:
-        out += ["The winner is plain decoding: launch each server without speculative options "
+    if shipped and all(s.result.candidate.is_plain for s in shipped.values()):
+        out += ["Every file carries plain decoding: launch each server without speculative options "
                 "(the `launch.sh` files do).", ""]
-    for fmt, files in built.items():
-        space = SERVERS[fmt]
-        names = ", ".join(f"`{p}`" for p, _ in files) or "(none needed)"
-        out += [f"### {space.title} ({space.version})", "", f"Files: {names}.", ""]
-        this = server_best(r, fmt) if fmt in substituted else r
-        if fmt in substituted:
-            out += [f"**Not the winner:** {substituted[fmt]}.", ""] + _config_lines(this, batch_ranges(this))
-            out += [f"- throughput: {_rate(this.measured_tokens_per_s, 'measured')} on tuning prompts"
-                    if this.measured_tokens_per_s is not None else "- throughput: not measured",
-                    f"- predicted throughput: {_rate(this.predicted_tokens_per_s, 'predicted')}", ""]
-        if files and not this.candidate.is_plain:
-            out += [f"How: {_HOW[fmt][1]}", ""]
-        if fmt in ("vllm", "trtllm") and batch_ranges(this):
-            out += [f"Per-batch-size N: {space.notes[0]}", ""]
-        notes = caveats(space, this.candidate)
-        if fmt == "llamacpp":
-            notes = [space.notes[0], *notes]
-        out += [f"- {n}" for n in notes] + ([""] if notes else [])
-    if "hf" in built and not r.candidate.is_plain and not r.candidate.is_ngram:
+    for s in shipped.values():
+        out += _file_section(s)
+    hf = shipped.get("hf")
+    if hf is not None and not hf.result.candidate.is_plain and not hf.result.candidate.is_ngram:
         out += ["### What HF does with θ at run time", "",
-                f"`assistant_confidence_threshold` = {r.candidate.threshold:g} is always written: transformers' "
+                f"`assistant_confidence_threshold` = {hf.result.candidate.threshold:g} is always written: transformers' "
                 "default is 0.4, so leaving it out would switch a threshold on. HF's rule proposes the token whose "
                 "confidence is below θ, then stops drafting (the engine's `before` rule stops before it). "
                 "When scikit-learn is installed and θ > 0, transformers re-tunes θ after every verification from an "

@@ -1,0 +1,137 @@
+"""What each server's file carries, and the measured evidence behind it: one record per server.
+
+A server's file carries a speculative configuration only when that configuration was measured
+interleaved with plain decoding on *held-out* prompts and the lower bound of its paired 95 % CI of
+the speedup is at least :data:`MIN_LOWER` (1.0): otherwise it may be slower than plain decoding for
+this user, and the file carries plain decoding and says why, with the measured numbers
+(docs/architecture.md, Measurement rules; docs/servers.md, Exports).
+
+:class:`ServerDecision` is the data contract: ``tune`` makes one per server, the exports and their
+README render from it, the ``tune`` report prints it, and the study stores it as JSON (the values of
+``TuningResult.best_per_server``). :func:`decide` is the rule, pure and alone, so every caller (the
+tuner, an exporter reading an older study, a future per-batch-size rule) applies the same one.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec_tune.tuner.model._configs import NONE, Candidate, TuningResult
+
+MIN_LOWER = 1.0  # the CI lower bound a shipped speculative configuration needs (not slower than plain decoding)
+SPECULATE = "speculate"
+PLAIN = "plain"
+
+_PLAIN_CANDIDATE = Candidate(NONE, 0)
+
+
+def decide(candidate: Candidate, speedup: float | None, ci: tuple[float, float] | None, *,
+           heldout: bool = True, min_lower: float = MIN_LOWER) -> tuple[str, str]:
+    """``(decision, reason)`` for shipping ``candidate``, from its measured held-out speedup and CI.
+
+    Args:
+        candidate: the configuration measured.
+        speedup: its measured speedup over plain decoding (``None``: not measured).
+        ci: the paired 95 % CI of that speedup (``None``: not measured, or not finite).
+        heldout: the measurement ran on held-out prompts (a tuning-prompt measurement is not evidence).
+        min_lower: the lower bound the CI needs.
+
+    Returns:
+        ``(SPECULATE, why)`` or ``(PLAIN, why)``; ``why`` names the numbers.
+    """
+    if candidate.is_plain:
+        return PLAIN, "plain decoding measured fastest inside this server's space (tuning prompts)"
+    label = candidate.label()
+    if speedup is None or ci is None or not all(math.isfinite(x) for x in (speedup, *ci)):
+        return PLAIN, f"{label} has no measured held-out speedup with a 95% CI"
+    if not heldout:
+        return PLAIN, f"{label} was measured on tuning prompts only, not held out"
+    measured = (f"{label} measured {speedup:.2f}× over plain decoding on held-out prompts "
+                f"(95% CI {ci[0]:.2f}–{ci[1]:.2f})")
+    if ci[0] < min_lower:
+        return PLAIN, (f"{measured}: the CI's lower bound is below {min_lower:g}, so it may be slower than plain "
+                       "decoding")
+    return SPECULATE, measured
+
+
+@dataclass(frozen=True)
+class ServerDecision:
+    """One server's measured configuration and what its file carries.
+
+    Attributes:
+        server: the capability table's name (``vllm``, ``sglang``, ``trtllm``, ``llamacpp``, ``hf``).
+        candidate: the configuration measured for the server (the best measured inside its space).
+        decision: :data:`SPECULATE` (the file carries ``candidate``) or :data:`PLAIN` (plain decoding).
+        reason: why, with the measured numbers (one line).
+        selected: how ``candidate`` was chosen (one line).
+        predicted_tokens_per_s: the model's tokens/s for the held-out prompts measured (predicted).
+        predicted_speedup: the model's speedup over plain decoding (predicted).
+        measured_tokens_per_s: ``candidate``'s tokens/s on the held-out prompts (measured).
+        baseline_tokens_per_s: plain decoding's tokens/s in the same interleaved passes (measured).
+        speedup: measured over plain decoding, same prompts and passes.
+        speedup_ci: its paired bootstrap 95 % CI.
+        heldout: the measurement ran on prompts the profile never saw.
+        per_batch_size: batch size -> N for ``candidate`` (predicted from T_v(B, k); B = 1 is its N).
+    """
+
+    server: str
+    candidate: Candidate
+    decision: str
+    reason: str
+    selected: str = ""
+    predicted_tokens_per_s: float | None = None
+    predicted_speedup: float | None = None
+    measured_tokens_per_s: float | None = None
+    baseline_tokens_per_s: float | None = None
+    speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
+    heldout: bool = False
+    per_batch_size: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def speculates(self) -> bool:
+        """The file carries ``candidate`` (else plain decoding)."""
+        return self.decision == SPECULATE
+
+    @property
+    def shipped(self) -> Candidate:
+        """What the server's file carries."""
+        return self.candidate if self.speculates else _PLAIN_CANDIDATE
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: the candidate's fields at the top level (what older readers of
+        ``best_per_server`` take as the server's best), then the evidence and the decision."""
+        return {**self.candidate.to_dict(), "server": self.server, "decision": self.decision, "reason": self.reason,
+                "selected": self.selected, "shipped": self.shipped.to_dict(),
+                "predicted_tokens_per_s": self.predicted_tokens_per_s, "predicted_speedup": self.predicted_speedup,
+                "measured_tokens_per_s": self.measured_tokens_per_s,
+                "baseline_tokens_per_s": self.baseline_tokens_per_s, "speedup": self.speedup,
+                "speedup_ci": list(self.speedup_ci) if self.speedup_ci else None, "heldout": self.heldout,
+                "measured_on": "held-out prompts" if self.heldout else "tuning prompts",
+                "per_batch_size": {str(b): int(n) for b, n in self.per_batch_size.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ServerDecision | None:
+        """Back from :meth:`to_dict`; ``None`` for an entry without a decision (a study from before
+        decisions were recorded: its best per server is predicted only)."""
+        if not d or "decision" not in d:
+            return None
+        ci = d.get("speedup_ci")
+        return cls(server=str(d["server"]), candidate=Candidate.from_dict(d), decision=str(d["decision"]),
+                   reason=str(d.get("reason", "")), selected=str(d.get("selected", "")),
+                   predicted_tokens_per_s=d.get("predicted_tokens_per_s"), predicted_speedup=d.get("predicted_speedup"),
+                   measured_tokens_per_s=d.get("measured_tokens_per_s"),
+                   baseline_tokens_per_s=d.get("baseline_tokens_per_s"), speedup=d.get("speedup"),
+                   speedup_ci=(float(ci[0]), float(ci[1])) if ci else None, heldout=bool(d.get("heldout")),
+                   per_batch_size={int(b): int(n) for b, n in (d.get("per_batch_size") or {}).items()})
+
+
+def decisions(result: TuningResult) -> dict[str, ServerDecision]:
+    """The servers of ``result`` with a measured decision (``tune`` records one per server it tuned for)."""
+    out = {}
+    for server, entry in result.best_per_server.items():
+        d = ServerDecision.from_dict({**entry, "server": entry.get("server", server)})
+        if d is not None:
+            out[server] = d
+    return out
