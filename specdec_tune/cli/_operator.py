@@ -93,3 +93,57 @@ def operator_json(measurement: Any, predicted_latency: Any | None, predicted_mem
         "peak_memory_bytes": None if peak is None else peak.bytes,
         "predicted_memory": None if predicted_memory is None else predicted_memory.to_dict(),
     }
+
+
+ObjectiveOption = Annotated[str, typer.Option("--objective", help=(
+    "What the winner is chosen by: throughput | goodput (tokens/s of requests meeting the SLO) | cost ($ per "
+    "million tokens, needs --gpu-price) | energy (J/token, NVML on a GPU)."))]
+SloTpotOption = Annotated[float | None, typer.Option("--slo-tpot-ms", metavar="MS", help=(
+    "Latency SLO: a request's time per output token (decode window) at most this; goodput counts only requests "
+    "meeting it, schedules are chosen under it."))]
+SloTtftOption = Annotated[float | None, typer.Option("--slo-ttft-ms", metavar="MS", help=(
+    "Latency SLO: a request's time to first token at most this."))]
+SloPercentileOption = Annotated[float, typer.Option("--slo-percentile", help=(
+    "The SLO is met when this percentile of requests meets the bounds (99: a p99 SLO)."))]
+MemoryBudgetOption = Annotated[float | None, typer.Option("--memory-budget", metavar="GIB", help=(
+    "Exclude configurations whose predicted memory (weights, packed copies, both KV caches, graph pools) does not "
+    "fit; report each one's largest batch within it."))]
+
+
+def _value(name: str, v: float | None) -> str:
+    if v is None:
+        return "–"
+    return {"cost": f"${v:.4f} per million tokens", "energy": f"{v:.3f} J/token",
+            "memory": f"{v / 2**20:.1f} MiB"}.get(name, f"{v:.1f} tokens/s")
+
+
+def objective_lines(report: dict[str, Any]) -> list[str]:
+    """``tune``'s objective section: what was optimised, the held-out measured value with its CI and
+    whether the SLO was met, for the winner and plain decoding; the budget table."""
+    if not report:
+        return []
+    name = report["objective"]
+    lines = [f"objective: {report['describe']}"]
+    for key in ("winner", "plain"):
+        side = report.get(key) or {}
+        ci = side.get("ci")
+        text = _value(name, side.get("value")) + (f" (95% CI {_value(name, ci[0])} – {_value(name, ci[1])})"
+                                                  if ci and None not in ci else "")
+        slo = side.get("slo")
+        if slo:
+            text += (f"; SLO {slo['describe']}: {'met' if slo['met'] else 'NOT met'} (measured p{slo['percentile']:g} "
+                     f"TPOT {(slo['tpot_s'] or 0) * 1e3:.1f} ms, TTFT {(slo['ttft_s'] or 0) * 1e3:.1f} ms)")
+        lines.append(f"  {key} {side.get('label', '')}, measured on {side.get('measured', '–')}: {text}")
+    if report.get("predicted") is not None:
+        lines.append(f"  winner predicted: {_value(name, report['predicted'])}")
+    for row in report.get("budget") or []:
+        rate = row["tokens_per_s_at_load"]
+        lines.append(f"  at the {report['memory_budget_bytes'] / 2**30:g} GiB budget (predicted): {row['label']}: "
+                     f"{row['bytes_b1'] / 2**20:.1f} MiB at B=1, at most B={row['max_batch_size']} (the draft costs "
+                     f"{row['draft_cost_in_batch']} sequences), {'–' if rate is None else f'{rate:.1f}'} tokens/s "
+                     f"serving B={row['served_batch']} of a load of {row['load']}")
+    return lines
+
+
+def reason_lines(reasons: dict[int, str]) -> list[str]:
+    return [f"  B={b}: {r}" for b, r in sorted(reasons.items())]
