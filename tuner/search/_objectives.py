@@ -20,7 +20,8 @@ from specdec_tune.costs import usd_ci, usd_per_million_tokens
 from specdec_tune.errors import InputError
 from specdec_tune.latency import good_samples, slo_met
 from specdec_tune.stats import tokens_per_s_ci
-from specdec_tune.tuner.model import Candidate, Evaluator, MemoryModel, Objective, better, predict_config
+from specdec_tune.tuner.model import Candidate, Evaluator, MemoryModel, Objective, better, predict_baseline
+from specdec_tune.tuner.model import predict_config
 from specdec_tune.tuner.model import predict_latency, predicted_value, profiled_specs, spec_config
 from specdec_tune.tuner.search._measure import Measured
 
@@ -30,7 +31,7 @@ def _value_at(evaluator: Evaluator, c: Candidate, b: int) -> float:
     o = evaluator.objective
     rp = evaluator.profile(None if c.is_plain else c.drafter)
     config = spec_config(c, evaluator.mode, b)
-    rate = predict_config(rp, config).tokens_per_s
+    rate = _rate(rp, c, config)
     attainment = 1.0
     if o.slo.active:
         attainment = predict_latency(rp, config, profiled_specs(rp)).attainment(o.slo)
@@ -121,9 +122,16 @@ def at_load(evaluator: Evaluator, c: Candidate, batch: int) -> float | None:
         return 0.0
     rp = evaluator.profile(None if c.is_plain else c.drafter)
     try:
-        return predict_config(rp, spec_config(c, evaluator.mode, batch)).tokens_per_s
+        return _rate(rp, c, spec_config(c, evaluator.mode, batch))
     except InputError:
         return None
+
+
+def _rate(rp: Any, c: Candidate, config: Any) -> float:
+    """Predicted end-to-end tokens/s of ``c`` (plain decoding from the target-only profile)."""
+    if c.is_plain:
+        return predict_baseline(rp, config.batch_size).tokens_per_s
+    return predict_config(rp, config).tokens_per_s
 
 
 def budget_rows(evaluator: Evaluator, mm: MemoryModel, budget: float, candidates: Sequence[Candidate], context: int,
