@@ -122,6 +122,7 @@ def speculative(
     on_cycle: Callable[[CycleStats], None] | None = None,
     verify_fn: VerifyFn | None = None,
     cache: PreallocatedCache | None = None,
+    n_for_cycle: Callable[[int], int] | None = None,
 ) -> GenerationResult:
     """Speculative decoding: draft up to N tokens, verify them in one target forward, accept a prefix.
 
@@ -134,6 +135,9 @@ def speculative(
         on_cycle: called after every cycle with its statistics (the profiler's hook for timing).
         verify_fn: replaces ``verify_sampling`` (tests use it to show the exactness test has power).
         cache: a target cache to reuse (reset here); one is allocated when absent or too small.
+        n_for_cycle: cycle index -> the most tokens that cycle may draft (a server's per-batch-size N as
+            its load changes); 0 runs a plain step: the drafter is not called (it catches up on the
+            tokens it missed at its next proposal).
     """
     _check_prompt(prompt_ids)
     n_max = config.num_speculative_tokens
@@ -147,7 +151,9 @@ def speculative(
     # Invariant: the target cache holds tokens[:length - 1]; the last emitted token is fed next.
     while not eos_hit and len(out) < config.max_new_tokens:
         budget = min(n_cur, config.max_new_tokens - len(out))  # never draft past the limit
-        draft = drafter.propose(tokens[:length], budget)
+        if n_for_cycle is not None:
+            budget = min(budget, n_for_cycle(len(cycles)))
+        draft = drafter.propose(tokens[:length], budget) if budget > 0 else _no_draft(tokens)
         n_draft = draft.length
         feed = tokens[length - 1:length + n_draft]  # [L + 1]: last emitted, d_1 .. d_L
         if n_draft:
@@ -161,8 +167,9 @@ def speculative(
         # Target cache: keep the context plus the accepted tokens (rejected positions rolled back).
         cache.truncate(length + acc)
         length += emitted
-        drafter.observe(acc)
-        stats = _cycle_stats(drafter, verdict, emitted)
+        if budget > 0:
+            drafter.observe(acc)
+        stats = _cycle_stats(drafter if budget > 0 else None, verdict, emitted)
         cycles.append(stats)
         if on_cycle is not None:
             on_cycle(stats)
@@ -215,8 +222,14 @@ def _verdict(
     return _Verdict(int(host[0]), int(host[1]), [int(t) for t in host[2:2 + n_draft]], host[2 + n_draft:])
 
 
-def _cycle_stats(drafter: Drafter, verdict: _Verdict, emitted: int) -> CycleStats:
-    """The cycle's record; ``drafter.forwards`` counts the draft forwards of its last proposal."""
+def _no_draft(tokens: torch.Tensor) -> Draft:
+    """An empty draft: a cycle whose N is 0 verifies only the last token (a plain step)."""
+    return Draft(tokens=tokens.new_empty(0), probs=None, confidence=torch.empty(0, device=tokens.device))
+
+
+def _cycle_stats(drafter: Drafter | None, verdict: _Verdict, emitted: int) -> CycleStats:
+    """The cycle's record; ``drafter.forwards`` counts the draft forwards of its last proposal (none
+    when the cycle did not call the drafter)."""
     n_draft = len(verdict.drafted)
     return CycleStats(
         drafted=n_draft,
@@ -224,7 +237,7 @@ def _cycle_stats(drafter: Drafter, verdict: _Verdict, emitted: int) -> CycleStat
         emitted=emitted,
         confidences=tuple(verdict.confidences),
         outcomes=tuple(i < verdict.accepted for i in range(n_draft)),
-        draft_forwards=getattr(drafter, "forwards", 0),
+        draft_forwards=getattr(drafter, "forwards", 0) if drafter is not None else 0,
         target_positions=n_draft + 1,
     )
 
