@@ -15,8 +15,12 @@
   plain decoding), where ctx = prompt + new tokens;
 - **CUDA-graph pools**: the memory a server's captured graphs hold. Our engine captures none and a CPU
   has none, so the term is 0 unless given (``graph_pool_bytes``: what a server reports at start);
-- activations of one decode step (a few positions' hidden states and logits) are left out: on the
-  bundled models they are under 1 % of the total (``benchmarks/memory_fidelity.py`` checks the sum).
+- **prefill activations**: the tensors alive at the widest point of one decoder layer while the
+  target prefills a T-token prompt (one sequence at a time): the residual, its norm, q, k, v and the
+  attention output (6 × hidden), gate, up and their product (3 × intermediate) per token, and the
+  attention scores (heads × T) per token where the kernel materialises them; a decode step's few
+  positions are negligible. An estimate from the architecture, not a measurement: on the bundled
+  models it explains most of what a 459-token prompt adds to the peak (``benchmarks/memory_fidelity.py``).
 
 At a budget, the largest batch a configuration serves is what remains after its weights divided by one
 sequence's caches: a draft costs sequences of batch (its weights and its cache per sequence), which is
@@ -52,6 +56,11 @@ class ModelMemory:
     kv_bytes_per_token: float
     packed_bytes: float = 0.0
     packed_widths: tuple[int, int] = (2, 128)
+    activation_bytes_per_token: float = 0.0  # a prefill's per-token transient (module docstring)
+    score_bytes_per_token2: float = 0.0  # attention scores: bytes per token², where materialised
+
+    def activations(self, tokens: int) -> float:
+        return tokens * self.activation_bytes_per_token + tokens * tokens * self.score_bytes_per_token2
 
     def packs(self, width: int) -> bool:
         return self.packed_bytes > 0 and self.packed_widths[0] <= width <= self.packed_widths[1]
@@ -67,16 +76,18 @@ class MemoryBreakdown:
     target_kv: float
     draft_kv: float
     graph_pools: float
+    activations: float = 0.0
     label: str = "predicted"
 
     @property
     def total(self) -> float:
-        return self.target_weights + self.draft_weights + self.packed + self.target_kv + self.draft_kv + self.graph_pools
+        return (self.target_weights + self.draft_weights + self.packed + self.target_kv + self.draft_kv
+                + self.graph_pools + self.activations)
 
     def to_dict(self) -> dict[str, float]:
         return {"target_weights": self.target_weights, "draft_weights": self.draft_weights, "packed": self.packed,
                 "target_kv": self.target_kv, "draft_kv": self.draft_kv, "graph_pools": self.graph_pools,
-                "total": self.total}
+                "activations": self.activations, "total": self.total}
 
 
 @dataclass(frozen=True)
@@ -94,6 +105,7 @@ class MemoryModel:
     drafts: Mapping[str, ModelMemory] = field(default_factory=dict)
     context: int = 512
     graph_pool_bytes: float = 0.0
+    prompt_tokens: int | None = None  # the longest prompt prefilled (activations); None: not counted
 
     def _draft(self, c: Candidate) -> ModelMemory | None:
         if c.is_plain or c.is_ngram:
@@ -112,18 +124,20 @@ class MemoryModel:
         positions = ctx + 1 if c.is_plain else ctx + c.num_speculative_tokens + 2
         d = self._draft(c)
         target_packs = not c.is_plain or prompt_tokens is None or self.target.packs(prompt_tokens)
+        prompt = prompt_tokens if prompt_tokens is not None else self.prompt_tokens
         return MemoryBreakdown(
             target_weights=self.target.weight_bytes, draft_weights=d.weight_bytes if d else 0.0,
             packed=(self.target.packed_bytes if target_packs else 0.0) + (d.packed_bytes if d else 0.0),
             target_kv=batch_size * positions * self.target.kv_bytes_per_token,
             draft_kv=batch_size * positions * d.kv_bytes_per_token if d else 0.0,
-            graph_pools=self.graph_pool_bytes)
+            graph_pools=self.graph_pool_bytes, activations=self.target.activations(prompt) if prompt else 0.0)
 
     def bytes(self, c: Candidate, batch_size: int = 1, context: int | None = None) -> float:
         return self.breakdown(c, batch_size, context).total
 
     def max_batch_size(self, c: Candidate, budget_bytes: float, context: int | None = None) -> int:
-        """The most sequences ``c`` serves within ``budget_bytes`` (0: not even one fits)."""
+        """The most sequences ``c`` serves within ``budget_bytes`` (0: not even one fits); prefills run one
+        sequence at a time, so their activations count once."""
         one = self.breakdown(c, 1, context)
         fixed = one.total - one.target_kv - one.draft_kv
         per_sequence = one.target_kv + one.draft_kv

@@ -47,7 +47,9 @@ def model_memory(record: Any, *, device: str, forward: str) -> ModelMemory:
         per_layer = _padded(q + 2 * kv) * hidden + _padded(hidden) * q + _padded(2 * inter) * hidden \
             + _padded(hidden) * inter  # qkv, o, gate/up, down: [out, in]
         packed = float(width * (layers * per_layer + _padded(int(cfg.vocab_size)) * hidden))
-    return ModelMemory(record.name, weights, float(2 * layers * kv_heads * head_dim * width), packed, PACKED_WIDTHS)
+    activation = float(width * (6 * int(cfg.hidden_size) + 3 * int(cfg.intermediate_size)))
+    return ModelMemory(record.name, weights, float(2 * layers * kv_heads * head_dim * width), packed, PACKED_WIDTHS,
+                       activation, float(width * heads))
 
 
 def _padded(rows: int) -> int:
@@ -71,5 +73,6 @@ def memory_model(db: Database, run_id: int, max_context: int, graph_pool_bytes: 
             continue
         drafts[d.name] = model_memory(models[d.model_id], device=device,
                                       forward=(settings.get("draft_forwards") or {}).get(d.name, forward))
+    prompt = max(settings.get("prompt_tokens", [0]) or [0]) or None
     return MemoryModel(model_memory(run.target, device=device, forward=forward), drafts, int(max_context),
-                       float(graph_pool_bytes))
+                       float(graph_pool_bytes), prompt)
