@@ -111,10 +111,9 @@ MemoryBudgetOption = Annotated[float | None, typer.Option("--memory-budget", met
 
 
 def _value(name: str, v: float | None) -> str:
-    if v is None:
-        return "–"
-    return {"cost": f"${v:.4f} per million tokens", "energy": f"{v:.3f} J/token",
-            "memory": f"{v / 2**20:.1f} MiB"}.get(name, f"{v:.1f} tokens/s")
+    from specdec_tune.tuner.model import format_value
+
+    return format_value(name, v)
 
 
 def objective_lines(report: dict[str, Any]) -> list[str]:
@@ -122,18 +121,13 @@ def objective_lines(report: dict[str, Any]) -> list[str]:
     whether the SLO was met, for the winner and plain decoding; the budget table."""
     if not report:
         return []
+    from specdec_tune.tuner.model import describe_side
+
     name = report["objective"]
     lines = [f"objective: {report['describe']}"]
     for key in ("winner", "plain"):
         side = report.get(key) or {}
-        ci = side.get("ci")
-        text = _value(name, side.get("value")) + (f" (95% CI {_value(name, ci[0])} – {_value(name, ci[1])})"
-                                                  if ci and None not in ci else "")
-        slo = side.get("slo")
-        if slo:
-            text += (f"; SLO {slo['describe']}: {'met' if slo['met'] else 'NOT met'} (measured p{slo['percentile']:g} "
-                     f"TPOT {(slo['tpot_s'] or 0) * 1e3:.1f} ms, TTFT {(slo['ttft_s'] or 0) * 1e3:.1f} ms)")
-        lines.append(f"  {key} {side.get('label', '')}, measured on {side.get('measured', '–')}: {text}")
+        lines.append(f"  {key} ({side.get('label', '')}): {describe_side(name, side)}")
     if report.get("predicted") is not None:
         lines.append(f"  winner predicted: {_value(name, report['predicted'])}")
     for row in report.get("budget") or []:

@@ -17,7 +17,8 @@ from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces,
 from specdec_tune.tuner.model._grid import THRESHOLD_GRID, best_configs
 from specdec_tune.tuner.model._latency import LatencyPrediction, predict_latency
 from specdec_tune.tuner.model._memory import GIB, MemoryBreakdown, MemoryModel, ModelMemory
-from specdec_tune.tuner.model._objective import OBJECTIVES, UNITS, Objective, better, direction, predicted_value
+from specdec_tune.tuner.model._objective import OBJECTIVES, UNITS, Objective, better, describe_side, direction
+from specdec_tune.tuner.model._objective import format_value, predicted_value
 from specdec_tune.tuner.model._load import load_run_profile
 from specdec_tune.tuner.model._predict import PromptSpec, RunPrediction, predict_baseline, predict_config
 from specdec_tune.tuner.model._predict import at_machine_speed, machine_speed, predict_prompts, profiled_specs, split_specs
@@ -29,7 +30,7 @@ from specdec_tune.tuner.model._throughput import closed_form_tokens_per_cycle, d
 from specdec_tune.tuner.model._throughput import relative_error, tokens_per_cycle_per_position, verify_time
 
 __all__ = [
-    "GIB", "MIN_LOWER", "NGRAM", "NONE", "OBJECTIVES", "Objective", "UNITS", "better", "direction", "predicted_value", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator",
+    "GIB", "MIN_LOWER", "NGRAM", "NONE", "OBJECTIVES", "Objective", "UNITS", "better", "describe_side", "direction", "format_value", "predicted_value", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator",
     "LatencyPrediction", "MemoryBreakdown", "MemoryModel", "ModelMemory", "ModelProfile", "OverheadFit",
     "PositionTrace", "Prediction", "PromptInfo", "PromptSpec", "ReplayStats", "RunPrediction", "RunProfile", "Scored",
     "ServerDecision", "SpecConfig", "Trace", "TuningResult", "alphas_from_traces", "at_machine_speed", "baseline_tokens_per_s", "best_configs",

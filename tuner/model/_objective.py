@@ -122,3 +122,29 @@ def better(name: str, a: float | None, b: float | None) -> bool:
     if b is None or not math.isfinite(b):
         return True
     return a > b if name in MAXIMISE else a < b
+
+
+def format_value(name: str, v: float | None) -> str:
+    """An objective's value with its unit (``–`` when missing)."""
+    if v is None or not math.isfinite(v):
+        return "–"
+    return {"cost": f"${v:.4f} per million tokens", "energy": f"{v:.3f} J/token",
+            "memory": f"{v / 2**20:.1f} MiB"}.get(name, f"{v:.1f} tokens/s")
+
+
+def describe_side(name: str, side: dict[str, Any]) -> str:
+    """One measured side of ``tune``'s objective report (``winner`` or ``plain``) in words: the value,
+    its 95% CI, where it was measured and whether the SLO was met (what the CLI and the exports' README
+    print)."""
+    value, ci = side.get("value"), side.get("ci")
+    if value is None:
+        text = "not measured"
+    else:
+        text = format_value(name, value) + (f" (95% CI {format_value(name, ci[0])} – {format_value(name, ci[1])})"
+                                            if ci and None not in ci else "")
+        text += f", measured on {side.get('measured', '–')}"
+    slo = side.get("slo")
+    if slo:
+        text += (f"; SLO {slo.get('describe', '')} {'met' if slo['met'] else 'NOT met'}: measured p{slo['percentile']:g} "
+                 f"TPOT {(slo.get('tpot_s') or 0) * 1e3:.1f} ms, TTFT {(slo.get('ttft_s') or 0) * 1e3:.1f} ms")
+    return text

@@ -6,7 +6,7 @@ server's section renders the :class:`~._exports.Shipped` record its files were b
 """
 from __future__ import annotations
 
-from specdec_tune.tuner.model import MIN_LOWER, UNITS, TuningResult
+from specdec_tune.tuner.model import MIN_LOWER, TuningResult, describe_side, format_value
 from specdec_tune.tuner.servers._exports import _paths, batch_ranges, schedule_points
 from specdec_tune.tuner.servers._ship import Shipped
 from specdec_tune.tuner.servers._table import SERVERS, caveats, expressible
@@ -82,20 +82,11 @@ def _objective_lines(r: TuningResult) -> list[str]:
     if any(bounds):
         out.append(f"- latency SLO: p{slo.get('percentile', 99):g} of requests with "
                    + " and ".join(b for b in bounds if b))
-    unit = UNITS.get(o["objective"], "")
     for key in ("winner", "plain"):
         side = o.get(key) or {}
-        ci = side.get("ci")
-        value = side.get("value")
-        text = "not measured" if value is None else f"{value:.4g} {unit} (measured on {side.get('measured')}" + (
-            f", 95% CI {ci[0]:.4g}–{ci[1]:.4g})" if ci and None not in ci else ")")
-        s_ = side.get("slo")
-        if s_:
-            text += (f"; SLO {'met' if s_['met'] else 'NOT met'}: p{s_['percentile']:g} TPOT "
-                     f"{(s_['tpot_s'] or 0) * 1e3:.1f} ms, TTFT {(s_['ttft_s'] or 0) * 1e3:.1f} ms (measured)")
-        out.append(f"- {key} ({side.get('label', '–')}): {o['objective']} {text}")
+        out.append(f"- {key} ({side.get('label', '–')}): {o['objective']} {describe_side(o['objective'], side)}")
     if o.get("predicted") is not None:
-        out.append(f"- winner's {o['objective']}: {o['predicted']:.4g} {unit} (predicted)")
+        out.append(f"- winner's {o['objective']}: {format_value(o['objective'], o['predicted'])} (predicted)")
     return out + [""]
 
 
