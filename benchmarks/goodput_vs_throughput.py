@@ -119,13 +119,16 @@ def main(
 
 
 def _schedules(db, run_id: int, fast: Candidate, good: Candidate, slo: Slo, n_max: int) -> dict:
+    """Each winner's N per batch size as ``tune`` makes it: B = 1 its own N, larger batch sizes the
+    objective's best N up to it (throughput from T_v(B, k); goodput at B under the SLO)."""
     out = {}
     for name, c, ev in (("throughput", fast, Evaluator(db, run_id)),
                         ("goodput", good, Evaluator(db, run_id, objective=Objective("goodput", slo)))):
         if c.is_plain:
             continue
         fn = per_batch_size if name == "throughput" else objective_schedule
-        out[name] = {"label": c.label(), "per_batch_size": fn(ev, c, [1, 4, 16], n_max)}
+        out[name] = {"label": c.label(), "per_batch_size": {1: c.num_speculative_tokens,
+                                                            **fn(ev, c, [4, 16], min(n_max, c.num_speculative_tokens))}}
     return out
 
 

@@ -206,3 +206,57 @@ def test_tune_goodput_end_to_end_reports_and_exports_the_slo(tiny_model_dirs, tm
     readme = (tmp_path / "out" / "README.md").read_text()
     assert "## Objective" in readme and "tuned for goodput, SLO p99 TPOT <= 1000 ms" in readme
     assert "TPOT <= 1000 ms met: measured p99" in readme
+
+
+def test_tune_backend_vllm_picks_by_goodput_on_a_fake_server(tiny_model_dirs, tune_flags, tmp_path, capsys,
+                                                             monkeypatch):
+    """A fake vLLM where more draft tokens are faster overall but make every second request's TPOT 50 ms
+    from N = 3 on: throughput picks N = 3, goodput under a 20 ms p50 TPOT SLO picks a smaller N, and the
+    report carries the objective measured held out with the SLO's outcome."""
+    import json
+    import sys
+
+    from specdec_tune.cli import main
+    from specdec_tune.profiler import vllm_measure
+    from specdec_tune.profiler.vllm_backend import VllmOutput
+    from tests.test_vllm_measure import FakeWorker
+
+    class Bursty(FakeWorker):
+        def generate(self, prompts, max_tokens, concurrency=1, ignore_eos=False):
+            res = super().generate(prompts, max_tokens, concurrency, ignore_eos)
+            k = int(self.spec["num_speculative_tokens"]) if self.spec else 0
+            outs = []
+            for j, o in enumerate(res.outputs):
+                tpot = 0.05 if (k >= 3 and j % 2) else 0.005
+                arrivals = {"t": [0.01 + i * tpot for i in range(max_tokens)], "n": [1] * max_tokens}
+                outs.append(VllmOutput(o.token_ids, o.seconds, o.finish_reason, o.ttft, o.itl_mean, o.steps_accepted,
+                                       o.steps_drafted, arrivals))
+            groups = [type(g)(g.prompts, max(0.02, 0.2 - 0.03 * k) * len(g.prompts), g.counters) for g in res.groups]
+            return type(res)(outs, groups)
+
+    monkeypatch.setattr(vllm_measure, "VllmWorker", Bursty)
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("".join(json.dumps({"id": str(i), "prompt": p}) + "\n" for i, p in enumerate(
+        ["def add(a, b):", "class Point:", "for i in range(10):", "print(i, i * i)", "def sub(a, b):",
+         "x = [i for i in range(3)]", "return a + b", "self.x = x"])))
+    flags = list(tune_flags)
+    flags[flags.index("--heldout-prompts") + 1] = "4"
+    flags[flags.index("--n-max") + 1] = "3"
+    flags[flags.index("--batch-sizes") + 1] = "1"
+    base = ["tune", "--target", tiny_model_dirs["target"], "--drafts", tiny_model_dirs["draft"], "--workload", str(wl),
+            "--db", f"sqlite:///{tmp_path / 'r.db'}", *flags, "--server", "vllm", "--backend", "vllm",
+            "--vllm-python", sys.executable, "--trials", "4", "--measure-top", "3", "--json"]
+    winners = {}
+    for name, extra in (("throughput", []), ("goodput", ["--objective", "goodput", "--slo-tpot-ms", "20",
+                                                         "--slo-percentile", "50"])):
+        code = main(base + extra)
+        cap = capsys.readouterr()
+        assert code == 0, cap.err[-1500:]
+        obj = json.loads(cap.out.strip().splitlines()[-1])
+        winners[name] = obj["server_report"]["winner"]["num_speculative_tokens"]
+        if name == "goodput":
+            o = obj["objective"]
+            assert o["objective"] == "goodput" and o["winner"]["slo"]["met"] is True
+            assert o["winner"]["value"] > 0 and o["winner"]["measured"] == "held-out prompts (vLLM)"
+            assert all(r.get("objective") == "goodput" for r in obj["server_report"]["confirmation"])
+    assert winners["throughput"] == 3 and 0 < winners["goodput"] < 3
