@@ -135,9 +135,7 @@ def speculative(
         on_cycle: called after every cycle with its statistics (the profiler's hook for timing).
         verify_fn: replaces ``verify_sampling`` (tests use it to show the exactness test has power).
         cache: a target cache to reuse (reset here); one is allocated when absent or too small.
-        n_for_cycle: cycle index -> the most tokens that cycle may draft (a server's per-batch-size N as
-            its load changes); 0 runs a plain step: the drafter is not called (it catches up on the
-            tokens it missed at its next proposal).
+        n_for_cycle: cycle index -> its most draft tokens (a server's N as its load changes; 0: a plain step).
     """
     _check_prompt(prompt_ids)
     n_max = config.num_speculative_tokens
@@ -150,9 +148,8 @@ def speculative(
     n_cur = n_max
     # Invariant: the target cache holds tokens[:length - 1]; the last emitted token is fed next.
     while not eos_hit and len(out) < config.max_new_tokens:
-        budget = min(n_cur, config.max_new_tokens - len(out))  # never draft past the limit
-        if n_for_cycle is not None:
-            budget = min(budget, n_for_cycle(len(cycles)))
+        budget = min(n_cur, config.max_new_tokens - len(out),  # never draft past the limit
+                     n_max if n_for_cycle is None else n_for_cycle(len(cycles)))
         draft = drafter.propose(tokens[:length], budget) if budget > 0 else _no_draft(tokens)
         n_draft = draft.length
         feed = tokens[length - 1:length + n_draft]  # [L + 1]: last emitted, d_1 .. d_L
@@ -167,9 +164,9 @@ def speculative(
         # Target cache: keep the context plus the accepted tokens (rejected positions rolled back).
         cache.truncate(length + acc)
         length += emitted
+        stats = _cycle_stats(drafter if budget > 0 else None, verdict, emitted)
         if budget > 0:
             drafter.observe(acc)
-        stats = _cycle_stats(drafter if budget > 0 else None, verdict, emitted)
         cycles.append(stats)
         if on_cycle is not None:
             on_cycle(stats)

@@ -191,9 +191,8 @@ def measure_configs(
     The models are loaded once. Each repeat goes round every configuration (in a rotated order) and
     every prompt, so a slow minute of a shared machine is spread over all configurations instead of
     landing on one: rankings and errors compare like with like (docs/architecture.md, Measurement
-    rules). Plain decoding (``MeasureSpec("none", 0)``) can be one of them, so a speedup and its
-    paired CI come from the same passes. Each measurement stores its 95% CI and the raw per-prompt,
-    per-repeat samples.
+    rules). Plain decoding (``MeasureSpec("none", 0)``) can be one of them (a speedup and its paired CI
+    from the same passes). Each measurement stores its 95% CI and the raw per-prompt, per-repeat samples.
 
     Args:
         db: the results database holding the run.
@@ -205,53 +204,51 @@ def measure_configs(
         repeats: decode the prompt set this many times; each prompt counts with its median time.
         seed: sampling seed.
         progress: progress sink.
-        threads: intra-op threads (None: the profile's count, lowered to the CPUs idle now;
-            :mod:`profiler.threads`).
-        gpu_price: dollars per hour of the device, stored with each measurement as $ per million tokens.
-        peak_memory: also measure each configuration's own peak memory, one decode of the first prompt in
-            a fresh process (:mod:`profiler.memory`).
+        threads: intra-op threads (None: the profile's, lowered to the CPUs idle now; :mod:`profiler.threads`).
+        gpu_price: the device's dollars per hour (stored as $ per million tokens).
+        peak_memory: also measure each configuration's peak memory in a fresh process (:mod:`profiler.memory`).
 
-    Each measurement also keeps when every request's tokens arrived (TTFT, TPOT and inter-token gaps,
-    :mod:`specdec_tune.latency`) and, on a GPU with NVML, the joules of each of its passes.
+    Each measurement also keeps every request's token arrivals and, with NVML, each pass's joules.
 
     Raises:
         NotFoundError: unknown run or draft.
         InputError: a configuration the engine cannot run, or a bad split.
     """
     run = get_run(db, run_id)
-    _check(run, items, repeats, temperature)
-    check_price(gpu_price)
+    _check(run, items, repeats, temperature, gpu_price)
     settings = run.settings
     planned = [(None if item.is_plain else run.resolve_draft(item.draft), item) for item in items]
     split, prompts = chosen_prompts(run, split, max_prompts)
     target, specs, choice = _load_models(run, [name for name, _ in planned], threads)
-    wanted = [p.id for p in prompts]
-    ids = [encode_prompt(target, p.prompt, p.id) for p in prompts]
+    wanted, ids = [p.id for p in prompts], [encode_prompt(target, p.prompt, p.id) for p in prompts]
     max_new = int(settings.get("max_new_tokens", 64))
-    cases = [_Case(draft=name, config=config, spec=specs[name],
-                   decode=_decode_config(config, max_new, temperature, target),
-                   times=[[] for _ in ids], tokens=[[] for _ in ids], arrivals=[[] for _ in ids])
-             for name, config in planned]
+    cases = [_Case(name, config, specs[name], _decode_config(config, max_new, temperature, target), [[] for _ in ids],
+                   [[] for _ in ids], arrivals=[[] for _ in ids]) for name, config in planned]
+    _metered(target, cases, wanted, ids, repeats, seed, progress or Progress())
+    ctx = _Context(temperature, repeats, split, wanted, [pid in set(settings.get("prompt_ids", [])) for pid in wanted],
+                   [int(x.shape[0]) for x in ids], choice, gpu_price)
+    return [_store(db, run_id, case, ctx, peak_for_run(run, _source(case), case.config.num_speculative_tokens * (
+        not case.config.is_plain), prompts[0].prompt, max_new, choice.threads) if peak_memory else None)
+        for case in cases]
+
+
+def _metered(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: list[torch.Tensor], repeats: int,
+             seed: int, progress: Progress) -> None:
+    """:func:`_run_cases` with the device's energy meter open (none on a CPU)."""
     meter = open_energy_meter(target.device)
     try:
-        _run_cases(target, cases, wanted, ids, repeats, seed, progress or Progress(), meter)
+        _run_cases(target, cases, wanted, ids, repeats, seed, progress, meter)
     finally:
         if meter is not None:
             meter.close()
-    profiled = set(settings.get("prompt_ids", []))
-    flags = [pid in profiled for pid in wanted]
-    lengths = [int(x.shape[0]) for x in ids]
-    peaks = [peak_for_run(run, _source(case), 0 if case.config.is_plain else case.config.num_speculative_tokens,
-                          prompts[0].prompt, max_new, choice.threads) if peak_memory else None for case in cases]
-    return [_store(db, run_id, case, _Context(temperature, repeats, split, wanted, flags, lengths, choice, gpu_price),
-                   peak) for case, peak in zip(cases, peaks)]
 
 
 def _source(case: _Case) -> str:
     return case.spec.model.source if case.spec.model is not None else case.spec.kind
 
 
-def _check(run, items: list[MeasureSpec], repeats: int, temperature: float) -> None:
+def _check(run, items: list[MeasureSpec], repeats: int, temperature: float, gpu_price: float | None = None) -> None:
+    check_price(gpu_price)
     if not items:
         raise InputError("no configuration to measure")
     if repeats < 1:

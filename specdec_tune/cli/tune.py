@@ -219,23 +219,26 @@ def tune(
     """Find the best speculative configuration for a server (fastest, or best by --objective under a latency
     SLO, a price or a memory budget), confirmed on held-out prompts."""
     objective_list, names = _checked(objectives, temperature, target, drafts)
-    single = tuple(o.strip() for o in objectives.split(",") if o.strip())
-    if len(single) == 1 and objective == "throughput":  # --objectives X alone: X is the objective
-        objective = single[0]
+    objective = _single(objectives) if objective == "throughput" and _single(objectives) else objective
     check_workload(workload)
-    from specdec_tune.db import default_storage_url, open_database, resolve_url
-    from specdec_tune.tuner.search import TuneRequest, check_storage, run_tune
+    from specdec_tune.tuner.search import TuneRequest
 
     req = TuneRequest(
-        target=target, drafts=names, workload=workload,
-        server=server, trials=trials, measure_top=measure_top, batch_sizes=int_list(batch_sizes, "--batch-sizes"),
-        temperature=temperature, objectives=objective_list, study=study, n_max=n_max, objective=objective,
-        slo_tpot_ms=slo_tpot_ms, slo_ttft_ms=slo_ttft_ms, slo_percentile=slo_percentile, gpu_price=gpu_price,
-        memory_budget_gib=memory_budget,
-        max_prompts=max_prompts, max_new_tokens=max_new_tokens, profile_repeats=profile_repeats,
-        measure_prompts=measure_prompts, heldout_prompts=heldout_prompts, repeats=repeats, seed=seed, device=device,
-        backend=backend, vllm_python=vllm_python, threads=parse_threads(threads),
-    )
+        target=target, drafts=names, workload=workload, server=server, trials=trials, measure_top=measure_top,
+        batch_sizes=int_list(batch_sizes, "--batch-sizes"), temperature=temperature, objectives=objective_list,
+        study=study, n_max=n_max, objective=objective, slo_tpot_ms=slo_tpot_ms, slo_ttft_ms=slo_ttft_ms,
+        slo_percentile=slo_percentile, gpu_price=gpu_price, memory_budget_gib=memory_budget, max_prompts=max_prompts,
+        max_new_tokens=max_new_tokens, profile_repeats=profile_repeats, measure_prompts=measure_prompts,
+        heldout_prompts=heldout_prompts, repeats=repeats, seed=seed, device=device, backend=backend,
+        vllm_python=vllm_python, threads=parse_threads(threads))
+    _run(req, db, storage, formats, export, json_out)
+
+
+def _run(req, db: str | None, storage: str | None, formats: str, export: str | None, json_out: bool) -> None:
+    """Check the storage and export folder, run the job, print the report."""
+    from specdec_tune.db import default_storage_url, open_database, resolve_url
+    from specdec_tune.tuner.search import check_storage, run_tune
+
     db_url = resolve_url(db)
     storage_url = storage or default_storage_url(db_url)
     check_storage(storage_url, db_url)
@@ -252,6 +255,12 @@ def tune(
         print_json(report_json(report))
         return
     _print(console(), report)
+
+
+def _single(objectives: str) -> str | None:
+    """``--objectives X`` alone names the objective (as ``--objective X``)."""
+    names = [o.strip() for o in objectives.split(",") if o.strip()]
+    return names[0] if len(names) == 1 else None
 
 
 def _kept_trials(storage_url: str, study: str) -> int | str:

@@ -136,23 +136,24 @@ def measure_predicted(
     measured = measure_configs(db, run_id, specs, split=split, temperature=temperature, max_prompts=max_prompts,
                                repeats=repeats, seed=seed, progress=progress, threads=threads, gpu_price=gpu_price,
                                peak_memory=peak_memory)
-    out = []
     mm = _memory(db, run, measured) if peak_memory else None
-    for m, (_, rp, config) in zip(measured, planned):
-        # Rates predicted at the profile's machine speed, rescaled to the speed the probe saw during this
-        # measurement (a busier or quieter machine); speedups are unchanged by it.
-        speed = machine_speed(rp, m.machine_probe_s)
-        specs = _prompt_specs(run, m)
-        prediction = at_machine_speed(predict_prompts(rp, config, specs), speed)
-        latency = predict_latency(rp, config, specs).scaled(speed)
-        memory = None
-        if mm is not None and m.peak_memory is not None:
-            c = Candidate("none" if config.num_speculative_tokens == 0 else m.draft, config.num_speculative_tokens)
-            memory = mm.breakdown(c, 1, m.peak_memory.prompt_tokens + m.peak_memory.new_tokens,
-                                  m.peak_memory.prompt_tokens)
-        _store_prediction(db, m, prediction, latency, memory)
-        out.append(Validated(m, prediction, config, in_sample=m.in_sample, latency=latency, memory=memory))
-    return out
+    return [_predicted(db, run, m, rp, config, mm) for m, (_, rp, config) in zip(measured, planned)]
+
+
+def _predicted(db: Database, run: RunRecord, m: Measurement, rp: RunProfile, config: SpecConfig, mm) -> Validated:
+    """The prediction for exactly the measured prompts (throughput, latency and, with a memory model, memory),
+    stored beside the measurement. Rates are predicted at the profile's machine speed and rescaled to the
+    speed the probe saw during this measurement (a busier or quieter machine); speedups are unchanged."""
+    speed = machine_speed(rp, m.machine_probe_s)
+    specs = _prompt_specs(run, m)
+    prediction = at_machine_speed(predict_prompts(rp, config, specs), speed)
+    latency = predict_latency(rp, config, specs).scaled(speed)
+    memory = None
+    if mm is not None and m.peak_memory is not None:
+        c = Candidate("none" if config.num_speculative_tokens == 0 else m.draft, config.num_speculative_tokens)
+        memory = mm.breakdown(c, 1, m.peak_memory.prompt_tokens + m.peak_memory.new_tokens, m.peak_memory.prompt_tokens)
+    _store_prediction(db, m, prediction, latency, memory)
+    return Validated(m, prediction, config, in_sample=m.in_sample, latency=latency, memory=memory)
 
 
 def _memory(db: Database, run: RunRecord, measured: list[Measurement]):
