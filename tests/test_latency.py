@@ -217,3 +217,39 @@ def test_dashboard_shows_energy_only_where_it_was_measured():
     assert cpu.rows[0].usd_ci == pytest.approx((3.6 / 3600 / 110 * 1e6, 3.6 / 3600 / 90 * 1e6))
     gpu = operator_info([rec(1, None), rec(2, 0.5)])
     assert gpu.has_energy and gpu.rows[1].joules_per_token_ci == (0.4, 0.6) and gpu.rows[0].joules_per_token is None
+
+
+def test_0005_adds_the_operator_columns_keeps_older_rows_and_downgrades(tmp_path):
+    import sqlalchemy as sa
+    from alembic import command
+
+    from specdec_tune.db import add_measured_run, upgrade
+    from specdec_tune.db.migrate import alembic_config
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    assert upgrade(url, "0004") == (None, "0004")
+    with sa.create_engine(url).begin() as conn:
+        conn.execute(sa.text("INSERT INTO hardware (fingerprint, created_at, device, device_name, device_count, extra) "
+                             "VALUES ('h', '2026-01-01', 'cpu', 'c', 1, '{}')"))
+        conn.execute(sa.text("INSERT INTO models (fingerprint, created_at, name, extra) VALUES ('m', '2026-01-01', "
+                             "'t', '{}')"))
+        conn.execute(sa.text("INSERT INTO profile_runs (target_model_id, hardware_id, settings, status, started_at) "
+                             "VALUES (1, 1, '{}', 'completed', '2026-01-01')"))
+        conn.execute(sa.text("INSERT INTO measured_runs (run_id, draft, config, measured_tokens_per_s, seconds, "
+                             "new_tokens, created_at) VALUES (1, 'd', '{}', 80.0, 2.0, 160, '2026-01-01')"))
+    assert upgrade(url) == ("0004", "0005")
+    db = open_database(url)
+    (old,) = list_measured(db, 1)
+    assert old.measured_tokens_per_s == 80.0 and old.tpot_p50_s is None and old.joules_per_token is None
+    new = add_measured_run(db, 1, draft=None, config={}, measured_tokens_per_s=10.0, seconds=1.0, new_tokens=10,
+                           operator={"tpot_p50_s": 0.01, "latency": {"x": float("nan")}, "usd_per_million_tokens": 2.0})
+    row = list_measured(db, 1)[-1]
+    assert row.id == new and row.tpot_p50_s == 0.01 and row.latency == {"x": None} and row.energy_j is None
+    with pytest.raises(Exception, match="unknown measured-run column"):
+        add_measured_run(db, 1, draft=None, config={}, measured_tokens_per_s=1.0, seconds=1.0, new_tokens=1,
+                         operator={"tpot": 1.0})
+    db.close()
+    with sa.create_engine(url).begin() as conn:
+        command.downgrade(alembic_config(conn), "0004")
+    columns = {c["name"] for c in sa.inspect(sa.create_engine(url)).get_columns("measured_runs")}
+    assert "tpot_p50_s" not in columns and "measured_tokens_per_s" in columns

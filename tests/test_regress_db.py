@@ -13,7 +13,7 @@ def test_0004_upgrades_from_0003_and_downgrades_cleanly(tmp_path):
 
     url = f"sqlite:///{tmp_path / 'm.db'}"
     assert upgrade(url, "0003") == (None, "0003")
-    assert upgrade(url) == ("0003", "0004")
+    assert upgrade(url, "0004") == ("0003", "0004")
     tables = set(sa.inspect(sa.create_engine(url)).get_table_names())
     assert {"regress_runs", "regress_benchmarks", "regress_cells", "regress_calibration"} <= tables
     engine = sa.create_engine(url)
