@@ -9,9 +9,11 @@
    same passes: a slow minute of a shared machine hits both).
 4. The per-batch-size schedules each objective chooses (predicted).
 
-Without ``--slo-tpot-ms`` the SLO is put where the throughput winner's predicted requests start missing
-it (its predicted TPOT at ``--auto-quantile``), so the two objectives have something to disagree on;
-pass your own bound to ask your question.
+Without ``--slo-tpot-ms`` the SLO is relative to the machine: a request's TPOT at most ``--slo-vs-plain``
+times plain decoding's median TPOT (0.65: every request must run at least 1.54× faster per token than
+plain decoding). The predicted bound uses the profile's plain TPOT, the measured bound plain decoding's
+TPOT measured in the same interleaved passes, so a machine that is slower while measuring than while
+profiling (a shared one) moves both sides alike. ``--slo-tpot-ms`` sets an absolute bound for both.
 
 Usage (about 10-20 minutes on one CPU thread; a shared machine makes it slower and noisier):
 
@@ -28,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import typer
 
 from specdec_tune.cli import _options as opts
@@ -43,8 +46,8 @@ Db = Annotated[str, typer.Option("--db", metavar="URL", help="Results database (
 Run = Annotated[int | None, typer.Option("--run", help="Reuse a stored profile run (profiled on --split tune).")]
 Slo_ = Annotated[float | None, typer.Option("--slo-tpot-ms", help="The TPOT bound (default: see --auto-quantile).")]
 Pct = Annotated[float, typer.Option("--slo-percentile", help="The SLO's percentile of requests.")]
-AutoQ = Annotated[float, typer.Option("--auto-quantile", help=(
-    "Without --slo-tpot-ms: the bound is the throughput winner's predicted TPOT at this quantile."))]
+VsPlain = Annotated[float, typer.Option("--slo-vs-plain", help=(
+    "Without --slo-tpot-ms: the bound is this times plain decoding's median TPOT (predicted / measured)."))]
 Server = Annotated[str, typer.Option("--server", help="The server space searched (vllm: drafter × N, θ = 0).")]
 NMax = Annotated[int, typer.Option("--n-max", help="Largest N searched.")]
 MaxPrompts = Annotated[int | None, typer.Option("--max-prompts", help="Held-out prompts measured (default: all).")]
@@ -73,7 +76,7 @@ def main(
     profile_max_prompts: ProfileMaxPrompts = opts.PROFILE_MAX_PROMPTS,
     slo_tpot_ms: Slo_ = None,
     slo_percentile: Pct = 90.0,
-    auto_quantile: AutoQ = 0.75,
+    slo_vs_plain: VsPlain = 0.65,
     server: Server = "vllm",
     n_max: NMax = 8,
     max_prompts: MaxPrompts = None,
@@ -90,10 +93,11 @@ def main(
     space = server_search_space(server, model_drafts, n_max, "ngram" in names)
     fast = brute_force(Evaluator(database, run_id), space)[0].candidate
     if slo_tpot_ms is None:
-        ev = Evaluator(database, run_id)
-        rp = ev.profile(fast.drafter if not fast.is_plain else None)
-        slo_tpot_ms = 1e3 * predict_latency(rp, spec_config(fast), profiled_specs(rp)).tpot(auto_quantile)
-    slo = Slo(tpot_ms=round(slo_tpot_ms, 2), percentile=slo_percentile)
+        rp = Evaluator(database, run_id).profile(None)
+        plain_ms = 1e3 * predict_latency(rp, spec_config(Candidate("none", 0)), profiled_specs(rp)).tpot(0.5)
+        slo = Slo(tpot_ms=round(slo_vs_plain * plain_ms, 3), percentile=slo_percentile)
+    else:
+        slo = Slo(tpot_ms=slo_tpot_ms, percentile=slo_percentile)
     goodput_ev = Evaluator(database, run_id, objective=Objective("goodput", slo))
     ranked = brute_force(goodput_ev, space)
     good = ranked[0].candidate
@@ -101,11 +105,15 @@ def main(
     measured = measure_candidates(database, run_id, [fast, good, Candidate("none", 0)] if good != fast else
                                   [fast, Candidate("none", 0)], split="holdout", max_prompts=max_prompts,
                                   temperature=0.0, repeats=repeats, seed=0, progress=None)
-    rows = [_measured(m, slo) for m in measured]
+    measured_slo = slo
+    if slo_tpot_ms is None:  # the same bound relative to plain decoding as measured in these passes
+        plain_m = measured[-1].validated.measurement.latency.per_prompt("tpot_s")
+        measured_slo = Slo(tpot_ms=round(slo_vs_plain * 1e3 * float(np.median(plain_m)), 3), percentile=slo_percentile)
+    rows = [_measured(m, measured_slo) for m in measured]
     ratios = _ratios(rows) if good != fast else {}
     load_after = os.getloadavg()
-    text = _text(args, run_id, slo, fast, good, ranked, rows, ratios, schedules, load_before, load_after,
-                 time.perf_counter() - started, get_run(database, run_id).settings)
+    text = _text(args, run_id, (slo, measured_slo), fast, good, ranked, rows, ratios, schedules, load_before,
+                 load_after, time.perf_counter() - started, get_run(database, run_id).settings)
     print(text)
     stem = Path(out) if out else RESULTS / f"goodput_vs_throughput_cpu_{workload}"
     stem.parent.mkdir(parents=True, exist_ok=True)
@@ -113,7 +121,8 @@ def main(
     for r in rows:
         r.pop("samples"), r.pop("good")
     stem.with_suffix(".json").write_text(json.dumps(
-        {"args": args, "run_id": run_id, "slo": slo.to_dict(), "throughput_winner": fast.to_dict(),
+        {"args": args, "run_id": run_id, "slo_predicted": slo.to_dict(), "slo_measured": measured_slo.to_dict(),
+         "throughput_winner": fast.to_dict(),
          "goodput_winner": good.to_dict(), "measured": rows, "ratios": ratios, "schedules": schedules,
          "load_average": [load_before, load_after], "date": time.strftime("%Y-%m-%d")}, indent=1, default=str) + "\n")
 
@@ -140,13 +149,15 @@ def _ratios(rows: list[dict]) -> dict:
             "throughput_G_over_T_ci": list(speedup_ci(g["samples"], t["samples"]))}
 
 
-def _text(args, run_id, slo, fast, good, ranked, rows, ratios, schedules, before, after, seconds, settings) -> str:
+def _text(args, run_id, slos, fast, good, ranked, rows, ratios, schedules, before, after, seconds, settings) -> str:
+    slo, measured_slo = slos
     lines = [f"goodput vs throughput: target {args['target']}, drafts {args['drafts']}, workload {args['workload']}, "
              f"{args['server']} space, run {run_id} ({len(settings.get('prompt_ids', []))} tuning prompts), "
              f"{time.strftime('%Y-%m-%d')}, CPU, load average before {before[0]:.2f}, after {after[0]:.2f} "
              "(a shared machine: re-run quietly)",
-             f"SLO: {slo.describe()}" + (" (auto: the throughput winner's predicted TPOT at quantile "
-                                         f"{args['auto_quantile']})" if args["slo_tpot_ms"] is None else ""),
+             f"SLO: {slo.describe()} predicted, {measured_slo.describe()} measured" + (
+                 f" ({args['slo_vs_plain']:g} × plain decoding's median TPOT, predicted from the profile and measured "
+                 "in the same passes)" if args["slo_tpot_ms"] is None else ""),
              f"predicted throughput winner T: {fast.label()}",
              f"predicted goodput winner G: {good.label()}" + ("  (the same: the SLO does not change the choice)"
                                                               if good == fast else ""),

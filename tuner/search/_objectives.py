@@ -26,8 +26,8 @@ from specdec_tune.tuner.model import predict_latency, predicted_value, profiled_
 from specdec_tune.tuner.search._measure import Measured
 
 
-def _value_at(evaluator: Evaluator, c: Candidate, b: int) -> float:
-    """The predicted value of the evaluator's objective for ``c`` at batch size ``b``."""
+def _value_at(evaluator: Evaluator, c: Candidate, b: int) -> tuple[float, float]:
+    """(the predicted value of the evaluator's objective, tokens/s) for ``c`` at batch size ``b``."""
     o = evaluator.objective
     rp = evaluator.profile(None if c.is_plain else c.drafter)
     config = spec_config(c, evaluator.mode, b)
@@ -35,24 +35,26 @@ def _value_at(evaluator: Evaluator, c: Candidate, b: int) -> float:
     attainment = 1.0
     if o.slo.active:
         attainment = predict_latency(rp, config, profiled_specs(rp)).attainment(o.slo)
-    return predicted_value(o.name, rate, attainment, None, o.gpu_price, o.watts)
+    return predicted_value(o.name, rate, attainment, None, o.gpu_price, o.watts), rate
 
 
 def objective_schedule(evaluator: Evaluator, c: Candidate, batch_sizes: Sequence[int], n_max: int) -> dict[int, int]:
     """Best N per batch size for ``c``'s drafter and θ by the evaluator's objective (module docstring);
-    N = 0 always competes, ties go to the smaller N.
+    N = 0 always competes; equal values go to the higher throughput (where no N meets an SLO, goodput
+    is 0 for all), then to the smaller N.
 
     Raises:
         InputError: the profile lacks T_v(B, k) at a batch size asked (profile with --batch-sizes).
     """
     out: dict[int, int] = {}
     for b in batch_sizes:
-        best_n, best_v = 0, _value_at(evaluator, Candidate("none", 0), b)
+        name = evaluator.objective.name
+        best_n, (best_v, best_rate) = 0, _value_at(evaluator, Candidate("none", 0), b)
         if not c.is_plain:
             for n in range(1, n_max + 1):
-                v = _value_at(evaluator, Candidate(c.drafter, n, c.threshold, c.threshold_rule, c.schedule), b)
-                if better(evaluator.objective.name, v, best_v):
-                    best_n, best_v = n, v
+                v, rate = _value_at(evaluator, Candidate(c.drafter, n, c.threshold, c.threshold_rule, c.schedule), b)
+                if better(name, v, best_v) or (v == best_v and rate > best_rate):
+                    best_n, best_v, best_rate = n, v, rate
         out[int(b)] = best_n
     return out
 
