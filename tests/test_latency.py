@@ -253,3 +253,18 @@ def test_0005_adds_the_operator_columns_keeps_older_rows_and_downgrades(tmp_path
         command.downgrade(alembic_config(conn), "0004")
     columns = {c["name"] for c in sa.inspect(sa.create_engine(url)).get_columns("measured_runs")}
     assert "tpot_p50_s" not in columns and "measured_tokens_per_s" in columns
+
+
+def test_percentile_ci_contains_its_point_with_right_skewed_repeats():
+    """Each prompt has one slow repeat in three (a load burst): the median ignores it, and so must the
+    percentile's CI (resampling the repeats put a p90's whole interval above the point estimate)."""
+    requests = []
+    for p in range(20):
+        base = 0.005 + 0.0002 * p
+        row = [RequestLatency(tuple(0.01 + step * i for i in range(9)), (1,) * 9) for step in (base, base, 4 * base)]
+        requests.append(tuple(row))
+    s = latency_summary(LatencySamples(tuple(f"p{i}" for i in range(20)), tuple(requests)), resamples=1000)
+    for q in ("p50", "p90", "p99"):
+        lo, hi = s["tpot_s"][q]["ci"]
+        assert lo <= s["tpot_s"][q]["value"] <= hi, q
+    assert s["tpot_s"]["p90"]["value"] < 0.0105  # the slow repeats do not reach the per-prompt medians
