@@ -164,7 +164,7 @@ def _probe(args: dict) -> dict:
     new = _decode(args, models)
     peak = float(torch.cuda.max_memory_allocated()) if cuda else _status("VmHWM")
     return asdict(PeakMemory(peak - baseline, baseline, peak, "cuda max_memory_allocated" if cuda else
-                             "VmHWM - VmRSS baseline (warmed up, malloc_trim, clear_refs)",
+                             "VmHWM - VmRSS baseline (warmed up, malloc_trim, clear_refs, 64 KiB mmap threshold)",
                              int(models[2].shape[0]), new))
 
 

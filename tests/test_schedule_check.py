@@ -3,7 +3,6 @@ falls (TensorRT-LLM #16888): the engine's ``n_for_cycle``, the profiler's check,
 drafter that the check catches."""
 from __future__ import annotations
 
-import types
 
 import pytest
 import torch
