@@ -185,3 +185,28 @@ def test_plain_decoding_packs_only_when_its_prefill_is_between_2_and_128_tokens(
     assert mm.breakdown(plain, prompt_tokens=300).packed == 0
     assert mm.breakdown(plain, prompt_tokens=100).packed == 1000 == mm.breakdown(plain).packed
     assert mm.breakdown(Candidate("d", 3), prompt_tokens=300).packed == 1100
+
+
+@pytest.mark.gpu
+def test_peak_memory_on_a_gpu_is_max_memory_allocated_within_ten_percent():
+    """On CUDA the probe reports ``torch.cuda.max_memory_allocated`` over the decode (no baseline to
+    subtract); the bundled models in bf16 (no packed copy on a GPU) within 10 % of the prediction."""
+    from specdec_tune.engine import load_model
+    from specdec_tune.profiler.memory import measure_peak_memory
+    from specdec_tune.tuner.search._memory import model_memory
+
+    def rec(name: str):
+        m = load_model(name, "cuda")
+        return types.SimpleNamespace(name=name, extra={"source": m.source}, dtype=str(m.dtype).replace("torch.", ""),
+                                     num_parameters=m.num_parameters)
+
+    target = model_memory(rec("mini-target"), device="cuda", forward="auto")
+    draft = model_memory(rec("mini-draft-2l"), device="cuda", forward="auto")
+    assert target.packed_bytes == 0
+    for name, n in (("none", 0), ("mini-draft-2l", 4)):
+        m = measure_peak_memory("mini-target", name, n, "def fibonacci(n):\n    return", max_new_tokens=256,
+                                device="cuda")
+        assert m.baseline_bytes == 0 and "max_memory_allocated" in m.method
+        predicted = MemoryModel(target, {"mini-draft-2l": draft}, m.prompt_tokens + 256).breakdown(
+            Candidate(name, n), 1, m.prompt_tokens + 256, m.prompt_tokens).total
+        assert abs(predicted - m.bytes) / m.bytes < 0.10, (name, predicted, m)
