@@ -32,13 +32,14 @@ from typing import Annotated
 
 import typer
 
+from fidelity import _profile  # the same profile on the tune split (benchmarks/ is this script's folder)
 from specdec_tune.cli import _options as opts
 from specdec_tune.db import get_run, open_database
 from specdec_tune.tuner.model import SpecConfig
 from specdec_tune.tuner.search import Validated, measure_predicted
 
-sys_path = Path(__file__).resolve().parent
-RESULTS = sys_path / "results"
+
+RESULTS = Path(__file__).resolve().parent / "results"
 GOAL = 0.05
 
 Db = Annotated[str, typer.Option("--db", metavar="URL", help=(
@@ -169,16 +170,6 @@ def main(
                                                      "load_average": [load_before, load_after],
                                                      "date": time.strftime("%Y-%m-%d")},
                                                     indent=1, default=str, ensure_ascii=False) + "\n")
-
-
-def _profile(db, target: str, drafts: list[str], workload: str, max_prompts: int) -> int:
-    from specdec_tune.profiler import ProfileSettings, run_profile
-
-    t0 = time.perf_counter()
-    run_id = run_profile(db, target, drafts, workload, ProfileSettings(device="cpu", split="tune",
-                                                                       max_prompts=max_prompts)).run_id
-    print(f"profile run {run_id} on the tune split: {time.perf_counter() - t0:.0f} s", flush=True)
-    return run_id
 
 
 if __name__ == "__main__":

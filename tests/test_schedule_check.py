@@ -7,17 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_tune.engine import DecodeConfig, LoadedModel, autoregressive
+from specdec_tune.engine import DecodeConfig, autoregressive
 from specdec_tune.engine.drafters import ModelDrafter
 from specdec_tune.profiler import schedule_check as sc
+from tests.test_latency import _loaded
 from tests.tiny import tiny_llama
 
 VOCAB = 48
-
-
-def _loaded(model, name):
-    return LoadedModel(name=name, source=name, model=model, tokenizer=None, device=torch.device("cpu"),
-                       dtype=torch.float64)
 
 
 @pytest.fixture(scope="module")
