@@ -38,7 +38,6 @@ from specdec_tune.db import get_run, open_database
 from specdec_tune.tuner.model import SpecConfig
 from specdec_tune.tuner.search import Validated, measure_predicted
 
-
 RESULTS = Path(__file__).resolve().parent / "results"
 GOAL = 0.05
 
