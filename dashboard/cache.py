@@ -11,6 +11,7 @@ from typing import Any
 import streamlit as st
 
 from specdec_tune.dashboard.measured import FidelityInfo, load_fidelity
+from specdec_tune.dashboard.operator import OperatorInfo, load_operator
 from specdec_tune.dashboard.overview import OverviewInfo, load_overview
 from specdec_tune.dashboard.profile_info import ProfileInfo, load_profile_info
 from specdec_tune.dashboard.sources import Sources, resolve_sources
@@ -55,6 +56,11 @@ def clear() -> None:
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def runs(db_url: str) -> tuple[RunRecord, ...]:
     return tuple(list_runs(database(db_url)))
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def operator(db_url: str, run_ids: tuple[int, ...]) -> OperatorInfo:
+    return load_operator(database(db_url), run_ids)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

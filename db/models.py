@@ -309,6 +309,23 @@ class MeasuredRun(Base):
     ci_low: Mapped[float | None] = mapped_column(Float)
     ci_high: Mapped[float | None] = mapped_column(Float)
     samples: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Added by revision 0005 (what operators pay for). Latency: per-prompt medians' percentiles, in
+    # seconds, and {"requests": arrivals per prompt and repeat, "summary": p50/p90/p99 with CIs}.
+    ttft_p50_s: Mapped[float | None] = mapped_column(Float)
+    tpot_p50_s: Mapped[float | None] = mapped_column(Float)
+    tpot_p90_s: Mapped[float | None] = mapped_column(Float)
+    tpot_p99_s: Mapped[float | None] = mapped_column(Float)
+    predicted_tpot_p50_s: Mapped[float | None] = mapped_column(Float)
+    predicted_tpot_p90_s: Mapped[float | None] = mapped_column(Float)
+    latency: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Energy from NVML's counter (NULL on a CPU: absent, not invented), {"joules", "tokens"} per pass.
+    energy_j: Mapped[float | None] = mapped_column(Float)
+    joules_per_token: Mapped[float | None] = mapped_column(Float)
+    energy: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    gpu_price_usd_per_hour: Mapped[float | None] = mapped_column(Float)
+    usd_per_million_tokens: Mapped[float | None] = mapped_column(Float)
+    peak_memory_bytes: Mapped[float | None] = mapped_column(Float)
+    predicted_memory_bytes: Mapped[float | None] = mapped_column(Float)
 
 
 class Telemetry(Base):

@@ -294,12 +294,14 @@ def add_measured_run(
     predicted_tau: float | None = None,
     ci: tuple[float, float] | None = None,
     samples: Mapping[str, Any] | None = None,
+    operator: Mapping[str, Any] | None = None,
 ) -> int:
     """Store one end-to-end measurement (``draft=None``: autoregressive baseline); return its id.
 
     ``config`` holds the configuration measured: N, threshold, schedule, batch_size, temperature.
     ``ci`` is the 95% confidence interval of ``measured_tokens_per_s`` and ``samples`` the raw
     per-prompt, per-repeat tokens and seconds it was computed from (so it can be recomputed).
+    ``operator`` holds revision 0005's columns (latency, energy, cost, memory; :data:`OPERATOR_COLUMNS`).
     """
     lo, hi = (None, None) if ci is None else (_finite("ci_low", ci[0]), _finite("ci_high", ci[1]))
     if lo is not None and hi is not None and lo > hi:
@@ -310,25 +312,50 @@ def add_measured_run(
         predicted_tokens_per_s=predicted_tokens_per_s, measured_tau=measured_tau,
         predicted_tau=predicted_tau, seconds=_finite("seconds", seconds),
         new_tokens=int(new_tokens), ci_low=lo, ci_high=hi,
-        samples=None if samples is None else dict(samples),
+        samples=None if samples is None else dict(samples), **_operator(operator),
     )  # fmt: skip
     return _add_for_run(db, run_id, row)
 
 
+# Revision 0005's columns of a measured run: the measured ones, then what the tuner predicts beside them.
+OPERATOR_COLUMNS = ("ttft_p50_s", "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "latency", "energy_j", "joules_per_token",
+                    "energy", "gpu_price_usd_per_hour", "usd_per_million_tokens", "peak_memory_bytes")
+PREDICTED_COLUMNS = ("predicted_tpot_p50_s", "predicted_tpot_p90_s", "predicted_memory_bytes")
+
+
+def _operator(values: Mapping[str, Any] | None, allowed: Sequence[str] = OPERATOR_COLUMNS) -> dict[str, Any]:
+    """Checked revision-0005 values: known names, finite non-negative numbers, JSON without NaN."""
+    from specdec_tune.jsonsafe import finite
+
+    out: dict[str, Any] = {}
+    for name, value in (values or {}).items():
+        if name not in allowed:
+            raise InputError(f"unknown measured-run column {name!r}; known: {', '.join(allowed)}")
+        if value is None or isinstance(value, Mapping):
+            out[name] = None if value is None else finite(dict(value))
+        else:
+            out[name] = _finite(name, float(value))
+    return out
+
+
 def set_prediction(
     db: Database, measured_id: int, *, predicted_tokens_per_s: float | None, predicted_tau: float | None,
-    extra: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None, predicted: Mapping[str, Any] | None = None,
 ) -> None:
     """Store the tuner's prediction next to a measured run (the profiler stores only what it measured).
 
-    ``extra`` is merged into the run's ``config`` (for instance the prediction's source).
+    ``extra`` is merged into the run's ``config`` (for instance the prediction's source);
+    ``predicted`` sets revision 0005's predicted columns (:data:`PREDICTED_COLUMNS`).
     """
+    columns = _operator(predicted, PREDICTED_COLUMNS)
     with session_scope(db, write=True) as s:
         row = s.get(m.MeasuredRun, measured_id)
         if row is None:
             raise NotFoundError(f"no measured run {measured_id}")
         row.predicted_tokens_per_s = predicted_tokens_per_s
         row.predicted_tau = predicted_tau
+        for name, value in columns.items():
+            setattr(row, name, value)
         if extra:
             row.config = {**row.config, **dict(extra)}
 

@@ -163,7 +163,9 @@ def list_measured(db: Database, run_id: int | None = None) -> list[rec.MeasuredR
             query = query.where(r.run_id == run_id)
         return [
             record_from(rec.MeasuredRecord, x, config=dict(x.config),
-                        samples=None if x.samples is None else dict(x.samples))
+                        samples=None if x.samples is None else dict(x.samples),
+                        latency=None if x.latency is None else dict(x.latency),
+                        energy=None if x.energy is None else dict(x.energy))
             for x in s.scalars(query)
         ]
 

@@ -248,6 +248,21 @@ class MeasuredRecord:
     ci_low: float | None = None  # 95% CI of measured_tokens_per_s (revision 0003; None before)
     ci_high: float | None = None
     samples: dict[str, Any] | None = None  # raw {"prompt_ids", "tokens", "seconds"} per repeat
+    # Revision 0005 (None before, and energy None on a CPU); see db.models.MeasuredRun.
+    ttft_p50_s: float | None = None
+    tpot_p50_s: float | None = None
+    tpot_p90_s: float | None = None
+    tpot_p99_s: float | None = None
+    predicted_tpot_p50_s: float | None = None
+    predicted_tpot_p90_s: float | None = None
+    latency: dict[str, Any] | None = None
+    energy_j: float | None = None
+    joules_per_token: float | None = None
+    energy: dict[str, Any] | None = None
+    gpu_price_usd_per_hour: float | None = None
+    usd_per_million_tokens: float | None = None
+    peak_memory_bytes: float | None = None
+    predicted_memory_bytes: float | None = None
 
     @property
     def ci95(self) -> tuple[float, float] | None:

@@ -101,6 +101,7 @@ def autoregressive(
     prompt_ids: torch.Tensor,
     config: DecodeConfig,
     generator: torch.Generator | None = None,
+    on_cycle: Callable[[CycleStats], None] | None = None,
 ) -> GenerationResult:
     """Target-only decoding with a KV cache: the reference for correctness and speed.
 
@@ -108,6 +109,8 @@ def autoregressive(
         model: the target causal LM.
         prompt_ids: ``[T]`` prompt token ids on the model's device.
         config: max_new_tokens, temperature and eos are used.
+        on_cycle: called after each token is picked (one "cycle" of plain decoding: nothing drafted,
+            one token emitted), so the profiler can time token arrivals as it does speculative cycles.
     """
     _check_prompt(prompt_ids)
     cache = make_cache(model, prompt_ids.shape[0] + config.max_new_tokens + 1)
@@ -115,9 +118,14 @@ def autoregressive(
     logits = _forward(model, prompt_ids, cache, 1)[-1]
     eos_hit = False
     buf = torch.empty(1, dtype=torch.long, device=prompt_ids.device)
+    positions = prompt_ids.shape[0]  # the first token comes out of the prefill
     while True:
-        tok = _pick(logits, config.temperature, generator)
+        tok = _pick(logits, config.temperature, generator)  # the step's host synchronisation
         out.append(tok)
+        if on_cycle is not None:
+            on_cycle(CycleStats(drafted=0, accepted=0, emitted=1, confidences=(), outcomes=(),
+                                target_positions=positions))
+        positions = 1
         if tok == config.eos_token_id:
             eos_hit = True
             break
@@ -137,6 +145,7 @@ def speculative(
     on_cycle: Callable[[CycleStats], None] | None = None,
     verify_fn: VerifyFn | None = None,
     cache: PreallocatedCache | None = None,
+    n_for_cycle: Callable[[int], int] | None = None,
 ) -> GenerationResult:
     """Speculative decoding: draft up to N tokens, verify them in one target forward, accept a prefix.
 
@@ -151,6 +160,7 @@ def speculative(
             acceptance and ε); tests use it to show the exactness test has power, the profiler to read
             each verified position's p and q.
         cache: a target cache to reuse (reset here); one is allocated when absent or too small.
+        n_for_cycle: cycle index -> its most draft tokens (a server's N as its load changes; 0: a plain step).
     """
     _check_prompt(prompt_ids)
     n_max = config.num_speculative_tokens
@@ -165,8 +175,9 @@ def speculative(
     n_cur = n_max
     # Invariant: the target cache holds tokens[:length - 1]; the last emitted token is fed next.
     while not eos_hit and len(out) < config.max_new_tokens:
-        budget = min(n_cur, config.max_new_tokens - len(out))  # never draft past the limit
-        draft = drafter.propose(tokens[:length], budget)
+        budget = min(n_cur, config.max_new_tokens - len(out),  # never draft past the limit
+                     n_max if n_for_cycle is None else n_for_cycle(len(cycles)))
+        draft = drafter.propose(tokens[:length], budget) if budget > 0 else _no_draft(tokens)
         n_draft = draft.length
         feed = tokens[length - 1:length + n_draft]  # [L + 1]: last emitted, d_1 .. d_L
         if n_draft:
@@ -180,8 +191,9 @@ def speculative(
         # Target cache: keep the context plus the accepted tokens (rejected positions rolled back).
         cache.truncate(length + acc)
         length += emitted
-        drafter.observe(acc)
-        stats = _cycle_stats(drafter, verdict, emitted)
+        stats = _cycle_stats(drafter if budget > 0 else None, verdict, emitted)
+        if budget > 0:
+            drafter.observe(acc)
         cycles.append(stats)
         if on_cycle is not None:
             on_cycle(stats)
@@ -259,8 +271,14 @@ def _verdict(
                     confidences if draft.token_probs is not None else [], draft.threshold)
 
 
-def _cycle_stats(drafter: Drafter, verdict: _Verdict, emitted: int) -> CycleStats:
-    """The cycle's record; ``drafter.forwards`` counts the draft forwards of its last proposal."""
+def _no_draft(tokens: torch.Tensor) -> Draft:
+    """An empty draft: a cycle whose N is 0 verifies only the last token (a plain step)."""
+    return Draft(tokens=tokens.new_empty(0), probs=None, confidence=torch.empty(0, device=tokens.device))
+
+
+def _cycle_stats(drafter: Drafter | None, verdict: _Verdict, emitted: int) -> CycleStats:
+    """The cycle's record; ``drafter.forwards`` counts the draft forwards of its last proposal (none
+    when the cycle did not call the drafter)."""
     n_draft = len(verdict.drafted)
     return CycleStats(
         drafted=n_draft,
@@ -268,7 +286,7 @@ def _cycle_stats(drafter: Drafter, verdict: _Verdict, emitted: int) -> CycleStat
         emitted=emitted,
         confidences=tuple(verdict.confidences),
         outcomes=tuple(i < verdict.accepted for i in range(n_draft)),
-        draft_forwards=getattr(drafter, "forwards", 0),
+        draft_forwards=getattr(drafter, "forwards", 0) if drafter is not None else 0,
         target_positions=n_draft + 1,
         token_probs=tuple(verdict.token_probs),
         threshold=verdict.threshold,

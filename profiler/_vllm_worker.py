@@ -17,9 +17,10 @@ Ops:
     time: vLLM's Prometheus counters live in one process-wide registry that a new engine resets.
     ``{"op": "generate", "prompts": [[ids], ...], "max_tokens": M, "concurrency": B,
     "ignore_eos": false}`` -> per prompt its token ids, the wall seconds of its group's call,
-    TTFT and mean inter-token latency from vLLM's request timestamps and, with a speculative
-    config, vLLM's per-request acceptance record; per group of B prompts (sent together, one
-    ``generate`` call) the deltas of the ``vllm:spec_decode_*`` counters over that call.
+    TTFT and mean inter-token latency from vLLM's request timestamps, its *arrivals* (seconds since
+    the group started and tokens, at every engine step that gave it tokens: what a streaming client
+    sees) and, with a speculative config, vLLM's per-request acceptance record; per group of B
+    prompts (sent together) the deltas of the ``vllm:spec_decode_*`` counters over that call.
     ``{"op": "stop"}`` shuts the engine down; ``{"op": "quit"}`` ends the worker.
 """
 from __future__ import annotations
@@ -87,6 +88,7 @@ class Worker:
     def __init__(self) -> None:
         self.llm = None
         self.spec = None
+        self.requests = 0  # request ids handed to the engine so far
 
     def hello(self, op: dict) -> dict:
         return {"versions": _versions(), "env": {k: os.environ.get(k) for k in (
@@ -122,23 +124,53 @@ class Worker:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        from vllm.sampling_params import RequestOutputKind
+
+        # Cumulative outputs at every engine step (what a streaming server sends), so each request's
+        # token arrivals are seen; LLM.generate asks for the final output only.
         params = SamplingParams(temperature=0.0, max_tokens=int(op["max_tokens"]),
-                                ignore_eos=bool(op.get("ignore_eos", False)))
+                                ignore_eos=bool(op.get("ignore_eos", False)),
+                                output_kind=RequestOutputKind.CUMULATIVE)
         prompts = [list(map(int, p)) for p in op["prompts"]]
         batch = max(1, int(op.get("concurrency", 1)))
         results, groups = [], []
         for g in range(0, len(prompts), batch):
             chunk = prompts[g:g + batch]
             before = _counters(self.llm) if self.spec else None
-            t0 = time.perf_counter()
-            outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in chunk], params, use_tqdm=False)
-            seconds = time.perf_counter() - t0
+            outs, arrivals, seconds = self._stepped([TokensPrompt(prompt_token_ids=p) for p in chunk], params)
             after = _counters(self.llm) if self.spec else None
             groups.append({"prompts": list(range(g, g + len(chunk))), "seconds": seconds,
                            "counters": _delta(after, before) if self.spec else None})
-            for out in outs:
-                results.append(_request_json(out, seconds))
+            for out, arr in zip(outs, arrivals):
+                results.append({**_request_json(out, seconds), "arrivals": arr})
         return {"outputs": results, "groups": groups}
+
+    def _stepped(self, prompts: list, params) -> tuple[list, list[dict], float]:
+        """Run ``prompts`` together, stepping the engine as ``LLM.generate`` does (vllm 0.32
+        ``entrypoints/common/offline.py``, ``_run_engine``), and note after each step which request got
+        how many tokens. Returns (final outputs, arrivals per prompt, wall seconds), in prompt order."""
+        engine = self.llm.llm_engine
+        ids = [f"specdec-{self.requests + i}" for i in range(len(prompts))]
+        self.requests += len(prompts)
+        seen = {rid: 0 for rid in ids}
+        arrivals: dict = {rid: {"t": [], "n": []} for rid in ids}
+        final: dict = {}
+        t0 = time.perf_counter()
+        for rid, prompt in zip(ids, prompts):
+            engine.add_request(rid, prompt, params)
+        while engine.has_unfinished_requests():
+            outs = engine.step()
+            now = time.perf_counter() - t0
+            for out in outs:
+                n = len(out.outputs[0].token_ids)
+                if out.request_id in seen and n > seen[out.request_id]:
+                    arrivals[out.request_id]["t"].append(now)
+                    arrivals[out.request_id]["n"].append(n - seen[out.request_id])
+                    seen[out.request_id] = n
+                if out.finished:
+                    final[out.request_id] = out
+        seconds = time.perf_counter() - t0
+        return [final[rid] for rid in ids], [arrivals[rid] for rid in ids], seconds
 
     def stop(self, op: dict) -> dict:
         if self.llm is not None:

@@ -17,10 +17,14 @@ import torch
 
 from specdec_tune.db import Database, add_measured_run, get_run
 from specdec_tune.engine import DecodeConfig, LoadedModel, acceptance_per_position, check_compatible, load_model
+from specdec_tune.costs import check_price, usd_per_million_tokens
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.errors import InputError
+from specdec_tune.latency import LatencySamples, RequestLatency, latency_summary
 from specdec_tune.profiler.describe import tokenizer_hash
+from specdec_tune.profiler.energy import EnergyMeter, EnergySamples, open_energy_meter, operator_columns
 from specdec_tune.profiler.machine_probe import MachineProbe
+from specdec_tune.profiler.memory import peak_for_run
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
 from specdec_tune.profiler.settings import Progress
 from specdec_tune.profiler.threads import ThreadChoice, apply_threads, choose_threads
@@ -94,6 +98,19 @@ class Measurement:
     threads: dict = field(default_factory=dict)  # the thread choice (profiler.threads.ThreadChoice.to_dict())
     probe_seconds: list[float] = field(default_factory=list)  # the machine probe after each pass of this config
     synthetic_acceptance: list[float] | None = None  # the rates the verify step accepted with (None: the target)
+    latency: LatencySamples | None = None  # when every request's tokens arrived (TTFT, TPOT, gaps)
+    energy: EnergySamples | None = None  # NVML joules per pass (None: no GPU energy counter)
+    gpu_price: float | None = None  # --gpu-price, dollars per hour
+    peak_memory: Any = None  # profiler.memory.PeakMemory (measure --memory), in a fresh process
+
+    @property
+    def latency_summary(self) -> dict | None:
+        """p50/p90/p99 TTFT, TPOT and inter-token gaps with 95% CIs (``specdec_tune.latency``)."""
+        return None if self.latency is None else latency_summary(self.latency)
+
+    @property
+    def usd_per_million_tokens(self) -> float | None:
+        return None if self.gpu_price is None else usd_per_million_tokens(self.gpu_price, self.tokens_per_s)
 
     @property
     def machine_probe_s(self) -> float | None:
@@ -136,6 +153,8 @@ class _Case:
     tokens: list[list[int]]  # [prompt][repeat] new tokens
     cycles: list = field(default_factory=list)
     probes: list[float] = field(default_factory=list)  # [repeat] the machine probe's seconds after this pass
+    arrivals: list[list[RequestLatency]] = field(default_factory=list)  # [prompt][repeat]
+    joules: list[float] = field(default_factory=list)  # [repeat] energy of this pass (GPU with NVML only)
 
 
 def default_split(settings: dict) -> str | None:
@@ -179,15 +198,16 @@ def measure_configs(
     seed: int = 0,
     progress: Progress | None = None,
     threads: int | None = None,
+    gpu_price: float | None = None,
+    peak_memory: bool = False,
 ) -> list[Measurement]:
     """Measure several configurations of one run, interleaved, and store each measurement.
 
     The models are loaded once. Each repeat goes round every configuration (in a rotated order) and
     every prompt, so a slow minute of a shared machine is spread over all configurations instead of
     landing on one: rankings and errors compare like with like (docs/architecture.md, Measurement
-    rules). Plain decoding (``MeasureSpec("none", 0)``) can be one of them, so a speedup and its
-    paired CI come from the same passes. Each measurement stores its 95% CI and the raw per-prompt,
-    per-repeat samples.
+    rules). Plain decoding (``MeasureSpec("none", 0)``) can be one of them (a speedup and its paired CI
+    from the same passes). Each measurement stores its 95% CI and the raw per-prompt, per-repeat samples.
 
     Args:
         db: the results database holding the run.
@@ -199,34 +219,36 @@ def measure_configs(
         repeats: decode the prompt set this many times; each prompt counts with its median time.
         seed: sampling seed.
         progress: progress sink.
-        threads: intra-op threads (None: the profile's count, lowered to the CPUs idle now;
-            :mod:`profiler.threads`).
+        threads: intra-op threads (None: the profile's, lowered to the CPUs idle now; :mod:`profiler.threads`).
+        gpu_price: the device's dollars per hour (stored as $ per million tokens).
+        peak_memory: also measure each configuration's peak memory in a fresh process (:mod:`profiler.memory`).
+
+    Each measurement also keeps every request's token arrivals and, with NVML, each pass's joules.
 
     Raises:
         NotFoundError: unknown run or draft.
         InputError: a configuration the engine cannot run, or a bad split.
     """
     run = get_run(db, run_id)
-    _check(run, items, repeats, temperature)
+    _check(run, items, repeats, temperature, gpu_price)
     settings = run.settings
     planned = [(None if item.is_plain else run.resolve_draft(item.draft), item) for item in items]
     inners = [item.staged if item.staged == NGRAM else run.resolve_draft(item.staged)
               for _, item in planned if item.staged and not item.is_plain]
     split, prompts = chosen_prompts(run, split, max_prompts)
     target, specs, choice = _load_models(run, [name for name, _ in planned] + inners, threads)
-    wanted = [p.id for p in prompts]
-    ids = [encode_prompt(target, p.prompt, p.id) for p in prompts]
+    wanted, ids = [p.id for p in prompts], [encode_prompt(target, p.prompt, p.id) for p in prompts]
     max_new = int(settings.get("max_new_tokens", 64))
     synthetic = settings.get("synthetic_acceptance")
-    cases = [_Case(draft=name, config=config, spec=_drafter(specs, name, config),
-                   decode=_decode_config(config, max_new, temperature, target, synthetic, seed),
-                   times=[[] for _ in ids], tokens=[[] for _ in ids])
-             for name, config in planned]
-    _run_cases(target, cases, wanted, ids, repeats, seed, progress or Progress())
-    profiled = set(settings.get("prompt_ids", []))
-    flags = [pid in profiled for pid in wanted]
-    lengths = [int(x.shape[0]) for x in ids]
-    return [_store(db, run_id, case, temperature, repeats, split, wanted, flags, lengths, choice) for case in cases]
+    cases = [_Case(name, config, _drafter(specs, name, config),
+                   _decode_config(config, max_new, temperature, target, synthetic, seed), [[] for _ in ids],
+                   [[] for _ in ids], arrivals=[[] for _ in ids]) for name, config in planned]
+    _metered(target, cases, wanted, ids, repeats, seed, progress or Progress())
+    ctx = _Context(temperature, repeats, split, wanted, [pid in set(settings.get("prompt_ids", [])) for pid in wanted],
+                   [int(x.shape[0]) for x in ids], choice, gpu_price)
+    return [_store(db, run_id, case, ctx, peak_for_run(run, _source(case), case.config.num_speculative_tokens * (
+        not case.config.is_plain), prompts[0].prompt, max_new, choice.threads) if peak_memory else None)
+        for case in cases]
 
 
 def _drafter(specs: dict[str | None, DraftSpec], name: str | None, config: MeasureSpec) -> DraftSpec:
@@ -240,7 +262,23 @@ def _drafter(specs: dict[str | None, DraftSpec], name: str | None, config: Measu
                    inner=specs[config.staged] if config.staged else None)
 
 
-def _check(run, items: list[MeasureSpec], repeats: int, temperature: float) -> None:
+def _metered(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: list[torch.Tensor], repeats: int,
+             seed: int, progress: Progress) -> None:
+    """:func:`_run_cases` with the device's energy meter open (none on a CPU)."""
+    meter = open_energy_meter(target.device)
+    try:
+        _run_cases(target, cases, wanted, ids, repeats, seed, progress, meter)
+    finally:
+        if meter is not None:
+            meter.close()
+
+
+def _source(case: _Case) -> str:
+    return case.spec.model.source if case.spec.model is not None else case.spec.kind
+
+
+def _check(run, items: list[MeasureSpec], repeats: int, temperature: float, gpu_price: float | None = None) -> None:
+    check_price(gpu_price)
     if not items:
         raise InputError("no configuration to measure")
     if repeats < 1:
@@ -292,7 +330,7 @@ def _decode_config(config: MeasureSpec, max_new: int, temperature: float, target
 
 
 def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: list[torch.Tensor], repeats: int,
-               seed: int, progress: Progress) -> None:
+               seed: int, progress: Progress, meter: EnergyMeter | None = None) -> None:
     """Warm every case up once, then decode every prompt ``repeats`` times per case, into the cases."""
     label = (f"measure {cases[0].draft or 'plain'} N={cases[0].config.num_speculative_tokens} θ={cases[0].config.threshold}"
              if len(cases) == 1 else f"measure {len(cases)} configurations")
@@ -308,38 +346,68 @@ def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: 
     for r in range(repeats):
         shift = r % len(cases)
         for case in cases[shift:] + cases[:shift]:
+            joules0 = meter.read() if meter is not None else None
             for i, (pid, x) in enumerate(zip(wanted, ids)):
                 m = measure_prompt(target, case.spec, x, case.decode, prompt_id=pid, seed=seed + i)
                 case.times[i].append(m.seconds)
                 case.tokens[i].append(m.new_tokens)
+                if m.latency is not None:
+                    case.arrivals[i].append(m.latency)
                 if r == 0 and m.result is not None:
                     case.cycles += m.result.cycles
                 progress.advance()
+            if meter is not None and joules0 is not None:  # this configuration's pass only (before the probe)
+                case.joules.append(meter.read() - joules0)
             case.probes.append(probe.run())  # how fast the machine was during this pass
 
 
-def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: int, split: str | None,
-           prompt_ids: list[str], profiled: list[bool], lengths: list[int], choice: ThreadChoice) -> Measurement:
-    samples = RateSamples(tuple(prompt_ids), tuple(tuple(float(t) for t in row) for row in case.tokens),
+@dataclass(frozen=True)
+class _Context:
+    """What every configuration of one ``measure_configs`` call shares."""
+
+    temperature: float
+    repeats: int
+    split: str | None
+    prompt_ids: list[str]
+    profiled: list[bool]
+    lengths: list[int]
+    choice: ThreadChoice
+    gpu_price: float | None
+
+
+def _measurement(run_id: int, case: _Case, ctx: _Context) -> Measurement:
+    """The measurement of one case from its raw samples (throughput, CI, acceptance, latency, energy)."""
+    samples = RateSamples(tuple(ctx.prompt_ids), tuple(tuple(float(t) for t in row) for row in case.tokens),
                           tuple(tuple(row) for row in case.times))
-    seconds = sum(statistics.median(t) for t in case.times)
-    new_tokens = int(round(sum(statistics.median(t) for t in case.tokens)))
-    tps = samples.tokens_per_s
-    ci = tokens_per_s_ci(samples)
-    per_repeat = [sum(t[r] for t in case.tokens) / sum(t[r] for t in case.times) for r in range(repeats)]
+    per_repeat = [sum(t[r] for t in case.tokens) / sum(t[r] for t in case.times) for r in range(ctx.repeats)]
     cycles = case.cycles
     tau = sum(c.accepted + 1 for c in cycles) / len(cycles) if cycles else (1.0 if case.config.is_plain else None)
     alpha, _ = acceptance_per_position(cycles) if cycles else ([], [])
-    config = case.config
-    n = 0 if config.is_plain else config.num_speculative_tokens
-    result = Measurement(
-        run_id=run_id, draft=case.draft or PLAIN, config=config, temperature=temperature, tokens_per_s=tps,
-        seconds=seconds, new_tokens=new_tokens, mean_tokens_per_cycle=tau, acceptance_per_position=alpha,
-        prompts=len(case.times), repeats=repeats, per_repeat_tokens_per_s=per_repeat, samples=samples, ci95=ci,
-        split=split, prompt_ids=list(prompt_ids), prompt_tokens=list(lengths), profiled=list(profiled),
-        threads=choice.to_dict(), probe_seconds=list(case.probes),
+    latency = LatencySamples(tuple(ctx.prompt_ids), tuple(tuple(row) for row in case.arrivals)) \
+        if all(case.arrivals) else None
+    energy = EnergySamples(tuple(case.joules), tuple(float(sum(t[r] for t in case.tokens))
+                                                     for r in range(len(case.joules)))) if case.joules else None
+    return Measurement(
+        run_id=run_id, draft=case.draft or PLAIN, config=case.config, temperature=ctx.temperature,
+        tokens_per_s=samples.tokens_per_s, seconds=sum(statistics.median(t) for t in case.times),
+        new_tokens=int(round(sum(statistics.median(t) for t in case.tokens))), mean_tokens_per_cycle=tau,
+        acceptance_per_position=alpha, prompts=len(case.times), repeats=ctx.repeats,
+        per_repeat_tokens_per_s=per_repeat, samples=samples, ci95=tokens_per_s_ci(samples), split=ctx.split,
+        prompt_ids=list(ctx.prompt_ids), prompt_tokens=list(ctx.lengths), profiled=list(ctx.profiled),
+        threads=ctx.choice.to_dict(), probe_seconds=list(case.probes), latency=latency, energy=energy,
+        gpu_price=ctx.gpu_price,
         synthetic_acceptance=list(case.decode.synthetic_acceptance) if case.decode.synthetic_acceptance else None,
     )
+
+
+def _store(db: Database, run_id: int, case: _Case, ctx: _Context, peak=None) -> Measurement:
+    result = _measurement(run_id, case, ctx)
+    result.peak_memory = peak
+    operator = operator_columns(result.latency, result.energy, result.gpu_price, result.tokens_per_s)
+    if peak is not None:
+        operator["peak_memory_bytes"] = peak.bytes
+    config = case.config
+    n = 0 if config.is_plain else config.num_speculative_tokens
     result.measured_id = add_measured_run(
         db, run_id, draft=case.draft,
         config={"num_speculative_tokens": n, "threshold": config.threshold if n else 0.0,
@@ -348,17 +416,19 @@ def _store(db: Database, run_id: int, case: _Case, temperature: float, repeats: 
                 "acceptance": config.acceptance if n else "exact", "epsilon": config.epsilon if n else 0.0,
                 **({"tree": config.tree} if n and config.tree else {}),
                 **({"staged": config.staged} if n and config.staged else {}),
-                "batch_size": 1, "temperature": temperature,
-                "max_new_tokens": case.decode.max_new_tokens, "prompts": len(case.times), "repeats": repeats,
-                "split": split or "profiled prompts", "prompt_ids": list(prompt_ids),
-                "prompt_tokens": list(lengths),
-                "in_sample": result.in_sample, "profiled_prompts": sum(profiled),
-                "measured_acceptance_per_position": alpha, "throughput": "end to end, prefill included",
-                "threads": choice.threads, "thread_choice": choice.to_dict(), "machine_probe_s": result.machine_probe_s,
+                "batch_size": 1, "temperature": ctx.temperature,
+                "max_new_tokens": case.decode.max_new_tokens, "prompts": len(case.times), "repeats": ctx.repeats,
+                "split": ctx.split or "profiled prompts", "prompt_ids": list(ctx.prompt_ids),
+                "prompt_tokens": list(ctx.lengths),
+                "in_sample": result.in_sample, "profiled_prompts": sum(ctx.profiled),
+                "measured_acceptance_per_position": result.acceptance_per_position,
+                "throughput": "end to end, prefill included", "threads": ctx.choice.threads,
+                "thread_choice": ctx.choice.to_dict(), "machine_probe_s": result.machine_probe_s,
                 "probe_seconds": list(case.probes),
                 "acceptance_rates": "synthetic" if case.decode.synthetic_acceptance else "measured",
                 "synthetic_acceptance": list(case.decode.synthetic_acceptance or []) or None},
-        measured_tokens_per_s=tps, seconds=seconds, new_tokens=new_tokens, measured_tau=tau,
-        ci=ci, samples=samples.to_json(),
+        measured_tokens_per_s=result.tokens_per_s, seconds=result.seconds, new_tokens=result.new_tokens,
+        measured_tau=result.mean_tokens_per_cycle, ci=result.ci95, samples=result.samples.to_json(),
+        operator=operator,
     )
     return result

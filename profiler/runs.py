@@ -5,6 +5,7 @@ synchronisation at the end on a GPU) and aggregates the per-cycle statistics the
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +21,7 @@ from specdec_tune.engine import (
 )
 from specdec_tune.engine import StagedDrafter, TreeDrafter, tree_speculative
 from specdec_tune.errors import InputError
+from specdec_tune.latency import RequestLatency
 from specdec_tune.profiler.timers import Stopwatch, synchronize
 from specdec_tune.trees import parse_tree
 
@@ -58,6 +60,7 @@ class MeasuredRun:
     acceptance_per_position: list[float] = field(default_factory=list)  # alpha_i, conditional
     acceptance_per_cycle: list[float] = field(default_factory=list)  # beta_i, per cycle
     result: GenerationResult | None = None
+    latency: RequestLatency | None = None  # when each cycle's tokens reached the host
 
     @property
     def new_tokens(self) -> int:
@@ -108,7 +111,7 @@ def decode_once(
         generator.manual_seed(seed)
     with torch.inference_mode():
         if draft.kind == "none":
-            return autoregressive(target.model, prompt_ids, config, generator)
+            return autoregressive(target.model, prompt_ids, config, generator, on_cycle=on_cycle)
         if draft.tree or draft.inner is not None:
             return _tree_or_staged(target, draft, prompt_ids, config, generator, on_cycle)
         drafter = build_drafter(
@@ -142,6 +145,30 @@ def _tree_or_staged(target: LoadedModel, draft: DraftSpec, prompt_ids: torch.Ten
                                   max_len=max_len + draft.inner_n + 2, temperature=t, generator=generator)
     staged = StagedDrafter(draft.model.model, inner_drafter, draft.inner_n, max_len, temperature=t, generator=generator)
     return speculative(target.model, staged, prompt_ids, config, generator, on_cycle=on_cycle)
+class TokenClock:
+    """The engine's ``on_cycle`` hook that notes when each cycle's tokens reached the host.
+
+    The engine never times (docs/architecture.md, Engine contracts); it calls this after every cycle
+    (plain decoding: every token). Each cycle already ends in the engine's one host synchronisation
+    (the verdict read back, the picked token), so ``perf_counter`` here is when the tokens are on the
+    host, where a server would stream them, on a CPU and on a GPU alike.
+    """
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.times: list[float] = []
+        self.tokens: list[int] = []
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+        self.times, self.tokens = [], []
+
+    def __call__(self, stats) -> None:
+        self.times.append(time.perf_counter() - self.t0)
+        self.tokens.append(int(stats.emitted))
+
+    def request(self) -> RequestLatency:
+        return RequestLatency(tuple(self.times), tuple(self.tokens))
 
 
 def measure_prompt(
@@ -153,11 +180,14 @@ def measure_prompt(
     prompt_id: str = "prompt",
     seed: int | None = None,
 ) -> MeasuredRun:
-    """Decode one prompt and time the whole call (wall clock, one sync at the end)."""
+    """Decode one prompt and time the whole call (wall clock, one sync at the end), and when each
+    cycle's tokens arrived (:class:`TokenClock`: TTFT, TPOT, inter-token gaps)."""
     watch = Stopwatch(target.device)
+    clock = TokenClock()
     synchronize(target.device)
     watch.start()
-    result = decode_once(target, draft, prompt_ids, config, seed)
+    clock.start()
+    result = decode_once(target, draft, prompt_ids, config, seed, on_cycle=clock)
     seconds = watch.stop()
     cycles = result.cycles
     if cycles:
@@ -177,6 +207,7 @@ def measure_prompt(
         acceptance_per_position=alpha,
         acceptance_per_cycle=beta,
         result=result,
+        latency=clock.request(),
     )
 
 

@@ -94,6 +94,9 @@ class ArmSpec:
     draft_delay_ms: float = 0.0
     backend: str = "engine"  # engine | vllm (profiler.suite_runs_vllm)
     server_config: dict[str, Any] | None = None  # vllm: the speculative_config the engine starts with
+    per_batch_size: dict[int, int] | None = None  # a schedule checked under ``load`` (profiler.schedule_check)
+    load: list[int] | None = None  # batch size per block of ``load_cycles`` cycles
+    load_cycles: int = 8
 
     @property
     def plain(self) -> bool:
@@ -122,6 +125,7 @@ class PromptSample:
     dtype: str | None = None  # the dtype the arm decoded in (the consistency rule depends on it)
     # where a greedy output parted from plain decoding's: {position, margin, top_logit} (specdec_tune.consistency)
     parted: dict | None = None
+    resume: dict | None = None  # under a load trace: acceptance after speculation resumed vs a fresh drafter
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -279,6 +283,11 @@ def _measure_prompt(plan: _Plan, x: torch.Tensor, s: PromptSample, repeat: int, 
         s.draft_forwards = sum(c.draft_forwards for c in cyc)
         s.reached, s.accepted = acceptance_counts(cyc, arm.num_speculative_tokens if not arm.plain else 0)
         s.traces = [[list(c.confidences), int(c.accepted)] for c in cyc]
+        if arm.load and arm.per_batch_size and not arm.plain:
+            from specdec_tune.profiler.schedule_check import load_plan, resume_check
+
+            plan_n = load_plan(arm.per_batch_size, arm.load, arm.load_cycles)
+            s.resume = resume_check(plan.target, plan.draft_model, x, plan.cfg, plan_n).to_json()
 
 
 def parted_at(target: LoadedModel, prompt_ids: torch.Tensor, reference: list[int], other: list[int]) -> dict | None:

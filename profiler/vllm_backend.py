@@ -150,6 +150,7 @@ class VllmOutput:
     itl_mean: float | None = None  # (last - first token) / (tokens - 1)
     steps_accepted: list[int] | None = None  # per verify step (vLLM's per-request record)
     steps_drafted: list[int] | None = None
+    arrivals: dict[str, list] | None = None  # {"t": seconds since the group started, "n": tokens} per step
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,8 @@ def parse_generate(resp: dict[str, Any]) -> VllmGenerateResult:
         outputs.append(VllmOutput(
             token_ids=[int(t) for t in o["token_ids"]], seconds=float(o["seconds"]),
             finish_reason=o.get("finish_reason"), ttft=o.get("ttft"), itl_mean=o.get("itl_mean"),
-            steps_accepted=spec.get("per_step_accepted"), steps_drafted=spec.get("per_step_drafted")))
+            steps_accepted=spec.get("per_step_accepted"), steps_drafted=spec.get("per_step_drafted"),
+            arrivals=o.get("arrivals")))
     groups = [VllmGroup([int(i) for i in g["prompts"]], float(g["seconds"]),
                         SpecCounters.from_json(g["counters"]) if g.get("counters") else None)
               for g in resp.get("groups", [])]

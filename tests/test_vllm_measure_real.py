@@ -118,6 +118,18 @@ def test_plain_and_draft_on_vllm_match_our_engine_and_are_stored(vllm_python, pr
             assert sum(g.counters.accepted_per_pos) == g.counters.accepted <= g.counters.draft_tokens == N * g.counters.drafts
         if spec:
             assert isinstance(m.counters, SpecCounters) and 1.0 <= m.mean_acceptance_length <= N + 1
+        # Token arrivals, step by step: every token once; the first from the prefill alone; under
+        # speculation a step's burst is that step's accepted tokens + 1 (vLLM's own record).
+        lat = m.latency
+        assert lat is not None and all(r.new_tokens == MAX_NEW for row in lat.requests for r in row)
+        for o in res.outputs:
+            sizes = o.arrivals["n"]
+            assert sizes[0] == 1 and sum(sizes) == MAX_NEW
+            if spec and m.batch_size == 1:
+                bursts = [a + 1 for a in o.steps_accepted]
+                assert sizes[1:-1] == bursts[:len(sizes) - 2]  # the last step's burst is cut at max_tokens
+            elif not spec:
+                assert sizes == [1] * MAX_NEW
 
     stored = {r.id: r for r in list_measured(db, run_id)}
     for m in ms:
@@ -127,6 +139,8 @@ def test_plain_and_draft_on_vllm_match_our_engine_and_are_stored(vllm_python, pr
         assert row.config["speculative_config"] == m.config.speculative_config
         assert row.draft == (None if m.config.num_speculative_tokens == 0 else "mini-draft-1l")
         assert row.measured_tokens_per_s == pytest.approx(m.tokens_per_s)
+        assert 0 < row.tpot_p50_s <= row.tpot_p90_s and row.ttft_p50_s > 0 and row.energy_j is None  # CPU
+        assert row.latency["summary"]["tpot_s"]["p50"]["value"] == pytest.approx(row.tpot_p50_s)
 
 
 def test_regress_vllm_arm_on_real_vllm(vllm_python):

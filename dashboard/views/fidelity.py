@@ -45,3 +45,36 @@ st.dataframe([{
     "inside CI": "–" if p.inside_ci is None else ("yes" if p.inside_ci else "no"),
     "measured τ": ui.fmt(p.measured_tau, 2), "predicted τ": ui.fmt(p.predicted_tau, 2),
 } for p in info.points], hide_index=True)
+
+ops = cache.operator(sel.sources.db_url, ids)
+if ops.rows:
+    st.header("What operators pay for")
+    rows = []
+    for r in ops.rows:
+        row = {"run": r.run_id, "configuration": r.label, "prompts": r.split,
+               "TTFT p50 ms (measured)": ui.fmt(None if r.ttft_p50_s is None else 1e3 * r.ttft_p50_s, 1),
+               "TPOT p50 ms (measured)": ui.fmt(None if r.tpot_p50_s is None else 1e3 * r.tpot_p50_s, 2),
+               "TPOT p50 95% CI": ui.ci_text(None if r.tpot_p50_ci is None else
+                                             (1e3 * r.tpot_p50_ci[0], 1e3 * r.tpot_p50_ci[1]), 2),
+               "TPOT p90 ms (measured)": ui.fmt(None if r.tpot_p90_s is None else 1e3 * r.tpot_p90_s, 2),
+               "TPOT p99 ms (measured)": ui.fmt(None if r.tpot_p99_s is None else 1e3 * r.tpot_p99_s, 2),
+               "TPOT p50 / p90 ms (predicted)": "–" if r.predicted_tpot_p50_s is None else
+               f"{1e3 * r.predicted_tpot_p50_s:.2f} / {1e3 * (r.predicted_tpot_p90_s or 0):.2f}",
+               "tokens per arrival": ui.fmt(r.mean_burst, 2)}
+        if ops.has_energy:  # only where NVML measured it: a CPU has no energy column at all
+            row["J/token (measured)"] = ui.fmt(r.joules_per_token, 3)
+            row["J/token 95% CI"] = ui.ci_text(r.joules_per_token_ci, 3)
+        if ops.has_cost:
+            row["$ per M tokens (measured)"] = ui.fmt(r.usd_per_million_tokens, 4)
+            row["$ 95% CI"] = ui.ci_text(r.usd_ci, 4)
+        if ops.has_memory:
+            row["peak MiB (measured)"] = ui.fmt(None if r.peak_memory_bytes is None else r.peak_memory_bytes / 2**20, 1)
+            row["MiB (predicted)"] = ui.fmt(None if r.predicted_memory_bytes is None else
+                                            r.predicted_memory_bytes / 2**20, 1)
+        rows.append(row)
+    st.dataframe(rows, hide_index=True)
+    st.caption("TPOT is the decode window of each request, (last token - first token) / (tokens - 1): under "
+               "speculation tokens arrive in bursts, so the gap between arrivals is not a time per token. A "
+               "prompt's TTFT and TPOT are the medians of its repeats; percentiles are over prompts. Energy comes "
+               "from NVML's energy counter and is shown only where it was measured (never on a CPU). Cost is "
+               "dollars per million tokens at the --gpu-price given when measuring.")

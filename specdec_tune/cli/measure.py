@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from specdec_tune.cli import _checks as opt
+from specdec_tune.cli import _operator as ops
 from specdec_tune.cli._app import THROUGHPUT_NOTE, app, console, print_json, quiet_loading
 from specdec_tune.cli._options import (
     DEFAULT_REPEATS,
@@ -230,11 +231,14 @@ def measure(
     vllm_python: _VllmPython = None,
     batch_sizes: _BatchSizes = "1",
     threads: ThreadsOption = DEFAULT_THREADS,
+    gpu_price: ops.GpuPriceOption = None,
+    memory: ops.MemoryOption = False,
     db: DbOption = None,
     json_out: _Json = False,
 ) -> None:
     """Measure one configuration for real (held-out prompts by default), interleaved with plain decoding on
-    the same prompts, and store both next to their predictions; print the measured speedup with its CI."""
+    the same prompts, and store both next to their predictions; print the measured speedup with its CI,
+    TTFT and TPOT percentiles, energy per token (GPU), cost per token (--gpu-price) and memory (--memory)."""
     from specdec_tune.db import get_run, open_database
     from specdec_tune.splits import check_split
     from specdec_tune.tuner.search import measure_predicted
@@ -242,6 +246,7 @@ def measure(
     config = _spec_config(num_speculative_tokens, threshold, schedule, 1, temperature, threshold_kind, threshold_step,
                           acceptance, epsilon)
     n_threads = opt.parse_threads(threads)
+    gpu_price = ops.checked_price(gpu_price)
     if backend not in ("engine", "vllm"):
         raise InputError(f"--backend must be engine or vllm, got {backend!r}")
     if split is not None:
@@ -252,13 +257,14 @@ def measure(
     quiet_loading()
     if backend == "vllm":
         _measure_vllm(database, run, draft, config, temperature, split, max_prompts, repeats,
-                      opt.int_list(batch_sizes, "--batch-sizes"), vllm_python, json_out)
+                      opt.int_list(batch_sizes, "--batch-sizes"), vllm_python, json_out, gpu_price)
         return
     items = [(draft, config)] + ([("none", _spec_config(0, 0.0, "constant", 1, temperature))]
                                  if config.num_speculative_tokens else [])
     with progress_bar(console(stderr=True)) as bar:
         got = measure_predicted(database, run, items, split=split, temperature=temperature, max_prompts=max_prompts,
-                                repeats=repeats, seed=seed, progress=Bar(bar), threads=n_threads)
+                                repeats=repeats, seed=seed, progress=Bar(bar), threads=n_threads,
+                                gpu_price=gpu_price, peak_memory=memory)
     v, plain = got[0], (got[1] if len(got) > 1 else None)
     if json_out:
         print_json(_measured_json(v, plain, run, temperature))
@@ -298,6 +304,8 @@ def _measured_json(v, plain, run: int, temperature: float) -> dict:
         "synthetic_acceptance": m.synthetic_acceptance,
         "speedup": _speedup(v, plain), "threads": m.threads,
         "machine_probe_s": m.machine_probe_s, "prediction_machine_speed": p.machine_speed if p else None,
+        **ops.operator_json(m, v.latency, v.memory),
+        "plain": None if plain is None else ops.operator_json(plain.measurement, plain.latency, plain.memory),
     }
 
 
@@ -333,14 +341,21 @@ def _print_measured(v, plain, run: int) -> None:
                                                        f"{s['relative_error'] * 100:+.1f}%)")
         typer.echo(f"speedup over plain decoding measured in the same passes: {s['measured']:.2f}× (95% CI "
                    f"{s['ci95'][0]:.2f}-{s['ci95'][1]:.2f}; plain {s['plain_tokens_per_s']:.1f} tokens/s){predicted}")
+    for line in ops.latency_lines(m, v.latency) + ops.cost_lines(m) + ops.memory_lines(m, v.memory):
+        typer.echo(line)
+    if plain is not None:
+        for line in ops.latency_lines(plain.measurement, plain.latency) + ops.memory_lines(plain.measurement, plain.memory):
+            typer.echo(f"plain decoding, {line}")
 
 
 def _measure_vllm(database, run: int, draft, config, temperature: float, split, max_prompts, repeats: int,
-                  batch_sizes, vllm_python, json_out: bool) -> None:
+                  batch_sizes, vllm_python, json_out: bool, gpu_price: float | None = None) -> None:
     """``measure --backend vllm``: the configuration as the tuner exports it for vLLM, run in vLLM."""
     import torch
 
+    from specdec_tune.costs import usd_per_million_tokens
     from specdec_tune.db import get_run
+    from specdec_tune.latency import latency_summary
     from specdec_tune.profiler import measure_on_server, require_vllm_python
     from specdec_tune.tuner.model import Candidate
     from specdec_tune.tuner.servers import vllm_config
@@ -359,10 +374,13 @@ def _measure_vllm(database, run: int, draft, config, temperature: float, split, 
     with progress_bar(console(stderr=True)) as bar:
         ms = measure_on_server(database, run, [cfg], batch_sizes=batch_sizes, split=split, max_prompts=max_prompts,
                                repeats=repeats, vllm_python=vllm_python, threads=torch.get_num_threads(),
-                               progress=Bar(bar))
+                               progress=Bar(bar), gpu_price=gpu_price)
     rows = [{"batch_size": m.batch_size, "tokens_per_s": m.tokens_per_s, "ci95": list(m.ci95) if m.ci95 else None,
              "mean_acceptance_length": m.mean_acceptance_length, "acceptance_per_position": m.acceptance_per_position,
              "ttft_median_s": m.ttft_median_s, "itl_median_s": m.itl_median_s, "measured_id": m.measured_id,
+             "latency": None if m.latency is None else latency_summary(m.latency),
+             "joules_per_token": None if m.energy is None else m.energy.joules_per_token,
+             "usd_per_million_tokens": None if gpu_price is None else usd_per_million_tokens(gpu_price, m.tokens_per_s),
              "label": "measured"} for m in ms]
     obj = {"backend": "vllm", "versions": ms[0].versions, "run_id": run, "config": cfg.label,
            "speculative_config": cfg.speculative_config, "split": ms[0].split or "profiled prompts",
@@ -377,8 +395,14 @@ def _measure_vllm(database, run: int, draft, config, temperature: float, split, 
                f"{obj['prompts']} prompts of split {obj['split']}, {repeats} repeats:")
     for row in rows:
         ci = f"95% CI {row['ci95'][0]:.1f}-{row['ci95'][1]:.1f}" if row["ci95"] else "no CI"
-        lat = (f"TTFT {row['ttft_median_s'] * 1e3:.0f} ms, ITL {row['itl_median_s'] * 1e3:.1f} ms"
-               if row["ttft_median_s"] is not None and row["itl_median_s"] is not None else "")
+        lat = row["latency"]
+        lat = (f"TTFT p50 {lat['ttft_s']['p50']['value'] * 1e3:.0f} ms, TPOT p50 {lat['tpot_s']['p50']['value'] * 1e3:.1f}"
+               f" ms, p90 {lat['tpot_s']['p90']['value'] * 1e3:.1f} ms, p99 {lat['tpot_s']['p99']['value'] * 1e3:.1f} ms"
+               if lat else "")
+        if row["usd_per_million_tokens"] is not None:
+            lat += f", ${row['usd_per_million_tokens']:.4f} per million tokens"
+        if row["joules_per_token"] is not None:
+            lat += f", {row['joules_per_token']:.3f} J/token"
         typer.echo(f"  B={row['batch_size']}: measured {row['tokens_per_s']:.1f} tokens/s ({ci}), acceptance length "
                    f"{row['mean_acceptance_length']:.2f}, {lat} [stored as #{row['measured_id']}]")
     typer.echo("predicted: – (tune --backend vllm calibrates the model to the server; see README)")

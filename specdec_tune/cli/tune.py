@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from specdec_tune.cli import _operator as ops
 from specdec_tune.cli._app import THROUGHPUT_NOTE, app, console, print_json, quiet_loading
 from specdec_tune.cli._checks import check_model_names, check_workload, int_list, parse_threads
 from specdec_tune.cli._options import (
@@ -76,7 +77,8 @@ def report_json(report) -> dict:
         "sampler": report.sampler, "confirmation": report.confirmation, "pareto": report.pareto,
         "notes": report.notes, "throughput": THROUGHPUT_NOTE,
         "backend": "vllm" if report.server_report else "engine", "server_report": report.server_report,
-        "threads": report.threads,
+        "threads": report.threads, "objective": r.objective,
+        "per_batch_size_reasons": {str(b): why for b, why in r.per_batch_size_reasons.items()},
     }
 
 
@@ -91,6 +93,10 @@ def _print(console: Console, report) -> None:
     if r.per_batch_size:
         console.print(f"  best N per batch size ({r.per_batch_size_source}; 0 = do not speculate): "
                       + ", ".join(f"B={b}: {n}" for b, n in r.per_batch_size.items()), highlight=False)
+        for line in ops.reason_lines(r.per_batch_size_reasons):
+            console.print(line, highlight=False)
+    for line in ops.objective_lines(r.objective):
+        console.print(line, highlight=False)
     if report.threads:
         from specdec_tune.profiler import ThreadChoice
 
@@ -119,8 +125,9 @@ def _print(console: Console, report) -> None:
             f"{p['label']}: {p['predicted_tokens_per_s']:.1f} tokens/s, bias {p['bias']:.4f}" for p in r.pareto),
             highlight=False)
     elif len(report.pareto) > 1:
-        console.print("Pareto front (predicted tokens/s vs memory speculation adds): " + "; ".join(
-            f"{p['label']}: {p['predicted_tokens_per_s']:.1f} tokens/s, {p['memory_bytes'] / 2**20:.1f} MiB"
+        names = report.pareto[0].get("objectives") or ["throughput", "memory"]
+        console.print(f"Pareto front (predicted {' vs '.join(names)}): " + "; ".join(
+            f"{p['label']}: " + ", ".join(ops._value(n, p.get('values', {}).get(n)) for n in names)
             for p in report.pareto), highlight=False)
     console.print(f"study {report.study!r} in {report.storage}: {report.completed_trials} completed trials "
                   f"({report.new_trials} new, {report.sampler}); profile run {report.run_id}"
@@ -203,7 +210,14 @@ def tune(
     measure_top: int = typer.Option(6, "--measure-top", help="Distinct configurations measured (plus plain decoding)."),
     batch_sizes: str = typer.Option("1,4,16,64", "--batch-sizes", help="Batch sizes for the per-batch-size N schedule."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 tunes sampling at this temperature."),
-    objectives: str = typer.Option("throughput", "--objectives", help="throughput, or throughput,memory (Pareto front)."),
+    objectives: str = typer.Option("", "--objectives", help=(
+        "Two of throughput, goodput, cost, energy, memory: a Pareto front over them (default: --objective alone).")),
+    objective: ops.ObjectiveOption = "throughput",
+    slo_tpot_ms: ops.SloTpotOption = None,
+    slo_ttft_ms: ops.SloTtftOption = None,
+    slo_percentile: ops.SloPercentileOption = 99.0,
+    gpu_price: ops.GpuPriceOption = None,
+    memory_budget: ops.MemoryBudgetOption = None,
     max_bias: _MaxBias = None,
     threshold_kinds: _ThresholdKinds = "per-token",
     study: Optional[str] = typer.Option(None, "--study", help="Study name (default: derived from the inputs)."),
@@ -226,21 +240,30 @@ def tune(
     db: DbOption = None,
     json_out: bool = typer.Option(False, "--json", help="End with one JSON object for the winner."),
 ) -> None:
-    """Find the fastest speculative configuration for a server, confirmed on held-out prompts."""
+    """Find the best speculative configuration for a server (fastest, or best by --objective under a latency
+    SLO, a price or a memory budget), confirmed on held-out prompts."""
     objective_list, names = _checked(objectives, temperature, target, drafts)
+    objective = _single(objectives) if objective == "throughput" and _single(objectives) else objective
     check_workload(workload)
-    from specdec_tune.db import default_storage_url, open_database, resolve_url
-    from specdec_tune.tuner.search import TuneRequest, check_storage, run_tune
+    from specdec_tune.tuner.search import TuneRequest
 
     req = TuneRequest(
-        target=target, drafts=names, workload=workload,
-        server=server, trials=trials, measure_top=measure_top, batch_sizes=int_list(batch_sizes, "--batch-sizes"),
-        temperature=temperature, objectives=objective_list, study=study, n_max=n_max,
-        max_prompts=max_prompts, max_new_tokens=max_new_tokens, profile_repeats=profile_repeats,
-        measure_prompts=measure_prompts, heldout_prompts=heldout_prompts, repeats=repeats, seed=seed, device=device,
-        backend=backend, vllm_python=vllm_python, threads=parse_threads(threads), trees=tree_list(trees),
-        threshold_kinds=tuple(k.strip() for k in threshold_kinds.split(",") if k.strip()), max_bias=max_bias,
-    )
+        target=target, drafts=names, workload=workload, server=server, trials=trials, measure_top=measure_top,
+        batch_sizes=int_list(batch_sizes, "--batch-sizes"), temperature=temperature, objectives=objective_list,
+        study=study, n_max=n_max, objective=objective, slo_tpot_ms=slo_tpot_ms, slo_ttft_ms=slo_ttft_ms,
+        slo_percentile=slo_percentile, gpu_price=gpu_price, memory_budget_gib=memory_budget, max_prompts=max_prompts,
+        max_new_tokens=max_new_tokens, profile_repeats=profile_repeats, measure_prompts=measure_prompts,
+        heldout_prompts=heldout_prompts, repeats=repeats, seed=seed, device=device, backend=backend,
+        vllm_python=vllm_python, threads=parse_threads(threads), trees=tree_list(trees),
+        threshold_kinds=tuple(k.strip() for k in threshold_kinds.split(",") if k.strip()), max_bias=max_bias)
+    _run(req, db, storage, formats, export, json_out)
+
+
+def _run(req, db: str | None, storage: str | None, formats: str, export: str | None, json_out: bool) -> None:
+    """Check the storage and export folder, run the job, print the report."""
+    from specdec_tune.db import default_storage_url, open_database, resolve_url
+    from specdec_tune.tuner.search import check_storage, run_tune
+
     db_url = resolve_url(db)
     storage_url = storage or default_storage_url(db_url)
     check_storage(storage_url, db_url)
@@ -259,15 +282,10 @@ def tune(
     _print(console(), report)
 
 
-def tree_list(text: str | None) -> tuple[str, ...]:
-    """``--trees``: ``default`` (the default grid), a comma list of tree specs, or nothing."""
-    if not text:
-        return ()
-    if text.strip() == "default":
-        from specdec_tune.tuner.search import DEFAULT_TREES
-
-        return DEFAULT_TREES
-    return tuple(t.strip() for t in text.split(",") if t.strip())
+def _single(objectives: str) -> str | None:
+    """``--objectives X`` alone names the objective (as ``--objective X``)."""
+    names = [o.strip() for o in objectives.split(",") if o.strip()]
+    return names[0] if len(names) == 1 else None
 
 
 def _kept_trials(storage_url: str, study: str) -> int | str:
@@ -295,10 +313,15 @@ def _checked(objectives: str, temperature: float, target: str, drafts: str) -> t
 
 
 def _objectives(objectives: str) -> tuple[str, ...]:
+    """``--objectives``: empty (the objective alone), one, or two distinct names for a Pareto front."""
+    from specdec_tune.tuner.model import OBJECTIVES
+
     objective_list = tuple(o.strip() for o in objectives.split(",") if o.strip())
-    if objective_list not in (("throughput",), ("throughput", "memory")):
-        raise InputError(f"--objectives must be 'throughput' or 'throughput,memory', got {objectives!r}")
-    return objective_list
+    if len(objective_list) > 2 or len(set(objective_list)) != len(objective_list) \
+            or any(o not in OBJECTIVES for o in objective_list) or objective_list == ("memory",):
+        raise InputError(f"--objectives must be one objective or two distinct of {', '.join(OBJECTIVES)} (a Pareto "
+                         f"front; memory only in a pair), got {objectives!r}")
+    return () if len(objective_list) == 1 else objective_list
 
 
 def _check_temperature(temperature: float) -> None:
@@ -321,3 +344,14 @@ def _export_formats(formats: str, export: str | None) -> list[str]:
         resolve_formats(fmts)
         check_out_folder(Path(export), "--export")
     return fmts
+
+
+def tree_list(text: str | None) -> tuple[str, ...]:
+    """``--trees``: ``default`` (the default grid), a comma list of tree specs, or nothing."""
+    if not text:
+        return ()
+    if text.strip() == "default":
+        from specdec_tune.tuner.search import DEFAULT_TREES
+
+        return DEFAULT_TREES
+    return tuple(t.strip() for t in text.split(",") if t.strip())

@@ -20,6 +20,10 @@ from specdec_tune.tuner.model._decision import MIN_LOWER, ServerDecision, decide
 from specdec_tune.tuner.model._evaluator import Evaluator, Scored
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, simulate_prompt
 from specdec_tune.tuner.model._grid import THRESHOLD_GRID, best_configs
+from specdec_tune.tuner.model._latency import LatencyPrediction, predict_latency
+from specdec_tune.tuner.model._memory import GIB, MemoryBreakdown, MemoryModel, ModelMemory
+from specdec_tune.tuner.model._objective import OBJECTIVES, UNITS, Objective, better, describe_side, direction
+from specdec_tune.tuner.model._objective import format_value, predicted_value
 from specdec_tune.tuner.model._load import load_run_profile, load_tree_data
 from specdec_tune.tuner.model._predict import PromptSpec, RunPrediction, predict_baseline, predict_config
 from specdec_tune.tuner.model._predict import at_machine_speed, machine_speed, predict_prompts, profiled_specs, split_specs
@@ -36,14 +40,16 @@ from specdec_tune.tuner.model._tv import lossy_stats, tv_stats
 
 __all__ = [
     "BiasPrediction", "bias_of", "front_epsilons", "tv_stats", "lossy_stats",
+    "GIB", "OBJECTIVES", "Objective", "UNITS", "better", "describe_side", "direction", "format_value",
+    "predicted_value", "LatencyPrediction", "MemoryBreakdown", "MemoryModel", "ModelMemory",
     "MIN_LOWER", "NGRAM", "NONE", "all_rejected", "batch_rejection_limit", "batch_rejections", "sibling_acceptance", "THRESHOLD_GRID", "THRESHOLD_RULES", "Candidate", "Evaluator", "ModelProfile", "OverheadFit",
     "PositionTrace", "Prediction", "PromptInfo", "PromptSpec", "ReplayStats", "RunPrediction", "RunProfile", "Scored",
     "ServerDecision", "SpecConfig", "Trace", "TuningResult", "alphas_from_traces", "at_machine_speed", "baseline_tokens_per_s", "best_configs",
     "best_n_per_batch_size", "build_run_profile", "closed_form_tokens_per_cycle", "decide", "decisions", "draft_step_time", "fit_overhead",
     "heuristic_stationary", "machine_speed", "load_run_profile", "position_traces", "predict", "predict_baseline", "predict_config",
-    "predict_prompts", "profiled_specs", "rank_configs", "relative_error", "replay", "resolve_draft", "run_drafts",
-    "simulate_prompt", "spec_config", "split_specs", "synthetic_rates", "tokens_per_cycle_per_position", "verify_time",
-    "with_synthetic_acceptance",
+    "predict_latency", "predict_prompts", "profiled_specs", "rank_configs", "relative_error", "replay", "resolve_draft",
+    "run_drafts", "simulate_prompt", "spec_config", "split_specs", "synthetic_rates", "tokens_per_cycle_per_position",
+    "verify_time", "with_synthetic_acceptance",
     "RANKS", "StagedStats", "TreeCycle", "TreeData", "TreePlan", "expected_tau", "load_tree_data", "predict_tree_prompts",
     "simulate_tree", "tree_overhead", "tree_plan", "width_time",
 ]  # fmt: skip

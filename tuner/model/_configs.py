@@ -126,11 +126,16 @@ class TuningResult:
     best_per_server: dict[str, dict[str, Any]] = field(default_factory=dict)
     bias: dict[str, Any] | None = None  # a lossy winner's bias per verified position (tuner.model.bias_of)
     pareto: list[dict[str, Any]] = field(default_factory=list)  # throughput ↔ bias front (tune --max-bias)
+    # What was optimised and how it came out held out (``tune --objective``; the exports state it):
+    # the Objective's dict plus the winner's measured value, its CI, and whether the SLO was met.
+    objective: dict[str, Any] = field(default_factory=dict)
+    per_batch_size_reasons: dict[int, str] = field(default_factory=dict)  # why N is what it is at B
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["candidate"] = self.candidate.to_dict()
         d["per_batch_size"] = {str(b): n for b, n in self.per_batch_size.items()}
+        d["per_batch_size_reasons"] = {str(b): r for b, r in self.per_batch_size_reasons.items()}
         d["speedup_ci"] = list(self.speedup_ci) if self.speedup_ci else None
         return d
 
@@ -139,6 +144,7 @@ class TuningResult:
         d = dict(d)
         d["candidate"] = Candidate.from_dict(d["candidate"])
         d["per_batch_size"] = {int(b): int(n) for b, n in (d.get("per_batch_size") or {}).items()}
+        d["per_batch_size_reasons"] = {int(b): str(r) for b, r in (d.get("per_batch_size_reasons") or {}).items()}
         if d.get("speedup_ci") is not None:
             d["speedup_ci"] = tuple(d["speedup_ci"])
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})

@@ -9,8 +9,10 @@ from typing import Any
 from specdec_tune.db import Database
 from specdec_tune.tuner.model._bias import bias_of
 from specdec_tune.tuner.model._configs import Candidate, spec_config
+from specdec_tune.tuner.model._latency import predict_latency
 from specdec_tune.tuner.model._load import load_run_profile, load_tree_data
-from specdec_tune.tuner.model._predict import predict_baseline, predict_config
+from specdec_tune.tuner.model._objective import Objective, predicted_value
+from specdec_tune.tuner.model._predict import predict_baseline, predict_config, profiled_specs
 from specdec_tune.tuner.model._profile import RunProfile
 from specdec_tune.tuner.model._tree import TreeData
 from specdec_tune.tuner.model._tree_predict import TreePlan, predict_tree_prompts, tree_plan
@@ -26,25 +28,38 @@ class Scored:
     expected_tokens_per_cycle: float
     source: str
     memory_bytes: float | None = None
+    attainment: float = 1.0  # share of requests predicted to meet the SLO (1 without one)
+    tpot_s: tuple[float, ...] = ()  # predicted TPOT p50, p90, p99 (with an objective that needs latency)
     bias: float | None = None  # per verified position (tuner.model.bias_of); 0 for exact acceptance
 
+    def value(self, name: str, objective: Objective | None = None) -> float:
+        """The predicted value of objective ``name`` (:func:`predicted_value`)."""
+        o = objective or Objective()
+        return predicted_value(name, self.predicted_tokens_per_s, self.attainment, self.memory_bytes, o.gpu_price,
+                               o.watts, self.bias)
+
     def attrs(self) -> dict[str, Any]:
-        """What a trial stores (Optuna user attributes; its value is the predicted tokens/s). Each
-        attribute is one storage commit, so only what readers need is stored."""
+        """What a trial stores (Optuna user attributes). Each attribute is one storage commit, so only
+        what readers need is stored."""
         out = {"candidate": self.candidate.to_dict(), "predicted_speedup": self.predicted_speedup,
-               "expected_tokens_per_cycle": self.expected_tokens_per_cycle, "source": self.source}
+               "expected_tokens_per_cycle": self.expected_tokens_per_cycle, "source": self.source,
+               "predicted_tokens_per_s": self.predicted_tokens_per_s}
         if self.memory_bytes is not None:
             out["memory_bytes"] = self.memory_bytes
+        if self.tpot_s:
+            out.update(attainment=self.attainment, tpot_s=list(self.tpot_s))
         if self.bias is not None:
             out["bias"] = self.bias
         return out
 
     @classmethod
     def from_trial(cls, t: Any) -> Scored:
-        """Back from a completed trial (value 0 = predicted tokens/s)."""
+        """Back from a completed trial (studies from before objectives stored their tokens/s as value 0)."""
         a = t.user_attrs
-        return cls(Candidate.from_dict(a["candidate"]), float(t.values[0]), float(a["predicted_speedup"]),
-                   float(a["expected_tokens_per_cycle"]), str(a["source"]), a.get("memory_bytes"), a.get("bias"))
+        rate = a.get("predicted_tokens_per_s", t.values[0])
+        return cls(Candidate.from_dict(a["candidate"]), float(rate), float(a["predicted_speedup"]),
+                   float(a["expected_tokens_per_cycle"]), str(a["source"]), a.get("memory_bytes"),
+                   float(a.get("attainment", 1.0)), tuple(a.get("tpot_s") or ()), a.get("bias"))
 
 
 class Evaluator:
@@ -54,12 +69,17 @@ class Evaluator:
         db: the results database.
         run_id: the profile run (on the tuning prompts).
         mode: ``greedy`` or ``sampling``.
-        memory: candidate -> bytes speculation adds (draft weights + KV cache), for the memory objective.
+        memory: candidate -> the bytes it holds (:class:`MemoryModel`), for the memory objective and budget.
+        objective: what is optimised; with a latency SLO every candidate's TPOT distribution is predicted
+            too (:func:`predict_latency` on the profiled prompts) and its share of requests meeting the SLO.
     """
 
+    objective: Objective = Objective()  # throughput, no SLO: what an evaluator built without one optimises
+
     def __init__(self, db: Database, run_id: int, mode: str = "greedy",
-                 memory: Callable[[Candidate], float] | None = None) -> None:
+                 memory: Callable[[Candidate], float] | None = None, objective: Objective | None = None) -> None:
         self.db, self.run_id, self.mode, self.memory = db, run_id, mode, memory
+        self.objective = objective or Objective()
         self._profiles: dict[str | None, RunProfile] = {}
         self._trees: dict[str, TreeData | None] = {}
         self.cache: dict[Candidate, Scored] = {}
@@ -86,19 +106,27 @@ class Evaluator:
     def score(self, c: Candidate) -> Scored:
         if c in self.cache:
             return self.cache[c]
+        rp = self.profile(None if c.is_plain else c.drafter)
+        config = spec_config(c, self.mode)
         plan = None if c.is_plain else self.plan(c)
         if c.is_plain:
-            p = predict_baseline(self.profile(None))
+            p = predict_baseline(rp)
         elif plan is not None:
-            rp = self.profile(c.drafter)
-            p = predict_tree_prompts(rp, self.tree_data(c.drafter), spec_config(c, self.mode), plan)
+            p = predict_tree_prompts(rp, self.tree_data(c.drafter), config, plan)
         else:
-            p = predict_config(self.profile(c.drafter), spec_config(c, self.mode))
+            p = predict_config(rp, config)
         self.predictions += 1
+        attainment, tpot = 1.0, ()
+        if self.objective.slo.active:
+            if plan is None:
+                lat = predict_latency(rp, config, profiled_specs(rp))
+                attainment, tpot = lat.attainment(self.objective.slo), (lat.tpot(0.5), lat.tpot(0.9), lat.tpot(0.99))
+            else:  # a tree's or staged cycle's latency distribution is not modelled: under an SLO it never qualifies
+                attainment = 0.0
         bias = None
         if self.mode == "sampling":
             bias = 0.0 if c.is_plain else bias_of(self.profile(c.drafter).bias_front, c.acceptance, c.epsilon).bias
         s = Scored(c, p.tokens_per_s, p.speedup, p.expected_tokens_per_cycle, p.source,
-                   self.memory(c) if self.memory else None, bias)
+                   self.memory(c) if self.memory else None, attainment, tpot, bias)
         self.cache[c] = s
         return s

@@ -65,6 +65,8 @@ class RunProfile:
         machine_probe_s: the machine probe's median seconds during the profile (None: a run profiled
             before the probe was recorded); see :func:`machine_speed`.
         bias_front: the lossy acceptance front of the draft (sampling profiles; ``tuner.model.bias_of``).
+        trace_prompts: the profiled prompt of each of ``model.traces`` (per-request latency replays
+            each prompt's own cycles); ``sampling_trace_prompts`` the same for ``model.sampling_traces``.
     """
 
     run: RunRecord
@@ -86,6 +88,8 @@ class RunProfile:
     engine_overhead_s: float = 0.0
     machine_probe_s: float | None = None
     bias_front: tuple[BiasFrontRow, ...] = ()
+    trace_prompts: tuple[int | None, ...] = ()
+    sampling_trace_prompts: tuple[int | None, ...] = ()
 
     @property
     def is_ngram(self) -> bool:
@@ -303,6 +307,8 @@ def build_run_profile(
         prompts=infos, prefill_target_s=times.prefill_target_s, prefill_draft_s=times.prefill_draft_s,
         positions=positions, after_rejection=tuple(c for tr in traces for c in tr.confidences[tr.num_accepted + 1:]),
         max_new_tokens=max_new, machine_probe_s=t.probe(), bias_front=tuple(bias_front),
+        trace_prompts=tuple(tr.prompt_index for tr in traces),
+        sampling_trace_prompts=tuple(tr.prompt_index for tr in sampling_traces or ()),
     )
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from specdec_tune.consistency import Consistency, judge, overall
@@ -172,6 +172,25 @@ def _judged(sample: Mapping[str, Any]) -> Consistency:
                  parted.get("margin"), parted.get("top_logit"))
 
 
+def _resume_cell(name: str, cur: Sequence[dict], rules: Rules) -> Cell | None:
+    """A schedule benchmark's check (``profiler.schedule_check``): after speculation resumes, acceptance
+    at least (1 - ``resume_tolerance``) x a fresh drafter's on the same continuations (TensorRT-LLM #16888)."""
+    checks = [s["resume"] for s in cur if s.get("resume")]
+    if not checks:
+        return None
+    resumed = [c for c in checks if c.get("resume_cycle") is not None and c.get("fresh_drafted")]
+    if not resumed:
+        return Cell(name, "resume_acceptance", "no_verdict", details={
+            "reason": "the load trace never turned speculation off and back on (or nothing was left to decode)"})
+    rate = sum(c["accepted"] for c in resumed) / max(sum(c["drafted"] for c in resumed), 1)
+    fresh = sum(c["fresh_accepted"] for c in resumed) / sum(c["fresh_drafted"] for c in resumed)
+    ratio = rate / fresh if fresh > 0 else 1.0
+    verdict = "fail" if ratio < 1.0 - rules.resume_tolerance else "ok"
+    return Cell(name, "resume_acceptance", verdict, 1.0, ratio, details={
+        "acceptance_after_resume": rate, "fresh_acceptance": fresh, "prompts": len(resumed),
+        "rule": f"acceptance after speculation resumes >= {1 - rules.resume_tolerance:.2f} x a fresh drafter's"})
+
+
 def compare_benchmark(name: str, base: Sequence[dict] | None, cur: Sequence[dict], config: Mapping[str, Any],
                       rules: Rules, *, no_speed: str | None = None,
                       calib: Mapping[tuple[str, str], float] | None = None,
@@ -192,6 +211,9 @@ def compare_benchmark(name: str, base: Sequence[dict] | None, cur: Sequence[dict
     """
     calib = calib or {}
     cells = [_correctness_cell(name, cur, float(config.get("temperature", 0.0)))]
+    resume = _resume_cell(name, cur, rules)
+    if resume is not None:  # needs no baseline: the same run's fresh drafter is the reference
+        cells.append(resume)
     if model_error is not None:  # needs no baseline: prediction vs this run's measurement
         got = model_error()
         if isinstance(got, str):

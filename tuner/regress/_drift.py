@@ -136,7 +136,7 @@ def retune(db: Database, benchmark: str, study_name: str, storage_url: str, tria
     import optuna
 
     from specdec_tune.stats import speedup_ci
-    from specdec_tune.tuner.model import Candidate, TuningResult
+    from specdec_tune.tuner.model import Candidate, TuningResult, direction
     from specdec_tune.tuner.search import TuneRequest, measure_candidates, open_storage, run_tune
 
     storage = open_storage(storage_url)
@@ -153,7 +153,7 @@ def retune(db: Database, benchmark: str, study_name: str, storage_url: str, tria
              for k, v in _old_request(db, study_name, old_study.user_attrs["tune"]).items() if k in known}
     name = _new_name(storage, study_name, run_id)
     req = TuneRequest(**{**asked, "study": name, "trials": trials, "reprofile": True})
-    directions = ["maximize"] + ["minimize"] * (len(req.objectives) - 1)  # as search.run_search
+    directions = [direction(o) for o in req.search_objectives]  # as search.run_search
     new_study = optuna.create_study(study_name=name, storage=storage, directions=directions)
     warm = top_params(old_study, min(WARM_START_TRIALS, trials))  # none left waiting
     for params in warm:

@@ -69,9 +69,34 @@ def resolve_config(b: Benchmark) -> dict[str, Any]:
         cand = TuningResult.from_dict(study.user_attrs["result"]).candidate
         out.update(draft=cand.drafter, num_speculative_tokens=cand.num_speculative_tokens, threshold=cand.threshold,
                    schedule=cand.schedule, winner_of=b.study)
+    if b.export is not None:
+        out.update(_exported(b))
     if out["draft"] == "none":
         out["num_speculative_tokens"] = 0
     return out
+
+
+def _exported(b: Benchmark) -> dict[str, Any]:
+    """The drafter, N and per-batch-size schedule an exported folder's vLLM file carries (vLLM's
+    ``num_speculative_tokens_per_batch_size``: ``[lo, hi, N]`` ranges; docs/servers.md).
+
+    Raises:
+        NotFoundError: no ``vllm/speculative_config.json`` in the folder (a plain-decoding export has none).
+    """
+    import json
+    from pathlib import Path
+
+    path = Path(b.export).expanduser() / "vllm" / "speculative_config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise NotFoundError(f"benchmark {b.name!r}: cannot read {path} ({exc}); a plain-decoding export has "
+                            "no speculative config to check") from None
+    draft = "ngram" if cfg.get("method") == "ngram" else str(cfg.get("model"))
+    ranges = cfg.get("num_speculative_tokens_per_batch_size") or []
+    schedule = {int(lo): int(n) for lo, _hi, n in ranges} or {1: int(cfg["num_speculative_tokens"])}
+    return {"draft": draft, "num_speculative_tokens": int(cfg["num_speculative_tokens"]),
+            "per_batch_size": b.per_batch_size or schedule, "exported_from": str(path)}
 
 
 def arm_spec(cfg: Mapping[str, Any], key: str) -> ArmSpec:
@@ -89,7 +114,9 @@ def arm_spec(cfg: Mapping[str, Any], key: str) -> ArmSpec:
                    num_speculative_tokens=int(cfg["num_speculative_tokens"]), threshold=cfg["threshold"],
                    schedule=cfg["schedule"], temperature=cfg["temperature"], repeats=cfg["repeats"],
                    device=cfg["device"], dtype=cfg["dtype"], forward=cfg["forward"], draft_delay_ms=cfg["draft_delay_ms"],
-                   backend=backend, server_config=server_config)
+                   backend=backend, server_config=server_config,
+                   per_batch_size={int(k): int(v) for k, v in (cfg.get("per_batch_size") or {}).items()} or None,
+                   load=list(cfg["load"]) if cfg.get("load") else None, load_cycles=int(cfg.get("load_cycles") or 8))
 
 
 def suite_backend(suite: Suite, vllm_python: str | None = None) -> tuple[Callable[..., dict], str | None]:
@@ -229,7 +256,8 @@ def _compare_run(db: Database, suite: Suite, run_id: int, configs: dict[str, dic
         old = baseline.get(name)
         if old is not None:
             for key in ("target_identity", "draft_identity", "num_speculative_tokens", "threshold", "schedule",
-                        "temperature", "workload", "prompts", "max_new_tokens", "draft_delay_ms"):
+                        "temperature", "workload", "prompts", "max_new_tokens", "draft_delay_ms", "per_batch_size",
+                        "load"):
                 if old.config.get(key) != cfg.get(key):
                     report.changes.append(f"{name}.{key}: {old.config.get(key)!r} → {cfg.get(key)!r}")
         cells += compare_benchmark(name, old.samples if old else None, current[name], cfg, suite.rules,

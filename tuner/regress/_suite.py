@@ -44,6 +44,9 @@ class Rules(BaseModel):
     min_samples: int = Field(6, ge=3, description="fewest prompts per side for a speed verdict")
     min_reached: int = Field(20, ge=1, description="fewest cycles reaching a position for its acceptance cell")
     model_error_tolerance: float = Field(0.10, gt=0.0, description="allowed |predicted/measured - 1|")
+    resume_tolerance: float = Field(0.10, gt=0.0, lt=1.0, description=(
+        "a schedule benchmark fails when acceptance after speculation resumes is below (1 - this) x a fresh "
+        "drafter's on the same continuation"))
     bootstrap: int = Field(2000, ge=200, le=100000, description="bootstrap resamples for the CI")
     calibrate_runs: int = Field(3, ge=2, le=50, description="A/A runs of --calibrate")
     machine_probe: bool = Field(True, description="divide the machine probe's speed (profiler.machine_probe) out of "
@@ -89,17 +92,32 @@ class Benchmark(BaseModel):
     forward: str = "auto"
     profile_run: int | None = Field(None, ge=1, description="profile run whose model predicts this benchmark")
     draft_delay_ms: float = Field(0.0, ge=0.0, le=10000.0, description="TEST ONLY: sleep per draft proposal")
+    export: str | None = Field(None, description=(
+        "an exported folder (tune --export): its vLLM speculative_config.json gives the drafter, N and the "
+        "per-batch-size schedule checked under ``load``"))
+    per_batch_size: dict[int, int] | None = Field(None, description="batch size -> N at and above it (a schedule)")
+    load: list[int] | None = Field(None, min_length=1, description=(
+        "batch sizes the server sees, one per block of load_cycles cycles: the schedule's N follows it (a load "
+        "that turns speculation off, then falls, checks that acceptance comes back: TensorRT-LLM #16888)"))
+    load_cycles: int = Field(8, ge=1, le=1000)
 
     @model_validator(mode="after")
     def _one_config_source(self) -> Benchmark:
-        if self.study is None and self.num_speculative_tokens is None:
+        sources = (self.num_speculative_tokens is not None) + (self.study is not None) + (self.export is not None)
+        if sources == 0:
             raise ValueError("give num_speculative_tokens (with threshold, schedule) or study")
         if self.study is not None and self.num_speculative_tokens is not None:
             raise ValueError("give num_speculative_tokens or study, not both")
+        if sources > 1:
+            raise ValueError("give one of num_speculative_tokens, study or export")
         if self.study is not None and not self.study_storage:
             raise ValueError("study needs study_storage (the Optuna storage URL)")
         if self.backend == "vllm" and (self.temperature > 0 or self.threshold > 0 or self.schedule != "constant"):
             raise ValueError("backend vllm runs greedy decoding with threshold 0 and a constant schedule")
+        if self.load is not None and (self.export is None and self.per_batch_size is None):
+            raise ValueError("load needs a schedule: per_batch_size or export")
+        if self.load is not None and (self.backend != "engine" or self.temperature > 0):
+            raise ValueError("a load trace is checked on our engine, greedy (backend engine, temperature 0)")
         return self
 
 

@@ -72,7 +72,8 @@ def best_measured(measured: Sequence[Measured], server: str | None = None) -> Me
 
 
 def confirm(db: Database, run_id: int, top: Sequence[Scored], bests: Mapping[str, Scored], *, measure_prompts: int,
-            heldout_prompts: int, **common: Any) -> Confirmation:
+            heldout_prompts: int, pick: Callable[[Sequence[Measured]], Measured] | None = None,
+            **common: Any) -> Confirmation:
     """Stages 1-3 of the module docstring: measure, pick, hold out.
 
     Args:
@@ -82,12 +83,16 @@ def confirm(db: Database, run_id: int, top: Sequence[Scored], bests: Mapping[str
         bests: server -> its best predicted inside its own space.
         measure_prompts: tuning prompts per configuration.
         heldout_prompts: held-out prompts per configuration.
-        common: ``temperature``, ``repeats``, ``seed``, ``progress``, ``threads`` for the measurements.
+        pick: the best of a list of measurements (default :func:`best_measured`: the measured speedup;
+            ``tune --objective`` passes the objective's measured value).
+        common: ``temperature``, ``repeats``, ``seed``, ``progress``, ``threads``, ``gpu_price`` for the
+            measurements.
     """
     pool = distinct([t.candidate for t in top] + [b.candidate for b in bests.values()])
     tuning = measure_candidates(db, run_id, pool, split="tune", max_prompts=measure_prompts, **common)
-    winner = best_measured(tuning)
-    picks = {srv: best_measured(tuning, srv) for srv in bests}
+    choose = pick or best_measured
+    winner = choose(tuning)
+    picks = {srv: choose([m for m in tuning if unsupported(srv, m.candidate) is None]) for srv in bests}
     held = distinct([winner.candidate] + [m.candidate for m in picks.values()])
     measured = measure_candidates(db, run_id, held, split="holdout", max_prompts=heldout_prompts, **common)
     return Confirmation(tuning, winner, picks, {m.candidate: m for m in measured})

@@ -33,7 +33,7 @@ class Measured:
 
 def measure_candidates(db: Database, run_id: int, candidates: Sequence[Candidate], *, split: str, max_prompts: int,
                        temperature: float, repeats: int, seed: int, progress: Progress | None,
-                       threads: int | None = None) -> list[Measured]:
+                       threads: int | None = None, gpu_price: float | None = None) -> list[Measured]:
     """Measure ``candidates`` interleaved on ``split`` of the run's workload (stored with predictions).
 
     Where plain decoding is one of the candidates, each gets its speedup over it pass by pass
@@ -45,7 +45,7 @@ def measure_candidates(db: Database, run_id: int, candidates: Sequence[Candidate
     mode = "sampling" if temperature > 0 else "greedy"
     items = [(None if c.is_plain else c.drafter, spec_config(c, mode)) for c in candidates]
     kwargs: dict[str, Any] = dict(temperature=temperature, max_prompts=max_prompts, repeats=repeats, seed=seed,
-                                  progress=progress, threads=threads)
+                                  progress=progress, threads=threads, gpu_price=gpu_price)
     shapes = [("", "") if c.is_plain else (c.tree, c.staged) for c in candidates]
     validated = measure_predicted(db, run_id, items, split=split, shapes=shapes, **kwargs)
     heldout = split == "holdout"

@@ -1,43 +1,78 @@
-"""The memory objective of ``tune``: bytes speculation adds to serving (draft weights and KV caches)."""
+"""The memory of ``tune``'s candidates: a :class:`~specdec_tune.tuner.model.MemoryModel` built from a
+profile run's stored models (their configs give layers, KV heads and head size; the run gives the
+dtype, device and forward they ran with)."""
 from __future__ import annotations
 
 from typing import Any
 
 from specdec_tune.db import Database, get_run, list_models
-from specdec_tune.tuner.model import Candidate
+from specdec_tune.errors import InputError
+from specdec_tune.tuner.model import NGRAM, MemoryModel, ModelMemory
+
+_WIDTH = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+PACK_MAX_BYTES = 1 << 30  # engine/lean.py: a larger model keeps no packed copy
+PACKED_WIDTHS = (2, 128)  # engine/lean.py PACKED_MIN_TOKENS, PACKED_MAX_TOKENS: forwards that use (and make) it
 
 
-def memory_model(db: Database, run_id: int, max_context: int) -> Any:
-    """Bytes speculation adds for a candidate: draft weights + the draft's KV cache at the longest
-    context + the target's KV cache for the N extra verify positions (0 for plain decoding)."""
+def _config(record: Any) -> Any:
+    from transformers import AutoConfig
+
+    source = record.extra.get("source") or record.name
+    try:
+        return AutoConfig.from_pretrained(source).get_text_config(decoder=True)
+    except Exception as exc:  # noqa: BLE001 - any loading failure is one line for the user
+        raise InputError(f"cannot read the config of {record.name!r} ({source}) for the memory model: {exc}") from None
+
+
+def model_memory(record: Any, *, device: str, forward: str) -> ModelMemory:
+    """One stored model's memory facts (docs/architecture.md, The throughput model; ``tuner.model._memory``).
+
+    The packed copy: the lean forward on a CPU in float32 packs every layer's q/k/v (one product),
+    o, gate/up (one product) and down projections and the LM head once (engine/lean.py,
+    ``_packed_weights``), for models up to 1 GiB. A oneDNN blocked weight pads its output features to a
+    multiple of 64 (``torch.ops.mkldnn._nbytes``, torch 2.13 on this project's x86-64 CPUs; other ISAs may
+    block differently); widths that are multiples of 64, as real models have, pack to exactly their bytes.
+    """
+    cfg = _config(record)
+    width = _WIDTH.get(str(record.dtype), 4)
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    layers = int(cfg.num_hidden_layers)
+    weights = float((record.num_parameters or 0) * width)
+    packed = 0.0
+    if device == "cpu" and width == 4 and forward == "lean" and weights <= PACK_MAX_BYTES:
+        hidden, inter = int(cfg.hidden_size), int(cfg.intermediate_size)
+        q, kv = heads * head_dim, kv_heads * head_dim
+        per_layer = _padded(q + 2 * kv) * hidden + _padded(hidden) * q + _padded(2 * inter) * hidden \
+            + _padded(hidden) * inter  # qkv, o, gate/up, down: [out, in]
+        packed = float(width * (layers * per_layer + _padded(int(cfg.vocab_size)) * hidden))
+    activation = float(width * (6 * int(cfg.hidden_size) + 3 * int(cfg.intermediate_size)))
+    return ModelMemory(record.name, weights, float(2 * layers * kv_heads * head_dim * width), packed, PACKED_WIDTHS,
+                       activation, float(width * heads))
+
+
+def _padded(rows: int) -> int:
+    return -(-rows // 64) * 64
+
+
+def memory_model(db: Database, run_id: int, max_context: int, graph_pool_bytes: float = 0.0) -> MemoryModel:
+    """The memory model of a run's target and model drafts, caches of ``max_context`` tokens.
+
+    Raises:
+        InputError: a model's config cannot be read.
+    """
     run = get_run(db, run_id)
     models = {m.id: m for m in list_models(db)}
-
-    def kv_per_token(record: Any) -> float:
-        from transformers import AutoConfig
-
-        width = 2 if record.dtype in ("bfloat16", "float16") else 4
-        try:
-            cfg = AutoConfig.from_pretrained(record.extra.get("source") or record.name).get_text_config(decoder=True)
-        except Exception:  # no config at hand: count layers only, with the target's width unknown
-            return 0.0
-        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return 2.0 * cfg.num_hidden_layers * heads * head_dim * width
-
-    target_kv = kv_per_token(run.target)
+    settings = run.settings
+    device = run.hardware.device
+    forward = settings.get("forward", "hf")
     drafts = {}
     for d in run.drafts:
-        if d.model_id is not None and d.model_id in models:
-            rec = models[d.model_id]
-            width = 2 if rec.dtype in ("bfloat16", "float16") else 4
-            drafts[d.name] = ((rec.num_parameters or 0) * width, kv_per_token(rec))
-
-    def memory(c: Candidate) -> float:
-        if c.is_plain:
-            return 0.0
-        n = c.num_speculative_tokens
-        weights, kv = drafts.get(c.drafter, (0.0, 0.0))
-        return float(weights + kv * (max_context + n) + target_kv * n)
-
-    return memory
+        if d.name == NGRAM or d.model_id is None or d.model_id not in models:
+            continue
+        drafts[d.name] = model_memory(models[d.model_id], device=device,
+                                      forward=(settings.get("draft_forwards") or {}).get(d.name, forward))
+    prompt = max(settings.get("prompt_tokens", [0]) or [0]) or None
+    return MemoryModel(model_memory(run.target, device=device, forward=forward), drafts, int(max_context),
+                       float(graph_pool_bytes), prompt)

@@ -8,8 +8,11 @@ resumed or joined study already holds many), so a point is predicted once per pr
 
 The space is finite (:mod:`._space`). When ``trials`` covers it, Optuna's brute-force sampler
 walks it whole and the study's best *is* the model's optimum; otherwise TPE (seeded, multivariate)
-samples it. ``--objectives throughput,memory`` makes a two-objective study (maximise tokens/s,
-minimise the memory speculation adds) whose Pareto front is ``study.best_trials``.
+samples it. A study optimises the user's objective (``tune --objective``: throughput, goodput under a
+latency SLO, cost or energy per token; :class:`~specdec_tune.tuner.model.Objective`); ``--objectives A,B``
+makes a two-objective study over any two of throughput, goodput, cost, energy and memory, each in its
+own direction (Optuna's multi-objective TPE/brute force), whose Pareto front is ``study.best_trials``.
+Under ``--memory-budget`` a configuration that does not fit is pruned, with the bytes it needs.
 """
 from __future__ import annotations
 
@@ -24,12 +27,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specdec_tune.errors import InputError
-from specdec_tune.tuner.model import NGRAM, NONE, Candidate, Evaluator, Scored, best_n_per_batch_size
+from specdec_tune.tuner.model import NGRAM, NONE, OBJECTIVES, Candidate, Evaluator, Scored, best_n_per_batch_size
+from specdec_tune.tuner.model import direction
 from specdec_tune.tuner.search._space import SearchSpace, make_candidate, server_search_space, unsupported
 from specdec_tune.tuner.search._tree_space import shape_candidate, shape_choices
 from specdec_tune.tuner.servers import SERVERS
 
-OBJECTIVES = ("throughput", "memory", "bias")
 
 
 def suggest(trial: Any, space: SearchSpace) -> Candidate:
@@ -92,9 +95,20 @@ class SearchOutcome:
     notes: list[str] = field(default_factory=list)
 
 
-def _values(s: Scored, objectives: Sequence[str]) -> list[float]:
-    second = {"memory": lambda: float(s.memory_bytes or 0.0), "bias": lambda: float(s.bias or 0.0)}
-    return [s.predicted_tokens_per_s if o == "throughput" else second[o]() for o in objectives]
+def _values(s: Scored, objectives: Sequence[str], evaluator: Evaluator) -> list[float]:
+    return [s.value(o, evaluator.objective) for o in objectives]
+
+
+def rank_key(evaluator: Evaluator) -> Callable[[Scored], tuple[float, float]]:
+    """Sort key, best first, by the evaluator's objective (then by predicted tokens/s)."""
+    name = evaluator.objective.name
+    sign = -1.0 if direction(name) == "maximize" else 1.0
+
+    def key(s: Scored) -> tuple[float, float]:
+        v = s.value(name, evaluator.objective)
+        return (sign * v if math.isfinite(v) else math.inf, -s.predicted_tokens_per_s)
+
+    return key
 
 
 def _completed(study: Any) -> list[Any]:
@@ -129,7 +143,7 @@ def run_search(
         storage: an Optuna storage (:func:`open_storage`).
         study_name: the study to create, resume or join.
         trials: completed trials to reach.
-        objectives: ``throughput`` and optionally ``memory``.
+        objectives: one objective (the evaluator's) or two, for a Pareto front (:data:`OBJECTIVES`).
         attrs: the settings stored with a new study (a study made with others is refused).
         seed: sampler seed.
         on_trial: called after each trial of this process (progress).
@@ -147,10 +161,10 @@ def run_search(
     done = _completed(study)
     if not done:
         raise InputError(f"study {study_name!r} has no completed trial")
-    ranked = _ranked(done)
+    ranked = sorted(_ranked(done), key=rank_key(evaluator))
     if len(objectives) > 1:
         front = [Scored.from_trial(t) for t in study.best_trials if "candidate" in t.user_attrs]
-        front = sorted({s.candidate: s for s in front}.values(), key=lambda s: -s.predicted_tokens_per_s)
+        front = sorted({s.candidate: s for s in front}.values(), key=rank_key(evaluator))
     else:
         front = ranked[:1]
     notes = [f"brute force: all {size} points of the space predicted"] if brute and len(done) >= size else []
@@ -158,14 +172,21 @@ def run_search(
 
 
 def _checked_objectives(objectives: Sequence[str], evaluator: Evaluator) -> list[str]:
-    objectives = list(objectives)
-    if not objectives or objectives[0] != "throughput" or any(o not in OBJECTIVES for o in objectives) \
-            or len(set(objectives)) != len(objectives) or len(objectives) > 2:
-        raise InputError(f"--objectives must be 'throughput' or 'throughput,memory', got {','.join(objectives)!r}")
+    """One objective, or two distinct ones for a Pareto front; each with what it needs."""
+    objectives = list(objectives) if objectives else [evaluator.objective.name]
+    if len(objectives) not in (1, 2) or any(o not in OBJECTIVES for o in objectives) \
+            or len(set(objectives)) != len(objectives):
+        raise InputError(f"--objectives must be one or two distinct of {', '.join(OBJECTIVES)}, "
+                         f"got {','.join(objectives)!r}")
     if "bias" in objectives and evaluator.mode != "sampling":
         raise InputError("a bias budget needs sampling (--temperature > 0): greedy decoding has no lossy acceptance")
     if "memory" in objectives and evaluator.memory is None:
         raise InputError("the memory objective needs the models' sizes (not available for this run)")
+    for o in objectives:
+        if o != "memory":
+            evaluator.objective.check(o)
+        if o == "energy" and evaluator.objective.watts is None:
+            raise InputError("the energy objective needs NVML's power readings on a GPU; this profile has none")
     return objectives
 
 
@@ -186,17 +207,31 @@ def _open_study(evaluator: Evaluator, space: SearchSpace, storage: Any, study_na
     """Create, resume or join the study; what it already predicted goes into the evaluator's cache."""
     from specdec_tune.tuner.search._study import load_or_create
 
-    directions = ["maximize"] + ["minimize"] * (len(objectives) - 1)
+    directions = [direction(o) for o in objectives]
     study = load_or_create(storage, study_name, directions, {**(attrs or {}), "space": space.to_dict(),
                                                               "objectives": objectives}, sampler)
     if "objectives" not in study.user_attrs:  # the dashboard names the study's values with these
-        names = {"throughput": "predicted_tokens_per_s", "memory": "memory_bytes", "bias": "bias"}
-        study.set_user_attr("objectives", [names[o] for o in objectives])
+        study.set_user_attr("objectives", [_VALUE_NAMES[o] for o in objectives])
     for t in _completed(study):  # what earlier runs or other workers predicted is not predicted again
         if "candidate" in t.user_attrs:
             s = Scored.from_trial(t)
             evaluator.cache.setdefault(s.candidate, s)
     return study
+
+
+_VALUE_NAMES = {"throughput": "predicted_tokens_per_s", "goodput": "predicted_goodput", "cost": "predicted_usd_per_mtok",
+                "energy": "predicted_joules_per_token", "memory": "memory_bytes", "bias": "bias"}
+
+
+def over_budget(evaluator: Evaluator, c: Candidate) -> str | None:
+    """Why ``c`` does not fit the memory budget (None: it fits, or there is no budget)."""
+    budget = evaluator.objective.memory_budget_bytes
+    if budget is None or evaluator.memory is None:
+        return None
+    need = evaluator.memory(c)
+    if need <= budget:
+        return None
+    return f"{c.label()} needs {need / 2**30:.3f} GiB, over the memory budget of {budget / 2**30:g} GiB"
 
 
 def _objective(evaluator: Evaluator, space: SearchSpace, objectives: list[str]) -> Callable[[Any], Any]:
@@ -205,8 +240,8 @@ def _objective(evaluator: Evaluator, space: SearchSpace, objectives: list[str]) 
 
     def objective(trial: Any) -> float | list[float]:
         c = suggest(trial, space)
-        reason = unsupported(space.server, c)
-        if reason is not None:  # a guard: the space is built to hold only expressible points
+        reason = unsupported(space.server, c) or over_budget(evaluator, c)
+        if reason is not None:  # the space holds only expressible points; a budget excludes what does not fit
             trial.set_user_attr("error", reason)
             raise optuna.TrialPruned(reason)
         try:
@@ -216,7 +251,7 @@ def _objective(evaluator: Evaluator, space: SearchSpace, objectives: list[str]) 
             raise optuna.TrialPruned(str(exc)) from None
         for key, value in s.attrs().items():
             trial.set_user_attr(key, value)
-        values = _values(s, objectives)
+        values = _values(s, objectives, evaluator)
         return values[0] if len(values) == 1 else values
 
     return objective
@@ -290,7 +325,8 @@ def _quiet(logger: str) -> Iterator[None]:
 
 
 def _ranked(done: Sequence[Any]) -> list[Scored]:
-    """Distinct candidates of the completed trials, best predicted throughput first."""
+    """Distinct candidates of the completed trials, best predicted throughput first (callers re-rank by
+    their objective)."""
     by_candidate: dict[Candidate, Scored] = {}
     for t in done:
         if "candidate" in t.user_attrs:
@@ -300,14 +336,17 @@ def _ranked(done: Sequence[Any]) -> list[Scored]:
 
 
 def brute_force(evaluator: Evaluator, space: SearchSpace) -> list[Scored]:
-    """Every point of ``space`` predicted (cached), best predicted throughput first."""
+    """Every point of ``space`` that fits the memory budget predicted (cached), best by the evaluator's
+    objective first."""
     scored = []
     for c in space.candidates():
+        if over_budget(evaluator, c) is not None:
+            continue
         try:
             scored.append(evaluator.score(c))
         except InputError:
             continue
-    return sorted(scored, key=lambda s: -s.predicted_tokens_per_s)
+    return sorted(scored, key=rank_key(evaluator))
 
 
 def best_per_server(evaluator: Evaluator, model_drafts: Sequence[str], n_max: int, ngram: bool,

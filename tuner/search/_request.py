@@ -2,6 +2,7 @@
 stored profile already answers the request."""
 from __future__ import annotations
 
+import math
 import platform
 from dataclasses import dataclass, field
 from typing import Any
@@ -9,7 +10,8 @@ from typing import Any
 from specdec_tune.db import Database, list_runs
 from specdec_tune.errors import InputError
 from specdec_tune.profiler import ProfileSettings
-from specdec_tune.tuner.model import TuningResult
+from specdec_tune.latency import Slo
+from specdec_tune.tuner.model import GIB, Objective, TuningResult
 from specdec_tune.tuner.search._space import ANY, N_LIMIT, THRESHOLD_KINDS, check_server
 
 TREE_K_MAX = 17  # with --trees the verify curve reaches 17 positions: trees of up to 16 nodes
@@ -27,7 +29,13 @@ class TuneRequest:
     measure_top: int = 6
     batch_sizes: tuple[int, ...] = (1, 4, 16, 64)
     temperature: float = 0.0
-    objectives: tuple[str, ...] = ("throughput",)
+    objectives: tuple[str, ...] = ()  # two for a Pareto front (--objectives A,B); () = the objective alone
+    objective: str = "throughput"  # what the winner is chosen by (--objective)
+    slo_tpot_ms: float | None = None
+    slo_ttft_ms: float | None = None
+    slo_percentile: float = 99.0
+    gpu_price: float | None = None  # dollars per hour (--gpu-price)
+    memory_budget_gib: float | None = None  # --memory-budget
     study: str | None = None
     n_max: int = N_LIMIT
     max_prompts: int = 12  # tuning prompts profiled
@@ -54,8 +62,9 @@ class TuneRequest:
                 raise InputError(f"--max-bias must be a total variation distance in [0, 1], got {self.max_bias}")
             if self.temperature <= 0:
                 raise InputError("--max-bias needs --temperature > 0: lossy acceptance is a sampling rule")
-            if self.objectives != ("throughput",):
-                raise InputError("--max-bias makes its own objectives (throughput and bias); drop --objectives")
+            if self.objectives not in ((), ("throughput",)) or self.objective != "throughput":
+                raise InputError("--max-bias makes its own objectives (throughput and bias); drop --objectives and "
+                                 "--objective")
             object.__setattr__(self, "objectives", ("throughput", "bias"))
         bad = [k for k in self.threshold_kinds if k not in THRESHOLD_KINDS]
         if bad or not self.threshold_kinds:
@@ -89,12 +98,14 @@ class TuneRequest:
                 raise InputError("--trees measures trees in the engine: use --backend engine")
         if self.backend not in ("engine", "vllm"):
             raise InputError(f"--backend must be engine or vllm, got {self.backend!r}")
+        self.spec()  # a bad objective, SLO, price or budget fails before anything runs
         if self.backend == "vllm":
             if self.server != "vllm":
                 raise InputError(f"--backend vllm measures on vLLM, so it tunes for vLLM: pass --server vllm "
                                  f"(not {self.server!r})")
-            if self.temperature > 0 or self.objectives != ("throughput",):
-                raise InputError("--backend vllm tunes greedy throughput only (--temperature 0, --objectives throughput)")
+            if self.temperature > 0 or len(self.objectives) > 1:
+                raise InputError("--backend vllm tunes greedy decoding for one objective (--temperature 0, no Pareto "
+                                 "--objectives)")
             from specdec_tune.profiler import require_vllm_python
 
             require_vllm_python(self.vllm_python)  # a missing or broken path fails before profiling
@@ -103,19 +114,42 @@ class TuneRequest:
     def mode(self) -> str:
         return "sampling" if self.temperature > 0 else "greedy"
 
+    @property
+    def search_objectives(self) -> tuple[str, ...]:
+        """What the study optimises: the Pareto pair, or the objective alone."""
+        return self.objectives or (self.objective,)
+
+    def spec(self, watts: float | None = None) -> Objective:
+        """The :class:`Objective` asked (``watts``: the device's mean power while profiling, for energy).
+
+        Raises:
+            InputError: a bad objective, SLO, price or budget (one line naming the flag).
+        """
+        try:
+            slo = Slo(self.slo_tpot_ms, self.slo_ttft_ms, self.slo_percentile)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        if self.gpu_price is not None and not (math.isfinite(self.gpu_price) and self.gpu_price >= 0):
+            raise InputError(f"--gpu-price must be a non-negative number of dollars per hour, got {self.gpu_price!r}")
+        budget = None if self.memory_budget_gib is None else self.memory_budget_gib * GIB
+        return Objective(self.objective, slo, self.gpu_price, budget, watts)
+
     def study_name(self) -> str:
         """Default study name: what was tuned, so the same command resumes the same study."""
         import hashlib
         import json
 
-        parts = [self.target, list(self.drafts), self.workload, self.temperature, list(self.objectives),
-                 self.n_max, self.max_prompts, self.max_new_tokens,
-                 list(self.thresholds) if self.thresholds is not None else None]
+        key = [self.target, list(self.drafts), self.workload, self.temperature, list(self.search_objectives),
+               self.n_max, self.max_prompts, self.max_new_tokens,
+               list(self.thresholds) if self.thresholds is not None else None]
+        if self.search_objectives != ("throughput",) or self.memory_budget_gib is not None:
+            # the trials' values depend on these (a throughput study without a budget keeps its old name)
+            key += [self.slo_tpot_ms, self.slo_ttft_ms, self.slo_percentile, self.gpu_price, self.memory_budget_gib]
         if self.threshold_kinds != ("per-token",):  # (studies made before the kinds keep their names)
-            parts.append(list(self.threshold_kinds))
+            key.append(list(self.threshold_kinds))
         if self.trees:  # (likewise studies made before trees)
-            parts.append(list(self.trees))
-        key = json.dumps(parts, sort_keys=True)
+            key.append(list(self.trees))
+        key = json.dumps(key, sort_keys=True)
         short = lambda s: s.rstrip("/").rsplit("/", 1)[-1]  # noqa: E731
         backend = "" if self.backend == "engine" else f"-{self.backend}"
         return (f"tune-{short(self.target)}-{short(self.workload)}-{self.server}{backend}-"

@@ -33,7 +33,9 @@ from typing import Any
 from specdec_tune.db import Database
 from specdec_tune.errors import InputError
 from specdec_tune.stats import RateSamples, speedup_ci
-from specdec_tune.tuner.model import NGRAM, Candidate, Evaluator
+from specdec_tune.tuner.model import NGRAM, Candidate, Evaluator, Objective
+from specdec_tune.tuner.search._server_objective import guard_schedule, predicted_server_value, server_slo, server_value
+from specdec_tune.tuner.search._server_objective import sort_key
 from specdec_tune.tuner.servers import (
     ServerModel,
     best_server_n_per_batch_size,
@@ -66,6 +68,8 @@ class ServerTuneReport:
     heldout: list[dict[str, Any]] = field(default_factory=list)  # per batch size
     start_seconds: list[float] = field(default_factory=list)
     versions: dict[str, Any] = field(default_factory=dict)
+    reasons: dict[int, str] = field(default_factory=dict)  # why each batch size's N is what it is (held out)
+    objective: dict[str, Any] = field(default_factory=dict)  # the objective, measured held out at the first B
 
     def to_dict(self) -> dict[str, Any]:
         return {"backend": "vllm", "versions": self.versions, "server_model": self.model.to_dict(),
@@ -74,13 +78,19 @@ class ServerTuneReport:
                                       for b, by_n in self.schedule_measured.items()},
                 "close_calls": self.close_calls, "best_measured": self.best_measured,
                 "calibration": self.calibration, "ranked": self.ranked, "confirmation": self.confirmation,
-                "heldout": self.heldout, "start_seconds": self.start_seconds}
+                "heldout": self.heldout, "start_seconds": self.start_seconds,
+                "reasons": {str(b): r for b, r in self.reasons.items()}, "objective": self.objective}
 
 
-def _row(m, predicted: float | None = None) -> dict[str, Any]:
-    return {"config": m.config.label, "batch_size": m.batch_size, "measured_tokens_per_s": m.tokens_per_s,
-            "ci95": list(m.ci95) if m.ci95 else None, "predicted_tokens_per_s": predicted,
-            "mean_acceptance_length": m.mean_acceptance_length, "measured_id": m.measured_id}
+def _row(m, predicted: float | None = None, objective: Objective | None = None) -> dict[str, Any]:
+    out = {"config": m.config.label, "batch_size": m.batch_size, "measured_tokens_per_s": m.tokens_per_s,
+           "ci95": list(m.ci95) if m.ci95 else None, "predicted_tokens_per_s": predicted,
+           "mean_acceptance_length": m.mean_acceptance_length, "measured_id": m.measured_id}
+    if objective is not None and (objective.name != "throughput" or objective.slo.active):
+        value, ci = server_value(m, objective)
+        out.update(objective=objective.name, objective_value=value, objective_ci=None if ci is None else list(ci),
+                   slo=server_slo(m, objective))
+    return out
 
 
 def schedule_from_measured(proposed: dict[int, int], measured: dict[int, dict[int, float]], b0: int) -> dict[int, int]:
@@ -165,7 +175,8 @@ def _calibration_candidates(drafts: Sequence[str], n_max: int) -> tuple[list[Can
 
 
 def _measured_schedule(srv: _Server, winner: Candidate, schedule: dict[int, int], bs: list[int],
-                       calib: Sequence[tuple[Candidate, Any]], max_prompts: int) -> tuple[dict, dict, list]:
+                       calib: Sequence[tuple[Candidate, Any]], max_prompts: int,
+                       objective: Objective) -> tuple[dict, dict, list]:
     """At each batch size above the smallest, the best *measured* N among the model's proposals, the
     winner's N and plain decoding (tuning prompts). Returns (schedule, B -> N -> tokens/s, new runs)."""
     b0 = bs[0]
@@ -179,11 +190,14 @@ def _measured_schedule(srv: _Server, winner: Candidate, schedule: dict[int, int]
     for n, m in zip([n for n in extra for _ in bs[1:]], more):
         at_b.setdefault(m.batch_size, {})[n] = m
     measured = {b: {n: m.tokens_per_s for n, m in at_b.get(b, {}).items()} for b in bs[1:]}
-    return schedule_from_measured(schedule, measured, b0), measured, more
+    key = sort_key(objective)
+    ranked = {b: {n: -key(m)[0] for n, m in at_b.get(b, {}).items()} for b in bs[1:]}  # higher is better
+    return schedule_from_measured(schedule, ranked, b0), measured, more
 
 
 def _heldout_rows(srv: _Server, model: ServerModel, evaluator: Evaluator, winner: Candidate, schedule: dict[int, int],
-                  bs: list[int], max_prompts: int, max_new_tokens: int) -> tuple[list[dict[str, Any]], list[Any]]:
+                  bs: list[int], max_prompts: int, max_new_tokens: int,
+                  objective: Objective | None = None) -> tuple[list[dict[str, Any]], list[Any]]:
     """Plain decoding, the winner at its constant N and the schedule as a whole, on the held-out prompts."""
     configs = [vllm_config(srv.target, Candidate("none", 0))]
     labels: dict[str, str] = {}
@@ -198,48 +212,74 @@ def _heldout_rows(srv: _Server, model: ServerModel, evaluator: Evaluator, winner
     for b in bs:
         at = {m.config.label: m for m in held if m.batch_size == b}
         plain = at["plain"]
-        row: dict[str, Any] = {"batch_size": b, "schedule_n": schedule[b], "plain": _row(plain)}
+        row: dict[str, Any] = {"batch_size": b, "schedule_n": schedule[b], "plain": _row(plain, None, objective)}
         for key, label in labels.items():
             m = at[label]
             predicted = (predict_server(model, evaluator, winner, b, max_new_tokens, mean_prompt_tokens(m)).tokens_per_s
                          if key == "constant" else None)
-            row[key] = {**_row(m, predicted), "speedup": m.tokens_per_s / plain.tokens_per_s,
+            row[key] = {**_row(m, predicted, objective), "speedup": m.tokens_per_s / plain.tokens_per_s,
                         "speedup_ci": list(speedup_ci(m.samples, plain.samples))}
         rows.append(row)
     return rows, held
 
 
+def _winner(measured: dict[Candidate, Any], by_pred: dict[Candidate, float], ns: Sequence[int],
+            objective: Objective) -> tuple[Candidate, Candidate, list[dict[str, Any]]]:
+    """(winner, best measured, close calls): the best measured by the objective; for throughput, among
+    configurations measurement cannot tell apart, the calibrated model decides (:func:`pick_among_tied`)."""
+    best = min(measured, key=lambda c: sort_key(objective)(measured[c]))
+    if objective.name != "throughput" or objective.slo.active:
+        return best, best, []
+    close = close_calls(measured[best].samples, {m.config.label: m.samples for c, m in measured.items() if c != best})
+    tied = [best] + [c for c in measured if measured[c].config.label in {r["config"] for r in close}]
+    return pick_among_tied(tied, by_pred, ns), best, close
+
+
+def _heldout_objective(rows: list[dict[str, Any]], objective: Objective) -> dict[str, Any]:
+    """The objective's held-out measured value with CI and the SLO's outcome at the smallest batch size."""
+    first = rows[0]
+    win = first.get("constant") or first["plain"]
+
+    def side(x: dict[str, Any]) -> dict[str, Any]:
+        value = x.get("objective_value", x["measured_tokens_per_s"])
+        ci = x.get("objective_ci", x.get("ci95"))
+        return {"label": x["config"], "value": value, "ci": ci, "measured": "held-out prompts (vLLM)",
+                "slo": x.get("slo")}
+
+    return {**objective.to_dict(), "describe": objective.describe(), "winner": side(win), "plain": side(first["plain"])}
+
+
 def run_server_tune(db: Database, run_id: int, evaluator: Evaluator, *, target: str, drafts: Sequence[str],
                     batch_sizes: Sequence[int], n_max: int, max_new_tokens: int, measure_top: int,
                     measure_prompts: int, heldout_prompts: int, repeats: int, vllm_python: str | None,
-                    threads: int = 1, progress=None) -> ServerTuneReport:
-    """The whole server loop (module docstring).
+                    threads: int = 1, progress=None, objective: Objective | None = None,
+                    gpu_price: float | None = None) -> ServerTuneReport:
+    """The whole server loop (module docstring), by ``objective`` (default: throughput).
 
     Raises:
         InputError: a batch size that does not divide the prompts, or no drafter.
         VllmError: vLLM failed (its last log line in the message).
     """
+    objective = objective or Objective()
     bs = sorted({int(b) for b in batch_sizes})
     if not drafts:
         raise InputError("--backend vllm needs at least one drafter")
     srv = _Server(db, run_id, target, dict(vllm_python=vllm_python, threads=threads, progress=progress,
-                                            repeats=repeats))
+                                            repeats=repeats, gpu_price=gpu_price))
     calib_c, ns = _calibration_candidates(drafts, n_max)
     cal = srv.measure(calib_c, bs, "tune", measure_prompts)
     model = calibrate_from(cal)
     b0 = bs[0]
-    preds = sorted((predict_server(model, evaluator, c, b0, max_new_tokens) for c in _space(drafts, n_max)),
-                   key=lambda p: -p.tokens_per_s)
+    preds = [predict_server(model, evaluator, c, b0, max_new_tokens) for c in _space(drafts, n_max)]
+    sign = -1.0 if objective.direction == "maximize" else 1.0
+    preds.sort(key=lambda p: sign * predicted_server_value(objective, evaluator, p.candidate, p.tokens_per_s, b0))
     measured = dict(zip(calib_c, [m for m in cal if m.batch_size == b0]))  # configurations × batch sizes, in order
     todo = [p.candidate for p in preds if p.candidate not in measured][:measure_top]
     conf = srv.measure(todo, (b0,), "tune", measure_prompts)
     measured.update(zip(todo, conf))
     by_pred = {p.candidate: p.tokens_per_s for p in preds}
     by_pred[Candidate("none", 0)] = model.predict(b0, "plain", max_new_tokens)
-    best = max(measured, key=lambda c: measured[c].tokens_per_s)
-    close = close_calls(measured[best].samples, {m.config.label: m.samples for c, m in measured.items() if c != best})
-    tied = [best] + [c for c in measured if measured[c].config.label in {r["config"] for r in close}]
-    winner = pick_among_tied(tied, by_pred, ns)
+    winner, best, close = _winner(measured, by_pred, ns, objective)
     schedule = ({b: 0 for b in bs} if winner.is_plain else
                 best_server_n_per_batch_size(model, evaluator, winner.drafter, range(1, n_max + 1), bs, max_new_tokens))
     schedule_measured: dict[int, dict[int, float]] = {}
@@ -247,15 +287,17 @@ def run_server_tune(db: Database, run_id: int, evaluator: Evaluator, *, target: 
         schedule[b0] = winner.num_speculative_tokens  # the measured winner holds at the smallest batch size
         if len(bs) > 1:
             calib = list(zip([c for c in calib_c for _ in bs], cal))
-            schedule, schedule_measured, more = _measured_schedule(srv, winner, schedule, bs, calib, measure_prompts)
+            schedule, schedule_measured, more = _measured_schedule(srv, winner, schedule, bs, calib, measure_prompts,
+                                                                   objective)
             conf += more
-    rows, held = _heldout_rows(srv, model, evaluator, winner, schedule, bs, heldout_prompts, max_new_tokens)
+    rows, held = _heldout_rows(srv, model, evaluator, winner, schedule, bs, heldout_prompts, max_new_tokens, objective)
+    guarded, reasons = guard_schedule(schedule, rows)
     all_m = cal + conf + held
     return ServerTuneReport(
-        model=model, winner=winner, schedule=schedule, schedule_measured=schedule_measured, close_calls=close,
-        best_measured=measured[best].config.label, calibration=[_row(m) for m in cal],
+        model=model, winner=winner, schedule=guarded, schedule_measured=schedule_measured, close_calls=close,
+        best_measured=measured[best].config.label, calibration=[_row(m, None, objective) for m in cal],
         ranked=[p.to_dict() for p in preds[: max(measure_top, 10)]],
-        confirmation=[{**_row(measured[c], by_pred.get(c)), "candidate": c.to_dict(), "winner": c == winner}
+        confirmation=[{**_row(measured[c], by_pred.get(c), objective), "candidate": c.to_dict(), "winner": c == winner}
                       for c in measured],
         heldout=rows, start_seconds=[m.start_seconds for m in all_m if m.start_seconds is not None],
-        versions=all_m[0].versions if all_m else {})
+        versions=all_m[0].versions if all_m else {}, reasons=reasons, objective=_heldout_objective(rows, objective))

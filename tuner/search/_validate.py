@@ -29,6 +29,9 @@ from specdec_tune.profiler import (
     measure_configs,
 )
 from specdec_tune.tuner.model import (
+    Candidate,
+    LatencyPrediction,
+    MemoryBreakdown,
     PromptSpec,
     RunPrediction,
     RunProfile,
@@ -39,6 +42,7 @@ from specdec_tune.tuner.model import (
     load_run_profile,
     load_tree_data,
     machine_speed,
+    predict_latency,
     predict_prompts,
     predict_tree_prompts,
     tree_plan,
@@ -56,12 +60,16 @@ class Validated:
         prediction: the model's prediction for exactly the measured prompts.
         config: the configuration (N = 0: plain decoding).
         in_sample: every measured prompt was one the profile ran (its traces were replayed).
+        latency: the predicted per-request TTFT and TPOT on the same prompts.
+        memory: the predicted memory of the configuration (with ``peak_memory``).
     """
 
     measurement: Measurement
     prediction: RunPrediction
     config: SpecConfig
     in_sample: bool = False
+    latency: LatencyPrediction | None = None
+    memory: MemoryBreakdown | None = None  # predicted, where the peak was measured (``peak_memory``)
 
     @property
     def relative_error(self) -> float | None:
@@ -93,6 +101,8 @@ def measure_predicted(
     seed: int = 0,
     progress: Progress | None = None,
     threads: int | None = None,
+    gpu_price: float | None = None,
+    peak_memory: bool = False,
     shapes: Sequence[tuple[str, str]] | None = None,
 ) -> list[Validated]:
     """Predict, then measure (interleaved), each ``(draft, config)`` of run ``run_id``; store both.
@@ -111,6 +121,8 @@ def measure_predicted(
         seed: sampling seed.
         progress: progress sink.
         threads: intra-op threads (None: the profile's, lowered to the CPUs idle now).
+        gpu_price: dollars per hour of the device (stored as $ per million tokens).
+        peak_memory: measure each configuration's peak memory in a fresh process, next to its prediction.
         shapes: per item, ``(tree, staged)`` of its candidate (``("", "")``: a chain; default: all chains).
 
     Raises:
@@ -134,23 +146,37 @@ def measure_predicted(
                          *_tree_fields(t, shape))
              for (plain, rp, c), t, shape in zip(planned, trees, shapes)]
     measured = measure_configs(db, run_id, specs, split=split, temperature=temperature, max_prompts=max_prompts,
-                               repeats=repeats, seed=seed, progress=progress, threads=threads)
-    out = []
-    for m, (_, rp, config), t in zip(measured, planned, trees):
-        prediction = _predicted(run, rp, config, t, m)
-        _store_prediction(db, m, prediction)
-        out.append(Validated(m, prediction, config, in_sample=m.in_sample))
-    return out
+                               repeats=repeats, seed=seed, progress=progress, threads=threads, gpu_price=gpu_price,
+                               peak_memory=peak_memory)
+    mm = _memory(db, run, measured) if peak_memory else None
+    return [_predicted(db, run, m, rp, config, t, mm) for m, (_, rp, config), t in zip(measured, planned, trees)]
 
 
-def _predicted(run: RunRecord, rp: RunProfile, config: SpecConfig, tree: tuple[TreePlan, TreeData] | None,
-               m: Measurement) -> RunPrediction:
-    """The prediction for exactly the measured prompts, at the profile's machine speed rescaled to the
-    speed the probe saw during this measurement (a busier or quieter machine; speedups are unchanged)."""
-    prompts = _prompt_specs(run, m)
-    raw = predict_prompts(rp, config, prompts) if tree is None else \
-        predict_tree_prompts(rp, tree[1], config, tree[0], prompts)
-    return at_machine_speed(raw, machine_speed(rp, m.machine_probe_s))
+def _predicted(db: Database, run: RunRecord, m: Measurement, rp: RunProfile, config: SpecConfig,
+               tree: tuple[TreePlan, TreeData] | None, mm) -> Validated:
+    """The prediction for exactly the measured prompts (throughput, latency and, with a memory model, memory),
+    stored beside the measurement. Rates are predicted at the profile's machine speed and rescaled to the
+    speed the probe saw during this measurement (a busier or quieter machine); speedups are unchanged. A
+    tree's or staged drafter's latency distribution is not modelled (None)."""
+    speed = machine_speed(rp, m.machine_probe_s)
+    specs = _prompt_specs(run, m)
+    raw = predict_prompts(rp, config, specs) if tree is None else \
+        predict_tree_prompts(rp, tree[1], config, tree[0], specs)
+    prediction = at_machine_speed(raw, speed)
+    latency = predict_latency(rp, config, specs).scaled(speed) if tree is None else None
+    memory = None
+    if mm is not None and m.peak_memory is not None:
+        c = Candidate("none" if config.num_speculative_tokens == 0 else m.draft, config.num_speculative_tokens)
+        memory = mm.breakdown(c, 1, m.peak_memory.prompt_tokens + m.peak_memory.new_tokens, m.peak_memory.prompt_tokens)
+    _store_prediction(db, m, prediction, latency, memory)
+    return Validated(m, prediction, config, in_sample=m.in_sample, latency=latency, memory=memory)
+
+
+def _memory(db: Database, run: RunRecord, measured: list[Measurement]):
+    from specdec_tune.tuner.search._memory import memory_model
+
+    return memory_model(db, run.id, max(m.peak_memory.prompt_tokens + m.peak_memory.new_tokens
+                                        for m in measured if m.peak_memory is not None))
 
 
 def _plan(db: Database, run: RunRecord, draft: str | None, config: SpecConfig,
@@ -188,12 +214,16 @@ def _tree_fields(t: tuple[TreePlan, TreeData] | None, shape: tuple[str, str]) ->
     return shape[0], shape[1], t[1].rank_accept if t[0].tree is not None and t[0].tree.kind == "sequoia" else ()
 
 
-def _store_prediction(db: Database, m: Measurement, prediction: RunPrediction) -> None:
+def _store_prediction(db: Database, m: Measurement, prediction: RunPrediction, latency: LatencyPrediction | None,
+                      memory: MemoryBreakdown | None = None) -> None:
     """The prediction beside its measurement, with whether it lies inside the measured 95% CI."""
     if m.measured_id is None:
         return
     set_prediction(db, m.measured_id, predicted_tokens_per_s=prediction.tokens_per_s,
                    predicted_tau=prediction.expected_tokens_per_cycle,
+                   predicted={"predicted_tpot_p50_s": latency.tpot(0.5) if latency else None,
+                              "predicted_tpot_p90_s": latency.tpot(0.9) if latency else None,
+                              "predicted_memory_bytes": None if memory is None else memory.total},
                    extra={"prediction_source": prediction.source, "prediction_in_sample": prediction.in_sample,
                           "prediction_machine_speed": prediction.machine_speed,
                           "prediction_inside_ci": None if m.ci95 is None else

@@ -275,7 +275,23 @@ def ship(result: TuningResult, fmt: str, every: bool = True) -> Shipped:
             a schema violation.
     """
     s = carried(result, fmt, every)
-    return replace(s, files=BUILDERS[fmt](s.result))
+    return replace(s, files=_stated(BUILDERS[fmt](s.result), s.result, s.note is None))
+
+
+def _stated(files: Files, result: TuningResult, winner: bool) -> Files:
+    """Launch scripts say what they were tuned for (objective and SLO) in a comment; JSON, YAML and flag
+    files take no comment their server would not reject, so the README states it for them."""
+    from specdec_tune.tuner.servers._readme import tuned_for
+
+    line = tuned_for(result, outcome=winner)
+    if not line:
+        return files
+    out = []
+    for path, text in files:
+        if path.endswith(".sh") and text.startswith("#!/bin/sh\n"):
+            text = text.replace("#!/bin/sh\n", f"#!/bin/sh\n# {line}\n", 1)
+        out.append((path, text))
+    return out
 
 
 def ship_all(result: TuningResult, formats: Sequence[str]) -> tuple[dict[str, Shipped], dict[str, str]]:

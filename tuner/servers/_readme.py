@@ -6,7 +6,7 @@ server's section renders the :class:`~._exports.Shipped` record its files were b
 """
 from __future__ import annotations
 
-from specdec_tune.tuner.model import MIN_LOWER, TuningResult
+from specdec_tune.tuner.model import MIN_LOWER, TuningResult, describe_side, format_value
 from specdec_tune.tuner.servers._exports import _paths, batch_ranges, schedule_points
 from specdec_tune.tuner.servers._ship import Shipped
 from specdec_tune.tuner.servers._table import SERVERS, caveats, expressible
@@ -67,7 +67,42 @@ def _config_lines(r: TuningResult, ranges: list[tuple[int, int, int]] | None, pe
                      "speculate): " + ", ".join(f"B={b}: {n}" for b, n in points.items()))
         if ranges:
             lines.append("- as a schedule: " + ", ".join(f"B {lo}..{hi} → N={n}" for lo, hi, n in ranges))
+        lines += [f"  - B={b}: {why}" for b, why in sorted(r.per_batch_size_reasons.items()) if b in points]
     return lines
+
+
+def tuned_for(r: TuningResult, outcome: bool = True) -> str | None:
+    """One line naming what the files were tuned for (objective, SLO, price, budget), or None for a
+    result from before objectives were recorded; ``outcome`` adds whether the winner met the SLO held
+    out (only for files that carry the winner)."""
+    o = r.objective
+    if not o:
+        return None
+    line = f"tuned for {o.get('describe') or o.get('objective')}"
+    slo = (o.get("winner") or {}).get("slo")
+    if slo and outcome:
+        line += f"; held out, the SLO was {'met' if slo['met'] else 'NOT met'}"
+    return line
+
+
+def _objective_lines(r: TuningResult) -> list[str]:
+    """The objective section: what was optimised, the SLO, and the measured held-out values with CIs."""
+    o = r.objective
+    if not o:
+        return []
+    out = ["## Objective", "", f"- {tuned_for(r)}"]
+    slo = o.get("slo") or {}
+    bounds = [f"TPOT (decode window) <= {slo['tpot_ms']:g} ms" if slo.get("tpot_ms") is not None else "",
+              f"TTFT <= {slo['ttft_ms']:g} ms" if slo.get("ttft_ms") is not None else ""]
+    if any(bounds):
+        out.append(f"- latency SLO: p{slo.get('percentile', 99):g} of requests with "
+                   + " and ".join(b for b in bounds if b))
+    for key in ("winner", "plain"):
+        side = o.get(key) or {}
+        out.append(f"- {key} ({side.get('label', '–')}): {o['objective']} {describe_side(o['objective'], side)}")
+    if o.get("predicted") is not None:
+        out.append(f"- winner's {o['objective']}: {format_value(o['objective'], o['predicted'])} (predicted)")
+    return out + [""]
 
 
 def _speed(r: TuningResult) -> str:
@@ -129,7 +164,9 @@ def _file_section(s: Shipped) -> list[str]:
     """One server's section, rendered from the very result its files were built from."""
     space, this = SERVERS[s.fmt], s.result
     names = ", ".join(f"`{p}`" for p, _ in s.files) or "(none needed)"
-    out = [f"### {space.title} ({space.version})", "", f"Files: {names}.", ""]
+    line = tuned_for(this, outcome=s.note is None)
+    out = [f"### {space.title} ({space.version})", "", f"Files: {names}."
+           + (f" Tuned for: {line[len('tuned for '):]}." if line else ""), ""]
     d = s.decision
     if s.note:
         out += [f"**{'Plain decoding' if this.candidate.is_plain else 'Not the overall winner'}:** {s.note}.", ""]
@@ -172,7 +209,7 @@ def render_readme(r: TuningResult, shipped: dict[str, Shipped], skipped: dict[st
            "carries the configuration its own section names, measured on held-out prompts where it says so.", "",
            "## Configuration", ""]
     out += _config_lines(r, batch_ranges(r))
-    out += ["", "## Numbers", ""] + _numbers(r)
+    out += ["", *_objective_lines(r), "## Numbers", ""] + _numbers(r)
     out += ["", "## Where it was tuned", "",
             f"- hardware: {r.hardware or '–'}",
             f"- target: `{r.target}`" + (f" (path `{r.target_path}`)" if r.target_path else ""),
