@@ -10,8 +10,8 @@ from __future__ import annotations
 from specdec_tune.engine import resolve_source
 from specdec_tune.engine.workloads import resolve_workload
 from specdec_tune.profiler.llamacpp import LlamacppError, copy_gguf, find_llamacpp, gguf_for_model, local_model_dir
-from specdec_tune.profiler.measure import PLAIN, Measurement, MeasureSpec, chosen_prompts, default_split
-from specdec_tune.profiler.measure import measure_configs
+from specdec_tune.profiler.measure import chosen_prompts, default_split, measure_configs
+from specdec_tune.profiler.measure_records import PLAIN, Measurement, MeasureSpec
 from specdec_tune.profiler.session import check_inputs, run_profile
 from specdec_tune.profiler.settings import ProfileResult, ProfileSettings, Progress, StageLog
 from specdec_tune.profiler.suite_runs import ArmSpec, PromptSample, environment_fingerprint, measure_arms
