@@ -3,6 +3,7 @@ a sampling profile to reuse or make, the bundled pair with its held-out prompts,
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from specdec_tune.engine import check_compatible, load_model
@@ -29,10 +30,23 @@ def held_out_pair(target: str, draft: str, workload: str, max_prompts: int | Non
     return tgt, drf, [encode_prompt(tgt, p.prompt, p.id) for p in prompts]
 
 
-def write_results(out: str | None, default: str, text: str, obj: dict) -> Path:
-    """``<stem>.txt`` and ``<stem>.json`` (stem: ``out``, else ``benchmarks/results/<default>``)."""
+def result_stem(out: str | None, default: str) -> Path:
+    """Where the result files go: ``out`` as a path stem (relative to the current folder), else
+    ``benchmarks/results/<default>``. Its folder is created and checked now, before the measuring, so a
+    bad ``--out`` fails in a second instead of after the run."""
     stem = Path(out) if out else RESULTS / default
-    stem.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        stem.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(f"error: cannot create the results folder {stem.parent.resolve()}: {exc.strerror}") from None
+    if not os.access(stem.parent, os.W_OK):
+        raise SystemExit(f"error: cannot write results to {stem.parent.resolve()}")
+    return stem
+
+
+def write_results(out: str | None, default: str, text: str, obj: dict) -> Path:
+    """``<stem>.txt`` and ``<stem>.json`` (stem: :func:`result_stem`)."""
+    stem = result_stem(out, default)
     stem.with_suffix(".txt").write_text(text + "\n")
     stem.with_suffix(".json").write_text(json.dumps(obj, indent=1, default=str, ensure_ascii=False) + "\n")
     return stem

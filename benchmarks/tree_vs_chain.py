@@ -15,7 +15,7 @@ profile and measured on the *held-out* half, interleaved pass by pass in one pro
   bought against what the wider verify and the per-depth draft forwards cost.
 
 Batch size 1 only: the engine decodes one sequence at a time (its loops do not batch), so B = 4 is not
-measured. Usage (about 30 minutes alone on one thread; the machine's load average is recorded):
+measured. Usage (about 3-4 minutes alone on a quiet 2-core machine; the load average is recorded):
 
     OMP_NUM_THREADS=1 python benchmarks/tree_vs_chain.py --db sqlite:////tmp/trees.db
 
@@ -38,6 +38,7 @@ import typer
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._bench import result_stem  # noqa: E402
 from benchmarks.fidelity import summarize  # noqa: E402  (the same statistics as the chain fidelity table)
 from specdec_tune.cli import _options as opts  # noqa: E402
 from specdec_tune.db import get_run, open_database  # noqa: E402
@@ -47,7 +48,6 @@ from specdec_tune.tuner.model import Candidate, Evaluator, spec_config, tree_ove
 from specdec_tune.tuner.search import DEFAULT_TREES, brute_force, measure_predicted, server_search_space  # noqa: E402
 from specdec_tune.tuner.search import shape_candidate, tree_space_args  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 GOAL_SPEEDUP = 1.10
 
 app = typer.Typer(add_completion=False)
@@ -210,11 +210,13 @@ def main(
     repeats: opts.RepeatsOption = opts.DEFAULT_REPEATS,
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 samples (profile and measure).")]
         = 0.0,
-    out: Annotated[str | None, typer.Option("--out", help="Result file stem (default tree_vs_chain_cpu_WORKLOAD).")] = None,
+    out: Annotated[str | None, typer.Option("--out", help=(
+        "Result file stem, a path (default benchmarks/results/tree_vs_chain_cpu_WORKLOAD)."))] = None,
 ) -> None:
     """Measure trees and staged drafting against the best chain on held-out prompts (module docstring)."""
     names = drafts.split(",")
     grid = _grid(names, chains, trees, staged)
+    stem = result_stem(out, f"tree_vs_chain_cpu_{Path(workload).stem}" + (f"_t{temperature:g}" if temperature else ""))
     database = open_database(db)
     started, load_before = time.perf_counter(), os.getloadavg()
     run_id = run if run is not None else _profile(database, target, names, workload, profile_prompts, profile_repeats,
@@ -240,10 +242,8 @@ def main(
               f"{'greedy' if temperature == 0 else f'sampling at temperature {temperature}'}",
               f"# load average before / after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"]
     lines = _lines(rows, versus, header, fidelity) + [pick["line"]]
-    stem = out or f"tree_vs_chain_cpu_{Path(workload).stem}" + (f"_t{temperature:g}" if temperature else "")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{stem}.txt").write_text("\n".join(lines) + "\n")
-    (RESULTS / f"{stem}.json").write_text(json.dumps({"run_id": run_id, "rows": rows, "fidelity": fidelity,
+    stem.with_suffix(".txt").write_text("\n".join(lines) + "\n")
+    stem.with_suffix(".json").write_text(json.dumps({"run_id": run_id, "rows": rows, "fidelity": fidelity,
                                                       "versus": versus, "tune_pick": pick,
                                                       "seconds": time.perf_counter() - started,
                                                       "load_average": [load_before, os.getloadavg()]},
