@@ -21,26 +21,24 @@ Writes ``benchmarks/results/fidelity_cpu_<workload>_heldout.txt`` and ``.json``.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from scipy.stats import spearmanr
 
+from _bench import write_results  # benchmarks/ is this script's folder
 from specdec_tune.cli import _options as opts
 from specdec_tune.db import get_run, open_database
 from specdec_tune.profiler import ProfileSettings, run_profile
 from specdec_tune.tuner.model import SpecConfig
 from specdec_tune.tuner.search import Validated, measure_predicted
 
-RESULTS = Path(__file__).resolve().parent / "results"
 GOAL = {"median_abs_error": 0.05, "inside_ci": 0.80, "spearman": 0.9, "regret": 0.03}
 KIND_GOAL = {**GOAL, "regret": 0.02}  # each threshold kind's own grid (docs/results.md, Threshold kinds)
 SPLITS = (("in-sample (the profiled tune prompts)", None), ("out-of-sample (held-out prompts)", "holdout"))
@@ -249,12 +247,8 @@ def _main(args: dict) -> None:
     lines.append(f"total {time.perf_counter() - started:.0f} s")
     text = "\n".join(lines)
     print(text)
-    stem = Path(out) if out else RESULTS / f"fidelity_cpu_{workload}_heldout"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".txt").write_text(text + "\n")
-    stem.with_suffix(".json").write_text(json.dumps(
-        {"run_id": run_id, "args": args, "rows": results, "summary": summaries, "goal": GOAL},
-        indent=1, default=str, ensure_ascii=False) + "\n")
+    write_results(out, f"fidelity_cpu_{workload}_heldout", text,
+                  {"run_id": run_id, "args": args, "rows": results, "summary": summaries, "goal": GOAL})
 
 
 def _profile(db, target: str, drafts: list[str], workload: str, max_prompts: int) -> int:

@@ -24,15 +24,14 @@ average before and after).
 """
 from __future__ import annotations
 
-import json
 import os
 import time
-from pathlib import Path
 from typing import Annotated
 
 import numpy as np
 import typer
 
+from _bench import write_results  # benchmarks/ is this script's folder
 from specdec_tune.cli import _options as opts
 from specdec_tune.db import get_run, open_database
 from specdec_tune.latency import Slo, good_samples
@@ -41,7 +40,6 @@ from specdec_tune.tuner.model import Candidate, Evaluator, Objective, predict_la
 from specdec_tune.tuner.search import brute_force, measure_candidates, per_batch_size, server_search_space
 from specdec_tune.tuner.search._objectives import objective_schedule
 
-RESULTS = Path(__file__).resolve().parent / "results"
 Db = Annotated[str, typer.Option("--db", metavar="URL", help="Results database (sqlite:///goodput.db by default).")]
 Run = Annotated[int | None, typer.Option("--run", help="Reuse a stored profile run (profiled on --split tune).")]
 Slo_ = Annotated[float | None, typer.Option("--slo-tpot-ms", help="The TPOT bound (default: see --auto-quantile).")]
@@ -115,16 +113,12 @@ def main(
     text = _text(args, run_id, (slo, measured_slo), fast, good, ranked, rows, ratios, schedules, load_before,
                  load_after, time.perf_counter() - started, get_run(database, run_id).settings)
     print(text)
-    stem = Path(out) if out else RESULTS / f"goodput_vs_throughput_cpu_{workload}"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".txt").write_text(text + "\n")
     for r in rows:
         r.pop("samples"), r.pop("good")
-    stem.with_suffix(".json").write_text(json.dumps(
-        {"args": args, "run_id": run_id, "slo_predicted": slo.to_dict(), "slo_measured": measured_slo.to_dict(),
+    write_results(out, f"goodput_vs_throughput_cpu_{workload}", text, {"args": args, "run_id": run_id, "slo_predicted": slo.to_dict(), "slo_measured": measured_slo.to_dict(),
          "throughput_winner": fast.to_dict(),
          "goodput_winner": good.to_dict(), "measured": rows, "ratios": ratios, "schedules": schedules,
-         "load_average": [load_before, load_after], "date": time.strftime("%Y-%m-%d")}, indent=1, default=str) + "\n")
+         "load_average": [load_before, load_after], "date": time.strftime("%Y-%m-%d")})
 
 
 def _schedules(db, run_id: int, fast: Candidate, good: Candidate, slo: Slo, n_max: int) -> dict:

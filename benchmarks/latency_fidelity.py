@@ -22,23 +22,21 @@ average before and after).
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from _bench import write_results  # benchmarks/ is this script's folder
 from fidelity import _profile  # the same profile on the tune split (benchmarks/ is this script's folder)
 from specdec_tune.cli import _options as opts
 from specdec_tune.db import get_run, open_database
 from specdec_tune.tuner.model import SpecConfig
 from specdec_tune.tuner.search import Validated, measure_predicted
 
-RESULTS = Path(__file__).resolve().parent / "results"
 GOAL = 0.05
 
 Db = Annotated[str, typer.Option("--db", metavar="URL", help=(
@@ -162,13 +160,9 @@ def main(
     lines.append(f"total {time.perf_counter() - started:.0f} s")
     text = "\n".join(lines)
     print(text)
-    stem = Path(out) if out else RESULTS / f"latency_fidelity_cpu_{workload}"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".txt").write_text(text + "\n")
-    stem.with_suffix(".json").write_text(json.dumps({"run_id": run_id, "args": args, "rows": rows, "summary": summary,
-                                                     "load_average": [load_before, load_after],
-                                                     "date": time.strftime("%Y-%m-%d")},
-                                                    indent=1, default=str, ensure_ascii=False) + "\n")
+    write_results(out, f"latency_fidelity_cpu_{workload}", text,
+                  {"run_id": run_id, "args": args, "rows": rows, "summary": summary,
+                   "load_average": [load_before, load_after], "date": time.strftime("%Y-%m-%d")})
 
 
 if __name__ == "__main__":

@@ -14,22 +14,20 @@ Writes ``benchmarks/results/memory_fidelity_<device>.txt`` and ``.json``.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 import types
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from _bench import write_results  # benchmarks/ is this script's folder
 from specdec_tune.cli import _options as opts
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.profiler.memory import measure_peak_memory
 from specdec_tune.tuner.model import Candidate, MemoryModel
 from specdec_tune.tuner.search._memory import model_memory
 
-RESULTS = Path(__file__).resolve().parent / "results"
 GOAL = 0.10
 DEFAULT_GRID = ("none:0,mini-draft-1l:4,mini-draft-2l:4,ngram:4,mini-draft-2l:8")
 
@@ -94,11 +92,7 @@ def main(
               f"total {time.perf_counter() - started:.0f} s"]
     text = "\n".join(lines)
     print(text)
-    stem = Path(out) if out else RESULTS / f"memory_fidelity_{device}"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".txt").write_text(text + "\n")
-    stem.with_suffix(".json").write_text(json.dumps({"args": args, "rows": rows, "date": time.strftime("%Y-%m-%d")},
-                                                    indent=1) + "\n")
+    write_results(out, f"memory_fidelity_{device}", text, {"args": args, "rows": rows, "date": time.strftime("%Y-%m-%d")})
 
 
 if __name__ == "__main__":

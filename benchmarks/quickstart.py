@@ -16,7 +16,6 @@ Writes ``benchmarks/results/quickstart_cpu_<quiet|neighbour>.txt`` (the full out
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import re
@@ -29,11 +28,11 @@ from typing import Annotated
 
 import typer
 
+from _bench import write_results
 from fidelity import neighbour_process  # a sibling script: python puts benchmarks/ on sys.path
 from specdec_tune.cli import _options as opts
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 CLEARED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "SPECDEC_DB")
 NUMBERS = re.compile(r"tokens/s|speedup|\dx\b|×|wall", re.IGNORECASE)
 MEASURED_RATE = re.compile(r"measured: ([\d.]+) tokens/s")
@@ -127,9 +126,8 @@ def main(neighbour: Neighbour = False, out: Out = None, readme: Readme = ROOT / 
     meta["generate"] = generate_speedup(results)
     stem = out or f"quickstart_cpu_{'neighbour' if neighbour else 'quiet'}"
     text = report(results, meta)
-    (RESULTS / f"{stem}.txt").write_text("\n".join(text) + "\n\nfull outputs\n\n" + "\n".join(
-        f"$ {r['command']}\n{r['output']}" for r in results))
-    (RESULTS / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    write_results(None, stem, "\n".join(text) + "\n\nfull outputs\n\n" + "\n".join(
+        f"$ {r['command']}\n{r['output']}" for r in results), {"meta": meta, "results": results})
     print("\n".join(text))
     if any(r["exit_code"] for r in results):
         raise typer.Exit(1)

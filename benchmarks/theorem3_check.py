@@ -15,7 +15,6 @@ for M = 1..10 and M -> ∞ next to simulated means.
 """
 from __future__ import annotations
 
-import json
 import platform
 import sys
 import time
@@ -33,8 +32,8 @@ from specdec_tune.trees import parse_tree
 from specdec_tune.tuner.model import batch_rejection_limit, batch_rejections
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))
+from benchmarks._bench import write_results  # noqa: E402
 from tests.stub_models import Bigram  # noqa: E402  (the bigram LM of the exactness tests)
 CHECKPOINTS = (50, 100, 200, 500, 1000, 2000, 5000)
 
@@ -99,9 +98,7 @@ def main(
     lines.append(f"| ∞ | {limit:.3f} (converged by M = {reached}) | |")
     report["limit"] = limit
     report["seconds"] = time.time() - started
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{out}.txt").write_text("\n".join(lines) + "\n")
-    (RESULTS / f"{out}.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_results(None, out, "\n".join(lines), report)
     print("\n".join(lines))
 
 
