@@ -58,14 +58,21 @@ def test_acceptance_comes_back_after_speculation_was_off(pair):
 
 class _Stale(ModelDrafter):
     """#16888 planted: while drafting was skipped, positions were claimed in the draft cache but never
-    written; on resumption the drafter attends to those stale rows."""
+    written; on resumption the drafter attends to those stale rows. The cache's buffer is
+    ``torch.empty``, so the rows are filled with seeded noise, as stale entries of other tokens would be:
+    left uninitialised, what the drafter reads (and whether the check can see it) depends on whatever
+    memory the allocator handed out, and the test was flaky."""
 
     def propose(self, context, max_tokens):
         seen = self.cache.get_seq_length()
         missed = context.shape[0] - seen
         if seen > 0 and missed > 2:  # not the prompt's prefill: tokens missed while drafting was off
+            noise = torch.Generator().manual_seed(seen)
             for layer in self.cache.layers:
-                layer.length += missed - 1  # claimed, not written
+                start, layer.length = layer.length, layer.length + missed - 1  # claimed, not written
+                for buffer in (layer._k, layer._v):
+                    rows = buffer[:, :, start:layer.length]
+                    rows.copy_(4 * torch.randn(rows.shape, generator=noise, dtype=rows.dtype))
         return super().propose(context, max_tokens)
 
 
