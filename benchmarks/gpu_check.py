@@ -52,6 +52,7 @@ def _sizes(dry: bool) -> dict:
 
 
 DEADLINE = {"t": float("inf")}  # time.perf_counter() by which every step must have ended (--budget-s)
+SAVE: dict = {}  # "path" and "summary": summary.json is rewritten after every step (a killed check keeps its steps)
 
 
 def _step(out: Path, name: str, args: list[str], timeout: float, log: dict) -> dict | None:
@@ -72,6 +73,8 @@ def _step(out: Path, name: str, args: list[str], timeout: float, log: dict) -> d
     (out / f"{name}.out").write_text(stdout)
     (out / f"{name}.err").write_text(stderr[-20000:])
     log[name] = {"exit": code, "seconds": round(seconds, 1), "command": " ".join(args)}
+    if SAVE:
+        SAVE["path"].write_text(json.dumps(SAVE["summary"], indent=1, default=str))
     try:
         return json.loads(stdout) if code == 0 else None
     except json.JSONDecodeError:
@@ -164,6 +167,7 @@ def main(
     s = _sizes(dry_run)
     summary: dict = {"label": "measured", "dry_run": dry_run, "date": time.strftime("%Y-%m-%d %H:%M"), "steps": {},
                      "goals": {}}
+    SAVE.update(path=folder / "summary.json", summary=summary)
     if not dry_run:
         _step(folder, "nvidia_smi", ["nvidia-smi", "-q"], 30, summary["steps"])
     env = _step(folder, "env", [sys.executable, "-c", "import json, torch, transformers; print(json.dumps({'torch': "
@@ -172,14 +176,20 @@ def main(
                 summary["steps"])
     summary["environment"] = env
     db = f"sqlite:///{folder / 'gpu.db'}"
+    if not dry_run:  # CUDA graphs against eager: forward times, tokens/s, fp32 equality (about a minute)
+        _step(folder, "cuda_graphs", [sys.executable, "benchmarks/cuda_graphs_check.py", "--out", str(folder)], 150,
+              summary["steps"])
+        graphs = folder / "cuda_graphs_check.json"
+        if graphs.exists():
+            summary["cuda_graphs"] = json.loads(graphs.read_text())
+    _step(folder, "pytest_gpu", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                                 "tests/test_gpu.py"], 150 if not dry_run else 240, summary["steps"])
     run = _core(folder, s, db, summary)
     if run is not None and not skip_fidelity:
         _step(folder, "fidelity", [sys.executable, "benchmarks/fidelity.py", "--db", db, "--run", str(run), "--drafts",
                                    "mini-draft-1l", "--splits", "out", "--out", str(folder / "fidelity_heldout"),
                                    *s["fidelity"]], 150, summary["steps"])
         _fidelity_goal(folder / "fidelity_heldout.json", summary)
-    _step(folder, "pytest_gpu", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                                 "tests/test_gpu.py"], 240, summary["steps"])
     if not skip_shapes:
         _shapes(folder, s, summary)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1, default=str))

@@ -57,6 +57,13 @@ class _PreallocatedLayer(DynamicLayer):
         self._v = torch.empty((batch, heads, self.max_len, dv), dtype=dtype, device=device)
         self.is_initialized = True
 
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Use ``keys``/``values`` ``[B, H, L >= max_len, D]`` as this layer's buffers (a CUDA-graph slot,
+        :mod:`engine.cuda_graphs`): nothing is allocated, and nothing but the length moves them."""
+        self._k, self._v = keys, values
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+
     def reserve(self, count: int, batch: int, heads: int, head_dim: int, like: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Claim the next ``count`` positions for a writer that fills them itself (the lean forward's
@@ -118,7 +125,11 @@ class PreallocatedCache(Cache):
 
 
 def make_cache(model: torch.nn.Module, max_len: int) -> PreallocatedCache:
-    """A preallocated cache sized for ``max_len`` positions of ``model``."""
+    """A preallocated cache sized for ``max_len`` positions of ``model`` (for a lean forward replaying CUDA
+    graphs, one whose buffers come from the graphs' static slots: :mod:`engine.cuda_graphs`)."""
+    runner = getattr(model, "cuda_graph_runner", None)
+    if runner is not None:
+        return runner.cache(max_len)
     config = model.config.get_text_config(decoder=True)
     return PreallocatedCache(config.num_hidden_layers, max_len)
 

@@ -165,6 +165,7 @@ class LeanCausalLM(torch.nn.Module):
         self.packing = _packing_supported() and weight_bytes <= PACK_MAX_BYTES
         # False: the small per-layer operators run eagerly (the fused kernels are an optimisation only)
         self.use_kernels = True
+        self.cuda_graph_runner = None  # engine.cuda_graphs.GraphRunner when its forwards replay CUDA graphs
         first = next(model.parameters(), None)
         if first is not None and first.device.type == "cpu" and first.dtype == torch.float32:
             lean_kernels.kernels()  # build or load now, not inside the first timed forward
@@ -240,6 +241,11 @@ class LeanCausalLM(torch.nn.Module):
         return cos[start:start + k], sin[start:start + k], mask  # [k, D], broadcast over [B, H, k, D]
 
     def _lean(self, input_ids: torch.Tensor, cache: PreallocatedCache, logits_to_keep: int, tree=None) -> LeanOutput:
+        runner = self.cuda_graph_runner
+        if runner is not None and getattr(cache, "runner", None) is runner:
+            logits = runner.forward(input_ids, cache, logits_to_keep, tree)  # None: eager, on the graphs' cache
+            if logits is not None:
+                return LeanOutput(logits=logits)
         batch, k = input_ids.shape
         start = cache.get_seq_length()
         x = F.embedding(input_ids, self._embed)
@@ -341,12 +347,14 @@ class LeanCausalLM(torch.nn.Module):
         return x
 
 
-def wrap_forward(model: torch.nn.Module, forward: str = "auto") -> torch.nn.Module:
+def wrap_forward(model: torch.nn.Module, forward: str = "auto", cuda_graphs: str = "auto") -> torch.nn.Module:
     """The module the engine should call: the lean wrapper or the HF model itself.
 
     Args:
         forward: ``auto`` (lean when supported), ``lean`` (required; refused with the reason
             otherwise) or ``hf`` (HF's own forward).
+        cuda_graphs: ``auto`` (the lean forward on CUDA replays CUDA graphs), ``on`` (required: refused
+            off CUDA or without the lean forward) or ``off`` (:mod:`engine.cuda_graphs`).
 
     Raises:
         ValueError: ``forward`` is unknown, or ``lean`` was asked for a model it cannot run.
@@ -355,9 +363,16 @@ def wrap_forward(model: torch.nn.Module, forward: str = "auto") -> torch.nn.Modu
         raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
     if isinstance(model, LeanCausalLM):
         model = model.hf
+    from specdec_tune.engine import cuda_graphs as graphs  # the parameter has the module's name
+
+    graphs.check_mode(cuda_graphs)
     if forward == "hf" or (forward == "auto" and lean_unsupported(model) is not None):
+        if cuda_graphs == "on":
+            raise ValueError("--cuda-graphs on needs the lean forward (this model runs Hugging Face's)")
         return model
-    return LeanCausalLM(model)
+    lean = LeanCausalLM(model)
+    graphs.attach(lean, cuda_graphs)
+    return lean
 
 
 def hf_model(model: torch.nn.Module) -> torch.nn.Module:

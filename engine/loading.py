@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from specdec_tune.engine import lean_kernels, shapes
+from specdec_tune.engine.cuda_graphs import GRAPH_MODES
 from specdec_tune.engine.lean import FORWARDS, LeanCausalLM, hf_model, lean_unsupported, wrap_forward
 from specdec_tune.engine.names import hub_unreachable, nearest_hint, one_line, resolve_source
 from specdec_tune.errors import InputError, ModelLoadError
@@ -45,6 +46,17 @@ class LoadedModel:
         if self.forward != "lean" or self.device.type != "cpu" or self.dtype != torch.float32:
             return None
         return lean_kernels.status() if self.model.use_kernels else "eager (use_kernels off)"
+
+    @property
+    def cuda_graphs(self) -> str | None:
+        """On CUDA: ``on`` (the lean forward replays CUDA graphs, :mod:`engine.cuda_graphs`), ``off``, or
+        ``failed (reason)`` when a capture failed and the forwards went back to eager; None off CUDA."""
+        if self.device.type != "cuda":
+            return None
+        runner = getattr(self.model, "cuda_graph_runner", None) if self.forward == "lean" else None
+        if runner is None:
+            return "off"
+        return "on" if runner.failed is None else f"failed ({runner.failed})"
 
     @property
     def num_layers(self) -> int:
@@ -86,7 +98,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def load_model(
-    name: str, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto", forward: str = "auto"
+    name: str, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto", forward: str = "auto",
+    cuda_graphs: str = "auto",
 ) -> LoadedModel:
     """Load a Hugging Face causal LM and its tokenizer in eval mode.
 
@@ -97,6 +110,8 @@ def load_model(
         dtype: ``auto`` | ``float32`` | ``bfloat16`` | ``float16`` or a torch.dtype.
         forward: ``auto`` (the lean Llama-family forward when the model supports it, else HF's),
             ``lean`` (refused for a model it cannot run) or ``hf``. See :mod:`engine.lean`.
+        cuda_graphs: ``auto`` (the lean forward on CUDA replays CUDA graphs), ``on`` (refused where it
+            cannot) or ``off``. See :mod:`engine.cuda_graphs`.
 
     Raises:
         ModelLoadError: the folder or hub id cannot be loaded, or a shape does not fit in memory.
@@ -105,12 +120,16 @@ def load_model(
 
     if forward not in FORWARDS:
         raise InputError(f"--forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
+    if cuda_graphs not in GRAPH_MODES:
+        raise InputError(f"--cuda-graphs must be one of {', '.join(GRAPH_MODES)}, got {cuda_graphs!r}")
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     dt = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, dev)
+    if cuda_graphs == "on" and (dev.type != "cuda" or forward == "hf"):
+        raise InputError("--cuda-graphs on needs --device cuda and the lean forward (--forward auto or lean)")
     source = resolve_source(name)
     if shapes.is_shape(source):  # a published shape with seeded random weights (engine.shapes)
         model, tokenizer = shapes.build_shape(source, dev, dt)
-        return _loaded(name, source, model, tokenizer, dev, dt, forward)
+        return _loaded(name, source, model, tokenizer, dev, dt, forward, cuda_graphs)
     hub = not Path(source).is_dir()
     # A hub id resolved while the hub cannot be reached is in the local cache: load it from there,
     # without transformers' retries.
@@ -122,14 +141,16 @@ def load_model(
         raise ModelLoadError(f"cannot load model {name!r}: {one_line(exc)}{nearest_hint(name) if hub else ''}") from exc
     model.to(dev).eval()
     model.requires_grad_(False)
-    return _loaded(name, source, model, tokenizer, dev, dt, forward)
+    return _loaded(name, source, model, tokenizer, dev, dt, forward, cuda_graphs)
 
 
 def _loaded(name: str, source: str, model: torch.nn.Module, tokenizer: Any, dev: torch.device, dt: torch.dtype,
-            forward: str) -> LoadedModel:
+            forward: str, cuda_graphs: str = "auto") -> LoadedModel:
     if forward == "lean" and lean_unsupported(model) is not None:
         raise InputError(f"--forward lean cannot run {name!r}: {lean_unsupported(model)} (use --forward auto or hf)")
-    return LoadedModel(name=name, source=source, model=wrap_forward(model, forward), tokenizer=tokenizer,
+    if cuda_graphs == "on" and lean_unsupported(model) is not None:
+        raise InputError(f"--cuda-graphs on cannot run {name!r}: {lean_unsupported(model)} (use --cuda-graphs auto)")
+    return LoadedModel(name=name, source=source, model=wrap_forward(model, forward, cuda_graphs), tokenizer=tokenizer,
                        device=dev, dtype=dt)
 
 

@@ -34,14 +34,14 @@ from specdec_tune.stats import RateSamples, tokens_per_s_ci
 from specdec_tune.profiler.measure_records import PLAIN, Measurement, MeasureSpec
 
 
-def _load(name: str, source: str | None, device: str, dtype: str, forward: str) -> LoadedModel:
+def _load(name: str, source: str | None, device: str, dtype: str, forward: str, graphs: str = "auto") -> LoadedModel:
     """Load a model of the run by the name given then; its resolved folder if the name no longer resolves
     (a relative path from another directory)."""
     if source and not Path(name).expanduser().exists() and Path(source).is_dir():
-        loaded = load_model(source, device, dtype, forward)
+        loaded = load_model(source, device, dtype, forward, graphs)
         loaded.name = name
         return loaded
-    return load_model(name, device, dtype, forward)
+    return load_model(name, device, dtype, forward, graphs)
 
 
 def _warn_if_changed(loaded: LoadedModel, stored_hash: str | None, stored_params: int | None) -> None:
@@ -212,14 +212,16 @@ def _load_models(run, drafts: list[str | None],
     settings = run.settings
     device, dtype = settings.get("device", "auto"), settings.get("dtype", "auto")
     forward = settings.get("forward", "hf")  # runs profiled before the lean forward existed used HF's
-    target = _load(run.target.name, run.target.extra.get("source"), device, dtype, forward)
+    graphs = settings.get("cuda_graphs", "auto")  # as profiled: the timings are the graphs' (or eager ones)
+    target = _load(run.target.name, run.target.extra.get("source"), device, dtype, forward, graphs)
     _warn_if_changed(target, run.target.tokenizer_hash, run.target.num_parameters)
     specs: dict[str | None, DraftSpec] = {None: DraftSpec("none")}
     for name in dict.fromkeys(n for n in drafts if n is not None):
         if name == NGRAM:
             specs[name] = DraftSpec("ngram")
             continue
-        loaded = load_model(name, target.device, target.dtype, settings.get("draft_forwards", {}).get(name, forward))
+        loaded = load_model(name, target.device, target.dtype, settings.get("draft_forwards", {}).get(name, forward),
+                            graphs if settings.get("draft_forwards", {}).get(name, forward) != "hf" else "auto")
         check_compatible(target, loaded)
         specs[name] = DraftSpec("model", loaded)
     first = next((d.model for d in specs.values() if d.model is not None), None)

@@ -97,14 +97,14 @@ class ProfileSession:
     # -- set-up
     def _load(self) -> None:
         s = self.settings
-        self.target = load_model(self.target_name, s.device, s.dtype, s.forward)
+        self.target = load_model(self.target_name, s.device, s.dtype, s.forward, s.cuda_graphs)
         self.device = self.target.device
         self.drafts: list[DraftSpec] = []
         for name in self.draft_names:
             if name == NGRAM:
                 self.drafts.append(DraftSpec("ngram"))
                 continue
-            loaded = load_model(name, self.device, s.dtype, s.forward)
+            loaded = load_model(name, self.device, s.dtype, s.forward, s.cuda_graphs)
             check_compatible(self.target, loaded)
             self.drafts.append(DraftSpec("model", loaded))
         all_prompts = load_workload(self.workload_name)
@@ -143,6 +143,7 @@ class ProfileSession:
             **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(s).items() if k != "label"},
             "device": self.device.type, "dtype": str(self.target.dtype).replace("torch.", ""),
             "forward": self.target.forward, "lean_kernels": self.target.kernels,
+            "cuda_graphs_used": self.target.cuda_graphs,
             "draft_forwards": {d.model.name: d.model.forward for d in self.drafts if d.model is not None},
             "target": self.target_name, "drafts": self.draft_names, "workload": self.workload_name,
             "prompt_ids": [p.id for p in self.prompts], "prompt_tokens": [int(len(i)) for i in self.ids],

@@ -17,6 +17,7 @@ class ProfileSettings:
     device: str = "auto"
     dtype: str = "auto"
     forward: str = "auto"  # the engine's model forward: auto | lean | hf (engine.lean)
+    cuda_graphs: str = "auto"  # the lean forward on CUDA replays CUDA graphs: auto | on | off (engine.cuda_graphs)
     temperature: float = 0.0
     batch_sizes: tuple[int, ...] = (1,)
     k_max: int = 17
@@ -60,6 +61,7 @@ class ProfileSettings:
             (self.synthetic_acceptance is None or self.temperature == 0,
              "--synthetic-acceptance profiles greedy decoding only (--temperature 0)"),
             (self.front_prompts >= 0, f"--front-prompts must be >= 0, got {self.front_prompts}"),
+            (self.cuda_graphs in ("auto", "on", "off"), f"--cuda-graphs must be auto, on or off, got {self.cuda_graphs!r}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -83,12 +83,36 @@ def test_profile_stores_nvml_telemetry_and_measure_has_a_ci(tmp_path):
     settings = ProfileSettings(device="cuda", max_prompts=2, max_new_tokens=16, repeats=3, k_max=5, n_max=4,
                                context_lens=(64,), overhead_prompts=1, overhead_ns=(1,))
     result = run_profile(db, "mini-target", ["mini-draft-1l"], "functions", settings)
+    from specdec_tune.db import get_run
+
+    assert get_run(db, result.run_id).settings["cuda_graphs_used"] == "on"  # profiled through the graphs
     rows = load_telemetry(db, result.run_id)
     assert result.telemetry["monitor"] == "nvml" and result.telemetry["energy_j"] > 0
     assert len(rows) >= 2 and all(r.power_w and r.power_w > 0 for r in rows)
     got = measure_predicted(db, result.run_id, [(None, SpecConfig(2)), ("none", SpecConfig(0))], split="holdout",
                             max_prompts=2, repeats=2)
     assert got[0].measurement.ci95 is not None and got[0].prediction.tokens_per_s > 0
+
+
+def test_cuda_graphs_decode_what_eager_decodes_in_fp32():
+    """The contract of engine.cuda_graphs: replayed graphs give the eager forward's greedy outputs (fp32),
+    for plain and speculative decoding, and the graphs were captured and replayed (none failed)."""
+    from specdec_tune.engine import load_model
+    from specdec_tune.engine.workloads import load_workload
+    from specdec_tune.profiler.runs import DraftSpec, decode_once, encode_prompt
+
+    graphed = [load_model(m, "cuda", "fp32", "lean", "on") for m in ("mini-target", "mini-draft-1l")]
+    eager = [load_model(m, "cuda", "fp32", "lean", "off") for m in ("mini-target", "mini-draft-1l")]
+    for p in load_workload("functions")[:6]:
+        ids = encode_prompt(graphed[0], p.prompt, p.id)
+        for n in (0, 1, 4, 8):
+            cfg = DecodeConfig(max_new_tokens=48, num_speculative_tokens=max(n, 1))
+            outs = [decode_once(t, DraftSpec("none") if n == 0 else DraftSpec("model", d), ids, cfg).token_ids
+                    for t, d in (graphed, eager)]
+            assert outs[0] == outs[1], (p.id, n)
+    for m in graphed:
+        runner = m.model.cuda_graph_runner
+        assert runner.failed is None and runner.captured >= 2 and m.cuda_graphs == "on"
 
 
 def test_shape_with_synthetic_acceptance_on_cuda():

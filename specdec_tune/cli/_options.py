@@ -124,6 +124,18 @@ ForwardOption = Annotated[
     ),
 ]
 
+DEFAULT_CUDA_GRAPHS = "auto"
+CudaGraphsOption = Annotated[
+    str,
+    typer.Option(
+        "--cuda-graphs",
+        help=(
+            "CUDA graphs for the lean forward (draft steps and verify forwards replayed, not launched): auto "
+            "(on for CUDA with the lean forward), on (refused where it cannot run), or off (eager)."
+        ),
+    ),
+]
+
 VllmPythonOption = Annotated[
     str | None,
     typer.Option(

@@ -15,6 +15,7 @@ from specdec_tune.cli._options import (
     BENCH_MAX_PROMPTS,
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
+    DEFAULT_CUDA_GRAPHS,
     DEFAULT_FORWARD,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_NUM_SPECULATIVE_TOKENS,
@@ -24,6 +25,7 @@ from specdec_tune.cli._options import (
     DeviceOption,
     DraftOption,
     DtypeOption,
+    CudaGraphsOption,
     ForwardOption,
     MaxNewTokensOption,
     TargetOption,
@@ -91,6 +93,7 @@ def bench(
     device: DeviceOption = DEFAULT_DEVICE,
     dtype: DtypeOption = DEFAULT_DTYPE,
     forward: ForwardOption = DEFAULT_FORWARD,
+    cuda_graphs: CudaGraphsOption = DEFAULT_CUDA_GRAPHS,
     threads: ThreadsOption = DEFAULT_THREADS,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ) -> None:
@@ -109,7 +112,7 @@ def bench(
     from specdec_tune.profiler.bench import HF_METHODS, OURS, VLLM_METHODS, run_bench
 
     python = require_vllm_python(vllm_python) if "vllm" in others else None
-    tgt, drf, ids, choice = _load(target, draft, workload, max_prompts, (device, dtype, forward), threads)
+    tgt, drf, ids, choice = _load(target, draft, workload, max_prompts, (device, dtype, forward, cuda_graphs), threads)
     methods = (HF_METHODS if "hf" in others else ()) + OURS + (VLLM_METHODS if "vllm" in others else ())
     progress = console(stderr=True)
     with ExitStack() as stack:
@@ -125,15 +128,17 @@ def bench(
         print_json({**result.to_json(), "target": target, "draft": draft, "workload": workload,
                     "device": str(tgt.device), "dtype": str(tgt.dtype).replace("torch.", ""),
                     "forward": {"target": tgt.forward, "draft": drf.forward}, "lean_kernels": tgt.kernels,
+                    "cuda_graphs": {"target": tgt.cuda_graphs, "draft": drf.cuda_graphs},
                     "threads": choice.to_dict()})
         return
     title = (f"measured, greedy, N = {num_speculative_tokens}, {len(ids)} prompts × {max_new_tokens} new tokens × "
              f"{repeats}, our forward: {tgt.forward} (target), {drf.forward} (draft)"
-             + (f", CPU kernels: {tgt.kernels}" if tgt.kernels else "") + f", {choice.text()}")
+             + (f", CPU kernels: {tgt.kernels}" if tgt.kernels else "")
+             + (f", CUDA graphs: {tgt.cuda_graphs}" if tgt.cuda_graphs else "") + f", {choice.text()}")
     _print_result(console(), title, result)
 
 
-def _load(target: str, draft: str, workload: str, max_prompts: int, how: tuple[str, str, str], threads: str):
+def _load(target: str, draft: str, workload: str, max_prompts: int, how: tuple[str, str, str, str], threads: str):
     """The pair loaded (names checked first), the prompts encoded, the thread count set and shown."""
     from specdec_tune.engine import check_compatible, load_model
     from specdec_tune.engine.workloads import load_workload

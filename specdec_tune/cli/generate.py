@@ -12,6 +12,7 @@ from specdec_tune.cli._app import app, console, print_json, quiet_loading, set_t
 from specdec_tune.cli._options import (
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
+    DEFAULT_CUDA_GRAPHS,
     DEFAULT_FORWARD,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_NUM_SPECULATIVE_TOKENS,
@@ -23,6 +24,7 @@ from specdec_tune.cli._options import (
     DEFAULT_THRESHOLD_STEP,
     DeviceOption,
     DtypeOption,
+    CudaGraphsOption,
     ForwardOption,
     MaxNewTokensOption,
     NumSpeculativeTokensOption,
@@ -61,6 +63,7 @@ def generate(
     device: DeviceOption = DEFAULT_DEVICE,
     dtype: DtypeOption = DEFAULT_DTYPE,
     forward: ForwardOption = DEFAULT_FORWARD,
+    cuda_graphs: CudaGraphsOption = DEFAULT_CUDA_GRAPHS,
     threads: ThreadsOption = DEFAULT_THREADS,
     synthetic_acceptance: SyntheticAcceptanceOption = None,
     tree: Optional[str] = typer.Option(None, "--tree", help="Draft a token tree of depth N: chains:M, topk:b1-b2 or eagle:K:B (sequoia trees are shaped by a profile: tune --trees)."),
@@ -80,11 +83,12 @@ def generate(
     from specdec_tune.profiler.runs import encode_prompt, measure_prompt, warm_up
 
     quiet_loading()
-    tgt = _load(target, device, dtype, forward)
-    spec = _draft_spec(draft, tgt, device, dtype, forward)
+    how = (forward, cuda_graphs)  # --forward and --cuda-graphs: how every model of the command is loaded
+    tgt = _load(target, device, dtype, how)
+    spec = _draft_spec(draft, tgt, device, dtype, how)
     if tree or staged:  # a tree of the draft, or the draft speculated by an inner drafter (profiler.runs)
         spec = replace(spec, tree=tree or "",
-                       inner=_draft_spec(staged, tgt, device, dtype, forward) if staged else None)
+                       inner=_draft_spec(staged, tgt, device, dtype, how) if staged else None)
     choice = set_threads(threads, tgt, spec.model)
     config = DecodeConfig(
         max_new_tokens=max_new_tokens,
@@ -175,13 +179,14 @@ def _collect_prompts(prompt: str | None, prompts: str | None) -> list:
     return load_workload(prompts)
 
 
-def _load(name: str, device: str, dtype: str, forward: str):  # noqa: ANN202 - an engine LoadedModel
+def _load(name: str, device: str, dtype: str, forward: tuple[str, str]):  # noqa: ANN202 - an engine LoadedModel
+    """``forward``: (--forward, --cuda-graphs)."""
     from specdec_tune.engine import load_model
 
-    return load_model(name, device, dtype, forward)
+    return load_model(name, device, dtype, *forward)
 
 
-def _draft_spec(draft: str, target, device: str, dtype: str, forward: str):  # noqa: ANN202 - a profiler DraftSpec
+def _draft_spec(draft: str, target, device: str, dtype: str, forward: tuple[str, str]):  # noqa: ANN202 - a profiler DraftSpec
     from specdec_tune.engine import check_compatible
     from specdec_tune.profiler.runs import DraftSpec
 

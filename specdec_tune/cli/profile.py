@@ -18,6 +18,7 @@ from specdec_tune.cli._app import THROUGHPUT_NOTE, app, console, print_json, qui
 from specdec_tune.cli._options import (
     DEFAULT_DEVICE,
     DEFAULT_DTYPE,
+    DEFAULT_CUDA_GRAPHS,
     DEFAULT_FORWARD,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_SEED,
@@ -26,6 +27,7 @@ from specdec_tune.cli._options import (
     DbOption,
     DeviceOption,
     DtypeOption,
+    CudaGraphsOption,
     ForwardOption,
     MaxNewTokensOption,
     SeedOption,
@@ -210,6 +212,7 @@ def profile(
     device: DeviceOption = DEFAULT_DEVICE,
     dtype: DtypeOption = DEFAULT_DTYPE,
     forward: ForwardOption = DEFAULT_FORWARD,
+    cuda_graphs: CudaGraphsOption = DEFAULT_CUDA_GRAPHS,
     n_max: int = typer.Option(16, "--n-max", help="N_max: tokens drafted per cycle while recording acceptance traces."),
     k_max: int = typer.Option(17, "--k-max", help="Largest k for T_v(k)."),
     repeats: int = typer.Option(20, "--repeats", help="Timed repeats per micro-benchmark."),
@@ -235,7 +238,7 @@ def profile(
     from specdec_tune.profiler import ProfileSettings, run_profile
 
     settings = ProfileSettings(
-        split=split, device=device, dtype=dtype, forward=forward, temperature=temperature,
+        split=split, device=device, dtype=dtype, forward=forward, cuda_graphs=cuda_graphs, temperature=temperature,
         batch_sizes=opt.int_list(batch_sizes, "--batch-sizes"), k_max=k_max, n_max=n_max, repeats=repeats,
         max_prompts=max_prompts, max_new_tokens=max_new_tokens,
         context_lens=opt.int_list(context_lens, "--context-lens"), seed=seed, label=label,
