@@ -36,8 +36,6 @@ def _timings(target, draft, ctx_ids, device) -> dict:
 
 def _decode(pairs: dict, prompts, max_new: int, repeats: int, ns: tuple[int, ...]) -> dict:
     """tokens/s (95 % CI) per (mode, method), every pass interleaving all of them; outputs of pass 0."""
-    import torch
-
     from specdec_tune.engine import DecodeConfig
     from specdec_tune.profiler.runs import DraftSpec, decode_once
     from specdec_tune.profiler.timers import synchronize
@@ -84,6 +82,7 @@ def main(
     max_new_tokens: int = typer.Option(64, "--max-new-tokens"),
     repeats: int = typer.Option(3, "--repeats", help="Timed passes (interleaved) after one warm-up pass."),
     dry_run: bool = typer.Option(False, "--dry-run", help="CPU, graphs off both ways: checks the script only."),
+    dtypes: str = typer.Option("bf16,fp32", "--dtypes", help="bf16: timings and tokens/s; fp32: output equality."),
 ) -> None:
     import json
 
@@ -100,7 +99,7 @@ def main(
     folder.mkdir(parents=True, exist_ok=True)
     report: dict = {"label": "measured", "gpu": None if dry_run else torch.cuda.get_device_name(0),
                     "torch": torch.__version__, "dry_run": dry_run}
-    for dtype in ("bf16", "fp32"):
+    for dtype in dtypes.split(","):
         how = (device.type, dtype, "lean")
         pairs = {mode: (load_model("mini-target", *how, "off" if dry_run else mode),
                         load_model("mini-draft-1l", *how, "off" if dry_run else mode)) for mode in ("on", "off")}

@@ -44,7 +44,7 @@ def _sizes(dry: bool) -> dict:
                 "bench": ["--max-prompts", "2", "--max-new-tokens", "12"], "measure": ["--max-prompts", "2", "--repeats", "1"],
                 "fidelity": ["--ns", "2,3", "--thetas", "0", "--max-prompts", "2", "--repeats", "1"],
                 "shape": ("shape:qwen2.5-draft-2l", "shape:qwen2.5-draft-2l", "1,2"), "shape_tokens": "6"}
-    return {"device": "cuda", "profile": [], "bench": ["--max-prompts", "8", "--max-new-tokens", "64"],
+    return {"device": "cuda", "profile": [], "bench": ["--max-prompts", "6", "--max-new-tokens", "64"],
             "measure": ["--repeats", "3"],
             # 12 configurations the profile did not run (it ran θ = 0 at N = 1, 4, 8, 16)
             "fidelity": ["--ns", "2,3,5,6,7,10", "--thetas", "0,0.4", "--max-prompts", "4", "--repeats", "2"],
@@ -176,20 +176,21 @@ def main(
                 summary["steps"])
     summary["environment"] = env
     db = f"sqlite:///{folder / 'gpu.db'}"
-    if not dry_run:  # CUDA graphs against eager: forward times, tokens/s, fp32 equality (about a minute)
-        _step(folder, "cuda_graphs", [sys.executable, "benchmarks/cuda_graphs_check.py", "--out", str(folder)], 150,
-              summary["steps"])
-        graphs = folder / "cuda_graphs_check.json"
-        if graphs.exists():
-            summary["cuda_graphs"] = json.loads(graphs.read_text())
     _step(folder, "pytest_gpu", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                                 "tests/test_gpu.py"], 150 if not dry_run else 240, summary["steps"])
+                                 "tests/test_gpu.py"], 90 if not dry_run else 240, summary["steps"])
     run = _core(folder, s, db, summary)
     if run is not None and not skip_fidelity:
         _step(folder, "fidelity", [sys.executable, "benchmarks/fidelity.py", "--db", db, "--run", str(run), "--drafts",
                                    "mini-draft-1l", "--splits", "out", "--out", str(folder / "fidelity_heldout"),
                                    *s["fidelity"]], 150, summary["steps"])
         _fidelity_goal(folder / "fidelity_heldout.json", summary)
+    if not dry_run:  # CUDA graphs against eager, bf16: forward times and tokens/s (fp32 equality: pytest)
+        _step(folder, "cuda_graphs", [sys.executable, "benchmarks/cuda_graphs_check.py", "--out", str(folder),
+                                      "--dtypes", "bf16", "--prompts", "4", "--max-new-tokens", "32", "--repeats", "2"],
+              120, summary["steps"])
+        graphs = folder / "cuda_graphs_check.json"
+        if graphs.exists():
+            summary["cuda_graphs"] = json.loads(graphs.read_text())
     if not skip_shapes:
         _shapes(folder, s, summary)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1, default=str))

@@ -108,6 +108,7 @@ class GraphRunner:
         self.capture = capture
         self.slots: list[_Slot] = []
         self.pool = None  # one CUDA memory pool for every graph of this model
+        self._anchor: tuple | None = None  # a trivial graph that keeps the pool alive (see _pool)
         self.captured = 0  # graphs captured so far
         self.failed: str | None = None  # why capture failed (then every forward runs eagerly)
         self._fused: tuple | None = None  # (weights key, per-layer concatenated q/k/v and gate/up weights)
@@ -219,8 +220,7 @@ class GraphRunner:
                 for _ in range(2):  # warm-ups with the real inputs: they write the keys the replay writes
                     self._body(graph, slot, keep)
             torch.cuda.current_stream().wait_stream(side)
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
+            self._make_pool(ids.device)
             cuda_graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(cuda_graph, pool=self.pool):
                 out = self._body(graph, slot, keep)
@@ -232,6 +232,18 @@ class GraphRunner:
         slot.graphs[(ids.shape[1], keep)] = graph
         self.captured += 1
         return graph
+
+    def _make_pool(self, device: torch.device) -> None:
+        """The shared pool, created with a trivial graph kept for the runner's life. A pool whose graphs
+        are all destroyed (idle slots dropped, weights changed) keeps its id with a use count of 0, and a
+        later capture into it fails PyTorch's assertion ``use_count > 0`` (seen on an H100, torch 2.11)."""
+        if self.pool is not None:
+            return
+        pool = torch.cuda.graph_pool_handle()
+        anchor = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(anchor, pool=pool):
+            out = torch.ones(1, device=device) + 1
+        self.pool, self._anchor = pool, (anchor, out)
 
     def _body(self, graph: _Graph, slot: _Slot, keep: int) -> torch.Tensor:
         """The lean forward's function on the slot's static cache (the graph's kernels). Fewer kernels than

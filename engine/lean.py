@@ -172,7 +172,9 @@ class LeanCausalLM(torch.nn.Module):
 
     def _weights_key(self) -> tuple:
         params = [self._embed, self._norm, self._head] + [w for layer in self._layers for w in layer if w is not None]
-        return tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in params)
+        # Inference tensors (weights made under torch.inference_mode) have no version counter: they cannot
+        # change in place outside inference mode anyway.
+        return tuple((p.data_ptr(), 0 if p.is_inference() else p._version, p.device, p.dtype) for p in params)
 
     def _packed_weights(self, like: torch.Tensor) -> tuple | None:
         """oneDNN-packed weights for multi-token forwards, or None where they do not apply."""
