@@ -13,7 +13,8 @@ How (gpt-fast's static-cache recipe, applied to :class:`~specdec_tune.engine.lea
   graphed model (:func:`~specdec_tune.engine.kvcache.make_cache`) is a :class:`GraphCache`; at its first
   forward it takes a free slot of its batch size and length, and gives it back when it is garbage
   collected. A decode allocates a cache per sequence, so consecutive sequences reuse one slot and its
-  graphs.
+  graphs; a few idle slots are kept (:meth:`GraphRunner._evict`), so prompts of two length buckets do not
+  re-capture per sequence.
 - The graph's inputs are device tensors: the token ids ``[B, k]`` and the cache length. Positions are
   ``length + arange(k)``; the rotary tables are indexed by them, the new keys and values are written
   with ``index_copy_`` at them, and attention runs over all L positions of the slot under an additive
@@ -46,6 +47,8 @@ from specdec_tune.engine.kvcache import PreallocatedCache
 GRAPH_MODES = ("auto", "on", "off")
 MAX_GRAPH_TOKENS = 64  # verify forwards of up to N + 1 = 64 tokens are graphed; longer ones run eagerly
 MIN_SLOT_LEN = 256  # a slot's length: the cache's, rounded up to a power of two, at least this
+MAX_IDLE_SLOTS = 4  # idle slots kept for reuse (oldest dropped first) ...
+MAX_IDLE_BYTES = 2 << 30  # ... and at most this much idle key/value memory
 
 
 def check_mode(mode: str) -> str:
@@ -86,6 +89,7 @@ class _Slot:
         self.batch, self.length, self.dtype, self.device = batch, length, dtype, device
         self.busy = False
         self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.nbytes = 2 * sum(t.numel() * t.element_size() for t in self.keys)
 
     def release(self) -> None:
         self.busy = False
@@ -130,8 +134,8 @@ class GraphRunner:
         length = slot_length(cache.max_len)
         slot = next((s for s in self.slots if not s.busy and s.batch == batch and s.length == length
                      and s.dtype == weight.dtype and s.device == weight.device), None)
-        if slot is None:  # idle slots of other shapes go (and their graphs): memory stays bounded
-            self.slots = [s for s in self.slots if s.busy]
+        if slot is None:
+            self._evict()
             slot = _Slot(len(cache.layers), batch, lean.num_kv_heads, lean.head_dim, length, weight.dtype, weight.device)
             self.slots.append(slot)
         slot.busy = True
@@ -141,6 +145,17 @@ class GraphRunner:
         cache.slot = slot
         self._check_weights()
         return slot
+
+    def _evict(self) -> None:
+        """Drop the oldest idle slots (and their graphs) beyond ``MAX_IDLE_SLOTS`` or ``MAX_IDLE_BYTES``:
+        prompts of alternating length buckets keep their slots (no re-capture per sequence), while a
+        sweep over batch sizes and contexts (``profile``) does not keep every cache it ever made."""
+        idle = [s for s in self.slots if not s.busy]
+        size = sum(s.nbytes for s in idle)
+        while idle and (len(idle) >= MAX_IDLE_SLOTS or size > MAX_IDLE_BYTES):
+            gone = idle.pop(0)
+            size -= gone.nbytes
+            self.slots.remove(gone)
 
     def _check_weights(self) -> None:
         """Drop every graph when a weight moved or changed in place since they were captured (checked
