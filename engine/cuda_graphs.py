@@ -22,7 +22,10 @@ How (gpt-fast's static-cache recipe, applied to :class:`~specdec_tune.engine.lea
   same function as the eager forward, which attends over the first ``length + k`` positions only.
 - One graph per (slot, k, logits kept), captured on first use after two warm-up forwards on a side
   stream (PyTorch's rule for capture); the warm-ups run with the real inputs, so the keys and values
-  they write are the ones the replay writes. All graphs of a runner share one memory pool (as vLLM's
+  they write are the ones the replay writes. The first verify of width k also captures every narrower
+  verify (1..k - 1, on a prefix of its tokens: the keys they write are a prefix of its own), so a run's
+  warm-up decode at N captures what its timed decodes replay, whatever the drafts' lengths later.
+  Measurements warm up on their longest prompt: a slot serves any cache no longer than itself. All graphs of a runner share one memory pool (as vLLM's
   do). A replay's logits are copied out of the graph's static output (the drafter keeps one row per
   drafted token, and the next replay overwrites the static output).
 - Graphed forwards: 1..``MAX_GRAPH_TOKENS`` new tokens on a cache that already holds some (a draft step,
@@ -132,8 +135,9 @@ class GraphRunner:
         lean = self.lean
         weight = lean._embed
         length = slot_length(cache.max_len)
-        slot = next((s for s in self.slots if not s.busy and s.batch == batch and s.length == length
-                     and s.dtype == weight.dtype and s.device == weight.device), None)
+        fits = [s for s in self.slots if not s.busy and s.batch == batch and s.length >= length
+                and s.dtype == weight.dtype and s.device == weight.device]
+        slot = min(fits, key=lambda s: s.length) if fits else None  # a longer slot serves a shorter cache too
         if slot is None:
             self._evict()
             slot = _Slot(len(cache.layers), batch, lean.num_kv_heads, lean.head_dim, length, weight.dtype, weight.device)
@@ -200,6 +204,10 @@ class GraphRunner:
         keep = logits_to_keep if 0 < logits_to_keep <= k else k
         graph = slot.graphs.get((k, keep))
         if graph is None:
+            if keep == k > 1:  # a verify: capture every narrower verify now (they write a prefix of its keys)
+                for j in range(1, k):
+                    if (j, j) not in slot.graphs and self._make(slot, input_ids[:, :j], start, j) is None:
+                        return None
             graph = self._make(slot, input_ids, start, keep)
             if graph is None:
                 return None

@@ -252,8 +252,8 @@ def run_bench(
         return out, watch.stop()
 
     with torch.inference_mode():
-        for m in chosen:  # warm-up, untimed
-            run(m, prompts[0])
+        for m in chosen:  # warm-up, untimed, on the longest prompt (the largest KV cache: CUDA-graph slots fit)
+            run(m, max(prompts, key=len))
         if vllm is not None:
             vllm.reset_counts()  # vLLM's counters and latencies cover the measured calls only
         for r in range(repeats):

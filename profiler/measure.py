@@ -250,8 +250,9 @@ def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: 
     progress.stage(label, len(cases) * (len(ids) * repeats + 1))
     probe = MachineProbe(target.device)
     probe.run()  # warm-up
+    longest = max(ids, key=len)  # its KV cache is the largest: a CUDA-graph slot every other prompt fits in
     for case in cases:
-        warm_up(target, case.spec, ids[0], case.decode)
+        warm_up(target, case.spec, longest, case.decode)
         progress.advance()
     # Repeats go round every configuration and the whole prompt set (a burst of load elsewhere hits
     # one pass of a few prompts); each prompt's time is the median of its repeats, then summed: robust,

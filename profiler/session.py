@@ -211,12 +211,16 @@ class ProfileSession:
         add_timing_samples(self.db, self.run_id, [r for t in timings for r in t.rows()])
 
     def warm_up(self) -> None:
-        """Short decodes with each drafter: allocation and kernel selection happen here, untimed."""
+        """Short decodes with each drafter, untimed: allocation and kernel selection happen here, and on a
+        GPU the CUDA graphs of every verify width up to N_max + 1 are captured (the longest prompt: its
+        cache's graph slot fits every other prompt's, engine.cuda_graphs)."""
         self.progress.stage("warm-up", len(self.drafts))
-        config = DecodeConfig(max_new_tokens=8, num_speculative_tokens=min(4, self.settings.n_max),
+        n = self.settings.n_max
+        config = DecodeConfig(max_new_tokens=n + 1, num_speculative_tokens=n,
                               synthetic_acceptance=self.settings.synthetic_acceptance)
+        longest = max(self.ids, key=len)
         for spec in self.drafts:
-            decode_once(self.target, spec, self.ids[0], config, seed=0)
+            decode_once(self.target, spec, longest, config, seed=0)
             self.progress.advance()
 
     def bench_forwards(self) -> None:
