@@ -108,6 +108,43 @@ def test_recorder_splits_cycles_into_forwards_and_overhead(pair):
     assert not target.model._forward_hooks and not draft.model._forward_pre_hooks
 
 
+def test_recorder_on_a_gpu_marks_with_events_and_waits_once(pair, monkeypatch):
+    """On CUDA the hooks record events without synchronising (the loop keeps its host/GPU overlap) and
+    finish() waits once and reads them: the same timeline as with clocks. A fake event (perf_counter at
+    record) stands in for CUDA's here; a synchronising recorder would fail the count."""
+    import time
+
+    from specdec_tune.profiler import overhead
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.t = None
+
+        def record(self) -> None:
+            self.t = time.perf_counter()
+
+        def elapsed_time(self, other: FakeEvent) -> float:
+            return (other.t - self.t) * 1e3
+
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(overhead, "synchronize", lambda device: syncs.append(device))
+    target, draft, prompts = pair
+    recorder = ForwardRecorder("cuda")
+    config = DecodeConfig(max_new_tokens=12, num_speculative_tokens=3)
+    with recorder.attach(target.model, draft.model):
+        recorder.begin()
+        result = decode_once(target, DraftSpec("model", draft), prompts[0], config, on_cycle=recorder.on_cycle)
+        assert syncs == []  # nothing waited inside the loop
+        timeline = recorder.finish()
+    assert len(syncs) == 1 and timeline.start == 0.0
+    target_fw = [f for f in timeline.forwards if f.role == "target"]
+    assert [f.tokens for f in target_fw[1:]] == [c.drafted + 1 for c in result.cycles]
+    assert all(isinstance(e, float) for e in timeline.cycle_ends) and timeline.cycle_ends == sorted(timeline.cycle_ends)
+    for c in timeline.cycle_overheads():
+        assert 0 < c.forward_s < c.wall_s
+
+
 def test_summarize_counts_conditional_and_unconditional():
     cycles = [
         CycleStats(3, 3, 4, (0.95, 0.85, 0.15), (True, True, True)),
