@@ -46,10 +46,10 @@ import torch
 import torch.nn.functional as F
 
 from specdec_tune.engine.kvcache import PreallocatedCache
+from specdec_tune.graph_slots import slot_length
 
 GRAPH_MODES = ("auto", "on", "off")
 MAX_GRAPH_TOKENS = 64  # verify forwards of up to N + 1 = 64 tokens are graphed; longer ones run eagerly
-MIN_SLOT_LEN = 256  # a slot's length: the cache's, rounded up to a power of two, at least this
 MAX_IDLE_SLOTS = 4  # idle slots kept for reuse (oldest dropped first) ...
 MAX_IDLE_BYTES = 2 << 30  # ... and at most this much idle key/value memory
 
@@ -58,11 +58,6 @@ def check_mode(mode: str) -> str:
     if mode not in GRAPH_MODES:
         raise ValueError(f"--cuda-graphs must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
     return mode
-
-
-def slot_length(max_len: int) -> int:
-    """The buffer length of a slot serving a cache of ``max_len`` positions."""
-    return max(MIN_SLOT_LEN, 1 << max(0, int(max_len) - 1).bit_length())
 
 
 def attention_mask(pos: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -137,6 +137,31 @@ def test_model_memory_counts_the_tensors_the_engine_allocates(tiny_model_dirs):
     assert model_memory(record, device="cpu", forward="hf").packed_bytes == 0  # HF's forward keeps no copy
 
 
+def test_memory_with_cuda_graph_slots_counts_what_the_runner_allocates(tiny_model_dirs):
+    """With CUDA graphs the predicted KV cache is the slot the runner allocates (rounded up) and the
+    second weight copy is its concatenated q/k/v and gate/up weights: counted from the config, equal to
+    the runner's tensors (its static-cache path, run eagerly on the CPU)."""
+    from specdec_tune.engine import DecodeConfig, autoregressive, load_model
+    from specdec_tune.engine.cuda_graphs import GraphRunner
+    from specdec_tune.tuner.search._memory import model_memory
+
+    loaded = load_model(tiny_model_dirs["target"], "cpu", "float32", "lean")
+    lean = loaded.model
+    lean.cuda_graph_runner = runner = GraphRunner(lean, capture=False)
+    record = types.SimpleNamespace(name="t", extra={"source": loaded.source}, dtype="float32",
+                                   num_parameters=loaded.num_parameters)
+    facts = model_memory(record, device="cuda", forward="lean", graphs=True)
+    with torch.inference_mode():
+        autoregressive(lean, torch.tensor([5, 6, 7, 8, 9]), DecodeConfig(max_new_tokens=6))
+    (slot,) = runner.slots
+    assert facts.kv_bytes_per_token * slot.length == slot.nbytes
+    fused = sum(t.numel() * t.element_size() for layer in runner._fused[1] for t in layer if t is not None)
+    assert facts.packed_bytes == fused and facts.packs(1)
+    predicted = MemoryModel(facts, {}, context=5 + 6, graph_slots=True).breakdown(Candidate("none", 0))
+    assert predicted.target_kv == slot.nbytes and predicted.packed == fused
+    assert MemoryModel(facts, {}, context=5 + 6).breakdown(Candidate("none", 0)).target_kv < slot.nbytes
+
+
 def test_max_batch_size_and_the_draft_cost_in_batch():
     target = ModelMemory("t", weight_bytes=1000.0, kv_bytes_per_token=1.0)
     draft = ModelMemory("d", weight_bytes=200.0, kv_bytes_per_token=0.25)

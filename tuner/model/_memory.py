@@ -13,8 +13,12 @@
   sequence, for the target *and* the draft (a draft model keeps its own cache; n-gram lookup none).
   Our engine preallocates ``ctx + N + 2`` positions per cache when speculating (``ctx + 1`` for
   plain decoding), where ctx = prompt + new tokens;
-- **CUDA-graph pools**: the memory a server's captured graphs hold. Our engine captures none and a CPU
-  has none, so the term is 0 unless given (``graph_pool_bytes``: what a server reports at start);
+- **CUDA-graph pools**: the memory a server's captured graphs hold, 0 unless given
+  (``graph_pool_bytes``: what a server reports at start). Our engine replaying CUDA graphs
+  (``engine/cuda_graphs.py``; ``graph_slots``) holds each cache in a slot rounded up to a power of two
+  of at least 256 positions (``specdec_tune.graph_slots``) and a second copy of each layer's q/k/v and
+  gate/up weights, concatenated (the ``packed`` term, for models up to 1 GiB); its graphs' own pool
+  (the captured forwards' intermediates) is not predicted;
 - **prefill activations**: the tensors alive at the widest point of one decoder layer while the
   target prefills a T-token prompt (one sequence at a time): the residual, its norm, q, k, v and the
   attention output (6 × hidden), gate, up and their product (3 × intermediate) per token, and the
@@ -34,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from specdec_tune.errors import InputError
+from specdec_tune.graph_slots import slot_length
 from specdec_tune.tuner.model._configs import Candidate
 
 GIB = float(2**30)
@@ -106,6 +111,7 @@ class MemoryModel:
     context: int = 512
     graph_pool_bytes: float = 0.0
     prompt_tokens: int | None = None  # the longest prompt prefilled (activations); None: not counted
+    graph_slots: bool = False  # our engine's caches are CUDA-graph slots (rounded up: specdec_tune.graph_slots)
 
     def _draft(self, c: Candidate) -> ModelMemory | None:
         if c.is_plain or c.is_ngram:
@@ -122,6 +128,8 @@ class MemoryModel:
             raise InputError(f"batch size must be >= 1, got {batch_size}")
         ctx = self.context if context is None else int(context)
         positions = ctx + 1 if c.is_plain else ctx + c.num_speculative_tokens + 2
+        if self.graph_slots:
+            positions = slot_length(positions)
         d = self._draft(c)
         target_packs = not c.is_plain or prompt_tokens is None or self.target.packs(prompt_tokens)
         prompt = prompt_tokens if prompt_tokens is not None else self.prompt_tokens

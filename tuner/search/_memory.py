@@ -12,6 +12,7 @@ from specdec_tune.tuner.model import NGRAM, MemoryModel, ModelMemory
 _WIDTH = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 PACK_MAX_BYTES = 1 << 30  # engine/lean.py: a larger model keeps no packed copy
 PACKED_WIDTHS = (2, 128)  # engine/lean.py PACKED_MIN_TOKENS, PACKED_MAX_TOKENS: forwards that use (and make) it
+GRAPHED_WIDTHS = (1, 64)  # engine/cuda_graphs.py: every graphed forward (1..MAX_GRAPH_TOKENS) uses the concatenated copy
 
 
 def _config(record: Any) -> Any:
@@ -24,7 +25,7 @@ def _config(record: Any) -> Any:
         raise InputError(f"cannot read the config of {record.name!r} ({source}) for the memory model: {exc}") from None
 
 
-def model_memory(record: Any, *, device: str, forward: str) -> ModelMemory:
+def model_memory(record: Any, *, device: str, forward: str, graphs: bool = False) -> ModelMemory:
     """One stored model's memory facts (docs/architecture.md, The throughput model; ``tuner.model._memory``).
 
     The packed copy: the lean forward on a CPU in float32 packs every layer's q/k/v (one product),
@@ -32,6 +33,8 @@ def model_memory(record: Any, *, device: str, forward: str) -> ModelMemory:
     ``_packed_weights``), for models up to 1 GiB. A oneDNN blocked weight pads its output features to a
     multiple of 64 (``torch.ops.mkldnn._nbytes``, torch 2.13 on this project's x86-64 CPUs; other ISAs may
     block differently); widths that are multiples of 64, as real models have, pack to exactly their bytes.
+    With CUDA graphs (``graphs``: engine/cuda_graphs.py) the copy is each layer's q/k/v and gate/up
+    weights concatenated, made at the first graphed forward of any width, for models up to 1 GiB.
     """
     cfg = _config(record)
     width = _WIDTH.get(str(record.dtype), 4)
@@ -47,8 +50,13 @@ def model_memory(record: Any, *, device: str, forward: str) -> ModelMemory:
         per_layer = _padded(q + 2 * kv) * hidden + _padded(hidden) * q + _padded(2 * inter) * hidden \
             + _padded(hidden) * inter  # qkv, o, gate/up, down: [out, in]
         packed = float(width * (layers * per_layer + _padded(int(cfg.vocab_size)) * hidden))
+    widths = PACKED_WIDTHS
+    if device == "cuda" and graphs and forward == "lean" and weights <= PACK_MAX_BYTES:
+        hidden, inter = int(cfg.hidden_size), int(cfg.intermediate_size)
+        packed = float(width * layers * ((heads + 2 * kv_heads) * head_dim + 2 * inter) * hidden)
+        widths = GRAPHED_WIDTHS
     activation = float(width * (6 * int(cfg.hidden_size) + 3 * int(cfg.intermediate_size)))
-    return ModelMemory(record.name, weights, float(2 * layers * kv_heads * head_dim * width), packed, PACKED_WIDTHS,
+    return ModelMemory(record.name, weights, float(2 * layers * kv_heads * head_dim * width), packed, widths,
                        activation, float(width * heads))
 
 
@@ -67,12 +75,13 @@ def memory_model(db: Database, run_id: int, max_context: int, graph_pool_bytes: 
     settings = run.settings
     device = run.hardware.device
     forward = settings.get("forward", "hf")
+    graphs = settings.get("cuda_graphs_used") == "on"  # recorded by profile since CUDA graphs (engine/cuda_graphs.py)
     drafts = {}
     for d in run.drafts:
         if d.name == NGRAM or d.model_id is None or d.model_id not in models:
             continue
-        drafts[d.name] = model_memory(models[d.model_id], device=device,
+        drafts[d.name] = model_memory(models[d.model_id], device=device, graphs=graphs,
                                       forward=(settings.get("draft_forwards") or {}).get(d.name, forward))
     prompt = max(settings.get("prompt_tokens", [0]) or [0]) or None
-    return MemoryModel(model_memory(run.target, device=device, forward=forward), drafts, int(max_context),
-                       float(graph_pool_bytes), prompt)
+    return MemoryModel(model_memory(run.target, device=device, forward=forward, graphs=graphs), drafts,
+                       int(max_context), float(graph_pool_bytes), prompt, graph_slots=graphs)
