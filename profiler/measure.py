@@ -52,6 +52,15 @@ def _warn_if_changed(loaded: LoadedModel, stored_hash: str | None, stored_params
               "the prediction describes the old model", file=sys.stderr)
 
 
+def _warn_if_graphs_changed(target: LoadedModel, profiled: str | None) -> None:
+    """A CUDA-graph state that differs from the profile's (a capture failed in one of them) times another
+    forward than the prediction describes: say so (engine/cuda_graphs.py)."""
+    now = target.cuda_graphs
+    if profiled is not None and now is not None and now != profiled:
+        print(f"warning: the target ran with CUDA graphs {now!r}, the profile with {profiled!r}; the prediction "
+              "describes the other forward", file=sys.stderr)
+
+
 @dataclass
 class _Case:
     """One configuration being measured: what to run and what it has measured so far."""
@@ -155,6 +164,7 @@ def measure_configs(
                    _decode_config(config, max_new, temperature, target, synthetic, seed), [[] for _ in ids],
                    [[] for _ in ids], arrivals=[[] for _ in ids]) for name, config in planned]
     _metered(target, cases, wanted, ids, repeats, seed, progress or Progress())
+    _warn_if_graphs_changed(target, settings.get("cuda_graphs_used"))
     ctx = _Context(temperature, repeats, split, wanted, [pid in set(settings.get("prompt_ids", [])) for pid in wanted],
                    [int(x.shape[0]) for x in ids], choice, gpu_price)
     return [_store(db, run_id, case, ctx, peak_for_run(run, _source(case), case.config.num_speculative_tokens * (

@@ -106,3 +106,15 @@ def test_cuda_graphs_option_is_refused_where_it_cannot_run():
         load_model("mini-draft-1l", "cpu", "float32", "auto", "always")
     loaded = load_model("mini-draft-1l", "cpu", "float32", "auto", "auto")
     assert loaded.cuda_graphs is None and loaded.model.cuda_graph_runner is None  # auto: off on a CPU
+
+
+def test_measure_warns_when_the_graph_state_differs_from_the_profile(capsys):
+    import types
+
+    from specdec_tune.profiler.measure import _warn_if_graphs_changed
+
+    _warn_if_graphs_changed(types.SimpleNamespace(cuda_graphs="on"), "on")
+    _warn_if_graphs_changed(types.SimpleNamespace(cuda_graphs=None), None)  # a CPU: nothing to compare
+    assert capsys.readouterr().err == ""
+    _warn_if_graphs_changed(types.SimpleNamespace(cuda_graphs="on"), "failed (RuntimeError: x)")
+    assert "CUDA graphs 'on', the profile with 'failed" in capsys.readouterr().err
