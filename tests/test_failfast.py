@@ -241,6 +241,18 @@ def _ctrl_c() -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
+@pytest.fixture
+def sigint_handled():
+    """Python's own SIGINT handler for the test: a process started in the background by a
+    non-interactive shell (``nohup ... &``, some CI runners) inherits SIGINT ignored, and Python then
+    installs no handler, so the planted Ctrl-C would be lost (a clean-clone run so started failed here)."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _interrupted_line(code: int, err: str) -> str:
     assert code == 130 and "Traceback" not in err and "Trial " not in err, err
     lines = [line for line in err.splitlines() if "interrupt" in line]
@@ -248,7 +260,7 @@ def _interrupted_line(code: int, err: str) -> str:
     return lines[0]
 
 
-def test_ctrl_c_during_profile_says_what_was_kept(tiny_model_dirs, tiny_workload, tmp_path, monkeypatch):
+def test_ctrl_c_during_profile_says_what_was_kept(tiny_model_dirs, tiny_workload, tmp_path, monkeypatch, sigint_handled):
     from specdec_tune.db import get_run, load_timings, open_database
     from specdec_tune.profiler.session import ProfileSession
 
@@ -264,7 +276,7 @@ def test_ctrl_c_during_profile_says_what_was_kept(tiny_model_dirs, tiny_workload
 
 
 def test_ctrl_c_during_tune_keeps_the_trials_in_one_line(tiny_model_dirs, tiny_workload, tmp_path, tune_flags,
-                                                         monkeypatch):
+                                                         monkeypatch, sigint_handled):
     import optuna
 
     from specdec_tune.tuner.model import Evaluator

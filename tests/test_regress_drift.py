@@ -43,8 +43,8 @@ def _slow_forward(monkeypatch, folder: str, seconds: float) -> None:
 
     real = loading.wrap_forward
 
-    def wrap(model, forward="auto"):
-        out = real(model, forward)
+    def wrap(model, forward="auto", *args):
+        out = real(model, forward, *args)
         if Path(model.name_or_path).resolve() == Path(folder).resolve():
             out.register_forward_pre_hook(lambda *_: time.sleep(seconds))
         return out
