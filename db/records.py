@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 # (T_ar = T_v(1) measured inside the baseline loop); prefill: a prompt forward; overhead: per-cycle
 # bookkeeping outside the forwards; draft_width: one draft forward over k tree nodes (a depth of a
 # token tree, docs/model.md, Token trees and staged drafting).
-TIMING_KINDS = ("draft_step", "verify", "autoregressive", "prefill", "overhead", "machine_probe", "draft_width")
+TIMING_KINDS = ("draft_step", "verify", "autoregressive", "prefill", "overhead", "machine_probe", "draft_width",
+                "verify_context")  # verify_context: T_v(1, k) at other context lengths than the typical one
 RUN_STATUSES = ("running", "completed", "interrupted", "failed")
 FINISHED_STATUSES = RUN_STATUSES[1:]
 MODES = ("greedy", "sampling")

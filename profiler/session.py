@@ -36,6 +36,8 @@ from specdec_tune.profiler.telemetry import NullMonitor, open_monitor
 from specdec_tune.profiler.tree_profile import tree_passes
 from specdec_tune.splits import split_prompts
 
+CONTEXT_KS = (1, 2, 5, 9)  # verify widths timed at every profiled context length (and k_max)
+
 # The settings, result and progress types live in profiler.settings; this module keeps their old names.
 __all__ = ["ProfileResult", "ProfileSession", "ProfileSettings", "Progress", "StageLog", "run_profile"]
 
@@ -231,6 +233,13 @@ class ProfileSession:
             shapes = [(self.typical_context, k) for k in range(1, s.k_max + 1)]
             cases += mb.cached_cases(self.target.model, "verify", shapes, batch_size=b, source=self.source_ids,
                                      device=self.device)
+        # T_v(k) at the other context lengths, a few k (B = 1): how a longer prompt slows a verify
+        # (per-request latency, tuner.model._latency); kept apart as kind verify_context.
+        others = [c for c in self.context_lens if c != self.typical_context]
+        ks = sorted({k for k in CONTEXT_KS if k <= s.k_max} | {s.k_max})
+        if 1 in s.batch_sizes and others:
+            cases += mb.cached_cases(self.target.model, "verify_context", [(c, k) for c in others for k in ks],
+                                     source=self.source_ids, device=self.device)
         for spec in (d for d in self.drafts if d.model is not None):
             for b in s.batch_sizes:
                 contexts = self.context_lens if b == 1 else [self.typical_context]

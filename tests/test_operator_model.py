@@ -2,6 +2,8 @@
 acceptance) and memory (weights, packed copies, both KV caches; the batch a budget holds)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import types
 
 import pytest
@@ -73,8 +75,9 @@ def test_the_decomposition_check_has_power(profile, monkeypatch, plant):
         original = _latency.simulate_prompt
         monkeypatch.setattr(_latency, "simulate_prompt", lambda *a, **k: (lambda c: [c[0]] + c)(original(*a, **k)))
     else:
-        original_cycle = _latency._cycle_s
-        monkeypatch.setattr(_latency, "_cycle_s", lambda rp_, c, b: original_cycle(rp_, c, b) + rp_.cycle_overhead_s)
+        original_cycle = _latency.cycle_s
+        monkeypatch.setattr(_latency, "cycle_s", lambda rp_, c, b, context=None: original_cycle(rp_, c, b, context)
+                            + rp_.cycle_overhead_s)
     assert _decomposed_seconds(rp, config) != pytest.approx(predict_config(rp, config).seconds, rel=1e-6)
 
 
@@ -83,8 +86,17 @@ def test_tpot_spread_comes_from_the_prompts(profile):
     rp = load_run_profile(db, run_id, draft)
     lat = predict_latency(rp, SpecConfig(4), profiled_specs(rp))
     assert lat.source == "simulation" and len(lat.tpot_s) == 3 and lat.tpot(0.9) >= lat.tpot(0.5) > 0
-    plain = predict_latency(load_run_profile(db, run_id, baseline_only=True), SpecConfig(0), profiled_specs(rp))
-    assert len(set(plain.tpot_s)) == 1 and plain.source == "baseline"  # plain decoding: one step time
+    base = load_run_profile(db, run_id, baseline_only=True)
+    plain = predict_latency(base, SpecConfig(0), profiled_specs(rp))
+    assert plain.source == "baseline"
+    # plain decoding: one step time, moved by each request's context as the profile's verify timings at
+    # several context lengths say (a longer prompt is slower where a longer context measured slower)
+    assert base.context_slope_s and 1 in base.context_slope_s
+    sign = 1 if base.context_slope_s[1] > 0 else -1
+    by_length = [t for _, t in sorted(zip((p.prompt_tokens + p.new_tokens / 2 for p in rp.prompts), plain.tpot_s))]
+    assert by_length == sorted(by_length, reverse=sign < 0)
+    flat = predict_latency(replace(base, context_slope_s={}), SpecConfig(0), profiled_specs(rp))
+    assert len(set(flat.tpot_s)) == 1  # without the context timings: one step time
     ngram = predict_latency(load_run_profile(db, run_id, "ngram"), SpecConfig(3), profiled_specs(rp))
     assert ngram.source == "replay" and all(t > 0 for t in ngram.tpot_s)
 
@@ -93,9 +105,14 @@ def test_a_held_out_prompt_is_one_more_request_of_the_profiled_population(profil
     db, run_id, draft = profile
     rp = load_run_profile(db, run_id, draft)
     config = SpecConfig(3)
-    profiled = predict_latency(rp, config, profiled_specs(rp))
-    held = predict_latency(rp, config, [PromptSpec(rp.prompts[0].prompt_tokens, None, None)])
+    flat = replace(rp, context_slope_s={})  # the population alone, no context term
+    profiled = predict_latency(flat, config, profiled_specs(rp))
+    held = predict_latency(flat, config, [PromptSpec(rp.prompts[0].prompt_tokens, None, None)])
     assert sorted(held.tpot_s) == pytest.approx(sorted(profiled.tpot_s))  # the population's TPOTs
+    slower = all(v > 0 for v in rp.context_slope_s.values())
+    short, long_ = (predict_latency(rp, config, [PromptSpec(n, None, None)]) for n in (8, 400))
+    if slower:  # the population moved to each prompt's length: a longer prompt, slower tokens
+        assert long_.tpot(0.5) > short.tpot(0.5)
     assert held.tpot(0.5) == pytest.approx(profiled.tpot(0.5)) and len(held.ttft_s) == 1
     longer = predict_latency(rp, config, [PromptSpec(10 * rp.prompts[0].prompt_tokens, None, None)])
     assert longer.ttft_s[0] >= held.ttft_s[0]  # the prefill line in the prompt length

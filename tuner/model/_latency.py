@@ -29,11 +29,11 @@ from dataclasses import dataclass, replace
 
 from specdec_tune.errors import InputError
 from specdec_tune.latency import Slo, quantile
-from specdec_tune.tuner.model._greedy_sim import SimulatedCycle, simulate_prompt
+from specdec_tune.tuner.model._greedy_sim import simulate_prompt
 from specdec_tune.tuner.model._prefill import prefill_fits, prompt_prefill
-from specdec_tune.tuner.model._predict import PromptSpec, _check_specs
+from specdec_tune.tuner.model._predict import PromptSpec, _check_specs, context_cost, cycle_s, plain_step_s, replay_width
 from specdec_tune.tuner.model._profile import RunProfile
-from specdec_tune.tuner.model._throughput import SpecConfig, Trace, draft_step_time, predict, verify_time
+from specdec_tune.tuner.model._throughput import SpecConfig, Trace, predict
 
 
 @dataclass(frozen=True)
@@ -86,21 +86,30 @@ class _Request:
     first_s: float  # the first cycle (or step): TTFT besides the prefill
     tpot_s: float
     tokens: int
+    prompt_tokens: int = 0
+    tpot_slope_s: float = 0.0  # d TPOT / d prompt tokens: the same cycles with a longer context
+    first_slope_s: float = 0.0  # d first cycle / d prompt tokens
 
 
-def _cycle_s(rp: RunProfile, c: SimulatedCycle, b: int) -> float:
-    return c.forwards * draft_step_time(rp.model, b) + verify_time(rp.model, b, c.proposed + 1) + rp.cycle_overhead_s
+def _slope(rp: RunProfile, k: int, b: int) -> float:
+    """Seconds per context token of a verify of ``k`` tokens (0 at B > 1 or where not measured)."""
+    return context_cost(rp, k, rp.typical_context + 1, b) if rp.typical_context else 0.0
 
 
 def _simulated(rp: RunProfile, config: SpecConfig, i: int) -> _Request:
-    """Prompt ``i``'s cycles simulated exactly (greedy, model draft)."""
-    b, n_tokens = config.batch_size, rp.prompts[i].new_tokens
+    """Prompt ``i``'s cycles simulated exactly (greedy, model draft), each at its own context length."""
+    b, n_tokens, prompt = config.batch_size, rp.prompts[i].new_tokens, rp.prompts[i].prompt_tokens
     cycles = simulate_prompt(rp.positions[i], n_tokens, rp.max_new_tokens, config.num_speculative_tokens,
                              config.threshold, config.schedule, rp.tail_rate(config.threshold), config.threshold_rule)
     if not cycles:
         raise InputError(f"run {rp.run.id}: no greedy traces for prompt {i} of draft {rp.draft!r}")
-    times = [_cycle_s(rp, c, b) for c in cycles]
-    return _Request(times[0], sum(times[1:]) / max(n_tokens - 1, 1), n_tokens)
+    times, slopes, emitted = [], [], 0
+    for c in cycles:
+        times.append(cycle_s(rp, c, b, prompt + emitted))
+        slopes.append(_slope(rp, c.proposed + 1, b))
+        emitted += c.accepted + 1
+    per = max(n_tokens - 1, 1)
+    return _Request(times[0], sum(times[1:]) / per, n_tokens, prompt, sum(slopes[1:]) / per, slopes[0])
 
 
 def _prompt_model(rp: RunProfile, i: int):
@@ -125,15 +134,20 @@ def _replayed(rp: RunProfile, config: SpecConfig, i: int) -> _Request:
     if 0 < longest < config.num_speculative_tokens:
         config = replace(config, num_speculative_tokens=longest)
     p = predict(model, config)
-    n_tokens = rp.prompts[i].new_tokens
+    n_tokens, prompt = rp.prompts[i].new_tokens, rp.prompts[i].prompt_tokens
     cycles = max(n_tokens / p.expected_tokens_per_cycle, 1.0)
-    return _Request(p.cycle_time_s, (cycles - 1.0) * p.cycle_time_s / max(n_tokens - 1, 1), n_tokens)
+    k = replay_width(config, p.expected_tokens_per_cycle)
+    slope = _slope(rp, k, config.batch_size)
+    cycle = p.cycle_time_s + context_cost(rp, k, prompt + n_tokens / 2, config.batch_size)
+    per = max(n_tokens - 1, 1)
+    return _Request(cycle, (cycles - 1.0) * cycle / per, n_tokens, prompt, (cycles - 1.0) * slope / per, slope)
 
 
 def _plain(rp: RunProfile, b: int, i: int) -> _Request:
-    forward = rp.ar_forward_s if b == 1 and rp.ar_forward_s else verify_time(rp.model, b, 1)
-    step = forward + rp.model.ar_overhead_s
-    return _Request(step, step, rp.prompts[i].new_tokens)
+    n_tokens, prompt = rp.prompts[i].new_tokens, rp.prompts[i].prompt_tokens
+    step = plain_step_s(rp, b, prompt, n_tokens)
+    slope = _slope(rp, 1, b)
+    return _Request(step, step, n_tokens, prompt, slope, slope)
 
 
 def _requests(rp: RunProfile, config: SpecConfig) -> tuple[list[_Request], str]:
@@ -169,7 +183,6 @@ def predict_latency(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSp
     specs = _check_specs(rp, specs)
     requests, source = _requests(rp, config)
     fits = prefill_fits(rp)
-    mean_first = statistics.fmean(r.first_s for r in requests)
     ttft, tpot, tokens = [], [], []
     for s in specs:
         if s.profiled_index is not None:
@@ -177,8 +190,10 @@ def predict_latency(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSp
             ttft.append(_prefill_s(rp, config, s, fits) + r.first_s)
             tpot.append(r.tpot_s)
             tokens.append(float(r.tokens))
-        else:
-            ttft.append(_prefill_s(rp, config, s, fits) + mean_first)
-            tpot += [r.tpot_s for r in requests]
+        else:  # the profiled population, each request moved to this prompt's length
+            shift = [s.prompt_tokens - r.prompt_tokens for r in requests]
+            ttft.append(_prefill_s(rp, config, s, fits)
+                        + statistics.fmean(r.first_s + r.first_slope_s * d for r, d in zip(requests, shift)))
+            tpot += [r.tpot_s + r.tpot_slope_s * d for r, d in zip(requests, shift)]
             tokens += [float(s.new_tokens) / len(requests)] * len(requests)
     return LatencyPrediction(tuple(ttft), tuple(tpot), tuple(tokens), source)

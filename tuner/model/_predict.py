@@ -112,13 +112,38 @@ def _check_specs(rp: RunProfile, specs: Sequence[PromptSpec]) -> list[PromptSpec
     return out
 
 
-def _baseline(rp: RunProfile, specs: Sequence[PromptSpec], batch_size: int) -> RunPrediction:
+def context_cost(rp: RunProfile, k: int, context: float, batch_size: int) -> float:
+    """Seconds a verify of ``k`` tokens costs at ``context`` beyond the typical context (B = 1; the
+    profile's verify timings at several contexts, ``RunProfile.context_cost``; 0 at B > 1)."""
+    return rp.context_cost(k, context) if batch_size == 1 else 0.0
+
+
+def plain_step_s(rp: RunProfile, batch_size: int, prompt_tokens: int, new_tokens: int) -> float:
+    """One plain decoding step of a request: T_ar (or T_v(B, 1)) + the loop's overhead, at its mean context."""
     forward = rp.ar_forward_s if batch_size == 1 and rp.ar_forward_s else verify_time(rp.model, batch_size, 1)
-    step = forward + rp.model.ar_overhead_s
+    return forward + rp.model.ar_overhead_s + context_cost(rp, 1, prompt_tokens + new_tokens / 2, batch_size)
+
+
+def cycle_s(rp: RunProfile, c: SimulatedCycle, b: int, context: float | None = None) -> float:
+    """One simulated cycle's seconds: F·T_s + T_v(L + 1) + o_c, with the verify at ``context`` (tokens in
+    the target's cache) where given."""
+    extra = context_cost(rp, c.proposed + 1, context, b) if context is not None else 0.0
+    return c.forwards * draft_step_time(rp.model, b) + verify_time(rp.model, b, c.proposed + 1) + rp.cycle_overhead_s \
+        + extra
+
+
+def replay_width(config: SpecConfig, tokens_per_cycle: float) -> int:
+    """The verify width a replayed cycle is costed at for its context: the tokens it emits plus the
+    rejected one, within N + 1."""
+    return max(1, min(config.num_speculative_tokens + 1, round(tokens_per_cycle) + 1))
+
+
+def _baseline(rp: RunProfile, specs: Sequence[PromptSpec], batch_size: int) -> RunPrediction:
+    step = plain_step_s(rp, batch_size, rp.typical_context, 0)  # at the typical context
     fits = prefill_fits(rp)
     tokens = sum(s.new_tokens for s in specs)
     prefill = sum(prompt_prefill(rp, s.profiled_index, s.prompt_tokens, fits)[0] for s in specs) * batch_size  # B prompts prefill ~B times the work
-    seconds = prefill + tokens * step
+    seconds = prefill + sum(s.new_tokens * plain_step_s(rp, batch_size, s.prompt_tokens, s.new_tokens) for s in specs)
     tps = batch_size * tokens / seconds
     return RunPrediction(
         tokens_per_s=tps, decode_tokens_per_s=batch_size / step, speedup=1.0, baseline_tokens_per_s=tps,
@@ -163,12 +188,20 @@ def _simulated(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) 
                                config.schedule, rp.tail_rate, config.threshold_rule, config.threshold_kind,
                                config.threshold_step)
 
-    def cycle_s(cycles: Sequence[SimulatedCycle]) -> float:
-        return sum(f * draft_step_time(rp.model, b) + verify_time(rp.model, b, length + 1) + rp.cycle_overhead_s
-                   for length, _, f in cycles)
+    def timed(i: int, shift: int = 0) -> tuple[list[SimulatedCycle], float]:
+        """Prompt i's cycles and their seconds, each verify at its own context (+ ``shift`` tokens)."""
+        cycles, seconds, emitted = simulate(i), 0.0, 0
+        for c in cycles:
+            seconds += cycle_s(rp, c, b, rp.prompts[i].prompt_tokens + shift + emitted)
+            emitted += c.accepted + 1
+        return cycles, seconds
 
-    exact = [c for s in specs if s.profiled_index is not None for c in simulate(s.profiled_index)]
-    decode_s = cycle_s(exact)
+    exact, decode_s = [], 0.0
+    for s in specs:
+        if s.profiled_index is not None:
+            cycles, seconds = timed(s.profiled_index)
+            exact += cycles
+            decode_s += seconds
     groups: list[tuple[ReplayStats, float]] = [(stats_from_cycles(exact, n), len(exact))] if exact else []
     pooled_tokens = sum(s.new_tokens for s in specs if s.profiled_index is None)
     source = "simulation"
@@ -179,7 +212,9 @@ def _simulated(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) 
         if not pool:
             raise InputError(f"run {rp.run.id} has no greedy traces for draft {rp.draft!r}")
         pool_tokens = sum(p.new_tokens for p in rp.prompts)
-        decode_s += pooled_tokens * cycle_s(pool) / pool_tokens
+        for s in (s for s in specs if s.profiled_index is None):  # every profiled prompt moved to its length
+            pooled_s = sum(timed(i, s.prompt_tokens - rp.prompts[i].prompt_tokens)[1] for i in range(len(rp.prompts)))
+            decode_s += s.new_tokens * pooled_s / pool_tokens
         groups.append((stats_from_cycles(pool, n), pooled_tokens * len(pool) / pool_tokens))
         source = f"simulation pooled over {len(rp.prompts)} profiled prompts"
     if not groups:
@@ -189,11 +224,16 @@ def _simulated(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) 
     return _Cycles(decode_s, cycles, decode_s / cycles, tau, length, forwards, alphas, source)
 
 
-def _replayed(rp: RunProfile, config: SpecConfig, tokens: int) -> _Cycles:
-    """Sampling or n-gram lookup: i.i.d. trace replay (:func:`predict`), M_p / E[τ] cycles per prompt."""
+def _replayed(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) -> _Cycles:
+    """Sampling or n-gram lookup: i.i.d. trace replay (:func:`predict`), M_p / E[τ] cycles per prompt,
+    each prompt's at its mean context."""
     p = model_predict(rp.model, config)
-    cycles = tokens / p.expected_tokens_per_cycle
-    return _Cycles(cycles * p.cycle_time_s, cycles, p.cycle_time_s, p.expected_tokens_per_cycle, p.expected_draft_length,
+    k = replay_width(config, p.expected_tokens_per_cycle)
+    decode_s = sum(s.new_tokens / p.expected_tokens_per_cycle
+                   * (p.cycle_time_s + context_cost(rp, k, s.prompt_tokens + s.new_tokens / 2, config.batch_size))
+                   for s in specs)
+    cycles = sum(s.new_tokens for s in specs) / p.expected_tokens_per_cycle
+    return _Cycles(decode_s, cycles, decode_s / cycles, p.expected_tokens_per_cycle, p.expected_draft_length,
                    p.expected_draft_forwards, tuple(p.acceptance_per_position), p.source)
 
 
@@ -226,7 +266,7 @@ def _predict(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec], cy
     if cycles is not None:
         cyc = cycles(rp, config, specs, tokens)
     else:
-        cyc = _simulated(rp, config, specs) if simulated else _replayed(rp, config, tokens)
+        cyc = _simulated(rp, config, specs) if simulated else _replayed(rp, config, specs)
     fits = prefill_fits(rp)
     # The first draft forward of a sequence is the draft's prefill, which replaces one draft step.
     raw_step = rp.first_draft_step_s.get(b, 0.0)

@@ -90,6 +90,17 @@ class RunProfile:
     bias_front: tuple[BiasFrontRow, ...] = ()
     trace_prompts: tuple[int | None, ...] = ()
     sampling_trace_prompts: tuple[int | None, ...] = ()
+    # k -> seconds per context token of a B = 1 verify of k tokens (measured at several contexts); empty:
+    # not measured (runs profiled before it), then latency is predicted at the typical context throughout.
+    context_slope_s: dict[int, float] = field(default_factory=dict)
+    typical_context: int = 0
+
+    def context_cost(self, k: int, context: float) -> float:
+        """Seconds a verify of ``k`` tokens at ``context`` costs more than at the typical context (the
+        slopes interpolated in k, clamped at the measured ends; 0 where none was measured)."""
+        if not self.context_slope_s or not self.typical_context:
+            return 0.0
+        return interp(self.context_slope_s, k) * (context - self.typical_context)
 
     @property
     def is_ngram(self) -> bool:
@@ -165,6 +176,24 @@ class _Timings:
             points = {key.context_len: _median(xs) for key, xs in self.select("draft_step", draft, b)}
             if points:
                 out[b] = interp(points, context)
+        return out
+
+    def context_slopes(self, typical: int) -> dict[int, float]:
+        """k -> seconds a B = 1 verify of k tokens gains per context token: the least-squares line through
+        its medians at the typical context (kind verify) and the others (kind verify_context); k without
+        another context left out."""
+        out = {}
+        for k in sorted({key.k for key, _ in self.select("verify_context", batch_size=1)}):
+            points = {key.context_len: _median(xs) for key, xs in self.select("verify_context", batch_size=1)
+                      if key.k == k}
+            typical_xs = self.groups.get(TimingKey("verify", None, k, 1, typical))
+            if typical_xs:
+                points[typical] = _median(typical_xs)
+            if len(points) >= 2:
+                xs = list(points)
+                mean_x, mean_y = statistics.fmean(xs), statistics.fmean(points.values())
+                var = sum((x - mean_x) ** 2 for x in xs)
+                out[k] = sum((x - mean_x) * (points[x] - mean_y) for x in xs) / var if var else 0.0
         return out
 
     def probe(self) -> float | None:
@@ -309,6 +338,8 @@ def build_run_profile(
         max_new_tokens=max_new, machine_probe_s=t.probe(), bias_front=tuple(bias_front),
         trace_prompts=tuple(tr.prompt_index for tr in traces),
         sampling_trace_prompts=tuple(tr.prompt_index for tr in sampling_traces or ()),
+        context_slope_s=t.context_slopes(int(run.settings.get("typical_context", 0))),
+        typical_context=int(run.settings.get("typical_context", 0)),
     )
 
 
