@@ -180,8 +180,9 @@ class _Timings:
 
     def context_slopes(self, typical: int) -> dict[int, float]:
         """k -> seconds a B = 1 verify of k tokens gains per context token: the least-squares line through
-        its medians at the typical context (kind verify) and the others (kind verify_context); k without
-        another context left out."""
+        its medians at the typical context (kind verify) and the others (kind verify_context), at least 0
+        (attending over more positions costs no less; a tiny model's timing noise can tilt the line the
+        other way, as the prefill line is kept >= 0); k without another context left out."""
         out = {}
         for k in sorted({key.k for key, _ in self.select("verify_context", batch_size=1)}):
             points = {key.context_len: _median(xs) for key, xs in self.select("verify_context", batch_size=1)
@@ -193,7 +194,7 @@ class _Timings:
                 xs = list(points)
                 mean_x, mean_y = statistics.fmean(xs), statistics.fmean(points.values())
                 var = sum((x - mean_x) ** 2 for x in xs)
-                out[k] = sum((x - mean_x) * (points[x] - mean_y) for x in xs) / var if var else 0.0
+                out[k] = max(0.0, sum((x - mean_x) * (points[x] - mean_y) for x in xs) / var) if var else 0.0
         return out
 
     def probe(self) -> float | None:
