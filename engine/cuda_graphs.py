@@ -49,10 +49,8 @@ import torch
 import torch.nn.functional as F
 
 from specdec_tune.engine.kvcache import PreallocatedCache
-from specdec_tune.graph_slots import slot_length
-
-GRAPH_MODES = ("auto", "on", "off")
-MAX_GRAPH_TOKENS = 64  # verify forwards of up to N + 1 = 64 tokens are graphed; longer ones run eagerly
+from specdec_tune.engine.lean import _GQA_ARG, PACK_MAX_BYTES, _cat_bias, _rms_norm
+from specdec_tune.graph_slots import GRAPH_MODES, MAX_GRAPH_TOKENS, slot_length
 MAX_IDLE_SLOTS = 4  # idle slots kept for reuse (oldest dropped first) ...
 MAX_IDLE_BYTES = 2 << 30  # ... and at most this much idle key/value memory
 
@@ -97,10 +95,11 @@ class _Slot:
 
 
 class _Graph:
-    """One captured forward: its static inputs, its static output and what it must keep alive."""
+    """One captured forward: its static inputs, the tables it reads (``cos``, ``sin``: views that keep the
+    rotary tables it was captured on alive; ``arange``) and its static output."""
 
-    def __init__(self, ids: torch.Tensor, start: torch.Tensor, keep_alive: tuple) -> None:
-        self.ids, self.start, self.keep_alive = ids, start, keep_alive
+    def __init__(self, ids: torch.Tensor, start: torch.Tensor, tables: dict[str, torch.Tensor]) -> None:
+        self.ids, self.start, self.tables = ids, start, tables
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
 
@@ -113,7 +112,7 @@ class GraphRunner:
         self.capture = capture
         self.slots: list[_Slot] = []
         self.pool = None  # one CUDA memory pool for every graph of this model
-        self._anchor: tuple | None = None  # a trivial graph that keeps the pool alive (see _pool)
+        self._anchor: tuple | None = None  # a trivial graph that keeps the pool alive (see _make_pool)
         self.captured = 0  # graphs captured so far
         self.failed: str | None = None  # why capture failed (then every forward runs eagerly)
         self._fused: tuple | None = None  # (weights key, per-layer concatenated q/k/v and gate/up weights)
@@ -172,8 +171,6 @@ class GraphRunner:
         """Per layer: (qkv weight, qkv bias, gate/up weight, gate/up bias), concatenated once so a layer
         runs two projections where it would run five; None entries where concatenating would cost too
         much memory (``lean.PACK_MAX_BYTES``): then the model's own weights."""
-        from specdec_tune.engine.lean import PACK_MAX_BYTES, _cat_bias
-
         if self._fused is None:
             lean = self.lean
             small = sum(p.numel() * p.element_size() for p in lean.hf.parameters()) <= PACK_MAX_BYTES
@@ -227,10 +224,9 @@ class GraphRunner:
         with torch.inference_mode(False):
             ids = input_ids.detach().clone()
             begin = torch.tensor(start, dtype=torch.long, device=input_ids.device)
-        cos, sin = lean._rope(slot.length, slot.keys[0])  # the graph keeps these tables alive
-        extra = {"cos": cos[:slot.length], "sin": sin[:slot.length],
-                 "arange": torch.arange(max(slot.length, ids.shape[1]), device=ids.device)}
-        graph = _Graph(ids, begin, (cos, sin, extra))
+        cos, sin = lean._rope(slot.length, slot.keys[0])
+        graph = _Graph(ids, begin, {"cos": cos[:slot.length], "sin": sin[:slot.length],
+                                    "arange": torch.arange(max(slot.length, ids.shape[1]), device=ids.device)})
         if not self.capture:
             slot.graphs[(ids.shape[1], keep)] = graph
             return graph
@@ -271,10 +267,8 @@ class GraphRunner:
         the eager forward, the same arithmetic: q/k/v and gate/up as one product each, q and k rotated in
         one pass (``x·cos + roll(x, D/2)·[-sin, sin]`` is HF's rotate-half exactly), and below float32
         RMSNorm as torch's fused kernel on the input dtype (float32 inside, one rounding, as HF's)."""
-        from specdec_tune.engine.lean import _GQA_ARG
-
         lean = self.lean
-        ids, extra = graph.ids, graph.keep_alive[2]
+        ids, extra = graph.ids, graph.tables
         batch, k = ids.shape
         hq, hkv, d, eps = lean.num_heads, lean.num_kv_heads, lean.head_dim, lean.eps
         nq = hq * d
@@ -284,7 +278,7 @@ class GraphRunner:
         cos, sin = extra["cos"].index_select(0, pos), extra["sin"].index_select(0, pos)  # [k, D]
         sin = torch.cat((-sin[:, :d // 2], sin[:, d // 2:]), dim=-1)  # rotate-half's signs, folded into sin
         mask = attention_mask(pos, extra["arange"][:slot.length], x.dtype)
-        norm = _rms if x.dtype == torch.float32 else _rms_fused
+        norm = _rms_norm if x.dtype == torch.float32 else _rms_fused  # float32: lean's own (one kernel)
 
         def rotate(t: torch.Tensor) -> torch.Tensor:  # [B, heads, k, D]
             return t * cos + t.roll(d // 2, dims=-1) * sin
@@ -317,10 +311,6 @@ class GraphRunner:
         return F.linear(norm(x, lean._norm, eps), lean._head, lean._head_bias)
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return F.rms_norm(x, weight.shape, weight, eps)
-
-
 def _rms_fused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """HF's RMSNorm below float32 (normalise in float32, round to the input dtype, then scale) in two
     kernels instead of four: torch's RMSNorm computes in float32 and rounds once to the input dtype."""
@@ -331,9 +321,8 @@ def attach(lean, mode: str = "auto") -> None:
     """Give ``lean`` a :class:`GraphRunner` when ``mode`` asks for one on its device.
 
     Raises:
-        ValueError: ``mode`` is unknown, or ``on`` for a model that is not on a CUDA device.
+        ValueError: ``on`` for a model that is not on a CUDA device (``wrap_forward`` checks the mode).
     """
-    check_mode(mode)
     device = lean._embed.device
     if mode == "on" and device.type != "cuda":
         raise ValueError(f"--cuda-graphs on needs the model on a CUDA device, not {device.type}")

@@ -8,10 +8,10 @@ from typing import Any
 import torch
 
 from specdec_tune.engine import lean_kernels, shapes
-from specdec_tune.engine.cuda_graphs import GRAPH_MODES
 from specdec_tune.engine.lean import FORWARDS, LeanCausalLM, hf_model, lean_unsupported, wrap_forward
 from specdec_tune.engine.names import hub_unreachable, nearest_hint, one_line, resolve_source
 from specdec_tune.errors import InputError, ModelLoadError
+from specdec_tune.graph_slots import GRAPH_MODES
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,

@@ -230,8 +230,8 @@ def _load_models(run, drafts: list[str | None],
         if name == NGRAM:
             specs[name] = DraftSpec("ngram")
             continue
-        loaded = load_model(name, target.device, target.dtype, settings.get("draft_forwards", {}).get(name, forward),
-                            graphs if settings.get("draft_forwards", {}).get(name, forward) != "hf" else "auto")
+        draft_forward = settings.get("draft_forwards", {}).get(name, forward)
+        loaded = load_model(name, target.device, target.dtype, draft_forward, graphs if draft_forward != "hf" else "auto")
         check_compatible(target, loaded)
         specs[name] = DraftSpec("model", loaded)
     first = next((d.model for d in specs.values() if d.model is not None), None)

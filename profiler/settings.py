@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from specdec_tune.errors import InputError
+from specdec_tune.graph_slots import GRAPH_MODES
 from specdec_tune.splits import check_split
 
 
@@ -61,7 +62,8 @@ class ProfileSettings:
             (self.synthetic_acceptance is None or self.temperature == 0,
              "--synthetic-acceptance profiles greedy decoding only (--temperature 0)"),
             (self.front_prompts >= 0, f"--front-prompts must be >= 0, got {self.front_prompts}"),
-            (self.cuda_graphs in ("auto", "on", "off"), f"--cuda-graphs must be auto, on or off, got {self.cuda_graphs!r}"),
+            (self.cuda_graphs in GRAPH_MODES,
+             f"--cuda-graphs must be one of {', '.join(GRAPH_MODES)}, got {self.cuda_graphs!r}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -1,8 +1,12 @@
-"""The KV-cache length a CUDA-graph slot holds: one rule, shared by the engine that allocates slots
-(``engine/cuda_graphs.py``) and the memory model that predicts them (``tuner/model/_memory.py``).
+"""The CUDA-graph rules that more than one room needs, in one place: the ``--cuda-graphs`` modes (the
+engine, and the profile settings that validate them before torch loads), the widest graphed forward and
+the KV-cache length a graph slot holds (the engine that allocates slots, ``engine/cuda_graphs.py``, and
+the memory model that predicts them, ``tuner/model/_memory.py`` and ``tuner/search/_memory.py``).
 Pure Python (docs/architecture.md, Rooms: shared modules import no room)."""
 from __future__ import annotations
 
+GRAPH_MODES = ("auto", "on", "off")  # --cuda-graphs
+MAX_GRAPH_TOKENS = 64  # verify forwards of up to N + 1 = 64 tokens are graphed; longer ones run eagerly
 MIN_SLOT_LEN = 256  # a slot's length: the cache's, rounded up to a power of two, at least this
 
 

@@ -75,9 +75,13 @@ def test_the_decomposition_check_has_power(profile, monkeypatch, plant):
         original = _latency.simulate_prompt
         monkeypatch.setattr(_latency, "simulate_prompt", lambda *a, **k: (lambda c: [c[0]] + c)(original(*a, **k)))
     else:
-        original_cycle = _latency.cycle_s
-        monkeypatch.setattr(_latency, "cycle_s", lambda rp_, c, b, context=None: original_cycle(rp_, c, b, context)
-                            + rp_.cycle_overhead_s)
+        original = _latency.timed_cycles
+
+        def twice(rp_, cycles, b, prompt):  # the latency side only: each cycle's overhead counted twice
+            times, slopes = original(rp_, cycles, b, prompt)
+            return [t + rp_.cycle_overhead_s for t in times], slopes
+
+        monkeypatch.setattr(_latency, "timed_cycles", twice)
     assert _decomposed_seconds(rp, config) != pytest.approx(predict_config(rp, config).seconds, rel=1e-6)
 
 

@@ -31,7 +31,8 @@ from specdec_tune.errors import InputError
 from specdec_tune.latency import Slo, quantile
 from specdec_tune.tuner.model._greedy_sim import simulate_prompt
 from specdec_tune.tuner.model._prefill import prefill_fits, prompt_prefill
-from specdec_tune.tuner.model._predict import PromptSpec, _check_specs, context_cost, cycle_s, plain_step_s, replay_width
+from specdec_tune.tuner.model._predict import PromptSpec, _check_specs, context_cost, context_slope, plain_step_s
+from specdec_tune.tuner.model._predict import replay_width, timed_cycles
 from specdec_tune.tuner.model._profile import RunProfile
 from specdec_tune.tuner.model._throughput import SpecConfig, Trace, predict
 
@@ -91,11 +92,6 @@ class _Request:
     first_slope_s: float = 0.0  # d first cycle / d prompt tokens
 
 
-def _slope(rp: RunProfile, k: int, b: int) -> float:
-    """Seconds per context token of a verify of ``k`` tokens (0 at B > 1 or where not measured)."""
-    return context_cost(rp, k, rp.typical_context + 1, b) if rp.typical_context else 0.0
-
-
 def _simulated(rp: RunProfile, config: SpecConfig, i: int) -> _Request:
     """Prompt ``i``'s cycles simulated exactly (greedy, model draft), each at its own context length."""
     b, n_tokens, prompt = config.batch_size, rp.prompts[i].new_tokens, rp.prompts[i].prompt_tokens
@@ -103,11 +99,7 @@ def _simulated(rp: RunProfile, config: SpecConfig, i: int) -> _Request:
                              config.threshold, config.schedule, rp.tail_rate(config.threshold), config.threshold_rule)
     if not cycles:
         raise InputError(f"run {rp.run.id}: no greedy traces for prompt {i} of draft {rp.draft!r}")
-    times, slopes, emitted = [], [], 0
-    for c in cycles:
-        times.append(cycle_s(rp, c, b, prompt + emitted))
-        slopes.append(_slope(rp, c.proposed + 1, b))
-        emitted += c.accepted + 1
+    times, slopes = timed_cycles(rp, cycles, b, prompt)
     per = max(n_tokens - 1, 1)
     return _Request(times[0], sum(times[1:]) / per, n_tokens, prompt, sum(slopes[1:]) / per, slopes[0])
 
@@ -137,7 +129,7 @@ def _replayed(rp: RunProfile, config: SpecConfig, i: int) -> _Request:
     n_tokens, prompt = rp.prompts[i].new_tokens, rp.prompts[i].prompt_tokens
     cycles = max(n_tokens / p.expected_tokens_per_cycle, 1.0)
     k = replay_width(config, p.expected_tokens_per_cycle)
-    slope = _slope(rp, k, config.batch_size)
+    slope = context_slope(rp, k, config.batch_size)
     cycle = p.cycle_time_s + context_cost(rp, k, prompt + n_tokens / 2, config.batch_size)
     per = max(n_tokens - 1, 1)
     return _Request(cycle, (cycles - 1.0) * cycle / per, n_tokens, prompt, (cycles - 1.0) * slope / per, slope)
@@ -146,7 +138,7 @@ def _replayed(rp: RunProfile, config: SpecConfig, i: int) -> _Request:
 def _plain(rp: RunProfile, b: int, i: int) -> _Request:
     n_tokens, prompt = rp.prompts[i].new_tokens, rp.prompts[i].prompt_tokens
     step = plain_step_s(rp, b, prompt, n_tokens)
-    slope = _slope(rp, 1, b)
+    slope = context_slope(rp, 1, b)
     return _Request(step, step, n_tokens, prompt, slope, slope)
 
 

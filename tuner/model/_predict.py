@@ -132,6 +132,23 @@ def cycle_s(rp: RunProfile, c: SimulatedCycle, b: int, context: float | None = N
         + extra
 
 
+def context_slope(rp: RunProfile, k: int, b: int) -> float:
+    """Seconds per context token of a verify of ``k`` tokens (0 at B > 1 or where not measured)."""
+    return context_cost(rp, k, rp.typical_context + 1, b) if rp.typical_context else 0.0
+
+
+def timed_cycles(rp: RunProfile, cycles: Sequence[SimulatedCycle], b: int, prompt_tokens: int
+                 ) -> tuple[list[float], list[float]]:
+    """Each simulated cycle's seconds with its verify at its own context (the prompt + the tokens
+    emitted before it), and what each would cost more per extra prompt token (its verify's slope)."""
+    times, slopes, emitted = [], [], 0
+    for c in cycles:
+        times.append(cycle_s(rp, c, b, prompt_tokens + emitted))
+        slopes.append(context_slope(rp, c.proposed + 1, b))
+        emitted += c.accepted + 1
+    return times, slopes
+
+
 def replay_width(config: SpecConfig, tokens_per_cycle: float) -> int:
     """The verify width a replayed cycle is costed at for its context: the tokens it emits plus the
     rejected one, within N + 1."""
@@ -188,18 +205,17 @@ def _simulated(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) 
                                config.schedule, rp.tail_rate, config.threshold_rule, config.threshold_kind,
                                config.threshold_step)
 
-    def timed(i: int, shift: int = 0) -> tuple[list[SimulatedCycle], float]:
-        """Prompt i's cycles and their seconds, each verify at its own context (+ ``shift`` tokens)."""
-        cycles, seconds, emitted = simulate(i), 0.0, 0
-        for c in cycles:
-            seconds += cycle_s(rp, c, b, rp.prompts[i].prompt_tokens + shift + emitted)
-            emitted += c.accepted + 1
-        return cycles, seconds
+    def timed(i: int) -> tuple[list[SimulatedCycle], float, float]:
+        """Prompt i's cycles, their seconds (each verify at its own context) and their extra seconds per
+        extra prompt token."""
+        cycles = simulate(i)
+        times, slopes = timed_cycles(rp, cycles, b, rp.prompts[i].prompt_tokens)
+        return cycles, sum(times), sum(slopes)
 
     exact, decode_s = [], 0.0
     for s in specs:
         if s.profiled_index is not None:
-            cycles, seconds = timed(s.profiled_index)
+            cycles, seconds, _ = timed(s.profiled_index)
             exact += cycles
             decode_s += seconds
     groups: list[tuple[ReplayStats, float]] = [(stats_from_cycles(exact, n), len(exact))] if exact else []
@@ -208,12 +224,14 @@ def _simulated(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) 
     if pooled_tokens:
         # A prompt the profile did not decode: the cycles of every profiled prompt, pooled. Seconds
         # and cycles per emitted token are ratios over those prompts (end of sequence included).
-        pool = [c for i in range(len(rp.prompts)) for c in simulate(i)]
+        per_prompt = [timed(i) for i in range(len(rp.prompts))]  # each simulated once, whatever the specs
+        pool = [c for cycles, _, _ in per_prompt for c in cycles]
         if not pool:
             raise InputError(f"run {rp.run.id} has no greedy traces for draft {rp.draft!r}")
         pool_tokens = sum(p.new_tokens for p in rp.prompts)
         for s in (s for s in specs if s.profiled_index is None):  # every profiled prompt moved to its length
-            pooled_s = sum(timed(i, s.prompt_tokens - rp.prompts[i].prompt_tokens)[1] for i in range(len(rp.prompts)))
+            pooled_s = sum(seconds + slope * (s.prompt_tokens - p.prompt_tokens)
+                           for (_, seconds, slope), p in zip(per_prompt, rp.prompts))
             decode_s += s.new_tokens * pooled_s / pool_tokens
         groups.append((stats_from_cycles(pool, n), pooled_tokens * len(pool) / pool_tokens))
         source = f"simulation pooled over {len(rp.prompts)} profiled prompts"

@@ -183,18 +183,16 @@ class _Timings:
         its medians at the typical context (kind verify) and the others (kind verify_context), at least 0
         (attending over more positions costs no less; a tiny model's timing noise can tilt the line the
         other way, as the prefill line is kept >= 0); k without another context left out."""
+        by_k: dict[int, dict[int, float]] = defaultdict(dict)  # k -> context -> median
+        for key, xs in self.select("verify_context", batch_size=1):
+            by_k[key.k][key.context_len] = _median(xs)
         out = {}
-        for k in sorted({key.k for key, _ in self.select("verify_context", batch_size=1)}):
-            points = {key.context_len: _median(xs) for key, xs in self.select("verify_context", batch_size=1)
-                      if key.k == k}
+        for k, points in sorted(by_k.items()):
             typical_xs = self.groups.get(TimingKey("verify", None, k, 1, typical))
             if typical_xs:
                 points[typical] = _median(typical_xs)
-            if len(points) >= 2:
-                xs = list(points)
-                mean_x, mean_y = statistics.fmean(xs), statistics.fmean(points.values())
-                var = sum((x - mean_x) ** 2 for x in xs)
-                out[k] = max(0.0, sum((x - mean_x) * (points[x] - mean_y) for x in xs) / var) if var else 0.0
+            if len(points) >= 2:  # distinct context lengths (dict keys): the line is defined
+                out[k] = max(0.0, statistics.linear_regression(list(points), list(points.values())).slope)
         return out
 
     def probe(self) -> float | None:
@@ -310,6 +308,7 @@ def build_run_profile(
         InputError: the run lacks the target's verify timings (profile it again).
     """
     max_new = int(run.settings.get("max_new_tokens", 64))
+    typical = int(run.settings.get("typical_context", 0))
     infos = tuple(prompts) if prompts is not None else tuple(
         PromptInfo(int(t), max_new) for t in run.settings.get("prompt_tokens", []))
     t = _Timings(timings)
@@ -339,8 +338,7 @@ def build_run_profile(
         max_new_tokens=max_new, machine_probe_s=t.probe(), bias_front=tuple(bias_front),
         trace_prompts=tuple(tr.prompt_index for tr in traces),
         sampling_trace_prompts=tuple(tr.prompt_index for tr in sampling_traces or ()),
-        context_slope_s=t.context_slopes(int(run.settings.get("typical_context", 0))),
-        typical_context=int(run.settings.get("typical_context", 0)),
+        context_slope_s=t.context_slopes(typical), typical_context=typical,
     )
 
 

@@ -7,12 +7,13 @@ from typing import Any
 
 from specdec_tune.db import Database, get_run, list_models
 from specdec_tune.errors import InputError
+from specdec_tune.graph_slots import MAX_GRAPH_TOKENS
 from specdec_tune.tuner.model import NGRAM, MemoryModel, ModelMemory
 
 _WIDTH = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 PACK_MAX_BYTES = 1 << 30  # engine/lean.py: a larger model keeps no packed copy
 PACKED_WIDTHS = (2, 128)  # engine/lean.py PACKED_MIN_TOKENS, PACKED_MAX_TOKENS: forwards that use (and make) it
-GRAPHED_WIDTHS = (1, 64)  # engine/cuda_graphs.py: every graphed forward (1..MAX_GRAPH_TOKENS) uses the concatenated copy
+GRAPHED_WIDTHS = (1, MAX_GRAPH_TOKENS)  # engine/cuda_graphs.py: every graphed forward uses the concatenated copy
 
 
 def _config(record: Any) -> Any:
