@@ -42,7 +42,8 @@ def profile(tiny_model_dirs, tmp_path_factory):
     return db, run_id, draft
 
 
-CONFIGS = [SpecConfig(1), SpecConfig(3), SpecConfig(4, 0.3), SpecConfig(3, schedule="heuristic"), SpecConfig(0)]
+CONFIGS = [SpecConfig(1), SpecConfig(3), SpecConfig(4, 0.3), SpecConfig(3, schedule="heuristic"), SpecConfig(0),
+           SpecConfig(4, 0.3, threshold_kind="cumulative"), SpecConfig(4, 0.3, threshold_kind="adaptive", threshold_step=0.1)]
 
 
 def _decomposed_seconds(rp, config) -> float:
@@ -72,8 +73,8 @@ def test_the_decomposition_check_has_power(profile, monkeypatch, plant):
     rp = load_run_profile(db, run_id)
     config = SpecConfig(3)
     if plant == "first cycle in the decode window":
-        original = _latency.simulate_prompt
-        monkeypatch.setattr(_latency, "simulate_prompt", lambda *a, **k: (lambda c: [c[0]] + c)(original(*a, **k)))
+        original = _latency.simulate_config
+        monkeypatch.setattr(_latency, "simulate_config", lambda *a, **k: (lambda c: [c[0]] + c)(original(*a, **k)))
     else:
         original = _latency.timed_cycles
 
@@ -256,3 +257,19 @@ def test_peak_memory_on_a_gpu_is_max_memory_allocated_within_ten_percent():
         predicted = MemoryModel(target, {"mini-draft-2l": draft}, m.prompt_tokens + 256).breakdown(
             Candidate(name, n), 1, m.prompt_tokens + 256, m.prompt_tokens).total
         assert abs(predicted - m.bytes) / m.bytes < 0.10, (name, predicted, m)
+
+
+def test_the_profile_times_each_draft_position_and_the_model_charges_it(profile):
+    """The profile's acceptance pass keeps the in-loop time of each draft forward of a cycle by its
+    position, and the model's cycle pays the positions it ran (a longer cycle is not F × one mean)."""
+    from specdec_tune.tuner.model._predict import cycle_s
+    from specdec_tune.tuner.model._greedy_sim import SimulatedCycle
+
+    db, run_id, draft = profile
+    rp = load_run_profile(db, run_id, draft)
+    warm = rp.model.draft_warmup_s
+    assert len(warm) >= 1
+    flat = replace(rp, model=replace(rp.model, draft_warmup_s=()))
+    for forwards in (1, 2, 3):
+        c = SimulatedCycle(forwards, 0, forwards)
+        assert cycle_s(rp, c, 1) - cycle_s(flat, c, 1) == pytest.approx(sum(warm[: forwards - 1]), abs=1e-12)

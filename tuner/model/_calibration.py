@@ -86,6 +86,7 @@ class Calibration:
     draft_rest_s: float | None
     ar_forward_s: float | None
     applied: bool
+    draft_warmup_s: tuple[float, ...] = ()
 
 
 def calibrate_b1(
@@ -135,6 +136,7 @@ def calibrate_b1(
     rest = in_loop.get("draft_rest_mean_s", in_loop.get("draft_rest_s"))
     if draft_step is not None and (first is None) != (rest is None):
         first = rest = first if first is not None else rest
+    warmup = draft_warmup(in_loop, rest) if draft_step is not None and rest is not None else ()
     return Calibration(
         verify_s=out_verify,
         prefill_target_s=scaled(prefill_target, in_loop.get("target_prefill_s", [])),
@@ -143,4 +145,24 @@ def calibrate_b1(
         draft_rest_s=float(rest) if rest is not None else None,
         ar_forward_s=ar_forward,
         applied=bool(ratios) or first is not None,
+        draft_warmup_s=warmup,
     )
+
+
+def draft_warmup(in_loop: dict, rest: float) -> tuple[float, ...]:
+    """Each later draft forward's excess over the mean later forward, by its position in the cycle.
+
+    The in-loop forwards of one cycle warm up one after another (``profiler.overhead.in_loop_medians``):
+    the second costs more than the tenth. ``rest`` (their mean over the profile's passes, mostly N_max
+    long) is T_s; element i is the excess of the (i + 2)-th forward of a cycle over it (negative for
+    the late, warm forwards), for the contiguous positions j = 2, 3, ... measured at least
+    :data:`MIN_IN_LOOP_SAMPLES` times. Empty for a profile without positions (before they were kept).
+    """
+    means = {int(j): float(t) for j, t in (in_loop.get("draft_position_mean_s") or {}).items()}
+    counts = {int(j): int(n) for j, n in (in_loop.get("draft_position_n") or {}).items()}
+    out = []
+    j = 2
+    while j in means and counts.get(j, 0) >= MIN_IN_LOOP_SAMPLES:
+        out.append(means[j] - float(rest))
+        j += 1
+    return tuple(out)

@@ -8,7 +8,7 @@ over them. Pure Python.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -150,4 +150,5 @@ def stats_from_cycles(cycles: Sequence[SimulatedCycle], n: int) -> ReplayStats:
         all_accepted_rate=sum(heuristic_grows(length, a) for length, a, _ in cycles) / count,
         reached=tuple(r / count for r in reached),
         accepted=tuple(a / count for a in accepted),
+        draft_forwards_dist={f: k / count for f, k in sorted(Counter(f for _, _, f in cycles).items())},
     )

@@ -29,10 +29,9 @@ from dataclasses import dataclass, replace
 
 from specdec_tune.errors import InputError
 from specdec_tune.latency import Slo, quantile
-from specdec_tune.tuner.model._greedy_sim import simulate_prompt
 from specdec_tune.tuner.model._prefill import prefill_fits, prompt_prefill
 from specdec_tune.tuner.model._predict import PromptSpec, _check_specs, context_cost, context_slope, plain_step_s
-from specdec_tune.tuner.model._predict import replay_width, timed_cycles
+from specdec_tune.tuner.model._predict import replay_width, simulate_config, timed_cycles
 from specdec_tune.tuner.model._profile import RunProfile
 from specdec_tune.tuner.model._throughput import SpecConfig, Trace, predict
 
@@ -95,8 +94,7 @@ class _Request:
 def _simulated(rp: RunProfile, config: SpecConfig, i: int) -> _Request:
     """Prompt ``i``'s cycles simulated exactly (greedy, model draft), each at its own context length."""
     b, n_tokens, prompt = config.batch_size, rp.prompts[i].new_tokens, rp.prompts[i].prompt_tokens
-    cycles = simulate_prompt(rp.positions[i], n_tokens, rp.max_new_tokens, config.num_speculative_tokens,
-                             config.threshold, config.schedule, rp.tail_rate(config.threshold), config.threshold_rule)
+    cycles = simulate_config(rp, config, i)
     if not cycles:
         raise InputError(f"run {rp.run.id}: no greedy traces for prompt {i} of draft {rp.draft!r}")
     times, slopes = timed_cycles(rp, cycles, b, prompt)

@@ -33,7 +33,7 @@ from specdec_tune.tuner.model._greedy_sim import SimulatedCycle, simulate_prompt
 from specdec_tune.tuner.model._prefill import prefill_fits, prompt_prefill
 from specdec_tune.tuner.model._profile import RunProfile
 from specdec_tune.tuner.model._replay import ReplayStats
-from specdec_tune.tuner.model._throughput import Prediction, SpecConfig, draft_step_time, verify_time
+from specdec_tune.tuner.model._throughput import Prediction, SpecConfig, draft_seconds, verify_time
 from specdec_tune.tuner.model._throughput import predict as model_predict
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,10 +125,10 @@ def plain_step_s(rp: RunProfile, batch_size: int, prompt_tokens: int, new_tokens
 
 
 def cycle_s(rp: RunProfile, c: SimulatedCycle, b: int, context: float | None = None) -> float:
-    """One simulated cycle's seconds: F·T_s + T_v(L + 1) + o_c, with the verify at ``context`` (tokens in
+    """One simulated cycle's seconds: F·T_s (+ the forwards' warm-up) + T_v(L + 1) + o_c, with the verify at ``context`` (tokens in
     the target's cache) where given."""
     extra = context_cost(rp, c.proposed + 1, context, b) if context is not None else 0.0
-    return c.forwards * draft_step_time(rp.model, b) + verify_time(rp.model, b, c.proposed + 1) + rp.cycle_overhead_s \
+    return draft_seconds(rp.model, b, c.forwards) + verify_time(rp.model, b, c.proposed + 1) + rp.cycle_overhead_s \
         + extra
 
 
@@ -196,19 +196,23 @@ class _Cycles:
     source: str
 
 
+def simulate_config(rp: RunProfile, config: SpecConfig, i: int) -> list[SimulatedCycle]:
+    """Profiled prompt ``i``'s greedy cycles under ``config``, every rule of it (threshold kind, step and
+    rule, schedule): the one simulation call of the throughput and the latency predictions."""
+    assert rp.positions is not None
+    return simulate_prompt(rp.positions[i], rp.prompts[i].new_tokens, rp.max_new_tokens,
+                           config.num_speculative_tokens, config.threshold, config.schedule, rp.tail_rate,
+                           config.threshold_rule, config.threshold_kind, config.threshold_step)
+
+
 def _simulated(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) -> _Cycles:
     """Greedy with a model draft: every profiled prompt's cycles simulated exactly; the others pooled."""
     n, b = config.num_speculative_tokens, config.batch_size
 
-    def simulate(i: int) -> list[SimulatedCycle]:
-        return simulate_prompt(rp.positions[i], rp.prompts[i].new_tokens, rp.max_new_tokens, n, config.threshold,
-                               config.schedule, rp.tail_rate, config.threshold_rule, config.threshold_kind,
-                               config.threshold_step)
-
     def timed(i: int) -> tuple[list[SimulatedCycle], float, float]:
         """Prompt i's cycles, their seconds (each verify at its own context) and their extra seconds per
         extra prompt token."""
-        cycles = simulate(i)
+        cycles = simulate_config(rp, config, i)
         times, slopes = timed_cycles(rp, cycles, b, rp.prompts[i].prompt_tokens)
         return cycles, sum(times), sum(slopes)
 

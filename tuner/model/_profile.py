@@ -220,6 +220,7 @@ class _StepTimes:
     prefill_draft_s: tuple[float, ...]
     calibrated: bool = False
     ar_forward_s: float | None = None
+    draft_warmup_s: tuple[float, ...] = ()
 
 
 def _calibrated(times: _StepTimes, raw: dict[int, float], fit: OverheadFit, in_loop: dict,
@@ -234,6 +235,7 @@ def _calibrated(times: _StepTimes, raw: dict[int, float], fit: OverheadFit, in_l
     # The colder first forward of every cycle costs its excess once per cycle.
     return replace(out, draft_step_s={**out.draft_step_s, 1: cal.draft_rest_s + fit.per_forward_s},
                    first_draft_step_s={**out.first_draft_step_s, 1: cal.draft_first_s},
+                   draft_warmup_s=cal.draft_warmup_s,
                    cycle_overhead_s=max(0.0, fit.intercept_s + cal.draft_first_s - cal.draft_rest_s))
 
 
@@ -319,7 +321,7 @@ def build_run_profile(
         times = _calibrated(times, raw, fit, in_loop or {}, t.plain_loop())
     model = ModelProfile(
         draft_step_s=times.draft_step_s, verify_s={b: dict(sorted(c.items())) for b, c in times.verify_s.items()},
-        traces=_traces(traces), cycle_overhead_s=times.cycle_overhead_s,
+        traces=_traces(traces), cycle_overhead_s=times.cycle_overhead_s, draft_warmup_s=times.draft_warmup_s,
         ar_overhead_s=max(trimmed_mean(plain), 0.0) if plain else 0.0, sampling_acceptance=sampling_acceptance,
         sampling_traces=_traces(sampling_traces) if sampling_traces else None, name=draft or "",
         synthetic_acceptance=synthetic_rates(run.settings),

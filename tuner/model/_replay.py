@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specdec_tune.errors import InputError
 from specdec_tune.schedules import AdaptiveThreshold, heuristic_grows, heuristic_transitions, threshold_cut
@@ -74,6 +74,8 @@ class ReplayStats:
             ``schedules.heuristic_grows``).
         reached: ``[N]`` P(token i proposed and tokens before it accepted), i = 0..N-1.
         accepted: ``[N]`` P(token i accepted), vLLM's unconditional per-position rate β_i.
+        draft_forwards_dist: P(F = f) for each f, for the draft's expected seconds (its forwards warm up
+            within a cycle, so E[seconds] is not E[F]·T_s); empty: only the mean is known.
     """
 
     mean_tau: float
@@ -83,6 +85,7 @@ class ReplayStats:
     all_accepted_rate: float
     reached: tuple[float, ...]  # [N]
     accepted: tuple[float, ...]  # [N]
+    draft_forwards_dist: dict[int, float] = field(default_factory=dict)
 
     @property
     def acceptance_per_position(self) -> tuple[float, ...]:
@@ -138,6 +141,7 @@ def replay(traces: Sequence[Trace], n: int, threshold: float = 0.0, rule: str = 
     count = len(traces)
     tau = length_sum = forwards_sum = all_ok = 0
     lengths: dict[int, int] = {}
+    forward_counts: dict[int, int] = {}
     reached = [0] * n
     accepted = [0] * n
     for trace in traces:
@@ -146,6 +150,7 @@ def replay(traces: Sequence[Trace], n: int, threshold: float = 0.0, rule: str = 
         length_sum += length
         forwards_sum += forwards
         lengths[length] = lengths.get(length, 0) + 1
+        forward_counts[forwards] = forward_counts.get(forwards, 0) + 1
         all_ok += heuristic_grows(length, acc)
         for i in range(min(length, acc + 1)):
             reached[i] += 1
@@ -159,6 +164,7 @@ def replay(traces: Sequence[Trace], n: int, threshold: float = 0.0, rule: str = 
         all_accepted_rate=all_ok / count,
         reached=tuple(r / count for r in reached),
         accepted=tuple(a / count for a in accepted),
+        draft_forwards_dist={k: v / count for k, v in sorted(forward_counts.items())},
     )
 
 
@@ -186,6 +192,7 @@ def alpha_stats(alphas: Sequence[float]) -> ReplayStats:
         all_accepted_rate=survive,
         reached=tuple(reached),
         accepted=tuple(accepted),
+        draft_forwards_dist={n: 1.0},
     )
 
 
@@ -193,11 +200,14 @@ def mix(stats: Sequence[ReplayStats], weights: Sequence[float]) -> ReplayStats:
     """Per-cycle expectations of a mixture of states (weights sum to 1)."""
     width = max(len(s.reached) for s in stats)
     dist: dict[int, float] = {}
+    forwards: dict[int, float] = {}
     reached = [0.0] * width
     accepted = [0.0] * width
     for s, w in zip(stats, weights):
         for k, p in s.draft_length_dist.items():
             dist[k] = dist.get(k, 0.0) + w * p
+        for f, p in s.draft_forwards_dist.items():
+            forwards[f] = forwards.get(f, 0.0) + w * p
         for i, (r, a) in enumerate(zip(s.reached, s.accepted)):
             reached[i] += w * r
             accepted[i] += w * a
@@ -209,6 +219,8 @@ def mix(stats: Sequence[ReplayStats], weights: Sequence[float]) -> ReplayStats:
         all_accepted_rate=sum(w * s.all_accepted_rate for s, w in zip(stats, weights)),
         reached=tuple(reached),
         accepted=tuple(accepted),
+        # a component that knows only its mean leaves the mixture with its mean only
+        draft_forwards_dist=dict(sorted(forwards.items())) if all(s.draft_forwards_dist for s in stats) else {},
     )
 
 

@@ -39,6 +39,10 @@ class ModelProfile:
         synthetic_acceptance: given conditional rates α_1, α_2, ... (the last repeats) that replace the
             greedy traces: synthetic acceptance, for model shapes with random weights. Predictions
             from them carry ``source="synthetic"``.
+        draft_warmup_s: at B = 1, the excess of a cycle's 2nd, 3rd, ... draft forward over T_s(1) (the
+            forwards of a cycle warm up one after another; measured in the loop, the last value holds
+            for later forwards): a cycle of F forwards drafts for F·T_s + Σ_{j=2..F} excess_j
+            (:func:`tuner.model._throughput.draft_seconds`). Empty: every forward costs T_s.
     """
 
     draft_step_s: Mapping[int, float]
@@ -51,8 +55,11 @@ class ModelProfile:
     name: str = ""
     teacher_forced: Sequence[tuple[Sequence[float], Sequence[float]]] = ()
     synthetic_acceptance: tuple[float, ...] | None = None
+    draft_warmup_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
+        if any(not math.isfinite(e) for e in self.draft_warmup_s):
+            raise InputError(f"draft_warmup_s={self.draft_warmup_s!r} must be finite seconds")
         for b, t in self.draft_step_s.items():
             _check_time(f"draft_step_s[{b}]", t, allow_zero=True)
         if not self.verify_s:

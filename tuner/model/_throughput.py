@@ -39,7 +39,7 @@ from specdec_tune.tuner.model._spec import ModelProfile, Prediction, SpecConfig
 __all__ = [
     "ModelProfile", "Prediction", "ReplayStats", "SpecConfig", "Trace", "alphas_from_traces", "chain_stats",
     "baseline_tokens_per_s", "best_n_per_batch_size", "closed_form_tokens_per_cycle",
-    "draft_step_time", "heuristic_stationary", "predict", "rank_configs", "relative_error",
+    "draft_seconds", "draft_step_time", "heuristic_stationary", "predict", "rank_configs", "relative_error",
     "replay", "tokens_per_cycle_per_position", "verify_time",
 ]
 
@@ -128,15 +128,40 @@ def draft_step_time(profile: ModelProfile, batch_size: int) -> float:
     return _interp(profile.draft_step_s, batch_size, "draft_step_s batch size", extrapolate=False)
 
 
+def draft_seconds(profile: ModelProfile, batch_size: int, forwards: float) -> float:
+    """Seconds a cycle of ``forwards`` draft forwards drafts for: F·T_s(B), plus at B = 1 each later
+    forward's in-loop warm-up excess (``ModelProfile.draft_warmup_s``; the last one holds beyond the
+    measured positions). A fractional F (an expectation) interpolates between its neighbours."""
+    step = draft_step_time(profile, batch_size)
+    warm = profile.draft_warmup_s if batch_size == 1 and step > 0 else ()
+    if not warm or forwards <= 1:
+        return forwards * step
+
+    def excess(f: int) -> float:  # Σ_{j=2..f} excess_j
+        inside = sum(warm[: max(f - 1, 0)])
+        return inside + max(f - 1 - len(warm), 0) * warm[-1]
+
+    lo = int(forwards)
+    frac = forwards - lo
+    return forwards * step + (1 - frac) * excess(lo) + frac * excess(lo + 1)
+
+
+def expected_draft_seconds(profile: ModelProfile, stats: ReplayStats, batch_size: int) -> float:
+    """E[draft seconds of a cycle] over the replayed distribution of draft forwards F."""
+    if not stats.draft_forwards_dist:
+        return draft_seconds(profile, batch_size, stats.mean_draft_forwards)
+    return sum(p * draft_seconds(profile, batch_size, f) for f, p in stats.draft_forwards_dist.items())
+
+
 def baseline_tokens_per_s(profile: ModelProfile, batch_size: int = 1) -> float:
     """Plain decoding throughput B / (T_v(B, 1) + ar_overhead_s), total over the batch."""
     return batch_size / (verify_time(profile, batch_size, 1) + profile.ar_overhead_s)
 
 
 def _cycle_time(profile: ModelProfile, stats: ReplayStats, batch_size: int) -> float:
-    """E[T_cycle] = E[F]·T_s(B) + Σ_l P(L = l)·T_v(B, l + 1) + overhead."""
+    """E[T_cycle] = E[draft seconds of F forwards] + Σ_l P(L = l)·T_v(B, l + 1) + overhead."""
     verify = sum(p * verify_time(profile, batch_size, length + 1) for length, p in stats.draft_length_dist.items())
-    return stats.mean_draft_forwards * draft_step_time(profile, batch_size) + verify + profile.cycle_overhead_s
+    return expected_draft_seconds(profile, stats, batch_size) + verify + profile.cycle_overhead_s
 
 
 def predict(profile: ModelProfile, config: SpecConfig) -> Prediction:

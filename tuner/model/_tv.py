@@ -35,6 +35,7 @@ class _Tally:
     def __init__(self, n: int) -> None:
         self.weight = self.tau = self.length = self.forwards = self.grow = 0.0
         self.lengths: dict[int, float] = {}
+        self.forward_counts: dict[int, float] = {}
         self.reached = [0.0] * n
         self.accepted = [0.0] * n
 
@@ -49,7 +50,9 @@ class _Tally:
         self.weight += w
         self.tau += w
         self.length += w * length
-        self.forwards += w * (length + 1 if cut else length)
+        forwards = length + 1 if cut else length
+        self.forwards += w * forwards
+        self.forward_counts[forwards] = self.forward_counts.get(forwards, 0.0) + w
         self.grow += w * survive  # P(A == L); a cycle with L = 0 grows (schedules.heuristic_grows)
         self.lengths[length] = self.lengths.get(length, 0.0) + w
 
@@ -60,7 +63,8 @@ class _Tally:
         return ReplayStats(mean_tau=self.tau / w, mean_draft_length=self.length / w, mean_draft_forwards=self.forwards / w,
                            draft_length_dist={k: v / w for k, v in sorted(self.lengths.items())},
                            all_accepted_rate=self.grow / w, reached=tuple(r / w for r in self.reached),
-                           accepted=tuple(a / w for a in self.accepted))
+                           accepted=tuple(a / w for a in self.accepted),
+                           draft_forwards_dist={f: v / w for f, v in sorted(self.forward_counts.items())})
 
 
 def tv_stats(generations: Sequence[tuple[Sequence[float], Sequence[float]]], n: int, theta: float = 0.0) -> ReplayStats:
