@@ -245,8 +245,6 @@ def in_loop_medians(timelines: list[SequenceTimeline]) -> dict:
     import statistics
 
     verify: dict[int, list[float]] = {}
-    first: list[float] = []
-    rest: list[float] = []
     target_prefill: list[float] = []
     draft_prefill: list[float] = []
     position: dict[int, list[float]] = {}  # j -> the j-th draft forward of a cycle (1: right after a verify)
@@ -265,15 +263,12 @@ def in_loop_medians(timelines: list[SequenceTimeline]) -> dict:
             elif not seen_draft:
                 draft_prefill.append(f.seconds)
                 seen_draft = True
-            elif previous == "target":
-                first.append(f.seconds)
-                j = 1
-                position.setdefault(j, []).append(f.seconds)
-            elif f.tokens == 1:
-                rest.append(f.seconds)
-                j += 1
+            elif previous == "target" or f.tokens == 1:
+                j = 1 if previous == "target" else j + 1
                 position.setdefault(j, []).append(f.seconds)
             previous = f.role
+    first = position.get(1, [])
+    rest = [t for j in sorted(position) if j > 1 for t in position[j]]  # every later one-token forward
     med = statistics.median
     return {
         "verify_s": {k: med(v) for k, v in sorted(verify.items())},

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from specdec_tune.errors import InputError
+
 from specdec_tune.profiler.overhead import ForwardRecord, SequenceTimeline, in_loop_medians
 from specdec_tune.tuner.model import ModelProfile, ReplayStats
 from specdec_tune.tuner.model._calibration import MIN_IN_LOOP_SAMPLES, calibrate_b1, draft_warmup
@@ -78,5 +80,5 @@ def test_a_cycle_pays_the_positions_it_ran():
     # E over F, not at E[F]: Σ excess is not linear in F
     assert expected_draft_seconds(p, stats, 1) == pytest.approx((draft_seconds(p, 1, 1) + draft_seconds(p, 1, 3)) / 2)
     assert expected_draft_seconds(p, stats, 1) != pytest.approx(draft_seconds(p, 1, 2))
-    with pytest.raises(Exception):
+    with pytest.raises(InputError, match="draft_warmup_s"):
         _profile((float("nan"),))

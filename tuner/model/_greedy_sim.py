@@ -8,7 +8,7 @@ over them. Pure Python.
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -135,9 +135,11 @@ def simulate_prompt(
 def stats_from_cycles(cycles: Sequence[SimulatedCycle], n: int) -> ReplayStats:
     count = len(cycles)
     lengths: dict[int, int] = defaultdict(int)
+    forwards: dict[int, int] = defaultdict(int)
     reached, accepted = [0] * n, [0] * n
-    for length, acc, _ in cycles:
+    for length, acc, f in cycles:
         lengths[length] += 1
+        forwards[f] += 1
         for i in range(min(length, acc + 1)):
             reached[i] += 1
         for i in range(acc):
@@ -150,5 +152,5 @@ def stats_from_cycles(cycles: Sequence[SimulatedCycle], n: int) -> ReplayStats:
         all_accepted_rate=sum(heuristic_grows(length, a) for length, a, _ in cycles) / count,
         reached=tuple(r / count for r in reached),
         accepted=tuple(a / count for a in accepted),
-        draft_forwards_dist={f: k / count for f, k in sorted(Counter(f for _, _, f in cycles).items())},
+        draft_forwards_dist={f: v / count for f, v in sorted(forwards.items())},
     )

@@ -125,8 +125,8 @@ def plain_step_s(rp: RunProfile, batch_size: int, prompt_tokens: int, new_tokens
 
 
 def cycle_s(rp: RunProfile, c: SimulatedCycle, b: int, context: float | None = None) -> float:
-    """One simulated cycle's seconds: F·T_s (+ the forwards' warm-up) + T_v(L + 1) + o_c, with the verify at ``context`` (tokens in
-    the target's cache) where given."""
+    """One simulated cycle's seconds: the draft's F forwards (F·T_s and their warm-up, :func:`draft_seconds`)
+    + T_v(L + 1) + o_c, with the verify at ``context`` (tokens in the target's cache) where given."""
     extra = context_cost(rp, c.proposed + 1, context, b) if context is not None else 0.0
     return draft_seconds(rp.model, b, c.forwards) + verify_time(rp.model, b, c.proposed + 1) + rp.cycle_overhead_s \
         + extra
