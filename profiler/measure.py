@@ -72,7 +72,7 @@ class _Case:
     times: list[list[float]]  # [prompt][repeat] seconds
     tokens: list[list[int]]  # [prompt][repeat] new tokens
     cycles: list = field(default_factory=list)
-    probes: list[float] = field(default_factory=list)  # [repeat] the machine probe's seconds after this pass
+    probes: list[float] = field(default_factory=list)  # the machine probe's seconds, read between turns
     arrivals: list[list[RequestLatency]] = field(default_factory=list)  # [prompt][repeat]
     joules: list[float] = field(default_factory=list)  # [repeat] energy of this pass (GPU with NVML only)
 
@@ -123,9 +123,10 @@ def measure_configs(
 ) -> list[Measurement]:
     """Measure several configurations of one run, interleaved, and store each measurement.
 
-    The models are loaded once. Each repeat goes round every configuration (in a rotated order) and
-    every prompt, so a slow minute of a shared machine is spread over all configurations instead of
-    landing on one: rankings and errors compare like with like (docs/architecture.md, Measurement
+    The models are loaded once. Each repeat decodes every prompt with every configuration, the
+    configurations taking turns prompt by prompt in a rotated order (:func:`_run_cases`), so a slow
+    minute of a shared machine is spread over all configurations instead of landing on one: rankings
+    and errors compare like with like (docs/architecture.md, Measurement
     rules). Plain decoding (``MeasureSpec("none", 0)``) can be one of them (a speedup and its paired CI
     from the same passes). Each measurement stores its 95% CI and the raw per-prompt, per-repeat samples.
 
@@ -254,7 +255,15 @@ def _decode_config(config: MeasureSpec, max_new: int, temperature: float, target
 
 def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: list[torch.Tensor], repeats: int,
                seed: int, progress: Progress, meter: EnergyMeter | None = None) -> None:
-    """Warm every case up once, then decode every prompt ``repeats`` times per case, into the cases."""
+    """Warm every case up once, then decode every prompt ``repeats`` times per case, into the cases.
+
+    The configurations take turns prompt by prompt (the order rotated at each prompt and repeat), so a
+    slow stretch of a shared machine lands on all of them alike and their ratios compare like with like
+    (docs/architecture.md, Measurement rules). With an energy meter the turn is a whole pass over the
+    prompts instead: NVML's counter advances in steps of about 13 J (0.1 s), which a read around one
+    short decode would not resolve. The machine probe runs :data:`PROBES_PER_REPEAT` times a repeat,
+    between turns, and every configuration keeps each reading.
+    """
     label = (f"measure {cases[0].draft or 'plain'} N={cases[0].config.num_speculative_tokens} θ={cases[0].config.threshold}"
              if len(cases) == 1 else f"measure {len(cases)} configurations")
     progress.stage(label, len(cases) * (len(ids) * repeats + 1))
@@ -264,25 +273,32 @@ def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: 
     for case in cases:
         warm_up(target, case.spec, longest, case.decode)
         progress.advance()
-    # Repeats go round every configuration and the whole prompt set (a burst of load elsewhere hits
-    # one pass of a few prompts); each prompt's time is the median of its repeats, then summed: robust,
-    # and still one wall-clock decode per prompt, prefill included.
+    turn = len(ids) if meter is not None else 1
+    blocks = [range(i, min(i + turn, len(ids))) for i in range(0, len(ids), turn)]
+    probe_every = max(1, -(-len(blocks) // PROBES_PER_REPEAT))
     for r in range(repeats):
-        shift = r % len(cases)
-        for case in cases[shift:] + cases[:shift]:
-            joules0 = meter.read() if meter is not None else None
-            for i, (pid, x) in enumerate(zip(wanted, ids)):
-                m = measure_prompt(target, case.spec, x, case.decode, prompt_id=pid, seed=seed + i)
-                case.times[i].append(m.seconds)
-                case.tokens[i].append(m.new_tokens)
-                if m.latency is not None:
-                    case.arrivals[i].append(m.latency)
-                if r == 0 and m.result is not None:
-                    case.cycles += m.result.cycles
-                progress.advance()
-            if meter is not None and joules0 is not None:  # this configuration's pass only (before the probe)
-                case.joules.append(meter.read() - joules0)
-            case.probes.append(probe.run())  # how fast the machine was during this pass
+        for b, block in enumerate(blocks):
+            shift = (r + b) % len(cases)  # each configuration takes every place in the order in turn
+            for case in cases[shift:] + cases[:shift]:
+                joules0 = meter.read() if meter is not None else None
+                for i in block:
+                    m = measure_prompt(target, case.spec, ids[i], case.decode, prompt_id=wanted[i], seed=seed + i)
+                    case.times[i].append(m.seconds)
+                    case.tokens[i].append(m.new_tokens)
+                    if m.latency is not None:
+                        case.arrivals[i].append(m.latency)
+                    if r == 0 and m.result is not None:
+                        case.cycles += m.result.cycles
+                    progress.advance()
+                if meter is not None and joules0 is not None:  # this configuration's turn only (before the probe)
+                    case.joules.append(meter.read() - joules0)
+            if (b + 1) % probe_every == 0 or b == len(blocks) - 1:
+                seconds = probe.run()  # how fast the machine was: every configuration ran in this stretch
+                for case in cases:
+                    case.probes.append(seconds)
+
+
+PROBES_PER_REPEAT = 4  # machine probes (20-40 ms each) spread over one repeat of the prompt set
 
 
 @dataclass(frozen=True)

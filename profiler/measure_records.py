@@ -80,7 +80,7 @@ class Measurement:
     prompt_tokens: list[int] = field(default_factory=list)  # per prompt, its length in tokens
     profiled: list[bool] = field(default_factory=list)  # per prompt: did the profile run it?
     threads: dict = field(default_factory=dict)  # the thread choice (profiler.threads.ThreadChoice.to_dict())
-    probe_seconds: list[float] = field(default_factory=list)  # the machine probe after each pass of this config
+    probe_seconds: list[float] = field(default_factory=list)  # the machine probe, read between the turns of the passes
     synthetic_acceptance: list[float] | None = None  # the rates the verify step accepted with (None: the target)
     latency: LatencySamples | None = None  # when every request's tokens arrived (TTFT, TPOT, gaps)
     energy: EnergySamples | None = None  # NVML joules per pass (None: no GPU energy counter)
