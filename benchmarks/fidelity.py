@@ -15,7 +15,10 @@ correlation between predicted and measured tokens/s, and the regret (1 - measure
 predicted best ÷ the measured best). Columns τ (tokens per cycle) separate acceptance error from
 timing error: a configuration whose τ is right but whose tokens/s is off has a timing error; the
 speedup over plain decoding measured in the same passes cancels a slowdown of the whole machine, so
-an error there that tokens/s does not share is drift, not the model.
+an error there that tokens/s does not share is drift, not the model. (Since 2026-11-26 the stored
+tokens/s predictions of speculative configurations are rescaled to the speed plain decoding measured
+in the same passes, ``tuner.search._validate._speeds``, so their errors are the speedups'; runs before
+that were rescaled to the machine probe.)
 Writes ``benchmarks/results/fidelity_cpu_<workload>_heldout.txt`` and ``.json``.
 """
 from __future__ import annotations

@@ -7,10 +7,11 @@ median of its repeats; 95% bootstrap CIs) with the model's prediction from the p
 (``tuner.model.predict_latency``: per-cycle times × the replayed acceptance of each profiled prompt).
 The goal: median |error| ≤ 5 % for p50 and for p90, over the speculative configurations.
 
-Three predictions are compared: at the profile's machine speed (primary); rescaled to the machine
-probe each configuration's passes saw (what ``measure`` stores; on a shared machine the probe, a
-20-40 ms snapshot after each pass, reads the load of that moment, and per-configuration factors have
-ranged 0.81-2.29); and at the speed plain decoding measured in the same interleaved passes (its mean
+Three predictions are compared: at the profile's machine speed (primary); rescaled as ``measure``
+stores them (to plain decoding's measured ÷ predicted tokens/s for the speculative configurations,
+to the machine probe for plain decoding: ``tuner.search._validate._speeds``; the probe, a 20-40 ms
+snapshot between turns, reads the load of that moment, and its factors have ranged 0.81-2.29); and
+at the speed plain decoding measured in the same interleaved passes (its mean
 TPOT measured over predicted), which removes the machine's drift between the profile and the
 measurement (on the 2-core VM the profile's plain step has come out 5 % slow in one profile and 6 %
 fast in the next) and leaves the model's error about speculation. The script also prints the
@@ -107,6 +108,7 @@ def row(v: Validated, profiled: int) -> dict:
            "mean_burst": s.get("mean_burst")}
     speed = v.prediction.machine_speed  # the rescale applied to ``pred``; undone for the primary prediction
     out["machine_speed"] = speed
+    out["machine_speed_source"] = v.speed_source
     for q, name in ((0.5, "p50"), (0.9, "p90")):
         measured = s["tpot_s"][name]["value"]
         predicted = pred.tpot(q) * speed if pred else math.nan
@@ -210,7 +212,9 @@ def main(
                  f"p90 median |error| {summary['median_abs_error_p90'] * 100:.1f}% (worst "
                  f"{summary['worst_abs_error_p90'] * 100:.1f}%); goal <= {GOAL * 100:.0f}%: p50 "
                  f"{summary['goal_met_p50']}, p90 {summary['goal_met_p90']}; predictions at the profile's machine "
-                 f"speed (rescaled to each configuration's machine probe: p50 "
+                 f"speed (rescaled as measure stores them, to the speed "
+                 f"{' / '.join(dict.fromkeys(r.get('machine_speed_source', 'the machine probe') for r in rows))} "
+                 f"measured: p50 "
                  f"{summary['median_abs_error_p50_rescaled'] * 100:.1f}%, p90 "
                  f"{summary['median_abs_error_p90_rescaled'] * 100:.1f}%; factors "
                  + ", ".join(f"{r['machine_speed']:.2f}" for r in rows) + ")")

@@ -159,8 +159,8 @@ def _lines(rows: list[dict], versus: list[dict], header: list[str], fidelity: di
 
 def _fidelity(rows: list[dict]) -> dict:
     """``fidelity.py``'s statistics on speedups over plain decoding measured in the same passes (free of
-    the machine's speed, which on a shared machine moves between passes, and with it each
-    configuration's machine-probe rescaling) and on tokens/s."""
+    the machine's speed, which on a shared machine moves between passes, and with it the rescaling of
+    each configuration's prediction) and on tokens/s."""
     spec = [r for r in rows if r["kind"] != "plain"]
     by_speedup = [{**r, "predicted": r["speedup_predicted"], "measured": r["speedup_measured"],
                    "error": r["speedup_error"]} for r in spec]

@@ -182,6 +182,28 @@ def test_measure_configs_interleaved_store_each_with_its_prediction(profiled):
         assert row.config["threads"] == row.config["thread_choice"]["threads"] >= 1
 
 
+def test_plain_decoding_in_the_same_passes_gauges_the_machine_speed(profiled):
+    """With plain decoding measured alongside, every other configuration's prediction is rescaled by
+    plain decoding's measured ÷ predicted tokens/s (the target itself at the same moments), not the
+    probe; plain decoding's own prediction keeps the probe's factor."""
+    from specdec_tune.tuner.model import SpecConfig, load_run_profile
+    from specdec_tune.tuner.search import measure_predicted
+
+    url, _ = profiled
+    db = open_database(url)
+    spec, plain = measure_predicted(db, 1, [(None, SpecConfig(2, 0.0)), ("none", SpecConfig(0, 0.0))], repeats=2)
+    raw_plain = plain.prediction.tokens_per_s / plain.prediction.machine_speed
+    gauge = plain.measurement.tokens_per_s / raw_plain
+    assert spec.prediction.machine_speed == pytest.approx(gauge) and spec.speed_source.startswith("plain decoding")
+    probe = load_run_profile(db, 1).machine_probe_s / plain.measurement.machine_probe_s
+    assert plain.prediction.machine_speed == pytest.approx(probe) and plain.speed_source == "the machine probe"
+    row = {m.id: m for m in list_measured(db, 1)}[spec.measurement.measured_id]
+    assert row.config["prediction_machine_speed_source"] == spec.speed_source
+    assert row.config["prediction_machine_speed"] == pytest.approx(gauge)
+    # speedups are untouched by the rescaling: predicted speedup = rescaled rate ÷ (gauge × raw plain rate)
+    assert spec.prediction.tokens_per_s / plain.measurement.tokens_per_s == pytest.approx(spec.prediction.speedup, rel=1e-6)
+
+
 def _one_line_error(code, err, needle):
     assert code == 2
     lines = [line for line in err.splitlines() if line.strip()]

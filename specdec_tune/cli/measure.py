@@ -304,6 +304,7 @@ def _measured_json(v, plain, run: int, temperature: float) -> dict:
         "synthetic_acceptance": m.synthetic_acceptance,
         "speedup": _speedup(v, plain), "threads": m.threads,
         "machine_probe_s": m.machine_probe_s, "prediction_machine_speed": p.machine_speed if p else None,
+        "prediction_machine_speed_source": v.speed_source if p else None,
         **ops.operator_json(m, v.latency, v.memory),
         "plain": None if plain is None else ops.operator_json(plain.measurement, plain.latency, plain.memory),
     }
@@ -330,7 +331,7 @@ def _print_measured(v, plain, run: int) -> None:
     )
     if p is not None:
         inside = {True: "inside", False: "outside", None: "no CI"}[v.inside_ci]
-        speed = (f", rescaled ×{p.machine_speed:.3f} to the machine speed the probe measured"
+        speed = (f", rescaled ×{p.machine_speed:.3f} to the machine speed {v.speed_source} measured"
                  if p.machine_speed != 1.0 else "")
         typer.echo(f"predicted: {p.tokens_per_s:.1f} tokens/s, τ = {p.expected_tokens_per_cycle:.2f} "
                    f"(error {v.relative_error * 100:+.1f}% of measured, {inside} the measured 95% CI; {sample}{speed}) "

@@ -49,6 +49,8 @@ from specdec_tune.tuner.model import (
 )
 
 _DEFAULT = "default"
+SPEED_FROM_PLAIN = "plain decoding measured in the same passes"
+SPEED_FROM_PROBE = "the machine probe"
 
 
 @dataclass
@@ -62,6 +64,7 @@ class Validated:
         in_sample: every measured prompt was one the profile ran (its traces were replayed).
         latency: the predicted per-request TTFT and TPOT on the same prompts.
         memory: the predicted memory of the configuration (with ``peak_memory``).
+        speed_source: what measured the machine's speed the rates were rescaled to (:func:`_speeds`).
     """
 
     measurement: Measurement
@@ -70,6 +73,7 @@ class Validated:
     in_sample: bool = False
     latency: LatencyPrediction | None = None
     memory: MemoryBreakdown | None = None  # predicted, where the peak was measured (``peak_memory``)
+    speed_source: str = SPEED_FROM_PROBE  # what gave the machine speed the rates were rescaled to
 
     @property
     def relative_error(self) -> float | None:
@@ -149,27 +153,58 @@ def measure_predicted(
                                repeats=repeats, seed=seed, progress=progress, threads=threads, gpu_price=gpu_price,
                                peak_memory=peak_memory)
     mm = _memory(db, run, measured) if peak_memory else None
-    return [_predicted(db, run, m, rp, config, t, mm) for m, (_, rp, config), t in zip(measured, planned, trees)]
+    raws = [_raw(run, m, rp, config, t) for m, (_, rp, config), t in zip(measured, planned, trees)]
+    speeds = _speeds([plain for plain, _, _ in planned], measured, [rp for _, rp, _ in planned], raws)
+    return [_predicted(db, run, m, rp, config, t, mm, raw, speed)
+            for m, (_, rp, config), t, raw, speed in zip(measured, planned, trees, raws, speeds)]
+
+
+def _raw(run: RunRecord, m: Measurement, rp: RunProfile, config: SpecConfig,
+         tree: tuple[TreePlan, TreeData] | None) -> RunPrediction:
+    """The prediction for exactly the measured prompts at the profile's machine speed."""
+    specs = _prompt_specs(run, m)
+    return predict_prompts(rp, config, specs) if tree is None else \
+        predict_tree_prompts(rp, tree[1], config, tree[0], specs)
+
+
+def _speeds(plain: Sequence[bool], measured: Sequence[Measurement], rps: Sequence[RunProfile],
+            raws: Sequence[RunPrediction]) -> list[tuple[float, str]]:
+    """How fast the machine ran during this measurement relative to the profile, per item, and what said so.
+
+    Where plain decoding was measured in the same interleaved passes, it is the gauge for every other
+    configuration: it runs the target's own forward on the same prompts at the same moments, so its
+    measured over predicted tokens/s is the machine's speed now for this model (and the rescaled rates'
+    errors are the speedups' errors). The machine probe (a 20-40 ms snapshot between turns) is the gauge
+    otherwise, and for plain decoding itself. On the 2-core VM, over 309 stored speculative
+    measurements with plain decoding in the same call, the median |tokens/s error| was 7.8 % at the
+    profile's speed, 6.7 % rescaled to the probe and 4.6 % rescaled to plain decoding
+    (``benchmarks/speed_gauge.py``; docs/engine.md, Threads).
+    """
+    probe = [(machine_speed(rp, m.machine_probe_s), SPEED_FROM_PROBE) for m, rp in zip(measured, rps)]
+    gauge = next((m.tokens_per_s / r.tokens_per_s for p, m, r in zip(plain, measured, raws)
+                  if p and r.tokens_per_s > 0 and m.tokens_per_s > 0), None)
+    if gauge is None:
+        return probe
+    return [own if p else (gauge, SPEED_FROM_PLAIN) for p, own in zip(plain, probe)]
 
 
 def _predicted(db: Database, run: RunRecord, m: Measurement, rp: RunProfile, config: SpecConfig,
-               tree: tuple[TreePlan, TreeData] | None, mm) -> Validated:
+               tree: tuple[TreePlan, TreeData] | None, mm, raw: RunPrediction,
+               speed: tuple[float, str]) -> Validated:
     """The prediction for exactly the measured prompts (throughput, latency and, with a memory model, memory),
     stored beside the measurement. Rates are predicted at the profile's machine speed and rescaled to the
-    speed the probe saw during this measurement (a busier or quieter machine); speedups are unchanged. A
-    tree's or staged drafter's latency distribution is not modelled (None)."""
-    speed = machine_speed(rp, m.machine_probe_s)
+    machine's speed during this measurement (:func:`_speeds`); speedups are unchanged. A tree's or staged
+    drafter's latency distribution is not modelled (None)."""
+    factor, source = speed
     specs = _prompt_specs(run, m)
-    raw = predict_prompts(rp, config, specs) if tree is None else \
-        predict_tree_prompts(rp, tree[1], config, tree[0], specs)
-    prediction = at_machine_speed(raw, speed)
-    latency = predict_latency(rp, config, specs).scaled(speed) if tree is None else None
+    prediction = at_machine_speed(raw, factor)
+    latency = predict_latency(rp, config, specs).scaled(factor) if tree is None else None
     memory = None
     if mm is not None and m.peak_memory is not None:
         c = Candidate("none" if config.num_speculative_tokens == 0 else m.draft, config.num_speculative_tokens)
         memory = mm.breakdown(c, 1, m.peak_memory.prompt_tokens + m.peak_memory.new_tokens, m.peak_memory.prompt_tokens)
-    _store_prediction(db, m, prediction, latency, memory)
-    return Validated(m, prediction, config, in_sample=m.in_sample, latency=latency, memory=memory)
+    _store_prediction(db, m, prediction, latency, memory, source)
+    return Validated(m, prediction, config, in_sample=m.in_sample, latency=latency, memory=memory, speed_source=source)
 
 
 def _memory(db: Database, run: RunRecord, measured: list[Measurement]):
@@ -215,7 +250,7 @@ def _tree_fields(t: tuple[TreePlan, TreeData] | None, shape: tuple[str, str]) ->
 
 
 def _store_prediction(db: Database, m: Measurement, prediction: RunPrediction, latency: LatencyPrediction | None,
-                      memory: MemoryBreakdown | None = None) -> None:
+                      memory: MemoryBreakdown | None = None, speed_source: str = SPEED_FROM_PROBE) -> None:
     """The prediction beside its measurement, with whether it lies inside the measured 95% CI."""
     if m.measured_id is None:
         return
@@ -226,6 +261,7 @@ def _store_prediction(db: Database, m: Measurement, prediction: RunPrediction, l
                               "predicted_memory_bytes": None if memory is None else memory.total},
                    extra={"prediction_source": prediction.source, "prediction_in_sample": prediction.in_sample,
                           "prediction_machine_speed": prediction.machine_speed,
+                          "prediction_machine_speed_source": speed_source,
                           "prediction_inside_ci": None if m.ci95 is None else
                           m.ci95[0] <= prediction.tokens_per_s <= m.ci95[1]})
 
