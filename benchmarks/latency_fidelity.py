@@ -212,9 +212,8 @@ def main(
                  f"p90 median |error| {summary['median_abs_error_p90'] * 100:.1f}% (worst "
                  f"{summary['worst_abs_error_p90'] * 100:.1f}%); goal <= {GOAL * 100:.0f}%: p50 "
                  f"{summary['goal_met_p50']}, p90 {summary['goal_met_p90']}; predictions at the profile's machine "
-                 f"speed (rescaled as measure stores them, to the speed "
-                 f"{' / '.join(dict.fromkeys(r.get('machine_speed_source', 'the machine probe') for r in rows))} "
-                 f"measured: p50 "
+                 f"speed (rescaled as measure stores them, to the speed measured by "
+                 f"{' / '.join(dict.fromkeys(r.get('machine_speed_source', 'the machine probe') for r in rows))}: p50 "
                  f"{summary['median_abs_error_p50_rescaled'] * 100:.1f}%, p90 "
                  f"{summary['median_abs_error_p90_rescaled'] * 100:.1f}%; factors "
                  + ", ".join(f"{r['machine_speed']:.2f}" for r in rows) + ")")
