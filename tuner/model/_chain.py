@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from specdec_tune.errors import InputError
 from specdec_tune.tuner.model._replay import ReplayStats, adaptive_stationary, alpha_stats, constant_alpha_stats
-from specdec_tune.tuner.model._replay import heuristic_stationary, mix, replay
+from specdec_tune.tuner.model._replay import heuristic_stationary, lookup_cycles, mix, replay
 from specdec_tune.tuner.model._spec import ModelProfile, SpecConfig
 from specdec_tune.tuner.model._tv import lossy_stats, tv_stats
 
@@ -25,7 +25,8 @@ def _stats_for(profile: ModelProfile, config: SpecConfig, n: int, theta: float) 
     if config.mode == "greedy":
         if not profile.traces:
             raise InputError(f"profile {profile.name!r} has no greedy traces; profile acceptance first")
-        return replay(profile.traces, n, theta, config.threshold_rule, kind), "traces"
+        traces = lookup_cycles(profile.traces, n) if profile.lookup and n > 0 else profile.traces
+        return replay(traces, n, theta, config.threshold_rule, kind), "traces"
     if config.acceptance_source == "tv":
         return _tv_stats(profile, config, n, theta, kind), "tv per position"
     if config.acceptance != "exact":

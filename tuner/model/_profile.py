@@ -325,7 +325,7 @@ def build_run_profile(
         ar_overhead_s=max(trimmed_mean(plain), 0.0) if plain else 0.0, sampling_acceptance=sampling_acceptance,
         sampling_traces=_traces(sampling_traces) if sampling_traces else None, name=draft or "",
         synthetic_acceptance=synthetic_rates(run.settings),
-        teacher_forced=tuple((r.one_minus_tv, r.top_q) for r in teacher_forced),
+        teacher_forced=tuple((r.one_minus_tv, r.top_q) for r in teacher_forced), lookup=draft == NGRAM,
     )
     positions = None  # synthetic acceptance is drawn per cycle, not per output position: no exact simulation
     if draft is not None and draft != NGRAM and traces and model.synthetic_acceptance is None:

@@ -112,6 +112,45 @@ def cut_cycle(trace: Trace, n: int, threshold: float, rule: str = "before", kind
     return length, min(length, trace.num_accepted), forwards
 
 
+def lookup_cycles(traces: Sequence[Trace], n: int) -> tuple[Trace, ...]:
+    """N-gram lookup's cycles recorded at N_max, as a loop drafting at most ``n`` would run them.
+
+    A lookup cycle that proposed L tokens and had A of them accepted covers a stretch of A + 1 output
+    tokens along which the lookup keeps matching the same earlier text. A loop with N = n < L runs
+    that stretch as several cycles: each full one accepts n tokens and takes the target's bonus token,
+    which the lookup had proposed too, and the next one continues the match after it. The last one
+    stops where the recorded cycle stopped (a rejection, or the end of its proposal). Cutting each
+    recorded cycle at n instead, as :func:`replay` does, drops the rest of the stretch. Weighting the
+    recorded cycles equally then undercounts the cycles inside long matches. On the 2-core VM's
+    240-prompt set, that made τ 2.4 % low at N = 3 (1.653 predicted against 1.693 measured held out and
+    1.685 in-sample); these cycles give 1.692. At n ≥ L a cycle is unchanged. Confidences, and the
+    token and target probabilities where recorded, are sliced with the cycle.
+
+    Raises:
+        InputError: ``n`` < 1.
+    """
+    if n < 1:
+        raise InputError(f"N={n}: lookup cycles need N >= 1")
+
+    def part(values: tuple[float, ...] | None, start: int, stop: int) -> tuple[float, ...] | None:
+        return None if values is None else values[start:stop]
+
+    out: list[Trace] = []
+    for t in traces:
+        proposed, right = len(t.confidences), t.num_accepted
+        start = 0
+        while True:
+            length = min(n, proposed - start)
+            accepted = min(length, right - start)
+            out.append(Trace(t.confidences[start:start + length], accepted, part(t.token_probs, start, start + length),
+                             part(t.target_probs, start, start + length)))
+            # Go on only after a full cycle whose bonus token the lookup also had right, while it proposed more.
+            if accepted < length or right - start == length or start + length + 1 >= proposed:
+                break
+            start += length + 1
+    return tuple(out)
+
+
 def replay(traces: Sequence[Trace], n: int, threshold: float = 0.0, rule: str = "before",
            kind: str = "per-token") -> ReplayStats:
     """Replay recorded θ = 0 traces under any N and threshold θ (docs/architecture.md, The throughput model).

@@ -43,6 +43,8 @@ class ModelProfile:
             forwards of a cycle warm up one after another; measured in the loop, the last value holds
             for later forwards): a cycle of F forwards drafts for F·T_s + Σ_{j=2..F} excess_j
             (:func:`tuner.model._throughput.draft_seconds`). Empty: every forward costs T_s.
+        lookup: the greedy traces are n-gram lookup cycles: a cycle cut to N goes on along its matched
+            stretch (:func:`tuner.model._replay.lookup_cycles`), not stops.
     """
 
     draft_step_s: Mapping[int, float]
@@ -56,6 +58,7 @@ class ModelProfile:
     teacher_forced: Sequence[tuple[Sequence[float], Sequence[float]]] = ()
     synthetic_acceptance: tuple[float, ...] | None = None
     draft_warmup_s: tuple[float, ...] = ()
+    lookup: bool = False
 
     def __post_init__(self) -> None:
         if any(not math.isfinite(e) for e in self.draft_warmup_s):
