@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from specdec_tune.db import open_database
+from specdec_tune.db import list_measured, open_database
 from specdec_tune.errors import InputError
 from specdec_tune.latency import RequestLatency, Slo
 from specdec_tune.tuner.model import Candidate, Evaluator, Objective, Scored, better, direction, predicted_value
@@ -209,6 +209,55 @@ def test_tune_goodput_end_to_end_reports_and_exports_the_slo(tiny_model_dirs, tm
     readme = (tmp_path / "out" / "README.md").read_text()
     assert "## Objective" in readme and "tuned for goodput, SLO p99 TPOT <= 1000 ms" in readme
     assert "TPOT <= 1000 ms met: measured p99" in readme
+
+
+def test_tune_energy_end_to_end_with_a_fake_nvml(tiny_model_dirs, tmp_path, tune_flags, capsys, monkeypatch):
+    """``tune --objective energy`` through search, confirmation, held-out measurement and export, with
+    NVML faked on the CPU (a constant 100 W: the profile's power and an energy counter that grows with
+    the wall clock). Everything but the real counter runs: the winner's energy is the counter's
+    joules over its passes' tokens, with a CI, held out, and the export says what it was tuned for."""
+    import json
+
+    from specdec_tune.cli import main
+    from specdec_tune.profiler import energy as energy_mod
+    from specdec_tune.profiler import measure as measure_mod
+    from specdec_tune.tuner.search import _tune
+    from tests.test_latency import _fake_nvml
+
+    fake = _fake_nvml(100.0)
+    monkeypatch.setattr(_tune, "_gpu", lambda device: True)  # the refusal on a CPU is tested above
+    monkeypatch.setattr(_tune, "mean_power_w", lambda db, run_id: 100.0)
+    monkeypatch.setattr(measure_mod, "open_energy_meter", lambda device: energy_mod.EnergyMeter(fake, 0))
+    workload = tmp_path / "w.jsonl"
+    prompts = ["def add(a, b):", "class Point:", "for i in range(10):", "print(i, i * i)", "def sub(a, b):",
+               "x = [i for i in range(3)]"]
+    workload.write_text("".join(json.dumps({"id": str(i), "prompt": p}) + "\n" for i, p in enumerate(prompts)))
+    code = main(["tune", "--target", tiny_model_dirs["target"], "--drafts", f"{tiny_model_dirs['draft']},ngram",
+                 "--workload", str(workload), "--db", f"sqlite:///{tmp_path / 'r.db'}", *tune_flags, "--trials", "6",
+                 "--repeats", "2", "--objective", "energy", "--json", "--export", str(tmp_path / "out"),
+                 "--formats", "vllm,hf"])  # two passes: a t interval over passes needs two
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    obj = json.loads(out.strip().splitlines()[-1])
+    o = obj["objective"]
+    assert o["objective"] == "energy" and o["watts"] == 100.0
+    for side in (o["winner"], o["plain"]):
+        assert side["measured"] == "held-out prompts" and side["value"] > 0
+        assert side["ci"][0] <= side["value"] <= side["ci"][1]
+    assert o["predicted"] > 0  # the profile's power over the predicted tokens/s
+    rows = [r for r in list_measured(open_database(f"sqlite:///{tmp_path / 'r.db'}")) if r.joules_per_token]
+    assert rows and all(r.energy_j > 0 for r in rows)
+    for r in rows:  # 100 W for the decode seconds of each pass: J/token ~ 100 / tokens per second
+        assert r.joules_per_token == pytest.approx(100.0 / r.measured_tokens_per_s, rel=0.3)
+    confirmed = [r for r in rows if r.config.get("split") == "tune"]  # the confirmation, on the tuning prompts
+    best = min(confirmed, key=lambda r: r.joules_per_token)  # the winner is the least measured J/token
+    assert (best.draft or "none", best.config["num_speculative_tokens"], best.config["schedule"]) == \
+        (obj["drafter"], obj["num_speculative_tokens"], obj["schedule"])
+    print(f"energy: winner {obj['drafter']} N={obj['num_speculative_tokens']}, J/token held out "
+          f"{o['winner']['value']:.4f} (CI {o['winner']['ci'][0]:.4f}-{o['winner']['ci'][1]:.4f}), "
+          f"{len(confirmed)} confirmed")
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "## Objective" in readme and "energy" in readme.split("## Objective", 1)[1][:400]
 
 
 def test_tune_backend_vllm_picks_by_goodput_on_a_fake_server(tiny_model_dirs, tune_flags, tmp_path, capsys,
