@@ -1,5 +1,6 @@
 """GPU path (skipped without CUDA): engine equality on cuda, CUDA-event timing, the bf16 consistency rule,
-profile with NVML telemetry, measure with a CI, a real-size shape with synthetic acceptance."""
+profile with NVML telemetry, measure with a CI, tune --objective energy, a real-size shape with synthetic
+acceptance."""
 from __future__ import annotations
 
 import pytest
@@ -128,3 +129,25 @@ def test_shape_with_synthetic_acceptance_on_cuda():
         result = speculative(target.model, build_drafter(draft.model, max_len=300), ids, cfg)
     alpha, _ = acceptance_per_position(result.cycles)
     assert alpha == pytest.approx([0.7, 0.7, 0.7], abs=0.05)
+
+
+def test_tune_energy_end_to_end_on_cuda(tmp_path, capsys):
+    """``tune --objective energy`` with the real NVML: the profile's power from its telemetry, every
+    confirmed configuration's joules per token from the energy counter, the held-out value with its CI.
+    (On a CPU the same path runs against a fake NVML: tests/test_objectives.py.)"""
+    pytest.importorskip("pynvml")
+    import json
+
+    from specdec_tune.cli import main
+
+    code = main(["tune", "--target", "mini-target", "--drafts", "mini-draft-1l,ngram", "--workload", "functions",
+                 "--device", "cuda", "--db", f"sqlite:///{tmp_path / 'e.db'}", "--max-prompts", "4",
+                 "--max-new-tokens", "32", "--n-max", "4", "--measure-prompts", "4", "--heldout-prompts", "4",
+                 "--repeats", "3", "--measure-top", "2", "--trials", "8", "--objective", "energy", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    o = json.loads(out.strip().splitlines()[-1])["objective"]
+    assert o["objective"] == "energy" and o["watts"] > 0
+    for side in (o["winner"], o["plain"]):
+        assert side["measured"] == "held-out prompts" and side["value"] > 0
+        assert side["ci"] is None or side["ci"][0] <= side["value"] <= side["ci"][1]
