@@ -331,7 +331,7 @@ def _print_measured(v, plain, run: int) -> None:
     )
     if p is not None:
         inside = {True: "inside", False: "outside", None: "no CI"}[v.inside_ci]
-        speed = (f", rescaled ×{p.machine_speed:.3f} to the machine speed {v.speed_source} measured"
+        speed = (f", rescaled ×{p.machine_speed:.3f} to the machine speed measured by {v.speed_source}"
                  if p.machine_speed != 1.0 else "")
         typer.echo(f"predicted: {p.tokens_per_s:.1f} tokens/s, τ = {p.expected_tokens_per_cycle:.2f} "
                    f"(error {v.relative_error * 100:+.1f}% of measured, {inside} the measured 95% CI; {sample}{speed}) "

@@ -49,7 +49,7 @@ from specdec_tune.tuner.model import (
 )
 
 _DEFAULT = "default"
-SPEED_FROM_PLAIN = "plain decoding measured in the same passes"
+SPEED_FROM_PLAIN = "plain decoding in the same passes"
 SPEED_FROM_PROBE = "the machine probe"
 
 
