@@ -112,6 +112,18 @@ def cut_cycle(trace: Trace, n: int, threshold: float, rule: str = "before", kind
     return length, min(length, trace.num_accepted), forwards
 
 
+def _piece(t: Trace, start: int, stop: int, accepted: int) -> Trace:
+    """Positions ``start:stop`` of a validated trace with ``accepted`` of them accepted (0..stop - start),
+    built without :class:`Trace`'s checks: slices of checked values need none, and the search replays
+    n-gram lookup's cycles at every N of every trial (the checks made it 2.5 times as slow)."""
+    piece = object.__new__(Trace)
+    for name, value in (("confidences", t.confidences[start:stop]), ("num_accepted", accepted),
+                        ("token_probs", None if t.token_probs is None else t.token_probs[start:stop]),
+                        ("target_probs", None if t.target_probs is None else t.target_probs[start:stop])):
+        object.__setattr__(piece, name, value)
+    return piece
+
+
 def lookup_cycles(traces: Sequence[Trace], n: int) -> tuple[Trace, ...]:
     """N-gram lookup's cycles recorded at N_max, as a loop drafting at most ``n`` would run them.
 
@@ -132,18 +144,17 @@ def lookup_cycles(traces: Sequence[Trace], n: int) -> tuple[Trace, ...]:
     if n < 1:
         raise InputError(f"N={n}: lookup cycles need N >= 1")
 
-    def part(values: tuple[float, ...] | None, start: int, stop: int) -> tuple[float, ...] | None:
-        return None if values is None else values[start:stop]
-
     out: list[Trace] = []
     for t in traces:
         proposed, right = len(t.confidences), t.num_accepted
+        if proposed <= n:
+            out.append(t)
+            continue
         start = 0
         while True:
             length = min(n, proposed - start)
             accepted = min(length, right - start)
-            out.append(Trace(t.confidences[start:start + length], accepted, part(t.token_probs, start, start + length),
-                             part(t.target_probs, start, start + length)))
+            out.append(_piece(t, start, start + length, accepted))
             # Go on only after a full cycle whose bonus token the lookup also had right, while it proposed more.
             if accepted < length or right - start == length or start + length + 1 >= proposed:
                 break
