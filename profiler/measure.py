@@ -253,6 +253,9 @@ def _decode_config(config: MeasureSpec, max_new: int, temperature: float, target
                         synthetic_acceptance=tuple(synthetic) if synthetic else None, synthetic_seed=seed)
 
 
+PROBES_PER_REPEAT = 4  # machine probes (20-40 ms each) spread over one repeat of the prompt set
+
+
 def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: list[torch.Tensor], repeats: int,
                seed: int, progress: Progress, meter: EnergyMeter | None = None) -> None:
     """Warm every case up once, then decode every prompt ``repeats`` times per case, into the cases.
@@ -296,9 +299,6 @@ def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: 
                 seconds = probe.run()  # how fast the machine was: every configuration ran in this stretch
                 for case in cases:
                     case.probes.append(seconds)
-
-
-PROBES_PER_REPEAT = 4  # machine probes (20-40 ms each) spread over one repeat of the prompt set
 
 
 @dataclass(frozen=True)

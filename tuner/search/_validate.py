@@ -153,16 +153,16 @@ def measure_predicted(
                                repeats=repeats, seed=seed, progress=progress, threads=threads, gpu_price=gpu_price,
                                peak_memory=peak_memory)
     mm = _memory(db, run, measured) if peak_memory else None
-    raws = [_raw(run, m, rp, config, t) for m, (_, rp, config), t in zip(measured, planned, trees)]
+    specs = [_prompt_specs(run, m) for m in measured]
+    raws = [_raw(rp, config, t, s) for (_, rp, config), t, s in zip(planned, trees, specs)]
     speeds = _speeds([plain for plain, _, _ in planned], measured, [rp for _, rp, _ in planned], raws)
-    return [_predicted(db, run, m, rp, config, t, mm, raw, speed)
-            for m, (_, rp, config), t, raw, speed in zip(measured, planned, trees, raws, speeds)]
+    return [_predicted(db, m, rp, config, t, mm, raw, speed, s)
+            for m, (_, rp, config), t, raw, speed, s in zip(measured, planned, trees, raws, speeds, specs)]
 
 
-def _raw(run: RunRecord, m: Measurement, rp: RunProfile, config: SpecConfig,
-         tree: tuple[TreePlan, TreeData] | None) -> RunPrediction:
-    """The prediction for exactly the measured prompts at the profile's machine speed."""
-    specs = _prompt_specs(run, m)
+def _raw(rp: RunProfile, config: SpecConfig, tree: tuple[TreePlan, TreeData] | None,
+         specs: list[PromptSpec]) -> RunPrediction:
+    """The prediction for exactly the measured prompts (``specs``) at the profile's machine speed."""
     return predict_prompts(rp, config, specs) if tree is None else \
         predict_tree_prompts(rp, tree[1], config, tree[0], specs)
 
@@ -188,15 +188,14 @@ def _speeds(plain: Sequence[bool], measured: Sequence[Measurement], rps: Sequenc
     return [own if p else (gauge, SPEED_FROM_PLAIN) for p, own in zip(plain, probe)]
 
 
-def _predicted(db: Database, run: RunRecord, m: Measurement, rp: RunProfile, config: SpecConfig,
+def _predicted(db: Database, m: Measurement, rp: RunProfile, config: SpecConfig,
                tree: tuple[TreePlan, TreeData] | None, mm, raw: RunPrediction,
-               speed: tuple[float, str]) -> Validated:
+               speed: tuple[float, str], specs: list[PromptSpec]) -> Validated:
     """The prediction for exactly the measured prompts (throughput, latency and, with a memory model, memory),
     stored beside the measurement. Rates are predicted at the profile's machine speed and rescaled to the
     machine's speed during this measurement (:func:`_speeds`); speedups are unchanged. A tree's or staged
     drafter's latency distribution is not modelled (None)."""
     factor, source = speed
-    specs = _prompt_specs(run, m)
     prediction = at_machine_speed(raw, factor)
     latency = predict_latency(rp, config, specs).scaled(factor) if tree is None else None
     memory = None
