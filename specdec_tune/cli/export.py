@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from specdec_tune.cli._app import app, print_json
-from specdec_tune.cli._options import DbOption
+from specdec_tune.cli._options import MODEL_ROOT_HELP, DbOption
 from specdec_tune.errors import InputError
 
 FORMAT_HELP = "vllm | sglang | trtllm | llamacpp | hf | all (comma-separated for several)."
@@ -73,11 +73,12 @@ def export(
                                          help="With --run: the configuration (default: the model's best)."),
     fmt: str = typer.Option(..., "--format", metavar="FORMAT", help=FORMAT_HELP),
     out: Path = typer.Option(..., "--out", metavar="DIR", help="Folder to write (created; files replaced)."),
+    model_root: Optional[str] = typer.Option(None, "--model-root", metavar="DIR", help=MODEL_ROOT_HELP),
     db: DbOption = None,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (paths per format)."),
 ) -> None:
     """Export the tuned configuration for vLLM, SGLang, TensorRT-LLM, llama.cpp or HF transformers."""
-    from specdec_tune.tuner.servers import resolve_formats, ship_all, write_exports
+    from specdec_tune.tuner.servers import check_root, resolve_formats, ship_all, write_exports
 
     if (study is None) == (run is None):
         raise InputError("give exactly one of --study NAME or --run ID")
@@ -85,6 +86,7 @@ def export(
         raise InputError("--config goes with --run (a study's configuration is its tuned winner)")
     formats = fmt.split(",")
     resolve_formats(formats)  # an unknown format is refused before any database is opened
+    model_root = check_root(model_root)
     check_out_folder(out)
     if study is not None:
         from specdec_tune.tuner.servers import result_from_study
@@ -96,7 +98,7 @@ def export(
 
         with open_database(db) as database:
             result = result_from_run(database, run, config)
-    written = written_or_refused(lambda: write_exports(result, formats, out), out)
+    written = written_or_refused(lambda: write_exports(result, formats, out, model_root), out)
     shipped, _ = ship_all(result, formats)
     carries = {f: s.result.candidate.label() for f, s in shipped.items()}
     if json_out:

@@ -23,6 +23,7 @@ from specdec_tune.cli._options import (
     DEFAULT_SERVER,
     DEFAULT_THREADS,
     DEFAULT_TRIALS,
+    MODEL_ROOT_HELP,
     TUNE_MAX_NEW_TOKENS,
     TUNE_MAX_PROMPTS,
     DbOption,
@@ -235,6 +236,7 @@ def tune(
     vllm_python: _VllmPython = None,
     export: Optional[str] = typer.Option(None, "--export", metavar="DIR", help="Write the server files for the winner here."),
     formats: str = typer.Option("all", "--formats", help="Export formats: all or a comma list (vllm,sglang,trtllm,llamacpp,hf)."),
+    model_root: Optional[str] = typer.Option(None, "--model-root", metavar="DIR", help="With --export: " + MODEL_ROOT_HELP),
     threads: ThreadsOption = DEFAULT_THREADS,
     trees: Optional[str] = typer.Option(None, "--trees", metavar="SHAPES", help="Also search token trees and staged drafting: 'default' or a comma list of chains:M, topk:b1-b2, sequoia:B, eagle:K:B (depth = N)."),
     db: DbOption = None,
@@ -256,10 +258,11 @@ def tune(
         heldout_prompts=heldout_prompts, repeats=repeats, seed=seed, device=device, backend=backend,
         vllm_python=vllm_python, threads=parse_threads(threads), trees=tree_list(trees),
         threshold_kinds=tuple(k.strip() for k in threshold_kinds.split(",") if k.strip()), max_bias=max_bias)
-    _run(req, db, storage, formats, export, json_out)
+    _run(req, db, storage, formats, (export, _model_root(model_root, export)), json_out)
 
 
-def _run(req, db: str | None, storage: str | None, formats: str, export: str | None, json_out: bool) -> None:
+def _run(req, db: str | None, storage: str | None, formats: str, to: tuple[str | None, str | None],
+         json_out: bool) -> None:
     """Check the storage and export folder, run the job, print the report."""
     from specdec_tune.db import default_storage_url, open_database, resolve_url
     from specdec_tune.tuner.search import check_storage, run_tune
@@ -267,12 +270,13 @@ def _run(req, db: str | None, storage: str | None, formats: str, export: str | N
     db_url = resolve_url(db)
     storage_url = storage or default_storage_url(db_url)
     check_storage(storage_url, db_url)
+    export, model_root = to  # --export DIR, --model-root DIR
     fmts = _export_formats(formats, export)
     database = open_database(db_url)
     quiet_loading()
     try:
         with LazyBar(console(stderr=True)) as progress:
-            report = run_tune(database, req, storage_url, progress, export=(export, fmts) if export else None)
+            report = run_tune(database, req, storage_url, progress, export=(export, fmts, model_root) if export else None)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"{_kept_trials(storage_url, req.study or req.study_name())} trials kept; "
                                 "re-run the same command to resume") from None
@@ -344,6 +348,15 @@ def _export_formats(formats: str, export: str | None) -> list[str]:
         resolve_formats(fmts)
         check_out_folder(Path(export), "--export")
     return fmts
+
+
+def _model_root(model_root: str | None, export: str | None) -> str | None:
+    """--model-root, which only --export uses."""
+    from specdec_tune.tuner.servers import check_root
+
+    if model_root is not None and not export:
+        raise InputError("--model-root goes with --export DIR (it rewrites the model paths of the files written)")
+    return check_root(model_root)
 
 
 def tree_list(text: str | None) -> tuple[str, ...]:

@@ -142,8 +142,10 @@ def within_budget(pool: Sequence[Scored], budget: float | None) -> list[Scored]:
 
 
 def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progress | None = None,
-             export: tuple[str, Sequence[str]] | None = None) -> TuneReport:
+             export: tuple[str, Sequence[str]] | tuple[str, Sequence[str], str | None] | None = None) -> TuneReport:
     """The whole job (module docstring). Every stage stores as it goes; an interrupt keeps it.
+
+    ``export``: (folder, formats[, the serving host's model folder]) to write the winner's server files.
 
     Raises:
         InputError / NotFoundError / ModelLoadError / StorageError: one line each (the CLI exits 2).
@@ -251,15 +253,14 @@ def _bias(s: _Searched, c: Candidate, budget: float | None) -> dict[str, Any] | 
             "unit": "mean TV(emitted, target) per verified position"}
 
 
-def _finish(result: TuningResult, outcome: SearchOutcome, export: tuple[str, Sequence[str]] | None,
-            report: TuneReport) -> TuneReport:
+def _finish(result: TuningResult, outcome: SearchOutcome, export: tuple | None, report: TuneReport) -> TuneReport:
     """Store the result on the study, write the exports asked for, and return the report with them."""
     outcome.study.set_user_attr("result", result.to_dict())
     if report.server_report is not None:
         outcome.study.set_user_attr("server_report", json.loads(json.dumps(report.server_report, default=str)))
     from specdec_tune.tuner.servers import write_exports
 
-    written = write_exports(result, list(export[1]), Path(export[0])) if export is not None else {}
+    written = write_exports(result, list(export[1]), Path(export[0]), *export[2:]) if export is not None else {}
     exports = [str(p) for paths in written.values() for p in paths]
     return replace(report, exports=exports)
 

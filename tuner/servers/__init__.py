@@ -3,7 +3,7 @@
 Public names only; the modules behind them are private (``_table``: the capability table, the one
 list of servers; ``_time_model`` and ``_calibration``: the server time model and its fit to server
 runs; ``_ship``: which configuration each server's files carry; ``_exports``, ``_schemas``, ``_readme``: the
-exported files; ``_sources``: where an export's
+exported files; ``_paths``: the model paths they name; ``_sources``: where an export's
 result comes from).
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ from specdec_tune.tuner.servers._calibration import points_of, predict_server
 from specdec_tune.tuner.servers._exports import ALL, FORMATS, batch_ranges, build_exports, model_path, render_exports
 from specdec_tune.tuner.servers._exports import Shipped, resolve_formats, schedule_points, server_best, ship, ship_all
 from specdec_tune.tuner.servers._exports import vllm_config, write_exports
+from specdec_tune.tuner.servers._paths import check_root
 from specdec_tune.tuner.servers._schemas import HfAssistantGenerationConfig, HfPromptLookupGenerationConfig
 from specdec_tune.tuner.servers._schemas import LlamacppSpeculativeArgs, SglangSpeculativeArgs, TrtllmExtraOptions
 from specdec_tune.tuner.servers._schemas import TrtllmSpeculativeConfig, VllmSpeculativeConfig
@@ -26,7 +27,7 @@ __all__ = [
     "ALL", "FORMATS", "KINDS", "SERVERS", "HfAssistantGenerationConfig", "HfPromptLookupGenerationConfig",
     "LlamacppSpeculativeArgs", "ServerModel", "ServerPoint", "ServerPrediction", "ServerSpace", "ServerTimes",
     "Shipped", "SglangSpeculativeArgs", "TrtllmExtraOptions", "TrtllmSpeculativeConfig", "VllmSpeculativeConfig",
-    "acceptance_terms", "batch_ranges", "best_server_n_per_batch_size", "build_exports", "calibrate",
+    "acceptance_terms", "batch_ranges", "check_root", "best_server_n_per_batch_size", "build_exports", "calibrate",
     "calibrate_from", "caveats", "context_tokens", "expressible", "group_points_of", "kind_of", "mean_prompt_tokens",
     "model_path", "parse_config", "point_from_counts", "points_of", "predict_server", "project", "render_exports", "resolve_formats",
     "result_from_run", "result_from_study", "schedule_points", "server_best", "server_space", "ship", "ship_all", "vllm_config", "write_exports",

@@ -31,6 +31,8 @@ from specdec_tune.trees import parse_tree
 from specdec_tune.tuner.model import Candidate, TuningResult
 from specdec_tune.tuner.servers import _schemas as sch
 from specdec_tune.tuner.servers._gguf import gguf_sources, prepare_ggufs
+from specdec_tune.tuner.servers._paths import DRAFT_VAR, TARGET_VAR, Var, file_paths, model_path
+from specdec_tune.tuner.servers._paths import options_script, relocated, script, spliced
 from specdec_tune.tuner.servers._ship import Files, Shipped, carried, refusal_text, server_best
 from specdec_tune.tuner.servers._table import SERVERS
 from specdec_tune.tuner.servers._trtllm_fields import TRTLLM_COMMIT
@@ -62,15 +64,6 @@ def resolve_formats(formats: Sequence[str]) -> tuple[list[str], bool]:
     if not out:
         raise InputError(f"no export format given; valid: {', '.join(FORMATS)}, {ALL}")
     return out, every
-
-
-def model_path(name: str | None) -> str | None:
-    """A bundled model name becomes its folder; anything else (path, hub id) is returned as given."""
-    if not name:
-        return name
-    from specdec_tune.profiler import model_source
-
-    return model_source(name)
 
 
 def schedule_points(result: TuningResult) -> dict[int, int]:
@@ -106,13 +99,6 @@ def _refuse(fmt: str, result: TuningResult) -> None:
         raise InputError(refusal)
 
 
-def _paths(result: TuningResult) -> tuple[str, str | None]:
-    target = result.target_path or model_path(result.target) or result.target
-    c = result.candidate
-    draft = None if c.is_plain or c.is_ngram else (result.draft_path or model_path(c.drafter))
-    return target, draft
-
-
 def _validated(schema: type, what: str, /, **fields):
     try:
         return schema(**fields)
@@ -122,18 +108,15 @@ def _validated(schema: type, what: str, /, **fields):
         raise InputError(f"{what} export fails its schema at {where}: {first.get('msg')}") from None
 
 
-def _script(cmd: list[str], note: str) -> str:
-    return f"#!/bin/sh\n# {note}\n" + " ".join(shlex.quote(x) for x in cmd) + ' "$@"\n'
-
-
 # --------------------------------------------------------------------------- builders
 
 
 def _vllm(result: TuningResult) -> Files:
     c = result.candidate
-    target, draft = _paths(result)
+    target, draft = file_paths(result)
     if c.is_plain:
-        return [("vllm/launch.sh", _script(["vllm", "serve", target], "plain decoding: no --speculative-config"))]
+        return [("vllm/launch.sh", script(["vllm", "serve", Var(TARGET_VAR, target)],
+                                          "plain decoding: no --speculative-config"))]
     _refuse("vllm", result)
     ranges = batch_ranges(result)
     fields: dict = {"method": "ngram" if c.is_ngram else "draft_model",
@@ -146,17 +129,19 @@ def _vllm(result: TuningResult) -> Files:
         fields["num_speculative_tokens_per_batch_size"] = [list(r) for r in ranges]
     cfg = _validated(sch.VllmSpeculativeConfig, "vllm", **fields)
     text = json.dumps(cfg.model_dump(exclude_none=True), indent=2) + "\n"
-    cmd = ["vllm", "serve", target, "--speculative-config", json.dumps(cfg.model_dump(exclude_none=True))]
+    inline = json.dumps(cfg.model_dump(exclude_none=True))  # the draft's path becomes $DRAFT_MODEL inside it
+    cmd = ["vllm", "serve", Var(TARGET_VAR, target), "--speculative-config",
+           inline if c.is_ngram else spliced(inline, Var(DRAFT_VAR, draft), json.dumps(draft)[1:-1])]
     return [("vllm/speculative_config.json", text),
-            ("vllm/launch.sh", _script(cmd, f"{SERVERS['vllm'].version}: speculative_config.json inline"))]
+            ("vllm/launch.sh", script(cmd, f"{SERVERS['vllm'].version}: speculative_config.json inline"))]
 
 
 def _sglang(result: TuningResult) -> Files:
     c = result.candidate
-    target, draft = _paths(result)
-    base = ["python", "-m", "sglang.launch_server", "--model-path", target]
+    target, draft = file_paths(result)
+    base: list = ["python", "-m", "sglang.launch_server", "--model-path", Var(TARGET_VAR, target)]
     if c.is_plain:
-        return [("sglang/launch.sh", _script(base, "plain decoding: no --speculative-* flags"))]
+        return [("sglang/launch.sh", script(base, "plain decoding: no --speculative-* flags"))]
     _refuse("sglang", result)
     n = c.num_speculative_tokens
     if c.is_ngram:  # the draft's first token is the last verified one: N + 1 tokens in the window
@@ -171,18 +156,20 @@ def _sglang(result: TuningResult) -> Files:
                           speculative_draft_model_path=draft, speculative_num_steps=n, speculative_eagle_topk=k,
                           speculative_num_draft_tokens=nodes + 1)
     flags = args.flags()
+    words = [Var(DRAFT_VAR, draft) if i and flags[i - 1] == "--speculative-draft-model-path" else f
+             for i, f in enumerate(flags)]
     return [("sglang/flags.txt", "\n".join(flags) + "\n"),
-            ("sglang/launch.sh", _script(base + flags, SERVERS["sglang"].version))]
+            ("sglang/launch.sh", script(base + words, SERVERS["sglang"].version))]
 
 
 def _trtllm(result: TuningResult) -> Files:
     import yaml
 
     c = result.candidate
-    target, draft = _paths(result)
-    base = ["trtllm-serve", target, "--backend", "pytorch"]
+    target, draft = file_paths(result)
+    base: list = ["trtllm-serve", Var(TARGET_VAR, target), "--backend", "pytorch"]
     if c.is_plain:
-        return [("trtllm/launch.sh", _script(base, "plain decoding: no speculative_config"))]
+        return [("trtllm/launch.sh", script(base, "plain decoding: no speculative_config"))]
     _refuse("trtllm", result)
     ranges = batch_ranges(result)
     max_draft = c.num_speculative_tokens
@@ -207,8 +194,7 @@ def _trtllm(result: TuningResult) -> Files:
         raise InputError(f"trtllm export fails TensorRT-LLM's fields at {TRTLLM_COMMIT[:8]}: {problems[0]}")
     text = f"# {SERVERS['trtllm'].version}\n" + yaml.safe_dump(opts, sort_keys=False)
     return [("trtllm/extra_llm_api_options.yaml", text),
-            ("trtllm/launch.sh", _script(base + ["--extra_llm_api_options", "extra_llm_api_options.yaml"],
-                                         "run from this folder"))]
+            ("trtllm/launch.sh", options_script(base, "extra_llm_api_options.yaml", draft, SERVERS["trtllm"].version))]
 
 
 def _llamacpp(result: TuningResult) -> Files:
@@ -216,7 +202,7 @@ def _llamacpp(result: TuningResult) -> Files:
     named relative to the llamacpp folder; ``launch.sh`` runs from there. Flag names: llama.cpp
     0c1e57098's ``common/arg.cpp`` (llama-cpp-python 0.3.36), after the May 2026 ``--spec-*`` rename."""
     c = result.candidate
-    target, draft = _paths(result)
+    target, draft = file_paths(result)
     base = ["llama-server", "-m", "target.gguf"]
     version = SERVERS["llamacpp"].version
     if c.is_plain:
@@ -267,15 +253,17 @@ def _hf(result: TuningResult) -> Files:
 BUILDERS = {"vllm": _vllm, "sglang": _sglang, "trtllm": _trtllm, "llamacpp": _llamacpp, "hf": _hf}
 
 
-def ship(result: TuningResult, fmt: str, every: bool = True) -> Shipped:
-    """What ``fmt``'s files carry (:func:`~._ship.carried`), built.
+def ship(result: TuningResult, fmt: str, every: bool = True, model_root: str | None = None) -> Shipped:
+    """What ``fmt``'s files carry (:func:`~._ship.carried`), built; with ``model_root`` the files name
+    the models under it (:func:`~._paths.relocated`).
 
     Raises:
         InputError: the server cannot express the configuration (and nothing else was recorded), or
             a schema violation.
     """
     s = carried(result, fmt, every)
-    return replace(s, files=_stated(BUILDERS[fmt](s.result), s.result, s.note is None))
+    moved = relocated(s.result, model_root)
+    return replace(s, result=moved, files=_stated(BUILDERS[fmt](moved), moved, s.note is None))
 
 
 def _stated(files: Files, result: TuningResult, winner: bool) -> Files:
@@ -294,7 +282,8 @@ def _stated(files: Files, result: TuningResult, winner: bool) -> Files:
     return out
 
 
-def ship_all(result: TuningResult, formats: Sequence[str]) -> tuple[dict[str, Shipped], dict[str, str]]:
+def ship_all(result: TuningResult, formats: Sequence[str],
+             model_root: str | None = None) -> tuple[dict[str, Shipped], dict[str, str]]:
     """:func:`ship` every format asked: ``(shipped per format, refusal per skipped format)``.
 
     Named formats must all succeed; with ``all`` a format that cannot be written is skipped and its
@@ -308,7 +297,7 @@ def ship_all(result: TuningResult, formats: Sequence[str]) -> tuple[dict[str, Sh
     skipped: dict[str, str] = {}
     for f in fmts:
         try:
-            shipped[f] = ship(result, f, every)
+            shipped[f] = ship(result, f, every, model_root)
         except InputError as exc:
             if not every:
                 raise
@@ -329,7 +318,7 @@ def build_exports(result: TuningResult,
             {f: s.note for f, s in shipped.items() if s.note is not None})
 
 
-def render_exports(result: TuningResult, formats: Sequence[str]) -> dict[str, Files]:
+def render_exports(result: TuningResult, formats: Sequence[str], model_root: str | None = None) -> dict[str, Files]:
     """Every file :func:`write_exports` would write, as text: format -> [(relative path, text)], plus
     ``"readme"`` -> ``[("README.md", text)]``. Nothing is written.
 
@@ -339,14 +328,16 @@ def render_exports(result: TuningResult, formats: Sequence[str]) -> dict[str, Fi
     """
     from specdec_tune.tuner.servers._readme import render_readme
 
-    shipped, skipped = ship_all(result, formats)
-    readme = render_readme(result, shipped, skipped)
+    shipped, skipped = ship_all(result, formats, model_root)
+    readme = render_readme(result, shipped, skipped, model_root)
     return {**{fmt: list(s.files) for fmt, s in shipped.items()}, "readme": [("README.md", readme)]}
 
 
-def write_exports(result: TuningResult, formats: Sequence[str], out_dir: Path) -> dict[str, list[Path]]:
+def write_exports(result: TuningResult, formats: Sequence[str], out_dir: Path,
+                  model_root: str | None = None) -> dict[str, list[Path]]:
     """Write the files each format's server reads, and ``README.md``, under ``out_dir``; llama.cpp's
-    GGUF files are converted from the models first (``_gguf``).
+    GGUF files are converted from the models first (``_gguf``). With ``model_root`` every file names
+    the models under it, the serving host's folder (:mod:`._paths`); the conversion reads them here.
 
     Returns:
         format -> paths written (``"readme"`` -> the README).
@@ -357,11 +348,14 @@ def write_exports(result: TuningResult, formats: Sequence[str], out_dir: Path) -
     """
     from specdec_tune.tuner.servers._readme import render_readme
 
-    shipped, skipped = ship_all(result, formats)
+    shipped, skipped = ship_all(result, formats)  # the models as they are here: what the conversion reads
     built = {fmt: list(s.files) for fmt, s in shipped.items()}
     ggufs = prepare_ggufs(built, skipped, resolve_formats(formats)[1])  # may move llamacpp to skipped
+    if model_root:  # the same configurations, naming the serving host's copies
+        shipped = ship_all(result, formats, model_root)[0]
+        built = {fmt: list(s.files) for fmt, s in shipped.items() if fmt in built}
     shipped = {fmt: s for fmt, s in shipped.items() if fmt in built}
-    rendered = {**built, "readme": [("README.md", render_readme(result, shipped, skipped))]}
+    rendered = {**built, "readme": [("README.md", render_readme(result, shipped, skipped, model_root))]}
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir} exists and is not a folder")

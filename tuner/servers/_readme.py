@@ -7,7 +7,8 @@ server's section renders the :class:`~._exports.Shipped` record its files were b
 from __future__ import annotations
 
 from specdec_tune.tuner.model import MIN_LOWER, TuningResult, describe_side, format_value
-from specdec_tune.tuner.servers._exports import _paths, batch_ranges, schedule_points
+from specdec_tune.tuner.servers._exports import batch_ranges, schedule_points
+from specdec_tune.tuner.servers._paths import file_paths, relocated
 from specdec_tune.tuner.servers._ship import Shipped
 from specdec_tune.tuner.servers._table import SERVERS, caveats, expressible
 
@@ -41,7 +42,7 @@ def _config_lines(r: TuningResult, ranges: list[tuple[int, int, int]] | None, pe
     c = r.candidate
     lines = [f"- configuration: **{c.label()}**"]
     if not c.is_plain:
-        path = _paths(r)[1]  # the draft the files name
+        path = file_paths(r)[1]  # the draft the files name
         lines += [f"- drafter: `{c.drafter}`" + (f" (path `{path}`)" if path and path != c.drafter else ""),
                   f"- N (num_speculative_tokens): {c.num_speculative_tokens}",
                   f"- θ: {c.threshold:g}" + (f" (rule `{c.threshold_rule}`, {c.threshold_kind}"
@@ -199,7 +200,36 @@ def _file_section(s: Shipped) -> list[str]:
     return out + [f"- {n}" for n in notes] + ([""] if notes else [])
 
 
-def render_readme(r: TuningResult, shipped: dict[str, Shipped], skipped: dict[str, str]) -> str:
+def _model_paths(shipped: dict[str, Shipped], root: str | None) -> list[str]:
+    """Which paths the files name, and the two ways to point them at the serving host's copies."""
+    named: dict[str, str] = {}
+    for s in shipped.values():
+        if s.fmt == "hf":  # HF's file names no model: the models are given in code
+            continue
+        target, draft = file_paths(s.result)
+        named.setdefault(f"target `{s.result.target}`", target)
+        if draft:
+            named.setdefault(f"draft `{s.result.candidate.drafter}`", draft)
+    if not named:
+        return []
+    where = (f"under `--model-root {root}`, where the serving host keeps them" if root else
+             "as they are on the machine that exported them")
+    return ["## Model paths", "", f"The files name the models {where}:", ""] + [
+        f"- {what}: `{path}`" for what, path in named.items()] + [
+        "", "To serve other copies:", "",
+        "- export again with `--model-root DIR` (`specdec-tune export ... --model-root DIR`, or `tune --export OUT "
+        "--model-root DIR`): every file, JSON and YAML included, then names `DIR/<folder name>` for each local "
+        "model folder (a hub id stays as it is, the server resolves it);",
+        "- or, for one launch, set the variables each `launch.sh` reads: `TARGET_MODEL=/srv/models/target "
+        "DRAFT_MODEL=/srv/models/draft sh vllm/launch.sh`. vLLM's script places `DRAFT_MODEL` inside its inline "
+        "JSON (a path without `\"` or `\\`); TensorRT-LLM's serves a copy of its YAML that names `DRAFT_MODEL`. "
+        "The JSON, YAML and flag files keep the paths above.",
+        "- llama.cpp reads `target.gguf` and `draft.gguf` beside its flags: copy the `llamacpp` folder as a whole.",
+        ""]
+
+
+def render_readme(r: TuningResult, shipped: dict[str, Shipped], skipped: dict[str, str],
+                  model_root: str | None = None) -> str:
     """The README text for the formats ``shipped`` (:func:`~._exports.ship_all`: each format's files and
     the result they were built from) and those ``skipped``. Each server's section renders the result its
     files were built from, so the README and the files state the same configuration."""
@@ -208,14 +238,14 @@ def render_readme(r: TuningResult, shipped: dict[str, Shipped], skipped: dict[st
            f"Tuned for server `{r.server}` from {source}. The overall winner is below; each server's file "
            "carries the configuration its own section names, measured on held-out prompts where it says so.", "",
            "## Configuration", ""]
-    out += _config_lines(r, batch_ranges(r))
+    out += _config_lines(relocated(r, model_root), batch_ranges(r))  # the paths the files name
     out += ["", *_objective_lines(r), "## Numbers", ""] + _numbers(r)
     out += ["", "## Where it was tuned", "",
             f"- hardware: {r.hardware or '–'}",
             f"- target: `{r.target}`" + (f" (path `{r.target_path}`)" if r.target_path else ""),
             f"- draft: `{r.candidate.drafter}`",
             f"- workload: `{r.workload}`", ""]
-    out += ["## What each server can run", ""] + _servers_table(r, shipped) + [""]
+    out += ["## What each server can run", ""] + _servers_table(r, shipped) + [""] + _model_paths(shipped, model_root)
     out += ["## Files and how to pass them", ""]
     if shipped and all(s.result.candidate.is_plain for s in shipped.values()):
         out += ["Every file carries plain decoding: launch each server without speculative options "
