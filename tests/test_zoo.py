@@ -322,6 +322,60 @@ def test_zoo_list_measures_live(manifest: dict, capsys) -> None:
     assert all(r["ms_per_forward_measured"]["1"] > 0 and r["ms_per_forward_measured"]["8"] > 0 for r in rows)
 
 
+def test_zoo_list_measures_with_the_thread_count_bench_and_profile_choose(manifest: dict, capsys, monkeypatch,
+                                                                         tmp_path: Path) -> None:
+    """zoo list times each model with the tool's thread choice (calibrated for the bundled target and its
+    first draft, as bench and profile calibrate it, never more than the idle CPUs), not torch's default,
+    and says so; the timing itself is stubbed: only the wiring is checked."""
+    from specdec_tune.profiler import threads as th
+    from specdec_tune.training import assess
+
+    if th.usable_cpus() < 2:
+        pytest.skip("one usable CPU: every thread choice is 1, so the wiring cannot be told apart")
+    calibrated = []
+
+    def calibrate(target, draft, counts, **_):  # one thread fastest: the count differs from torch's 2
+        calibrated.append((Path(target.source).name, Path(draft.source).name if draft else None))
+        return {n: 1.0 if n == 1 else 2.0 for n in counts}
+
+    seen = []
+
+    def forward_samples(model, new_tokens, **_):
+        seen.append(torch.get_num_threads())
+        return [1.0]
+
+    monkeypatch.setattr(th, "cache_dir", lambda: tmp_path)  # a calibration of its own, not the session's
+    monkeypatch.setattr(th, "calibrate", calibrate)
+    monkeypatch.setattr(th, "idle_cpus", lambda *a, **k: float(th.usable_cpus()))  # a quiet machine
+    monkeypatch.setattr(assess, "forward_samples", forward_samples)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert main(["zoo", "list", "--json", "--repeats", "1"]) == 0
+        rows = json.loads(capsys.readouterr().out)
+        assert main(["zoo", "list", "--repeats", "1"]) == 0
+        table = capsys.readouterr().out
+    finally:
+        torch.set_num_threads(before)
+    assert calibrated == [("mini-target", "mini-draft-1l")]  # the pair bench and profile calibrate on
+    assert seen and set(seen) == {1}
+    assert all(r["threads"]["threads"] == 1 and r["threads"]["source"] == "calibrated" for r in rows)
+    assert "1 thread (calibrated): the count bench and profile choose" in " ".join(table.split())
+
+
+def test_zoo_list_lists_the_bundled_workloads(manifest: dict, capsys, monkeypatch) -> None:
+    """``--workload`` help points at `zoo list`: it lists each bundled workload with its prompt count."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(["zoo", "list", "--no-measure"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name in zoo.list_workloads():
+        count = len(load_workload(name))
+        assert any(name in line.split() and str(count) in line.split() for line in lines), (name, lines)
+    from specdec_tune.cli._options import WORKLOAD_HELP
+
+    assert "zoo list" in WORKLOAD_HELP
+
+
 def test_zoo_train_refuses_to_overwrite_a_zoo(tmp_path: Path, capsys) -> None:
     (tmp_path / "zoo.json").write_text("{}", encoding="utf-8")
     assert main(["zoo", "train", "--out", str(tmp_path), "--quick"]) == 2

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from specdec_tune.cli._app import app, console, print_json
-from specdec_tune.cli._options import DEFAULT_FORWARD, ForwardOption
+from specdec_tune.cli._app import app, console, print_json, set_threads
+from specdec_tune.cli._checks import parse_threads
+from specdec_tune.cli._options import DEFAULT_FORWARD, DEFAULT_THREADS, ForwardOption, ThreadsOption
 from specdec_tune.errors import InputError, NotFoundError
 
 zoo_app = typer.Typer(help="The bundled mini model family (target + drafts) and its training recipe.",
@@ -16,9 +18,16 @@ app.add_typer(zoo_app, name="zoo")
 _CONTEXT_TOKENS = 128
 
 
-def _measure_ms(path: Path, new_tokens: tuple[int, ...], repeats: int, forward: str) -> dict[str, float]:
-    """Median ms per forward of ``new_tokens`` tokens after a 128-token KV cache, measured live the
-    way the model card measures it (:func:`specdec_tune.training.assess.forward_samples`)."""
+def _measure_ms(models: list, new_tokens: tuple[int, ...], repeats: int, forward: str,
+                threads: str) -> tuple[dict[str, dict[str, float]], Any]:
+    """Median ms per forward of ``new_tokens`` tokens after a 128-token KV cache for each model, measured
+    live the way the model card measures it (:func:`specdec_tune.training.assess.forward_samples`),
+    with the thread count ``bench`` and ``profile`` choose for the bundled target and its first draft
+    (``--threads auto``: calibrated, never more than the idle CPUs; :mod:`specdec_tune.profiler.threads`).
+
+    Returns:
+        (name -> {token count: ms}, the thread choice).
+    """
     import statistics
 
     import torch
@@ -28,29 +37,52 @@ def _measure_ms(path: Path, new_tokens: tuple[int, ...], repeats: int, forward: 
     from specdec_tune.training.assess import forward_samples
 
     transformers.utils.logging.disable_progress_bar()  # keep stderr for real messages
-    loaded = load_model(str(path), "cpu", "float32", forward)
-    lean = loaded.forward == "lean"
+    loaded = {m.name: load_model(str(m.path), "cpu", "float32", forward) for m in models}
+    target = next((m.name for m in models if m.role == "target"), models[0].name)
+    draft = next((m.name for m in models if m.role != "target"), None)
+    choice = set_threads(threads, loaded[target], loaded[draft] if draft else None)
+    out = {}
     with torch.inference_mode():
-        return {str(k): statistics.median(forward_samples(loaded.hf, k, repeats=repeats, warmup=3,
-                                                          context=_CONTEXT_TOKENS, lean=lean))
-                for k in new_tokens}
+        for name, model in loaded.items():
+            lean = model.forward == "lean"
+            out[name] = {str(k): statistics.median(forward_samples(model.hf, k, repeats=repeats, warmup=3,
+                                                                   context=_CONTEXT_TOKENS, lean=lean))
+                         for k in new_tokens}
+    return out, choice
+
+
+def _workload_rows() -> list[dict[str, Any]]:
+    """The bundled workloads: name, prompts, categories and file (the ``--workload`` names)."""
+    from specdec_tune.engine.workloads import load_workload, resolve_workload
+    from specdec_tune.engine.zoo import list_workloads
+
+    rows = []
+    for name in list_workloads():
+        prompts = load_workload(name)
+        rows.append({"name": name, "prompts": len(prompts), "path": str(resolve_workload(name)),
+                     "categories": sorted({p.category for p in prompts if p.category})})
+    return rows
 
 
 @zoo_app.command("list")
 def zoo_list(
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of objects instead of a table."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of the models instead of the tables."),
     measure: bool = typer.Option(True, "--measure/--no-measure",
                                  help="Time each model live (a few seconds); otherwise show the build-time numbers."),
     repeats: int = typer.Option(10, min=1, help="Timed forwards per model and token count."),
     forward: ForwardOption = DEFAULT_FORWARD,
+    threads: ThreadsOption = DEFAULT_THREADS,
 ) -> None:
-    """Show each bundled model: name, role, path, parameters, layers, ms per forward."""
+    """Show each bundled model (name, role, path, parameters, layers, ms per forward, measured with the
+    thread count bench and profile use) and each bundled workload (name, prompts)."""
     from specdec_tune.engine.zoo import list_models, read_manifest
 
+    parse_threads(threads)
     models = list_models()
     if not models:
         raise NotFoundError("no bundled models found (the zoo is not built; run `specdec-tune zoo train`)")
     built = {m["name"]: m for m in read_manifest()["models"]}
+    measured, choice = _measure_ms(models, (1, 8), repeats, forward, threads) if measure else ({}, None)
     rows = []
     for m in models:
         entry = built[m.name]
@@ -61,15 +93,19 @@ def zoo_list(
                "layers": m.layers, "hidden_size": m.hidden_size,
                "ms_per_forward_at_build": {k: v["median"] for k, v in stored.items()}}
         if measure:
-            row["ms_per_forward_measured"] = _measure_ms(m.path, (1, 8), repeats, forward)
-            row["forward"] = forward
+            row.update(ms_per_forward_measured=measured[m.name], forward=forward, threads=choice.to_dict())
         rows.append(row)
     if as_json:
         print_json(rows)
         return
+    _print_tables(rows, measure, forward, choice)
+
+
+def _print_tables(rows: list[dict[str, Any]], measure: bool, forward: str, choice: Any) -> None:
     from rich.table import Table
 
-    label = f"measured now, {forward} forward" if measure else "measured at build time"
+    label = (f"measured now, {forward} forward, {choice.threads} thread{'s' * (choice.threads != 1)} "
+             f"({choice.source}): the count bench and profile choose" if measure else "measured at build time")
     table = Table(title=f"bundled models (ms per forward with a {_CONTEXT_TOKENS}-token KV cache, {label})")
     for col in ("name", "role", "params", "layers", "ms 1 tok", "ms 8 tok"):
         table.add_column(col, no_wrap=True)
@@ -79,6 +115,13 @@ def zoo_list(
         table.add_row(r["name"], r["role"], f"{r['parameters'] / 1e6:.2f}M", str(r["layers"]),
                       f"{ms.get('1', float('nan')):.2f}", f"{ms.get('8', float('nan')):.2f}", r["path"])
     console().print(table)
+    workloads = Table(title="bundled workloads (--workload NAME; or a JSONL file of your own)")
+    for col in ("name", "prompts", "categories"):
+        workloads.add_column(col, no_wrap=True)
+    workloads.add_column("path", overflow="fold")
+    for w in _workload_rows():
+        workloads.add_row(w["name"], str(w["prompts"]), ", ".join(w["categories"]) or "–", w["path"])
+    console().print(workloads)
 
 
 @zoo_app.command("shapes")
