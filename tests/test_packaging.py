@@ -27,6 +27,21 @@ def test_what_the_quick_start_writes_is_ignored(path):
     assert _git("check-ignore", "-q", "--no-index", path).returncode == 0, path
 
 
+def test_readme_names_the_cpu_wheel_index_and_keeps_command_1():
+    """A machine without a local wheel folder gets the CUDA torch from PyPI: README names PyTorch's CPU
+    wheel index for it, while command 1 (what .ci/run performs) stays as printed."""
+    import re
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    setup = text[text.index("## Set up a fresh machine"):text.index("## Quickstart")]
+    blocks = re.findall(r"```bash\n(.*?)```", setup, re.S)
+    command_1 = blocks[0].strip()
+    assert command_1.startswith("python3 -m venv .venv") and "specdec-tune tune" in command_1
+    assert "--index-url" not in command_1 and "pip install torch==2.13.0 &&" in command_1
+    cpu = [b for b in blocks[1:] if "--index-url https://download.pytorch.org/whl/cpu" in b]
+    assert cpu and "pip install torch==2.13.0 --index-url" in cpu[0]  # the version command 1 pins
+
+
 def test_setuptools_packages_are_the_folders_with_an_init(monkeypatch):
     """Data folders (zoo/models/<name>, regress/suites) are neither packages nor guessed data: the
     package-data globs name every data file, so setuptools has nothing ambiguous to warn about."""
