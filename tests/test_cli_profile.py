@@ -71,6 +71,37 @@ def test_profile_human_output(tiny_model_dirs, tmp_path, capsys):
     assert "best: N =" in out and "prefill included" in out
 
 
+def test_profile_says_plainly_when_plain_decoding_is_predicted_faster(profiled):
+    """A best speculative configuration predicted below 1× means plain decoding wins: profile says so on
+    the draft's table (and once for the run when no draft pays), not only "best: ... 0.66×"."""
+    import copy
+    import io
+
+    from rich.console import Console
+
+    from specdec_tune.cli.profile import _print_summary, profile_summary
+
+    url, _ = profiled
+    summary = profile_summary(open_database(url), 1)
+    assert all(d["plain_predicted_faster"] == (d["best"][0]["speedup"] < 1) for d in summary["drafts"] if d["best"])
+
+    def printed(speedups: list[float]) -> str:
+        s = copy.deepcopy(summary)
+        for d, x in zip(s["drafts"], speedups):
+            for b in d["best"]:
+                b["speedup"] *= x / d["best"][0]["speedup"]  # the best at x, the others in proportion
+        buf = io.StringIO()
+        _print_summary(Console(file=buf, width=200), s)
+        return buf.getvalue()
+
+    slower = printed([0.66, 0.8])
+    assert "plain decoding is predicted faster (the best above: 0.66× plain decoding)" in slower
+    assert "plain decoding is faster than every draft profiled here" in slower
+    mixed = printed([0.66, 1.3])
+    assert mixed.count("plain decoding is predicted faster") == 1 and "every draft profiled" not in mixed
+    assert "predicted faster" not in printed([1.3, 1.1])
+
+
 def test_predict_json_contract(profiled, tiny_model_dirs, capsys):
     url, _ = profiled
     code, out, _ = run(["predict", "--run", "1", "-N", "3", "--threshold", "0.2", "--db", url, "--json"], capsys)

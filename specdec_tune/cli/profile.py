@@ -93,6 +93,8 @@ def profile_summary(db, run_id: int) -> dict:
             "greedy_agreement": greedy.greedy_agreement if greedy else None,
             "one_minus_tv": greedy.one_minus_tv if greedy else None,
             "best_n_per_batch_size": per_batch,
+            # the best speculative configuration's predicted speedup below 1: plain decoding is predicted faster
+            "plain_predicted_faster": bool(best) and best[0][1].speedup < 1,
             "bias_front": [{"method": r.method, "epsilon": r.epsilon, "source": r.source, "rejection": r.rejection,
                             "bias": r.bias, "pareto_bias": r.pareto_bias, "positions": r.positions,
                             "label": "computed" if r.source == "theory" else "measured"}
@@ -114,6 +116,11 @@ def _acceptance_json(settings: dict) -> dict:
     if not rates:
         return {"kind": "measured"}
     return {"kind": "synthetic", "rates": list(rates), "label": opt.synthetic_label(rates)}
+
+
+def _plain_faster(d: dict) -> bool:
+    """The draft's best speculative configuration is predicted slower than plain decoding."""
+    return bool(d["best"]) and d["best"][0]["speedup"] < 1
 
 
 def _print_summary(out: Console, s: dict) -> None:
@@ -163,6 +170,9 @@ def _print_summary(out: Console, s: dict) -> None:
                 f"{'best' if i == 0 else f'#{i + 1}'}: N = {b['num_speculative_tokens']}, θ = {b['threshold']:.1f}",
                 f"{b['tokens_per_s']:.1f} tokens/s, {b['speedup']:.2f}×, τ {b['expected_tokens_per_cycle']:.2f}",
                 predicted)
+        if _plain_faster(d):
+            table.add_row("verdict", f"plain decoding is predicted faster (the best above: "
+                          f"{d['best'][0]['speedup']:.2f}× plain decoding)", predicted)
         for method in ("opt", "uno"):
             pts = {(r["epsilon"], r["source"]): r for r in d["bias_front"] if r["method"] == method}
             if pts:
@@ -176,6 +186,9 @@ def _print_summary(out: Console, s: dict) -> None:
             table.add_row("best N per batch size (θ = 0; 0 = do not speculate)",
                           ", ".join(f"B={b}: {n}" for b, n in d["best_n_per_batch_size"].items()), predicted)
         out.print(table)
+    if s["drafts"] and all(_plain_faster(d) for d in s["drafts"]):
+        out.print("predicted: plain decoding is faster than every draft profiled here (each best speedup is below "
+                  "1×); speculative decoding does not pay for this pair on this machine", highlight=False)
     out.print(f"throughput is {THROUGHPUT_NOTE}", highlight=False)
 
 
