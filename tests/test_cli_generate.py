@@ -110,3 +110,36 @@ def test_usage_errors_are_one_line_and_exit_2(args, needle):
     assert proc.returncode == 2, proc.stderr
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_plain_and_speculative_generate_use_one_thread_count_and_print_it(base_args, tiny_model_dirs, capsys,
+                                                                           monkeypatch, tmp_path):
+    """Quickstart's two generate lines compare only at one thread count: generate calibrates on the target
+    whatever the draft (the pair's calibration may differ), and prints the count beside tokens/s."""
+    import torch
+
+    from specdec_tune.profiler import threads as th
+
+    if th.usable_cpus() < 2:
+        pytest.skip("one usable CPU: every thread choice is 1")
+    calibrated = []
+
+    def calibrate(target, draft, counts, **_):  # alone 1 thread is fastest, with a draft 2 (a made-up machine)
+        calibrated.append(draft is not None)
+        best = 1 if draft is None else 2
+        return {n: 1.0 if n == best else 2.0 for n in counts}
+
+    monkeypatch.setattr(th, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(th, "calibrate", calibrate)
+    monkeypatch.setattr(th, "idle_cpus", lambda *a, **k: float(th.usable_cpus()))
+    before = torch.get_num_threads()
+    lines = {}
+    try:
+        for draft in ("none", tiny_model_dirs["draft"], "ngram"):
+            code, out, err = run(base_args + ["--prompt", "def add(a, b):", "--draft", draft], capsys)
+            assert code == 0, err
+            lines[draft] = next(line for line in out.splitlines() if line.startswith("measured:"))
+    finally:
+        torch.set_num_threads(before)
+    assert calibrated == [False]  # once, on the target alone, then cached for every draft
+    assert all(" tokens/s with 1 thread (" in line for line in lines.values()), lines

@@ -89,7 +89,9 @@ def generate(
     if tree or staged:  # a tree of the draft, or the draft speculated by an inner drafter (profiler.runs)
         spec = replace(spec, tree=tree or "",
                        inner=_draft_spec(staged, tgt, device, dtype, how) if staged else None)
-    choice = set_threads(threads, tgt, spec.model)
+    # The target's choice whatever the draft (none, ngram or a model): plain and speculative runs of one
+    # target take the same thread count, so their tokens/s compare.
+    choice = set_threads(threads, tgt)
     config = DecodeConfig(
         max_new_tokens=max_new_tokens,
         num_speculative_tokens=num_speculative_tokens,
@@ -118,7 +120,8 @@ def generate(
             continue
         out.print(f"[bold]{p.id}[/bold]", highlight=False)
         out.print(run.text, markup=False, highlight=False)
-        line = f"measured: {run.tokens_per_s:.1f} tokens/s ({run.new_tokens} new tokens in {run.seconds:.3f} s)"
+        line = (f"measured: {run.tokens_per_s:.1f} tokens/s with {choice.threads} thread{'s' * (choice.threads != 1)} "
+                f"({run.new_tokens} new tokens in {run.seconds:.3f} s)")
         if run.cycles:
             line += (f", τ = {run.mean_tokens_per_cycle:.2f} tokens/cycle over {run.cycles} cycles, "
                      f"α = {opt.format_alphas(run.acceptance_per_position)}{acceptance}")
