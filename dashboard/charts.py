@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
+from specdec_tune.dashboard.figure_layout import fit_title
 from specdec_tune.dashboard.measured import HELD_OUT, FidelityInfo, short_name
 from specdec_tune.db import BiasFrontRow
 from specdec_tune.dashboard.profile_info import AcceptancePanel, ProfileInfo
@@ -22,7 +23,7 @@ _LAYOUT = dict(margin=dict(l=50, r=20, t=50, b=45), height=360, legend=dict(orie
 def _fig(title: str, x: str, y: str, **layout: object) -> go.Figure:
     fig = go.Figure()
     fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, **{**_LAYOUT, **layout})
-    return fig
+    return fit_title(fig)  # wrapped, below the toolbar, the margin sized to it
 
 
 def _errors(points: Sequence[tuple[float, float, float]]) -> dict:
@@ -155,7 +156,8 @@ def budget_chart(budgets: Sequence[CycleBudget]) -> go.Figure:
 def heatmap_chart(hm: HeatMap) -> go.Figure:
     """Predicted tokens/s over (N, θ) with the measured points (hover: measured, CI, prompts)."""
     fig = _fig(f"{short_name(hm.draft)}: predicted tokens/s over N and θ (circles: measured)",
-               "N (num_speculative_tokens)", "θ (threshold)")
+               "N (num_speculative_tokens)", "θ (threshold)", legend=dict(orientation="h", y=-0.25),
+               height=max(260, 120 + 34 * len(hm.thresholds)))
     # Category axes: one cell per N and per θ of the grid (an n-gram draft has the single row θ = 0).
     fig.add_heatmap(x=[str(n) for n in hm.ns], y=[f"{t:g}" for t in hm.thresholds], z=[list(r) for r in hm.tokens_per_s],
                     colorscale="Viridis", colorbar=dict(title="tokens/s"),
@@ -168,7 +170,6 @@ def heatmap_chart(hm: HeatMap) -> go.Figure:
                         mode="markers+text", text=[f"{m.measured:.0f}" for m in hm.measured], textposition="top center",
                         textfont=dict(color="white"), hovertext=text, hoverinfo="text", name="measured",
                         marker=dict(size=13, color="rgba(0,0,0,0)", line=dict(color="white", width=2)))
-    fig.update_layout(legend=dict(orientation="h", y=-0.25), height=max(260, 120 + 34 * len(hm.thresholds)))
     fig.update_xaxes(type="category")
     fig.update_yaxes(type="category")
     return fig

@@ -225,3 +225,26 @@ def load_overview(db: Database, studies: Sequence[StudyRow] = (), trends: Trends
         run_count=len(runs), measured_count=len(measured), studies=tuple(studies), best=tuple(best),
         verdicts=trends.verdicts if trends else (), regress_runs=trends.runs if trends else 0,
     )
+
+
+def _with_ci(x: float | None, ci: tuple[float, float] | None, digits: int, suffix: str = "") -> str:
+    if x is None:
+        return "–"
+    return f"{x:,.{digits}f}{suffix}" + (f" [{ci[0]:,.{digits}f}, {ci[1]:,.{digits}f}]" if ci else "")
+
+
+def best_tables(rows: Sequence[BestRow]) -> dict[tuple[str, str, str], list[dict[str, str]]]:
+    """The best-configuration table split by (target, hardware, workload), each group's name shown above
+    its table: seven short columns a page's width holds (twelve ran off its right edge), each measured
+    value in one cell with its 95% CI (tokens/s and speedup measured; ``predicted``: tokens/s)."""
+    groups: dict[tuple[str, str, str], list[dict[str, str]]] = {}
+    for b in rows:
+        groups.setdefault((b.target, b.hardware, b.workload), []).append({
+            "server": b.server, "configuration": b.config,
+            "tokens/s [95% CI]": _with_ci(b.measured_tokens_per_s, b.tokens_ci, 1),
+            "predicted": _with_ci(b.predicted_tokens_per_s, None, 1),
+            "speedup [95% CI]": _with_ci(b.speedup, b.speedup_ci, 2, "×"),
+            "prompts": "held-out" if b.heldout else "in-sample",
+            "from": b.source.split(" (best inside")[0],  # the caption says what a server's own row is
+        })
+    return groups

@@ -13,6 +13,8 @@ import plotly.graph_objects as go
 from optuna import visualization as vis
 from optuna.trial import TrialState
 
+from specdec_tune.dashboard.figure_layout import fit_title
+
 
 def objective_names(study: Any) -> list[str]:
     """One name per objective: Optuna's metric names, else the ``objectives`` ``tune`` stored with the study."""
@@ -50,7 +52,7 @@ def study_figures(study: Any) -> dict[str, go.Figure]:
     if multi:
         figs["pareto"] = vis.plot_pareto_front(study, target_names=names)
     for fig in figs.values():
-        fig.update_layout(height=380, margin=dict(l=50, r=20, t=50, b=45))
+        fit_title(fig.update_layout(height=380, margin=dict(l=50, r=20, t=50, b=45)))
     return figs
 
 
@@ -62,4 +64,4 @@ def schedule_chart(per_batch_size: dict[int, int]) -> go.Figure:
     fig.update_layout(title="Per-batch-size schedule: best N for each batch size (predicted; 0 = do not speculate)",
                       xaxis_title="batch size B", yaxis_title="N", height=340, margin=dict(l=50, r=20, t=50, b=45),
                       xaxis_type="category")
-    return fig
+    return fit_title(fig)

@@ -287,6 +287,66 @@ def test_charts_follow_the_data(db):
     assert [t.name for t in budget.data] == ["draft steps", "verify", "overhead"]
 
 
+def _every_figure(db, urls):
+    """Every plotly figure the pages draw from the fixture (trends: none stored; telemetry: none on a CPU)."""
+    from specdec_tune.dashboard.study_charts import schedule_chart
+
+    info, why = load_profile_info(db, 1), load_why(db, 1)
+    figs = {"verify": charts.verify_chart(info), "draft_step": charts.draft_step_chart(info),
+            "draft_step_b": charts.draft_step_batch_chart(info),
+            "alpha": charts.acceptance_chart(info.acceptance, "alpha"),
+            "beta": charts.acceptance_chart(info.acceptance, "beta"),
+            "calibration": charts.calibration_chart(info.acceptance, info.thresholds),
+            "budget": charts.budget_chart([*why.ranked, why.baseline]),
+            "heat": charts.heatmap_chart(why.heatmaps[0]), "fidelity": charts.fidelity_chart(load_fidelity(db)),
+            "schedule": schedule_chart({1: 4, 4: 2, 16: 0})}
+    storage = open_storage(urls["storage"])
+    figs.update({f"study_{k}": f for k, f in study_figures(load_study(storage, dashboard_data.PARETO)).items()})
+    return figs
+
+
+def test_chart_titles_fit_beside_the_toolbar(db, urls):
+    """Plotly's toolbar sits at a figure's top right (26 px high, 2 px from the top, as Chromium drew it),
+    and two charts share a row: a title fits in a half-page chart (about 450 px: 60 characters of a
+    15-px font) and starts below the toolbar, and the top margin holds it above the plot. Plotly centres
+    a title's lines on its anchor (line height 1.3 font sizes)."""
+    import re
+
+    for name, fig in _every_figure(db, urls).items():
+        t = fig.layout.title
+        lines = re.split(r"<br\s*/?>", t.text or "")
+        assert t.text and all(len(line) <= 60 for line in lines), (name, lines)
+        assert (t.xanchor, t.yref, t.yanchor) == ("left", "container", "top"), name
+        line = 1.3 * (t.font.size or 17)
+        top = t.pad.t - (len(lines) - 1) * line / 2  # where the first line starts, from the figure's top
+        assert top >= 2 + 26, (name, top)  # below the toolbar
+        assert fig.layout.margin.t >= top + len(lines) * line + 4, name  # above the plot
+
+
+def test_best_configuration_tables_fit_the_page(db, urls):
+    """Overview's best configurations: one table per (target, hardware, workload), named above it, with
+    columns that fit a page (twelve ran off its right edge): each value with its CI in one cell."""
+    from dataclasses import replace
+
+    from specdec_tune.dashboard.overview import best_tables
+
+    best = list(load_overview(db, list_studies(open_storage(urls["storage"]))).best)
+    row = best[0]
+    best += [replace(row, server="sglang", config="draft N=4", source=f"{row.source} (best inside sglang's space)"),
+             replace(row, hardware="Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz (cpu, 2 threads)", tokens_ci=None)]
+    tables = best_tables(best)
+    assert sorted(tables) == sorted({(b.target, b.hardware, b.workload) for b in best})
+    assert sum(len(rows) for rows in tables.values()) == len(best)
+    first = tables[(row.target, row.hardware, row.workload)][0]
+    assert first["tokens/s [95% CI]"] == f"{row.measured_tokens_per_s:,.1f} [{row.tokens_ci[0]:,.1f}, {row.tokens_ci[1]:,.1f}]"
+    assert first["speedup [95% CI]"].startswith(f"{row.speedup:.2f}× [")
+    for rows in tables.values():
+        assert all(len(r) <= 7 for r in rows)
+        # at about 8 px a character (cell padding included), 125 characters fill a 1400-px window's page
+        width = sum(max(len(col), *(len(r[col]) for r in rows)) + 3 for col in rows[0])
+        assert width <= 125, rows
+
+
 def test_filter_runs(db):
     runs = list_runs(db)
     target = runs[0].target.name

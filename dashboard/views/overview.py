@@ -5,6 +5,7 @@ import streamlit as st
 
 from specdec_tune.dashboard import cache, ui
 from specdec_tune.dashboard.measured import short_name
+from specdec_tune.dashboard.overview import best_tables
 from specdec_tune.dashboard.trends import FLAGGED
 
 sel = ui.selection()
@@ -29,15 +30,13 @@ best = [b for b in info.best
         and (sel.target is None or b.target == short_name(sel.target))
         and (sel.workload is None or b.workload == short_name(sel.workload))]
 if best:
-    st.dataframe([{
-        "target": b.target, "hardware": b.hardware, "workload": b.workload, "server": b.server,
-        "configuration": b.config, "measured tokens/s": ui.fmt(b.measured_tokens_per_s),
-        "measured 95% CI": ui.ci_text(b.tokens_ci), "predicted tokens/s": ui.fmt(b.predicted_tokens_per_s),
-        "measured speedup": ui.fmt(b.speedup, 2, "×"), "speedup 95% CI": ui.ci_text(b.speedup_ci, 2),
-        "prompts": "held-out" if b.heldout else "in-sample (the profile's own)", "from": b.source,
-    } for b in best], hide_index=True)
-    st.caption("Speedup = measured tokens/s ÷ plain decoding measured the same way. In-sample rows ran the "
-               "profile's own prompts; a tuning's winner is confirmed on held-out prompts.")
+    for (target, hardware, workload), rows in best_tables(best).items():
+        st.markdown(f"**{target}** on {hardware}, workload **{workload}**")
+        st.dataframe(rows, hide_index=True)
+    st.caption("Tokens/s and speedup measured, with their 95% CI; predicted: the model's tokens/s. "
+               "Speedup = measured tokens/s ÷ plain decoding measured the same way. In-sample rows ran the "
+               "profile's own prompts; a tuning's winner is confirmed on held-out prompts. A study's rows for "
+               "other servers hold the best inside each server's space.")
 else:
     st.info("No measured configuration matches the selection yet. Measure one or tune:")
     st.code(ui.commands("measure", "tune"), language="bash")
@@ -71,7 +70,7 @@ elif info.regress_runs:
 else:
     st.info("No regression runs yet: run `specdec-tune regress`.")
 
-left, mid, right = st.columns(3)
+left, mid, right = st.columns([1, 2, 1])  # the models table has the most columns
 with left:
     st.subheader("Hardware")
     st.dataframe([{"hardware": h} for h in info.hardware], hide_index=True)
