@@ -1,5 +1,6 @@
-"""The llama.cpp pieces that need no llama.cpp build: where it is looked for, the converter shim's
-tokenizer rule, the /metrics parser, and the refusal when it is missing."""
+"""The llama.cpp pieces that need no llama-server build: where it is looked for, the converter shim's
+tokenizer rule, the /metrics parser, the refusal when the converter is missing, and the export's GGUF files
+made by the converter alone (skipped without it)."""
 from __future__ import annotations
 
 import json
@@ -67,12 +68,14 @@ def test_llamacpp_export_without_llama_cpp_is_one_line_and_writes_nothing(tmp_pa
     from specdec_tune.tuner.servers import write_exports
 
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "no-llama"))
+    monkeypatch.setenv("SPECDEC_LLAMACPP_FETCH", "0")  # an offline machine: the converter cannot be fetched
     assert LlamaCpp(tmp_path / "no-llama").missing()
     r = TuningResult(candidate=Candidate("mini-draft-1l", 4), server="llamacpp", target="mini-target",
                      workload="functions")
     with pytest.raises(InputError) as exc:
         write_exports(r, ["llamacpp"], tmp_path / "out")
     assert "scripts/setup_llamacpp.sh" in str(exc.value) and "\n" not in str(exc.value)
+    assert "GGUF converter" in str(exc.value) and "SPECDEC_LLAMACPP_FETCH=0" in str(exc.value)
     assert not (tmp_path / "out").exists()
     out = write_exports(r, ["all"], tmp_path / "all")  # under all: listed with the reason
     assert "llamacpp" not in out and "- llamacpp: cannot write llamacpp/target.gguf" in \
