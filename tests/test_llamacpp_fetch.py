@@ -70,3 +70,19 @@ def test_with_the_fetch_off_nothing_is_fetched_and_the_refusal_says_so(fresh_lla
     with pytest.raises(LlamacppError) as exc:
         require_converter("exporting", source=source)
     assert f"{FETCH_ENV}=0" in str(exc.value) and fake.calls(folder) == []
+
+
+def test_export_on_a_fresh_machine_writes_the_gguf_files(fresh_llamacpp, tiny_model_dirs, capsys):
+    """``export --format llamacpp`` where llama.cpp was never set up: the converter is fetched, the models
+    converted with it, and target.gguf and draft.gguf written beside the flags that name them."""
+    from specdec_tune.tuner.model import Candidate, TuningResult
+    from specdec_tune.tuner.servers import write_formats
+
+    folder, _ = fresh_llamacpp  # the export fetches from the default source: the stand-in
+    r = TuningResult(candidate=Candidate("draft", 4), server="llamacpp", target="target", workload="functions",
+                     target_path=tiny_model_dirs["target"], draft_path=tiny_model_dirs["draft"])
+    written = write_formats(r, ["llamacpp"], folder / "out")
+    assert written.not_written == {}
+    assert (folder / "out" / "llamacpp" / "target.gguf").read_bytes() == b"GGUF" + b"target"
+    assert (folder / "out" / "llamacpp" / "draft.gguf").read_bytes() == b"GGUF" + b"draft"
+    assert "fetching it into" in capsys.readouterr().err

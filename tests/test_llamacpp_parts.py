@@ -4,8 +4,10 @@ made by the converter alone (skipped without it)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,45 @@ def test_metrics_page_parsing():
     ])
     assert parse_metrics(page) == SpecCounters(36, 135, 80, (26, 21, 17, 16))
     assert parse_metrics("llamacpp:requests_processing 0") == SpecCounters()
+
+
+def _gguf_facts(llama: LlamaCpp, path: Path) -> tuple[str, int]:
+    """(general.architecture, tensor count) of a GGUF file, read by llama.cpp's own gguf-py."""
+    code = ("import sys; from gguf import GGUFReader; r = GGUFReader(sys.argv[1]); "
+            "f = r.fields['general.architecture']; print(bytes(f.parts[f.data[0]]).decode(), len(r.tensors))")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(llama.source / "gguf-py")}).stdout.split()
+    return out[0], int(out[1])
+
+
+def _tensor_count(model_dir: str) -> int:
+    from safetensors import safe_open
+
+    n = 0
+    for f in Path(model_dir).glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            n += len(list(st.keys()))
+    return n
+
+
+def test_the_converter_alone_writes_the_exports_gguf_files(llamacpp_converter, tiny_model_dirs, tmp_path):
+    """llama.cpp's export needs its converter, not its server: target.gguf and draft.gguf are GGUF files of
+    the Llama architecture holding every tensor of their model, beside flags that name them, and the README's
+    llama.cpp section agrees with the flags."""
+    from specdec_tune.tuner.model import Candidate, TuningResult
+    from specdec_tune.tuner.servers import write_formats
+    from tests.readme_check import mismatches
+
+    r = TuningResult(candidate=Candidate("draft", 3, 0.2), server="llamacpp", target="target", workload="w",
+                     target_path=tiny_model_dirs["target"], draft_path=tiny_model_dirs["draft"])
+    written = write_formats(r, ["llamacpp"], tmp_path)
+    assert written.not_written == {} and written.carries == {"llamacpp": "draft N=3 θ=0.2"}
+    for name in ("target", "draft"):
+        assert _gguf_facts(llamacpp_converter, tmp_path / "llamacpp" / f"{name}.gguf") == \
+            ("llama", _tensor_count(tiny_model_dirs[name]))
+    flags = (tmp_path / "llamacpp" / "flags.txt").read_text().split("\n")
+    assert flags[flags.index("--spec-draft-model") + 1] == "draft.gguf"
+    assert mismatches(tmp_path) == []
 
 
 def test_llamacpp_export_without_llama_cpp_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
