@@ -26,6 +26,7 @@ from specdec_tune.dashboard.studies import (
 )
 from specdec_tune.dashboard.study_charts import study_figures as build_study_figures
 from specdec_tune.dashboard.trends import TrendsInfo, load_trends
+from specdec_tune.dashboard.wiring import ExportFiles
 from specdec_tune.dashboard.why import CycleBudget, WhyInfo, chosen_budget, load_why
 from specdec_tune.db import Database, RunRecord, list_runs, open_database
 from specdec_tune.tuner.model import TuningResult
@@ -116,7 +117,7 @@ def study(storage_url: str, name: str, trials: int) -> tuple[StudyInfo, dict[str
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def exports(result_json: str) -> dict[str, dict[str, bytes]]:
+def exports(result_json: str) -> ExportFiles:
     import json
 
     return export_files(TuningResult.from_dict(json.loads(result_json)))

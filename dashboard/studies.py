@@ -14,7 +14,7 @@ from typing import Any
 from specdec_tune.dashboard.sources import storage_exists
 from specdec_tune.dashboard.study_charts import objective_names
 from specdec_tune.dashboard.study_reader import snapshot, trial_counts
-from specdec_tune.dashboard.wiring import server_room
+from specdec_tune.dashboard.wiring import ExportFiles, server_room
 from specdec_tune.errors import SpecdecError
 from specdec_tune.tuner.model import TuningResult
 
@@ -177,12 +177,13 @@ def export_formats() -> tuple[str, ...]:
     return room.formats if room else ()
 
 
-def export_files(result: TuningResult) -> dict[str, dict[str, bytes]]:
-    """Every file ``specdec-tune export --format all`` writes for ``result``.
+def export_files(result: TuningResult) -> ExportFiles:
+    """Every file ``specdec-tune export --format all`` writes for ``result``, for download.
 
     Returns:
-        format (``vllm`` ... and ``readme``) -> relative path -> content. A format that cannot express
-        the configuration writes nothing; the README says why.
+        the files (format -> relative path -> content) and the formats left out with why: one that
+        cannot express the configuration, or llamacpp when its GGUF files are not converted on this
+        machine or too large to download (its flags name them). The README says the same.
 
     Raises:
         SpecdecError: the exporter refused the result (its own one-line message), or no server room
@@ -195,7 +196,8 @@ def export_files(result: TuningResult) -> dict[str, dict[str, bytes]]:
 
 
 def zip_files(files: dict[str, dict[str, bytes]]) -> bytes:
-    """All exported files in one zip archive (paths as written)."""
+    """All exported files in one zip archive (paths as written); GGUF weights stored, not deflated
+    (float weights barely compress, and deflating megabytes would slow every page render)."""
     import io
     import zipfile
 
@@ -203,7 +205,7 @@ def zip_files(files: dict[str, dict[str, bytes]]) -> bytes:
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for group in files.values():
             for path, data in group.items():
-                zf.writestr(path, data)
+                zf.writestr(path, data, compress_type=zipfile.ZIP_STORED if path.endswith(".gguf") else None)
     return buf.getvalue()
 
 

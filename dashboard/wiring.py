@@ -35,6 +35,19 @@ class ServerFacts:
 
 
 @dataclass(frozen=True)
+class ExportFiles:
+    """One tuning result's export, for download.
+
+    Attributes:
+        files: format (``vllm`` ... and ``readme``) -> relative path -> content; llamacpp with its GGUF files.
+        left_out: format not in the download -> why (one line; the README's "Formats not written" says it too).
+    """
+
+    files: dict[str, dict[str, bytes]]
+    left_out: dict[str, str]
+
+
+@dataclass(frozen=True)
 class ServerRoom:
     """The server facts and exporters the dashboard shows.
 
@@ -42,13 +55,13 @@ class ServerRoom:
         servers: every server of the capability table, in its order.
         unsupported: ``(server name, candidate) -> None`` when the server can run the candidate, else why not.
         formats: the export formats, in order.
-        export_files: a tuning result -> format (and ``readme``) -> relative path -> file content.
+        export_files: a tuning result -> its export's files (and the formats left out, with why).
     """
 
     servers: tuple[ServerFacts, ...]
     unsupported: Callable[[str, Candidate], str | None]
     formats: tuple[str, ...]
-    export_files: Callable[[TuningResult], dict[str, dict[str, bytes]]]
+    export_files: Callable[[TuningResult], ExportFiles]
 
 
 _room: ServerRoom | None = None

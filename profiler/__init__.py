@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from specdec_tune.engine import resolve_source
 from specdec_tune.engine.workloads import resolve_workload
-from specdec_tune.profiler.llamacpp import LlamacppError, copy_gguf, find_llamacpp, gguf_for_model, local_model_dir
+from specdec_tune.profiler.llamacpp import LlamacppError, cached_gguf, copy_gguf, find_llamacpp, gguf_for_model
+from specdec_tune.profiler.llamacpp import local_model_dir
 from specdec_tune.profiler.measure import chosen_prompts, default_split, measure_configs
 from specdec_tune.profiler.measure_records import PLAIN, Measurement, MeasureSpec
 from specdec_tune.profiler.session import check_inputs, run_profile
@@ -22,7 +23,7 @@ from specdec_tune.profiler.vllm_backend import VllmError, require_vllm_python, s
 from specdec_tune.profiler.vllm_measure import ServerConfig, ServerGroup, ServerMeasurement, measure_on_server
 
 __all__ = [
-    "LlamacppError", "copy_gguf", "find_llamacpp", "gguf_for_model", "local_model_dir",
+    "LlamacppError", "cached_gguf", "copy_gguf", "find_llamacpp", "gguf_for_model", "local_model_dir",
     "ThreadChoice", "check_inputs", "apply_threads", "choose_threads", "idle_cpus",
     "PLAIN", "ArmSpec", "MeasureSpec", "Measurement", "ProfileResult", "ProfileSettings", "Progress", "PromptSample",
     "ServerConfig", "ServerGroup", "ServerMeasurement", "StageLog", "VllmError", "chosen_prompts", "default_split",

@@ -8,6 +8,10 @@ vendors ggml-org/llama.cpp@ :data:`LLAMA_CPP_COMMIT`) into a *home* folder and b
     HOME/bin/llama-server       the server (static)
     HOME/pylib/py3.X/           the converter's one requirement our venv lacks (sentencepiece), per Python
 
+Exporting needs only the converter (``HOME/llama.cpp`` and ``HOME/pylib``), not the server: where it
+is missing, :func:`require_converter` fetches it alone into the same folder (``llamacpp_fetch.py``: a
+77 MB download, not the server's 39-minute build), unless ``SPECDEC_LLAMACPP_FETCH=0``.
+
 HOME is ``$SPECDEC_LLAMACPP_DIR`` if set, else ``<cache>/llamacpp/<version>-<cpu key>``
 (:func:`specdec_tune.cache.cache_dir`): the build uses the host's instruction set (GGML_NATIVE), so
 its folder is keyed by the machine and its CPU flags, computed here exactly as the script does.
@@ -19,17 +23,23 @@ converter's hash table cannot (that file explains why).
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import platform
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specdec_tune.cache import cache_dir
 from specdec_tune.errors import SpecdecError
+
+if TYPE_CHECKING:
+    from specdec_tune.profiler.llamacpp_fetch import Source
 
 SDIST_VERSION = "0.3.36"  # llama-cpp-python on PyPI
 LLAMA_CPP_COMMIT = "0c1e57098"  # the llama.cpp it vendors (its CHANGELOG.md)
@@ -88,15 +98,20 @@ class LlamaCpp:
         ``tokenizer.model`` (``conversion/base.py``, ``_create_vocab_sentencepiece``), even for BPE."""
         return self.home / "pylib" / f"py{sys.version_info.major}.{sys.version_info.minor}"
 
-    def missing(self) -> list[str]:
-        """The parts not there (empty: complete)."""
-        need = {"llama-server": self.server, "convert_hf_to_gguf.py": self.converter,
+    def missing_converter(self) -> list[str]:
+        """The converter's parts not there (empty: models can be converted to GGUF)."""
+        need = {"convert_hf_to_gguf.py": self.converter, "conversion/": self.source / "conversion",
                 "gguf-py": self.source / "gguf-py", "pylib (sentencepiece)": self.pylib}
         return [name for name, path in need.items() if not path.exists()]
 
+    def missing(self) -> list[str]:
+        """The parts not there, server and converter (empty: complete)."""
+        return (["llama-server"] if not self.server.exists() else []) + self.missing_converter()
+
 
 def find_llamacpp() -> LlamaCpp | None:
-    """The installation at :func:`llamacpp_home`, or ``None`` when it is absent or incomplete."""
+    """The installation at :func:`llamacpp_home` with its server built, or ``None`` when it is absent or
+    incomplete."""
     found = LlamaCpp(llamacpp_home())
     return None if found.missing() else found
 
@@ -105,13 +120,40 @@ def require_llamacpp(purpose: str) -> LlamaCpp:
     """Like :func:`find_llamacpp`, but absence is an error naming ``purpose`` and the way to install it.
 
     Raises:
-        LlamacppError: no complete installation at :func:`llamacpp_home`.
+        LlamacppError: no complete installation (server built) at :func:`llamacpp_home`.
     """
     found = LlamaCpp(llamacpp_home())
     missing = found.missing()
     if missing:
         raise LlamacppError(f"{purpose} needs llama.cpp {LLAMA_CPP_COMMIT} (llama-cpp-python {SDIST_VERSION}), "
                             f"not found in {found.home} (missing: {', '.join(missing)}); {SETUP_HINT}")
+    return found
+
+
+def require_converter(purpose: str, *, source: Source | None = None) -> LlamaCpp:
+    """The installation at :func:`llamacpp_home` with its GGUF converter (the server may be absent):
+    a missing converter is fetched alone (``llamacpp_fetch``, from ``source``: the user's pip by
+    default) unless ``SPECDEC_LLAMACPP_FETCH=0``.
+
+    Raises:
+        LlamacppError: the converter is missing and fetching it is turned off or failed (one line
+            naming ``purpose``, why, and the way to install it).
+    """
+    from specdec_tune.profiler.llamacpp_fetch import FETCH_ENV, fetch_allowed, fetch_converter
+
+    found = LlamaCpp(llamacpp_home())
+    missing = found.missing_converter()
+    if not missing:
+        return found
+    what = (f"{purpose} needs llama.cpp's GGUF converter (llama.cpp {LLAMA_CPP_COMMIT}, llama-cpp-python "
+            f"{SDIST_VERSION}), not found in {found.home} (missing: {', '.join(missing)})")
+    if not fetch_allowed():
+        raise LlamacppError(f"{what}; fetching it is turned off ({FETCH_ENV}={os.environ.get(FETCH_ENV)}); "
+                            f"{SETUP_HINT}")
+    try:
+        fetch_converter(found, source=source)
+    except (LlamacppError, OSError) as exc:
+        raise LlamacppError(f"{what}, and fetching it failed: {exc}; {SETUP_HINT}") from None
     return found
 
 
@@ -123,9 +165,9 @@ def convert_to_gguf(model_dir: str | os.PathLike, out_file: str | os.PathLike, *
     exactly representable in float32), so llama.cpp and the engine decode the same network.
 
     Raises:
-        LlamacppError: llama.cpp is not installed, or the converter failed (its last error line).
+        LlamacppError: the converter is missing and cannot be fetched, or it failed (its last error line).
     """
-    llama = llama or require_llamacpp("converting a model to GGUF")
+    llama = llama or require_converter("converting a model to GGUF")
     src, out = Path(model_dir), Path(out_file)
     if not (src / "config.json").is_file():
         raise LlamacppError(f"cannot convert {src} to GGUF: not a local model folder with a config.json")
@@ -174,14 +216,31 @@ def gguf_for_model(model_dir: str | os.PathLike, *, outtype: str = "f32", llama:
     home (``gguf/<name>-<content sha256>-<outtype>.gguf``), so exporting again copies, not converts.
 
     Raises:
-        LlamacppError: llama.cpp is not installed, or the converter failed.
+        LlamacppError: the converter is missing and cannot be fetched, or it failed.
     """
-    llama = llama or require_llamacpp("converting a model to GGUF")
-    src = Path(model_dir)
-    cached = llama.home / "gguf" / f"{src.name}-{_model_digest(src)}-{outtype}.gguf"
+    llama = llama or require_converter("converting a model to GGUF")
+    cached = _cache_file(llama.home, Path(model_dir), outtype)
     if not cached.is_file():
-        convert_to_gguf(src, cached, outtype=outtype, llama=llama)
+        start = time.monotonic()
+        print(f"llama.cpp converter: converting {model_dir} to GGUF ({outtype}) ...", file=sys.stderr, flush=True)
+        convert_to_gguf(model_dir, cached, outtype=outtype, llama=llama)
+        print(f"llama.cpp converter: {cached.name} ({cached.stat().st_size / 2**20:.1f} MiB) in "
+              f"{time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
     return cached
+
+
+def cached_gguf(model_dir: str | os.PathLike, *, outtype: str = "f32") -> Path | None:
+    """The GGUF file :func:`gguf_for_model` made of this model folder (same content), or ``None`` when it
+    was not converted on this machine; converts and fetches nothing."""
+    src = Path(model_dir)
+    if not any((llamacpp_home() / "gguf").glob(f"{glob.escape(src.name)}-*-{outtype}.gguf")):
+        return None  # nothing of that name: spare reading the model's files for their digest
+    cached = _cache_file(llamacpp_home(), src, outtype)
+    return cached if cached.is_file() else None
+
+
+def _cache_file(home: Path, src: Path, outtype: str) -> Path:
+    return home / "gguf" / f"{src.name}-{_model_digest(src)}-{outtype}.gguf"
 
 
 def copy_gguf(cached: Path, dest: Path) -> Path:

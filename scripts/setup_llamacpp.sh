@@ -14,7 +14,9 @@
 #   build uses GGML_NATIVE (the host's instruction set), so two machines sharing a cache never share
 #   a binary. `export --format llamacpp` and the tests find that folder; SPECDEC_LLAMACPP_DIR overrides.
 #
-# HOME_DIR/llama.cpp          the vendored source (convert_hf_to_gguf.py, conversion/, gguf-py/)
+# HOME_DIR/llama.cpp          the vendored source (convert_hf_to_gguf.py, conversion/, gguf-py/); an export on a
+#                             machine this script never ran on fetches the converter's part alone into the same
+#                             folder (profiler/llamacpp_fetch.py), which step 1 completes to the full source
 # HOME_DIR/bin/llama-server   the CPU server (static: no shared libraries to find)
 # HOME_DIR/pylib/py3.X        sentencepiece, for PYTHON (default: python3, i.e. the active venv)
 # HOME_DIR/gguf/              converted models, keyed by their content (written by specdec-tune)
@@ -29,6 +31,7 @@
 # total and the folder's size. JOBS (default 2) sets the build's parallelism.
 set -euo pipefail
 version="0.3.36"            # llama-cpp-python sdist
+sdist_sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"  # PyPI's file (llamacpp_fetch.py)
 llama_commit="0c1e57098"    # the llama.cpp commit it vendors
 jobs="${JOBS:-2}"
 python="${PYTHON:-python3}"
@@ -52,15 +55,18 @@ mkdir -p "$home"
 work=$(mktemp -d "$home/.setup.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-# 1. The vendored source (needed by the build and by the converter).
-if [ "$force" = 1 ] || [ ! -f "$home/llama.cpp/convert_hf_to_gguf.py" ]; then
+# 1. The vendored source (needed by the build and by the converter). CMakeLists.txt: the converter fetched
+# alone by an export (profiler/llamacpp_fetch.py) is not enough to build.
+if [ "$force" = 1 ] || [ ! -f "$home/llama.cpp/convert_hf_to_gguf.py" ] || [ ! -f "$home/llama.cpp/CMakeLists.txt" ]; then
   sdist_dir="$cache/llamacpp/sdist"
   sdist="$sdist_dir/llama_cpp_python-$version.tar.gz"
-  if [ ! -s "$sdist" ]; then
+  if [ ! -s "$sdist" ] || ! echo "$sdist_sha256  $sdist" | sha256sum -c --status; then
     mkdir -p "$sdist_dir"
     # pip reads the sdist's metadata with its build backend (scikit-build-core, installed in an
     # isolated environment for that; 17 s on a quiet network) but builds nothing.
     "$python" -m pip download -q --no-binary llama-cpp-python --no-deps "llama-cpp-python==$version" -d "$work/dl"
+    echo "$sdist_sha256  $work/dl/llama_cpp_python-$version.tar.gz" | sha256sum -c --status \
+      || { echo "setup_llamacpp: the downloaded sdist's sha256 is not $sdist_sha256"; exit 1; }
     mv "$work/dl/llama_cpp_python-$version.tar.gz" "$sdist"
   fi
   # Only the vendored llama.cpp; its vocabulary test files and docs are not needed to build or convert.

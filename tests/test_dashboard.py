@@ -23,6 +23,7 @@ from specdec_tune.dashboard.ui import filter_runs
 from specdec_tune.dashboard.why import load_why
 from specdec_tune.db import MeasuredRecord, list_measured, list_runs, load_acceptance, load_timings, open_database
 from tests import dashboard_data
+from tests.fake_llamacpp import calls as fake_calls
 
 
 @pytest.fixture(scope="module")
@@ -385,7 +386,7 @@ def test_export_downloads_are_the_exporters_files(urls, monkeypatch):
     monkeypatch.setattr(wiring, "_room", server_room())
 
     result = next(s.result for s in list_studies(open_storage(urls["storage"])) if s.result)
-    files = export_files(result)
+    files = export_files(result).files
     assert "readme" in files and any(files[f] for f in files if f != "readme")
     readme = next(iter(files["readme"].values())).decode()
     assert result.candidate.drafter.rsplit("/", 1)[-1] in readme or "ngram" in readme
@@ -394,6 +395,65 @@ def test_export_downloads_are_the_exporters_files(urls, monkeypatch):
 
     names = zipfile.ZipFile(io.BytesIO(zip_files(files))).namelist()
     assert sorted(names) == sorted(p for group in files.values() for p in group)
+
+
+def _zipped(result, monkeypatch) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The dashboard's "Download all (zip)" of ``result``, read back: (path -> content, formats left out -> why)."""
+    import io
+    import zipfile
+
+    from specdec_tune.cli._dashboard_app import server_room
+    from specdec_tune.dashboard import wiring
+    from specdec_tune.dashboard.studies import export_files, zip_files
+
+    monkeypatch.setattr(wiring, "_room", server_room())
+    bundle = export_files(result)
+    with zipfile.ZipFile(io.BytesIO(zip_files(bundle.files))) as zf:
+        return {n: zf.read(n) for n in zf.namelist()}, bundle.left_out
+
+
+def _dangling(zipped: dict[str, bytes]) -> list[str]:
+    """Files a zipped llama.cpp launch script or flag file names (``*.gguf``) that the zip lacks."""
+    import re
+
+    named = {f"llamacpp/{m}" for path, data in zipped.items() if path.startswith("llamacpp/") and
+             path.endswith((".sh", ".txt")) for m in re.findall(r"[\w.-]+\.gguf", data.decode())}
+    return sorted(n for n in named if n not in zipped)
+
+
+def _llamacpp_result(tiny_model_dirs):
+    from specdec_tune.tuner.model import Candidate, TuningResult
+
+    return TuningResult(candidate=Candidate("draft", 4), server="llamacpp", target="target", workload="functions",
+                        target_path=tiny_model_dirs["target"], draft_path=tiny_model_dirs["draft"], study="s1")
+
+
+def test_the_zip_leaves_llamacpp_out_without_its_gguf_files(fresh_llamacpp, tiny_model_dirs, monkeypatch):
+    """Nothing converted on this machine: the zip holds no llama.cpp flags naming GGUF files it lacks; the page
+    and the zip's README say why and which command writes them. The page converts and fetches nothing."""
+    folder, _ = fresh_llamacpp
+    zipped, left_out = _zipped(_llamacpp_result(tiny_model_dirs), monkeypatch)
+    assert _dangling(zipped) == [] and not any(p.startswith("llamacpp/") for p in zipped)
+    assert "not converted to GGUF on this machine" in left_out["llamacpp"]
+    assert "specdec-tune export --study s1 --format llamacpp" in left_out["llamacpp"]
+    assert f"- llamacpp: {left_out['llamacpp']}" in zipped["README.md"].decode()
+    assert "hf/generation_config.json" in zipped and fake_calls(folder) == []
+
+
+def test_the_zip_carries_the_gguf_files_converted_on_this_machine(fresh_llamacpp, tiny_model_dirs, monkeypatch,
+                                                                  tmp_path):
+    """After an export converted the models here (as ``tune --export`` does), the zip carries target.gguf and
+    draft.gguf beside the flags that name them; above the size limit llamacpp is left out, saying why."""
+    from specdec_tune.tuner.servers import download_files, write_formats
+
+    result = _llamacpp_result(tiny_model_dirs)
+    write_formats(result, ["llamacpp"], tmp_path / "exported")  # fetches the stand-in converter, converts
+    zipped, left_out = _zipped(result, monkeypatch)
+    assert left_out == {} and _dangling(zipped) == []
+    assert zipped["llamacpp/target.gguf"] == b"GGUF" + b"target" and zipped["llamacpp/draft.gguf"] == b"GGUF" + b"draft"
+    assert "llamacpp/launch.sh" in zipped and "### llama.cpp (" in zipped["README.md"].decode()
+    files, left_out = download_files(result, ["all"], gguf_limit=4)
+    assert "llamacpp" not in files and "more than a download carries" in left_out["llamacpp"]
 
 
 def test_held_out_rows_with_cis(tmp_path):

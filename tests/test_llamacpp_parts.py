@@ -1,10 +1,13 @@
-"""The llama.cpp pieces that need no llama.cpp build: where it is looked for, the converter shim's
-tokenizer rule, the /metrics parser, and the refusal when it is missing."""
+"""The llama.cpp pieces that need no llama-server build: where it is looked for, the converter shim's
+tokenizer rule, the /metrics parser, the refusal when the converter is missing, and the export's GGUF files
+made by the converter alone (skipped without it)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,17 +65,58 @@ def test_metrics_page_parsing():
     assert parse_metrics("llamacpp:requests_processing 0") == SpecCounters()
 
 
+def _gguf_facts(llama: LlamaCpp, path: Path) -> tuple[str, int]:
+    """(general.architecture, tensor count) of a GGUF file, read by llama.cpp's own gguf-py."""
+    code = ("import sys; from gguf import GGUFReader; r = GGUFReader(sys.argv[1]); "
+            "f = r.fields['general.architecture']; print(bytes(f.parts[f.data[0]]).decode(), len(r.tensors))")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(llama.source / "gguf-py")}).stdout.split()
+    return out[0], int(out[1])
+
+
+def _tensor_count(model_dir: str) -> int:
+    from safetensors import safe_open
+
+    n = 0
+    for f in Path(model_dir).glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            n += len(list(st.keys()))
+    return n
+
+
+def test_the_converter_alone_writes_the_exports_gguf_files(llamacpp_converter, tiny_model_dirs, tmp_path):
+    """llama.cpp's export needs its converter, not its server: target.gguf and draft.gguf are GGUF files of
+    the Llama architecture holding every tensor of their model, beside flags that name them, and the README's
+    llama.cpp section agrees with the flags."""
+    from specdec_tune.tuner.model import Candidate, TuningResult
+    from specdec_tune.tuner.servers import write_formats
+    from tests.readme_check import mismatches
+
+    r = TuningResult(candidate=Candidate("draft", 3, 0.2), server="llamacpp", target="target", workload="w",
+                     target_path=tiny_model_dirs["target"], draft_path=tiny_model_dirs["draft"])
+    written = write_formats(r, ["llamacpp"], tmp_path)
+    assert written.not_written == {} and written.carries == {"llamacpp": "draft N=3 θ=0.2"}
+    for name in ("target", "draft"):
+        assert _gguf_facts(llamacpp_converter, tmp_path / "llamacpp" / f"{name}.gguf") == \
+            ("llama", _tensor_count(tiny_model_dirs[name]))
+    flags = (tmp_path / "llamacpp" / "flags.txt").read_text().split("\n")
+    assert flags[flags.index("--spec-draft-model") + 1] == "draft.gguf"
+    assert mismatches(tmp_path) == []
+
+
 def test_llamacpp_export_without_llama_cpp_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
     from specdec_tune.tuner.model import Candidate, TuningResult
     from specdec_tune.tuner.servers import write_exports
 
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "no-llama"))
+    monkeypatch.setenv("SPECDEC_LLAMACPP_FETCH", "0")  # an offline machine: the converter cannot be fetched
     assert LlamaCpp(tmp_path / "no-llama").missing()
     r = TuningResult(candidate=Candidate("mini-draft-1l", 4), server="llamacpp", target="mini-target",
                      workload="functions")
     with pytest.raises(InputError) as exc:
         write_exports(r, ["llamacpp"], tmp_path / "out")
     assert "scripts/setup_llamacpp.sh" in str(exc.value) and "\n" not in str(exc.value)
+    assert "GGUF converter" in str(exc.value) and "SPECDEC_LLAMACPP_FETCH=0" in str(exc.value)
     assert not (tmp_path / "out").exists()
     out = write_exports(r, ["all"], tmp_path / "all")  # under all: listed with the reason
     assert "llamacpp" not in out and "- llamacpp: cannot write llamacpp/target.gguf" in \

@@ -104,19 +104,57 @@ def _check_servers(obj: dict, bests: dict, out: Path) -> None:
     confirmed = {Candidate.from_dict(r) for r in obj["confirmation"]}
     assert {b.candidate for b in bests.values()} <= confirmed
     files, text = read_files(out), (out / "README.md").read_text()
+    _check_not_written(obj, out, text)
     for srv, entry in obj["best_per_server"].items():
         d = ServerDecision.from_dict(entry)
+        if srv in obj["not_written"]:
+            continue
         assert d.server == srv and d.heldout and d.speedup_ci is not None and d.baseline_tokens_per_s > 0
         assert d.candidate in confirmed and srv in next(r["picked_by"] for r in obj["confirmation"]
                                                         if Candidate.from_dict(r) == d.candidate)
         assert d.speculates == (not d.candidate.is_plain and d.speedup_ci[0] >= 1.0), d
         plain_file = srv not in files or files[srv]["plain"]
         assert plain_file == (not d.speculates) == read_readme(text, srv)["plain"]
+        assert entry["file_carries"] == d.shipped.label()
         if not d.candidate.is_plain:
             lo, hi = d.speedup_ci
             assert f"{d.speedup:.2f}× over plain decoding, measured on held-out prompts (95% CI {lo:.2f}–{hi:.2f})" \
                 in readme_section(text, srv)
     assert mismatches(out) == []
+
+
+def _check_not_written(obj: dict, out: Path, text: str) -> None:
+    """llama.cpp's files are written where its converter is (built, or fetched by an earlier export; the
+    tests never fetch it), GGUF files included; elsewhere its row says why, as the README does."""
+    from specdec_tune.profiler.llamacpp import LlamaCpp, llamacpp_home
+
+    converter = not LlamaCpp(llamacpp_home()).missing_converter()
+    assert set(obj["not_written"]) == (set() if converter else {"llamacpp"}), obj["not_written"]
+    if converter:
+        named = json.loads((out / "llamacpp" / "gguf_sources.json").read_text())  # target.gguf, and a model draft's
+        assert "target.gguf" in named and all((out / "llamacpp" / name).is_file() for name in named)
+        return
+    why = obj["not_written"]["llamacpp"]
+    assert "GGUF converter" in why and "SPECDEC_LLAMACPP_FETCH=0" in why and "\n" not in why
+    assert obj["best_per_server"]["llamacpp"]["file_carries"] == f"not written: {why}"
+    assert f"- llamacpp: {why}" in text and not (out / "llamacpp").exists()
+    assert not any("/llamacpp/" in p for p in obj["exports"])
+
+
+def test_tune_table_says_which_exports_were_not_written(tiny_model_dirs, workload, tmp_path, tune_flags, capsys,
+                                                        monkeypatch):
+    """Without llama.cpp's converter (and its fetch off), the terminal's servers table says on llama.cpp's
+    row that its files were not written, and why, not only the export README."""
+    monkeypatch.setenv("SPECDEC_LLAMACPP_DIR", str(tmp_path / "no-llama"))
+    monkeypatch.setenv("SPECDEC_LLAMACPP_FETCH", "0")
+    code, out, err = run(_args(tiny_model_dirs, workload, tmp_path, tune_flags, "--server", "any", "--trials", "3",
+                               "--export", str(tmp_path / "out"), "--formats", "all"), capsys)
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if line.lstrip("│┃ ").startswith("llamacpp "))
+    assert "not written: cannot write llamacpp/target.gguf:" in row and "SPECDEC_LLAMACPP_FETCH=0" in row, row
+    assert not any(line.lstrip("│┃ ").startswith(("vllm ", "hf ")) and "not written" in line
+                   for line in out.splitlines())
+    assert not (tmp_path / "out" / "llamacpp").exists()
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -80,14 +80,16 @@ if result is None:
 elif not formats:
     st.info("The exporters are not wired into this dashboard: start it with `specdec-tune dashboard`.")
 else:
+    files, left_out = {}, {}
     try:
-        files = cache.exports(json.dumps(result.to_dict()))
+        bundle = cache.exports(json.dumps(result.to_dict()))
+        files, left_out = bundle.files, bundle.left_out
     except SpecdecError as exc:
         st.warning(f"Export failed: {exc}")
-        files = {}
     except Exception as exc:  # noqa: BLE001 - a broken exporter must not take the study page down
         st.warning(f"Export failed ({type(exc).__name__}: {exc}); `specdec-tune export` shows the same error")
-        files = {}
+    for fmt, why in left_out.items():  # e.g. llamacpp without its GGUF files: its flags would point at nothing
+        st.warning(f"**{fmt}** is not in the downloads: {why}")
     if files:
         st.caption("What each server reads as-is; README.md says how to pass each file and what a server "
                    "cannot express. Same files as `specdec-tune export --study NAME --format all`.")

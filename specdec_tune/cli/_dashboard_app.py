@@ -16,9 +16,9 @@ def _unsupported(server: str, candidate: Candidate) -> str | None:
     return servers.expressible(servers.server_space(server), candidate)
 
 
-def _export_files(result: TuningResult) -> dict[str, dict[str, bytes]]:
-    return {fmt: {path: text.encode("utf-8") for path, text in files}
-            for fmt, files in servers.render_exports(result, ["all"]).items()}
+def _export_files(result: TuningResult) -> wiring.ExportFiles:
+    files, left_out = servers.download_files(result, ["all"])
+    return wiring.ExportFiles(files, left_out)
 
 
 def server_room() -> wiring.ServerRoom:

@@ -1,8 +1,8 @@
 """``specdec-tune export``: write a tuned configuration in the files each server reads.
 
-Parses, calls :func:`specdec_tune.tuner.exports.write_exports` and prints the paths written. The
-configuration comes from a finished ``tune`` study (``--study``) or from a stored profile run
-(``--run``, numbers predicted).
+Parses, calls :func:`specdec_tune.tuner.servers.write_formats` and prints the paths written (and why
+a format asked under ``all`` was not). The configuration comes from a finished ``tune`` study
+(``--study``) or from a stored profile run (``--run``, numbers predicted).
 """
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def export(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (paths per format)."),
 ) -> None:
     """Export the tuned configuration for vLLM, SGLang, TensorRT-LLM, llama.cpp or HF transformers."""
-    from specdec_tune.tuner.servers import check_root, resolve_formats, ship_all, write_exports
+    from specdec_tune.tuner.servers import check_root, resolve_formats, write_formats
 
     if (study is None) == (run is None):
         raise InputError("give exactly one of --study NAME or --run ID")
@@ -98,15 +98,16 @@ def export(
 
         with open_database(db) as database:
             result = result_from_run(database, run, config)
-    written = written_or_refused(lambda: write_exports(result, formats, out, model_root), out)
-    shipped, _ = ship_all(result, formats)
-    carries = {f: s.result.candidate.label() for f, s in shipped.items()}
+    written = written_or_refused(lambda: write_formats(result, formats, out, model_root), out)
+    carries = written.carries
     if json_out:
-        print_json({"config": result.candidate.label(), "carries": carries,
-                    "exports": {k: [str(p) for p in v] for k, v in written.items()}})
+        print_json({"config": result.candidate.label(), "carries": carries, "not_written": written.not_written,
+                    "exports": {k: [str(p) for p in v] for k, v in written.paths.items()}})
         return
     typer.echo(f"exported {result.candidate.label()} ({'study ' + study if study else f'run {run}'}):")
-    for name, paths in written.items():
+    for name, paths in written.paths.items():
         for p in paths:
             typer.echo(f"  {name}: {p}" + (f" ({carries[name]})" if carries.get(name, result.candidate.label())
                                            != result.candidate.label() else ""))
+    for name, why in written.not_written.items():
+        typer.echo(f"  {name}: not written: {why}")

@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from specdec_tune.cli import _operator as ops
 from specdec_tune.cli._app import THROUGHPUT_NOTE, app, console, print_json, quiet_loading
@@ -62,6 +63,7 @@ def report_json(report) -> dict:
     """The ``--json`` object: the winner's configuration and measured speedup first, then the evidence."""
     r = report.result
     c = r.candidate
+    files = file_cells(r, report.not_written)
     return {
         "drafter": c.drafter, "num_speculative_tokens": c.num_speculative_tokens, "threshold": c.threshold,
         "threshold_rule": c.threshold_rule, "threshold_kind": c.threshold_kind,
@@ -73,7 +75,9 @@ def report_json(report) -> dict:
         "speedup_ci": list(r.speedup_ci) if r.speedup_ci else None, "heldout": r.heldout, "study": report.study,
         "exports": report.exports,
         "per_batch_size": {str(b): n for b, n in r.per_batch_size.items()},
-        "best_per_server": r.best_per_server, "storage": report.storage, "run_id": report.run_id,
+        "best_per_server": {srv: {**entry, **({"file_carries": files[srv]} if srv in files else {})}
+                            for srv, entry in r.best_per_server.items()},
+        "not_written": report.not_written, "storage": report.storage, "run_id": report.run_id,
         "profiled": report.profiled, "completed_trials": report.completed_trials, "new_trials": report.new_trials,
         "sampler": report.sampler, "confirmation": report.confirmation, "pareto": report.pareto,
         "notes": report.notes, "throughput": THROUGHPUT_NOTE,
@@ -115,7 +119,10 @@ def _print(console: Console, report) -> None:
                       _rate(row["predicted_tokens_per_s"]), ", ".join(row["servers"]))
     console.print(table)
     if r.best_per_server:
-        _print_servers(console, r)
+        _print_servers(console, r, report.not_written)
+    for fmt, why in report.not_written.items():
+        if fmt not in r.best_per_server:
+            console.print(f"note: {fmt} files not written: {why}", highlight=False, markup=False)
     if r.bias:
         b = r.bias
         measured = "" if b.get("measured_bias") is None else f", measured {b['measured_bias']:.4f}"
@@ -140,11 +147,21 @@ def _print(console: Console, report) -> None:
     console.print(f"throughput is {THROUGHPUT_NOTE}", highlight=False)
 
 
-def _print_servers(console: Console, r) -> None:
-    """Each server's measured pick and what its file carries (the decision and why)."""
+def file_cells(r, not_written: dict[str, str]) -> dict[str, str]:
+    """Each decided server's "file carries" cell: the configuration its file carries, or ``not written:
+    <why>`` for a format the export asked for and could not write."""
+    from specdec_tune.tuner.model import decisions
+
+    return {srv: f"not written: {not_written[srv]}" if srv in not_written else d.shipped.label()
+            for srv, d in decisions(r).items()}
+
+
+def _print_servers(console: Console, r, not_written: dict[str, str]) -> None:
+    """Each server's measured pick and what its file carries (the decision and why), or why it was not written."""
     from specdec_tune.tuner.model import decisions
 
     decided = decisions(r)
+    files = file_cells(r, not_written)
     table = Table(title="each server: its best measured inside its space, held out against plain decoding "
                         "(interleaved); the file carries it when the CI's lower bound is >= 1",
                   title_justify="left")
@@ -154,7 +171,7 @@ def _print_servers(console: Console, r) -> None:
     for srv, d in decided.items():
         speedup = "–" if d.speedup is None else f"{d.speedup:.2f}× {_fmt_ci(d.speedup_ci)}"
         table.add_row(srv, d.candidate.label(), _rate(d.predicted_tokens_per_s), _rate(d.measured_tokens_per_s),
-                      speedup, d.shipped.label())
+                      speedup, Text(files[srv]))
     console.print(table)
     for srv, d in decided.items():
         if not d.speculates and not d.candidate.is_plain:

@@ -175,6 +175,7 @@ class TuneReport:
     space: Any = None  # the SearchSpace searched
     server_report: dict[str, Any] | None = None  # --backend vllm: calibration, schedule, per-B held-out
     threads: dict[str, Any] | None = None  # the thread choice the measurements ran with (profiler.ThreadChoice)
+    not_written: dict[str, str] = field(default_factory=dict)  # export format asked but not written -> why
 
 
 # --------------------------------------------------------------------------- profile reuse

@@ -258,11 +258,13 @@ def _finish(result: TuningResult, outcome: SearchOutcome, export: tuple | None, 
     outcome.study.set_user_attr("result", result.to_dict())
     if report.server_report is not None:
         outcome.study.set_user_attr("server_report", json.loads(json.dumps(report.server_report, default=str)))
-    from specdec_tune.tuner.servers import write_exports
+    if export is None:
+        return report
+    from specdec_tune.tuner.servers import write_formats
 
-    written = write_exports(result, list(export[1]), Path(export[0]), *export[2:]) if export is not None else {}
-    exports = [str(p) for paths in written.values() for p in paths]
-    return replace(report, exports=exports)
+    written = write_formats(result, list(export[1]), Path(export[0]), *export[2:])
+    return replace(report, exports=[str(p) for paths in written.paths.values() for p in paths],
+                   not_written=written.not_written)
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,7 @@ One builder per format turns a :class:`TuningResult` into files: it asks the cap
 schema (:mod:`._schemas`, pydantic, ``extra="forbid"``) and renders text.
 Which configuration each format's files carry (the tuner's measured decision for that server, plain
 decoding when its held-out CI reaches below 1) is decided in :mod:`._ship`; the README renders the
-same :class:`Shipped` records the files are built from. Everything is built and validated first; only
-then is anything written, so a refusal or a schema violation leaves ``out_dir`` untouched.
+same :class:`Shipped` records the files are built from. Writing them (and the README) is :mod:`._write`'s.
 
 Per-batch-size N (``TuningResult.per_batch_size``, the model's best N at each batch size asked) becomes
 a step function: batch size B_i's N holds from B_i up to the next batch size asked minus one; batch
@@ -21,7 +20,6 @@ import json
 import shlex
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -30,7 +28,7 @@ from specdec_tune.errors import InputError
 from specdec_tune.trees import parse_tree
 from specdec_tune.tuner.model import Candidate, TuningResult
 from specdec_tune.tuner.servers import _schemas as sch
-from specdec_tune.tuner.servers._gguf import gguf_sources, prepare_ggufs
+from specdec_tune.tuner.servers._gguf import gguf_sources
 from specdec_tune.tuner.servers._paths import DRAFT_VAR, TARGET_VAR, Var, file_paths, model_path
 from specdec_tune.tuner.servers._paths import options_script, relocated, script, spliced
 from specdec_tune.tuner.servers._ship import Files, Shipped, carried, refusal_text, server_best
@@ -41,8 +39,8 @@ from specdec_tune.tuner.servers._trtllm_fields import check_options as check_trt
 FORMATS = tuple(SERVERS)  # one file format per server of the capability table
 ALL = "all"
 
-__all__ = ["ALL", "FORMATS", "Shipped", "batch_ranges", "build_exports", "model_path", "render_exports",
-           "resolve_formats", "schedule_points", "server_best", "ship", "ship_all", "vllm_config", "write_exports"]
+__all__ = ["ALL", "FORMATS", "Shipped", "batch_ranges", "build_exports", "model_path", "resolve_formats",
+           "schedule_points", "server_best", "ship", "ship_all", "vllm_config"]
 
 
 def resolve_formats(formats: Sequence[str]) -> tuple[list[str], bool]:
@@ -316,65 +314,6 @@ def build_exports(result: TuningResult,
     shipped, skipped = ship_all(result, formats)
     return ({f: s.files for f, s in shipped.items()}, skipped,
             {f: s.note for f, s in shipped.items() if s.note is not None})
-
-
-def render_exports(result: TuningResult, formats: Sequence[str], model_root: str | None = None) -> dict[str, Files]:
-    """Every file :func:`write_exports` would write, as text: format -> [(relative path, text)], plus
-    ``"readme"`` -> ``[("README.md", text)]``. Nothing is written.
-
-    Raises:
-        InputError: unknown format, a named format that cannot express the configuration, or a schema
-            violation.
-    """
-    from specdec_tune.tuner.servers._readme import render_readme
-
-    shipped, skipped = ship_all(result, formats, model_root)
-    readme = render_readme(result, shipped, skipped, model_root)
-    return {**{fmt: list(s.files) for fmt, s in shipped.items()}, "readme": [("README.md", readme)]}
-
-
-def write_exports(result: TuningResult, formats: Sequence[str], out_dir: Path,
-                  model_root: str | None = None) -> dict[str, list[Path]]:
-    """Write the files each format's server reads, and ``README.md``, under ``out_dir``; llama.cpp's
-    GGUF files are converted from the models first (``_gguf``). With ``model_root`` every file names
-    the models under it, the serving host's folder (:mod:`._paths`); the conversion reads them here.
-
-    Returns:
-        format -> paths written (``"readme"`` -> the README).
-
-    Raises:
-        InputError: unknown format, a named format that cannot express the configuration, a schema
-            violation, or a named llamacpp whose GGUF files cannot be made; nothing is written then.
-    """
-    from specdec_tune.tuner.servers._readme import render_readme
-
-    shipped, skipped = ship_all(result, formats)  # the models as they are here: what the conversion reads
-    built = {fmt: list(s.files) for fmt, s in shipped.items()}
-    ggufs = prepare_ggufs(built, skipped, resolve_formats(formats)[1])  # may move llamacpp to skipped
-    if model_root:  # the same configurations, naming the serving host's copies
-        shipped = ship_all(result, formats, model_root)[0]
-        built = {fmt: list(s.files) for fmt, s in shipped.items() if fmt in built}
-    shipped = {fmt: s for fmt, s in shipped.items() if fmt in built}
-    rendered = {**built, "readme": [("README.md", render_readme(result, shipped, skipped, model_root))]}
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"--out {out_dir} exists and is not a folder")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written: dict[str, list[Path]] = {}
-    for fmt, files in rendered.items():
-        written[fmt] = []
-        for rel, text in files:
-            path = out_dir / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-            if rel.endswith(".sh"):
-                path.chmod(0o755)
-            written[fmt].append(path)
-    if ggufs:
-        from specdec_tune.profiler import copy_gguf
-
-        written["llamacpp"] += [copy_gguf(src, out_dir / rel) for rel, src in ggufs.items()]
-    return written
 
 
 def vllm_config(target: str, c: Candidate, per_batch_size: dict[int, int] | None = None) -> Any:
