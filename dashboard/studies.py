@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +121,16 @@ def list_studies(storage: Any | None) -> list[StudyRow]:
             result=parse_result(s.user_attrs.get(RESULT_ATTR)),
         ))
     return rows
+
+
+def newest_tuned_run(studies: Sequence[StudyRow], run_ids: Sequence[int]) -> int | None:
+    """The run the dashboard opens on: the profile run of the newest study that holds a finished tuning
+    (its winner is what a user came to see), where that run is among ``run_ids``; else the newest of
+    ``run_ids`` (``studies`` and ``run_ids`` newest first, as :func:`list_studies` and ``db.list_runs``
+    give them); ``None`` when there is no run."""
+    offered = set(run_ids)
+    tuned = next((s.result.run_id for s in studies if s.result is not None and s.result.run_id in offered), None)
+    return tuned if tuned is not None else next(iter(run_ids), None)
 
 
 def load_study(storage: Any, name: str) -> Any:
