@@ -74,6 +74,7 @@ def report_json(report) -> dict:
         "per_batch_size": {str(b): n for b, n in r.per_batch_size.items()},
         "best_per_server": r.best_per_server, "storage": report.storage, "run_id": report.run_id,
         "profiled": report.profiled, "completed_trials": report.completed_trials, "new_trials": report.new_trials,
+        "trial_counts": report.trial_counts(),
         "sampler": report.sampler, "confirmation": report.confirmation, "pareto": report.pareto,
         "notes": report.notes, "throughput": THROUGHPUT_NOTE,
         "backend": "vllm" if report.server_report else "engine", "server_report": report.server_report,
@@ -129,14 +130,27 @@ def _print(console: Console, report) -> None:
         console.print(f"Pareto front (predicted {' vs '.join(names)}): " + "; ".join(
             f"{p['label']}: " + ", ".join(ops._value(n, p.get('values', {}).get(n)) for n in names)
             for p in report.pareto), highlight=False)
-    console.print(f"study {report.study!r} in {report.storage}: {report.completed_trials} completed trials "
-                  f"({report.new_trials} new, {report.sampler}); profile run {report.run_id}"
-                  f"{' (new)' if report.profiled else ' (reused)'}", highlight=False)
+    console.print(f"study {report.study!r} in {report.storage} ({report.sampler}): {trials_text(report)}; profile run "
+                  f"{report.run_id} ({'new' if report.profiled else 'reused'}; `--run {report.run_id}` names it for "
+                  "predict, measure and export)", highlight=False)
     for note in report.notes:
         console.print(f"note: {note}", highlight=False)
     for path in report.exports:
         console.print(f"exported: {path}", highlight=False)
     console.print(f"throughput is {THROUGHPUT_NOTE}", highlight=False)
+
+
+def trials_text(report) -> str:
+    """The study's trial counts, adding up: completed = run now + earlier (or by another process); the
+    trials run now that did not complete are counted apart."""
+    c = report.trial_counts()
+    text = (f"{c['completed']} completed trials = {c['completed_new']} run now + {c['completed_other']} from earlier "
+            "runs or other processes")
+    for key, end in (("pruned_new", "pruned (the model cannot predict them from this profile, or they exceed the "
+                                    "memory budget)"), ("failed_new", "failed")):
+        if c[key]:
+            text += f"; {c[key]} more trial{'s' if c[key] > 1 else ''} run now {'were' if c[key] > 1 else 'was'} {end}"
+    return text
 
 
 def _print_servers(console: Console, r) -> None:
