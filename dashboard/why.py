@@ -97,7 +97,8 @@ class WhyInfo:
     skipped: tuple[str, ...]  # drafts that could not be predicted, with the reason
 
 
-def budget(rp: RunProfile, config: SpecConfig, p: RunPrediction, plain_tokens_per_s: float | None = None) -> CycleBudget:
+def budget(rp: RunProfile, config: SpecConfig, p: RunPrediction,
+           plain_tokens_per_s: float | None = None) -> CycleBudget:
     """Split the predicted cycle of ``config`` into draft steps, verify and overhead; its speedup is over
     ``plain_tokens_per_s`` (default: the prediction's own baseline)."""
     if p.source == "baseline":

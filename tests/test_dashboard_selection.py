@@ -95,7 +95,8 @@ def test_a_first_visit_opens_on_the_newest_tuned_studys_winner(monkeypatch, two_
     assert at.sidebar.selectbox(key="sel_run").value == 1
     at = _page(at, "views/why.py")
     c = result.candidate
-    assert at.subheader[0].value == f"The tuner's choice (predicted): {c.label().replace(c.drafter, short_name(c.drafter))}"
+    shown = c.label().replace(c.drafter, short_name(c.drafter))
+    assert at.subheader[0].value == f"The tuner's choice (predicted): {shown}"
     assert any("The tuner chose" in s.value for s in at.success)
     at = _app(monkeypatch, two_runs, storage, run="2")  # the URL still decides when it names a run
     assert at.sidebar.selectbox(key="sel_run").value == 2
