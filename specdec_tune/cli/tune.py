@@ -68,7 +68,7 @@ def report_json(report) -> dict:
         "acceptance": c.acceptance, "epsilon": c.epsilon, "bias": r.bias, "bias_front": r.pareto,
         "schedule": c.schedule, "server": r.server,
         "measured_tokens_per_s": r.measured_tokens_per_s, "predicted_tokens_per_s": r.predicted_tokens_per_s,
-        "baseline_tokens_per_s": r.baseline_tokens_per_s, "speedup": r.speedup,
+        "predicted_basis": r.predicted_basis, "baseline_tokens_per_s": r.baseline_tokens_per_s, "speedup": r.speedup,
         "speedup_ci": list(r.speedup_ci) if r.speedup_ci else None, "heldout": r.heldout, "study": report.study,
         "exports": report.exports,
         "per_batch_size": {str(b): n for b, n in r.per_batch_size.items()},
@@ -90,7 +90,7 @@ def _print(console: Console, report) -> None:
     console.print(f"[bold]winner[/bold] ({r.server}): {c.label()}", highlight=False)
     console.print(f"  measured on {where}: {_rate(r.measured_tokens_per_s)} tokens/s vs plain decoding "
                   f"{_rate(r.baseline_tokens_per_s)} tokens/s: speedup {r.speedup:.2f}× (95% CI {_fmt_ci(r.speedup_ci)}); "
-                  f"predicted {_rate(r.predicted_tokens_per_s)} tokens/s", highlight=False)
+                  f"predicted {_rate(r.predicted_tokens_per_s)} tokens/s{_for(r.predicted_basis)}", highlight=False)
     if r.per_batch_size:
         console.print(f"  best N per batch size ({r.per_batch_size_source}; 0 = do not speculate): "
                       + ", ".join(f"B={b}: {n}" for b, n in r.per_batch_size.items()), highlight=False)
@@ -106,7 +106,8 @@ def _print(console: Console, report) -> None:
         _print_server(console, report.server_report)
     table = Table(title="measured on the tuning prompts" + (" (vLLM, one engine start each)" if report.server_report
                                                              else " (interleaved)"), title_justify="left")
-    for col in ("configuration", "measured tokens/s", "95% CI", "speedup (measured)", "predicted tokens/s", "servers"):
+    for col in ("configuration", "measured tokens/s", "95% CI", "speedup (measured, median over passes)",
+                "predicted tokens/s", "servers"):
         table.add_column(col)
     for row in report.confirmation:
         speedup = row.get("measured_speedup")
@@ -114,6 +115,7 @@ def _print(console: Console, report) -> None:
                       _fmt_ci(row["measured_ci"]), "–" if speedup is None else f"{speedup:.2f}×",
                       _rate(row["predicted_tokens_per_s"]), ", ".join(row["servers"]))
     console.print(table)
+    console.print(bases_line(report.confirmation), highlight=False)
     if r.best_per_server:
         _print_servers(console, r)
     if r.bias:
@@ -138,6 +140,23 @@ def _print(console: Console, report) -> None:
     for path in report.exports:
         console.print(f"exported: {path}", highlight=False)
     console.print(f"throughput is {THROUGHPUT_NOTE}", highlight=False)
+
+
+def _for(basis: str | None) -> str:
+    """`` (for <basis>)``: what a predicted rate was computed for, where the result says."""
+    return f" (for {basis})" if basis else ""
+
+
+def bases_line(rows: list[dict]) -> str:
+    """What the predicted column of a table of measured configurations was computed for, grouped (the
+    rows' predictions differ from the search's and from the held-out ones: other prompts, other passes)."""
+    groups: dict[str, list[str]] = {}
+    for row in rows:
+        groups.setdefault(row.get("predicted_basis") or "–", []).append(row["label"])
+    if len(groups) == 1:
+        return f"  predicted tokens/s above: for {next(iter(groups))}"
+    return "  predicted tokens/s above: " + "; ".join(f"{', '.join(labels)}: for {basis}"
+                                                      for basis, labels in groups.items())
 
 
 def trials_text(report) -> str:
@@ -169,6 +188,8 @@ def _print_servers(console: Console, r) -> None:
         table.add_row(srv, d.candidate.label(), _rate(d.predicted_tokens_per_s), _rate(d.measured_tokens_per_s),
                       speedup, d.shipped.label())
     console.print(table)
+    console.print(bases_line([{"label": srv, "predicted_basis": d.predicted_basis} for srv, d in decided.items()]),
+                  highlight=False)
     for srv, d in decided.items():
         if not d.speculates and not d.candidate.is_plain:
             console.print(f"note: {srv} carries plain decoding: {d.reason}", highlight=False)
