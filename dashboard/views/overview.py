@@ -6,6 +6,7 @@ import streamlit as st
 from specdec_tune.dashboard import cache, ui
 from specdec_tune.dashboard.measured import short_name
 from specdec_tune.dashboard.trends import FLAGGED
+from specdec_tune.tuner.model import SEARCH_BASIS
 
 sel = ui.selection()
 st.title("Overview")
@@ -32,12 +33,14 @@ if best:
     st.dataframe([{
         "target": b.target, "hardware": b.hardware, "workload": b.workload, "server": b.server,
         "configuration": b.config, "measured tokens/s": ui.fmt(b.measured_tokens_per_s),
-        "measured 95% CI": ui.ci_text(b.tokens_ci), "predicted tokens/s": ui.fmt(b.predicted_tokens_per_s),
+        "measured 95% CI": ui.ci_text(b.tokens_ci),
+        "predicted tokens/s (same prompts)": ui.fmt(b.predicted_tokens_per_s),
         "measured speedup": ui.fmt(b.speedup, 2, "×"), "speedup 95% CI": ui.ci_text(b.speedup_ci, 2),
         "prompts": "held-out" if b.heldout else "in-sample (the profile's own)", "from": b.source,
     } for b in best], hide_index=True)
     st.caption("Speedup = measured tokens/s ÷ plain decoding measured the same way. In-sample rows ran the "
-               "profile's own prompts; a tuning's winner is confirmed on held-out prompts.")
+               "profile's own prompts; a tuning's winner is confirmed on held-out prompts. Predicted tokens/s are "
+               "for the prompts measured, rescaled to the machine speed measured in the same passes.")
 else:
     st.info("No measured configuration matches the selection yet. Measure one or tune:")
     st.code(ui.commands("measure", "tune"), language="bash")
@@ -49,11 +52,13 @@ st.header("Tuning studies")
 if info.studies:
     st.dataframe([{
         "study": s.name, "trials": s.trials, "objectives": ", ".join(s.directions),
-        "best (predicted)": ui.fmt(s.best_values[0]) if s.best_values else "–",
+        "search's best (predicted)": f"{s.best_label}: {ui.fmt(s.best_values[0])}" if s.best_values else "–",
         "server": s.result.server if s.result else "–",
-        "winner": s.result.candidate.label() if s.result else "not finished",
+        "winner (best measured)": s.result.candidate.label() if s.result else "not finished",
         "held-out speedup": ui.fmt(s.result.speedup, 2, "×") if s.result else "–",
     } for s in info.studies], hide_index=True)
+    st.caption(f"The search's best is the best trial, predicted for {SEARCH_BASIS}; the winner is the best measured "
+               "of the search's top predictions, so the two can differ.")
 else:
     st.info(f"No tuning studies yet (storage: {sel.sources.display_storage}). Run:")
     st.code(ui.commands("tune"), language="bash")

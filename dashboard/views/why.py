@@ -9,7 +9,7 @@ from specdec_tune.dashboard import cache, charts, ui
 from specdec_tune.dashboard.measured import short_name
 from specdec_tune.dashboard.servers_info import server_rows
 from specdec_tune.dashboard.why import CHOSEN
-from specdec_tune.tuner.model import Candidate
+from specdec_tune.tuner.model import SEARCH_BASIS, Candidate
 
 sel = ui.selection()
 st.title("Why it wins")
@@ -59,7 +59,8 @@ st.dataframe([{
     "source": b.source,
 } for b in budgets], hide_index=True)
 st.caption("All predicted by the tuner's model from this run's measurements (B = "
-           f"{info.batch_size}); tokens/s end to end, per-cycle times decode only.")
+           f"{info.batch_size}), for {SEARCH_BASIS}; tokens/s end to end, per-cycle times decode only; every "
+           "speedup is over the plain decoding row.")
 
 st.header("Throughput over N and θ per draft")
 maps = [m for m in info.heatmaps if sel.draft is None or m.draft == sel.draft]
@@ -93,5 +94,6 @@ else:
             st.subheader(f"Best per server found by the tuner (study {r.study})")
             st.dataframe([{"server": name, "configuration": Candidate.from_dict(b).label(),
                            "predicted tokens/s": ui.fmt(b.get("predicted_tokens_per_s")),
+                           "predicted for": b.get("predicted_basis") or "–",
                            "measured tokens/s": ui.fmt(b.get("measured_tokens_per_s"))}
                           for name, b in sorted(r.best_per_server.items())], hide_index=True)
