@@ -7,7 +7,7 @@ Usage (about 6-10 minutes on a quiet 2-core machine, most of it `profile`):
     python benchmarks/quickstart.py --neighbour     # one CPU-bound process running throughout
 
 "As printed" means: the commands are read from README.md's Quickstart block (not copied here), run
-one by one with ``bash -c`` in a new empty folder (so ``--run 1`` is the profile this run made), and
+one by one with ``bash -c`` in a new empty folder (``--run latest`` is the profile this run made), and
 the environment variables that would change what a newcomer sees are removed first
 (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``SPECDEC_DB``): the tool must choose its own measuring
 conditions. The venv this script runs in comes first on ``PATH``, as an activated venv would.

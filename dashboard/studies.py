@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ class StudyRow:
     best_values: tuple[float, ...] | None
     started: dt.datetime | None
     result: TuningResult | None
+    best_label: str | None = None  # the configuration of the best trial (the search's best prediction)
 
     @property
     def multi_objective(self) -> bool:
@@ -108,18 +110,29 @@ def list_studies(storage: Any | None) -> list[StudyRow]:
         return []  # a database without Optuna's tables yet: no studies
     rows = []
     for s in sorted(frozen, key=lambda s: -s._study_id):  # newest first
-        best = None
+        best, label = None, None
         if len(s.directions) == 1 and counts.get(s._study_id):
             try:
-                best = tuple(storage.get_best_trial(s._study_id).values)
+                trial = storage.get_best_trial(s._study_id)
+                best, label = tuple(trial.values), trial_label(_trial_row(trial))
             except ValueError:  # no completed trial yet
                 best = None
         rows.append(StudyRow(
             name=s.study_name, directions=tuple(d.name.lower() for d in s.directions),
             trials=counts.get(s._study_id, 0), best_values=best, started=None,
-            result=parse_result(s.user_attrs.get(RESULT_ATTR)),
+            result=parse_result(s.user_attrs.get(RESULT_ATTR)), best_label=label,
         ))
     return rows
+
+
+def newest_tuned_run(studies: Sequence[StudyRow], run_ids: Sequence[int]) -> int | None:
+    """The run the dashboard opens on: the profile run of the newest study that holds a finished tuning
+    (its winner is what a user came to see), where that run is among ``run_ids``; else the newest of
+    ``run_ids`` (``studies`` and ``run_ids`` newest first, as :func:`list_studies` and ``db.list_runs``
+    give them); ``None`` when there is no run."""
+    offered = set(run_ids)
+    tuned = next((s.result.run_id for s in studies if s.result is not None and s.result.run_id in offered), None)
+    return tuned if tuned is not None else next(iter(run_ids), None)
 
 
 def load_study(storage: Any, name: str) -> Any:
@@ -166,7 +179,7 @@ def study_info(study: Any) -> StudyInfo:
     started = min((t.datetime_start for t in trials if t.datetime_start), default=None)
     row = StudyRow(name=study.study_name, directions=directions, trials=len(trials),
                    best_values=best[0].values if best and len(directions) == 1 else None, started=started,
-                   result=result)
+                   result=result, best_label=trial_label(best[0]) if best and len(directions) == 1 else None)
     return StudyInfo(row=row, objective_names=names, states=states, best=best,
                      per_batch_size=dict(result.per_batch_size) if result else {}, result=result, top=tuple(top))
 

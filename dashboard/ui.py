@@ -16,6 +16,7 @@ from specdec_tune.dashboard.measured import short_name
 from specdec_tune.dashboard.overview import hardware_label, run_label, synthetic_note
 from specdec_tune.dashboard.servers_info import server_names
 from specdec_tune.dashboard.sources import Sources, first_command
+from specdec_tune.dashboard.studies import newest_tuned_run
 from specdec_tune.db import RunRecord
 
 ALL = "all"
@@ -55,12 +56,15 @@ def filter_runs(runs: Sequence[RunRecord], target: str | None = None, hardware: 
             and (workload is None or (r.workload.name if r.workload else None) == workload)]
 
 
-def _from_url(key: str, options: Sequence) -> None:
-    """A new session (a reload, a bookmark, a link) starts from the choice its URL carries, if offered."""
+def _from_url(key: str, options: Sequence, first: object = None) -> None:
+    """A new session (a reload, a bookmark, a link) starts from the choice its URL carries, if offered,
+    else from ``first`` (when given and offered), else from the first option."""
     if key in st.session_state:
         return
     wanted = st.query_params.get(_PARAMS[key])
     match = next((o for o in options if str(o) == wanted), None)
+    if match is None and first in options:
+        match = first
     if match is not None:
         st.session_state[key] = match
 
@@ -74,9 +78,10 @@ def _to_url(key: str, value: object, default: object) -> None:
         st.query_params[param] = str(value)
 
 
-def _select(label: str, options: Sequence, key: str, default: object, **kwargs):
-    """A sidebar selectbox whose choice is kept in the URL (``default``: the choice that needs no parameter)."""
-    _from_url(key, options)
+def _select(label: str, options: Sequence, key: str, default: object, first: object = None, **kwargs):
+    """A sidebar selectbox whose choice is kept in the URL (``default``: the choice that needs no parameter;
+    ``first``: what a new session without one in its URL opens on, default the first option)."""
+    _from_url(key, options, first)
     value = st.sidebar.selectbox(label, options, key=key, **kwargs)
     _to_url(key, value, default)
     return value
@@ -102,7 +107,9 @@ def sidebar(sources: Sources) -> Selection:
         ids = [r.id for r in pool]
         by_id = {r.id: r for r in pool}
         # A run id always goes into the URL: the newest run now is not the newest after the next profile.
-        run_id = _select("Run", ids, "sel_run", None, format_func=lambda i: run_label(by_id[i]))
+        # A first visit opens on the newest tuned study's run (its winner), else on the newest run.
+        first = newest_tuned_run(cache.studies(sources.storage_url), ids)
+        run_id = _select("Run", ids, "sel_run", None, first, format_func=lambda i: run_label(by_id[i]))
         run = by_id.get(run_id, pool[0])
     else:
         st.query_params.pop(_PARAMS["sel_run"], None)

@@ -29,9 +29,18 @@ from specdec_tune.tuner.model import (
 )
 
 
+CHOSEN = "tuner's choice: "  # the label prefix of the bar of the configuration a tuning chose
+
+
 @dataclass(frozen=True)
 class CycleBudget:
-    """Where one configuration's average decode cycle goes (predicted, milliseconds) and what it yields."""
+    """Where one configuration's average decode cycle goes (predicted, milliseconds) and what it yields.
+
+    ``speedup`` is ``tokens_per_s`` over the page's one plain-decoding prediction (the target-only profile's,
+    which the search ranks every configuration against): every speedup on the page divides by the plain
+    decoding it shows. (A draft's own profile is calibrated to that draft's decoding passes, so the plain
+    decoding predicted from it differs by a few percent.)
+    """
 
     draft: str
     label: str
@@ -88,8 +97,10 @@ class WhyInfo:
     skipped: tuple[str, ...]  # drafts that could not be predicted, with the reason
 
 
-def budget(rp: RunProfile, config: SpecConfig, p: RunPrediction) -> CycleBudget:
-    """Split the predicted cycle of ``config`` into draft steps, verify and overhead."""
+def budget(rp: RunProfile, config: SpecConfig, p: RunPrediction,
+           plain_tokens_per_s: float | None = None) -> CycleBudget:
+    """Split the predicted cycle of ``config`` into draft steps, verify and overhead; its speedup is over
+    ``plain_tokens_per_s`` (default: the prediction's own baseline)."""
     if p.source == "baseline":
         overhead = rp.model.ar_overhead_s
         draft_s = 0.0
@@ -104,7 +115,8 @@ def budget(rp: RunProfile, config: SpecConfig, p: RunPrediction) -> CycleBudget:
         draft=name, label=label, num_speculative_tokens=config.num_speculative_tokens, threshold=config.threshold,
         draft_ms=draft_s * 1e3, verify_ms=verify * 1e3, overhead_ms=overhead * 1e3,
         tokens_per_cycle=p.expected_tokens_per_cycle, draft_length=p.expected_draft_length,
-        tokens_per_s=p.tokens_per_s, speedup=p.speedup, source=p.source,
+        tokens_per_s=p.tokens_per_s, source=p.source,
+        speedup=p.tokens_per_s / plain_tokens_per_s if plain_tokens_per_s else p.speedup,
     )
 
 
@@ -120,14 +132,15 @@ def chosen_budget(db: Database, run_id: int, candidate: Candidate, batch_size: i
     try:
         mode = "sampling" if temperature > 0 else "greedy"
         config = spec_config(candidate, mode, batch_size)
+        base_rp = load_run_profile(db, run_id, baseline_only=True)
+        plain = predict_baseline(base_rp, batch_size)
         if candidate.is_plain:
-            rp = load_run_profile(db, run_id, baseline_only=True)
-            return budget(rp, config, predict_baseline(rp, batch_size))
+            return budget(base_rp, config, plain)
         rp = load_run_profile(db, run_id, candidate.drafter)
-        b = budget(rp, config, predict_config(rp, config))
+        b = budget(rp, config, predict_config(rp, config), plain.tokens_per_s)
     except SpecdecError:
         return None
-    return replace(b, label=f"tuner's choice: {candidate.label().replace(candidate.drafter, short_name(candidate.drafter))}")
+    return replace(b, label=f"{CHOSEN}{candidate.label().replace(candidate.drafter, short_name(candidate.drafter))}")
 
 
 def _measured_points(records: Sequence[MeasuredRecord], draft: str, batch_size: int,
@@ -184,7 +197,7 @@ def load_why(db: Database, run_id: int, drafts: Sequence[str] | None = None, bat
             skipped.append(f"{short_name(name)}: no configuration could be predicted (no acceptance traces)")
             continue
         maps.append(heat_map(rp, scored, ns, thresholds, _measured_points(records, name, batch_size, 0.0)))
-        ranked.extend(budget(rp, c, p) for c, p in scored[: runners_up + 1])
+        ranked.extend(budget(rp, c, p, base_pred.tokens_per_s) for c, p in scored[: runners_up + 1])
     ranked.sort(key=lambda b: -b.tokens_per_s)
     return WhyInfo(run_id=run_id, batch_size=batch_size, baseline=baseline, ranked=tuple(ranked[: runners_up + 1]),
                    heatmaps=tuple(maps), skipped=tuple(skipped))

@@ -378,6 +378,37 @@ def test_best_inside_each_server_space(db):
     assert servers.expressible(servers.SERVERS["vllm"], Candidate("d", 2, 0.3)) is not None
 
 
+def test_every_speedup_on_why_it_wins_divides_by_the_plain_decoding_it_shows(db):
+    """One predicted tokens/s, one speedup: the ranking, the tuner's choice and the servers table all divide by
+    the page's plain decoding (a draft's own profile predicts plain decoding a little differently)."""
+    from specdec_tune.cli._dashboard_app import server_room
+    from specdec_tune.dashboard.servers_info import server_rows
+    from specdec_tune.dashboard.why import chosen_budget
+    from specdec_tune.tuner.model import Candidate, Evaluator, SpecConfig, load_run_profile, predict_config
+
+    why = load_why(db, 1)
+    plain = why.baseline.tokens_per_s
+    draft_own = {d: predict_config(load_run_profile(db, 1, d), SpecConfig(1)).baseline_tokens_per_s
+                 for d in ("ngram", None)}
+    assert all(abs(b / plain - 1) > 1e-3 for b in draft_own.values())  # the check has power
+    speedups = {}
+    for b in why.ranked:
+        assert b.speedup == pytest.approx(b.tokens_per_s / plain, rel=1e-12)
+        speedups[round(b.tokens_per_s, 9)] = b.speedup
+    for row in server_rows(why, server_room()):
+        assert speedups.get(round(row.tokens_per_s, 9), row.speedup) == pytest.approx(row.speedup, rel=1e-12)
+    assert any(round(row.tokens_per_s, 9) in speedups for row in server_rows(why, server_room()))
+    chosen = chosen_budget(db, 1, Candidate(why.ranked[0].draft, why.ranked[0].num_speculative_tokens,
+                                            why.ranked[0].threshold))
+    assert chosen.tokens_per_s == pytest.approx(why.ranked[0].tokens_per_s) and chosen.speedup == pytest.approx(
+        why.ranked[0].speedup)
+    # the search's stored speedup (the Tuning study page's column) is the same ratio
+    scored = Evaluator(db, 1).score(Candidate(why.ranked[0].draft, why.ranked[0].num_speculative_tokens,
+                                              why.ranked[0].threshold))
+    assert scored.predicted_tokens_per_s == pytest.approx(chosen.tokens_per_s)
+    assert scored.predicted_speedup == pytest.approx(chosen.speedup)
+
+
 def test_export_downloads_are_the_exporters_files(urls, monkeypatch):
     from specdec_tune.cli._dashboard_app import server_room
     from specdec_tune.dashboard import wiring

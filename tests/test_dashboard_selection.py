@@ -33,9 +33,12 @@ def two_runs(tiny_model_dirs, tmp_path_factory) -> str:
     return url
 
 
-def _app(monkeypatch, db_url: str, **query: str) -> AppTest:
+def _app(monkeypatch, db_url: str, storage: str | None = None, **query: str) -> AppTest:
     monkeypatch.setenv("SPECDEC_DB", db_url)
-    monkeypatch.delenv("SPECDEC_STORAGE", raising=False)
+    if storage is None:
+        monkeypatch.delenv("SPECDEC_STORAGE", raising=False)
+    else:
+        monkeypatch.setenv("SPECDEC_STORAGE", storage)
     at = AppTest.from_file(str(APP_SCRIPT), default_timeout=120)
     at.query_params.update(query)
     at.run()
@@ -76,3 +79,24 @@ def test_the_empty_fidelity_page_names_the_selected_run(monkeypatch, two_runs):
     assert any("specdec-tune measure --run 2 " in h for h in hints), hints
     assert not any("--run 1 " in h for h in hints), hints
     assert any("run 1" in i.value for i in at.info), [i.value for i in at.info]  # where measurements are
+
+
+def test_a_first_visit_opens_on_the_newest_tuned_studys_winner(monkeypatch, two_runs, tiny_model_dirs,
+                                                              tmp_path_factory):
+    """Run 2 is newer, but the study in the storage tuned run 1: the dashboard opens on run 1, and Why it wins
+    leads with the tuner's choice (what a user who just ran `tune` came to see)."""
+    from specdec_tune.dashboard.measured import short_name
+    from specdec_tune.dashboard.studies import list_studies, open_storage
+
+    storage = dashboard_data.build(tmp_path_factory.getbasetemp(), tiny_model_dirs)["storage"]
+    (result,) = [s.result for s in list_studies(open_storage(storage)) if s.result is not None]
+    assert result.run_id == 1
+    at = _app(monkeypatch, two_runs, storage)
+    assert at.sidebar.selectbox(key="sel_run").value == 1
+    at = _page(at, "views/why.py")
+    c = result.candidate
+    shown = c.label().replace(c.drafter, short_name(c.drafter))
+    assert at.subheader[0].value == f"The tuner's choice (predicted): {shown}"
+    assert any("The tuner chose" in s.value for s in at.success)
+    at = _app(monkeypatch, two_runs, storage, run="2")  # the URL still decides when it names a run
+    assert at.sidebar.selectbox(key="sel_run").value == 2

@@ -84,7 +84,8 @@ def _fake_measure(calls: list, factors=FACTORS, noise: float = 0.04):
             samples = RateSamples(tuple(f"{split}{i}" for i in range(prompts)),
                                   tuple((48,) * repeats for _ in range(prompts)), tuple(tuple(row) for row in secs))
             m = SimpleNamespace(tokens_per_s=samples.tokens_per_s, samples=samples)
-            out.append(SimpleNamespace(measurement=m, prediction=SimpleNamespace(tokens_per_s=100 * f, speedup=f),
+            prediction = SimpleNamespace(tokens_per_s=100 * f, speedup=f, machine_speed=1.0)
+            out.append(SimpleNamespace(measurement=m, prediction=prediction,
                                        ci95=(90.0, 110.0), in_sample=False))
         return out
 

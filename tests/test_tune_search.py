@@ -64,6 +64,9 @@ def test_bruteforce_search_finds_the_models_optimum(profile_db, tmp_path):
     out = run_search(ev, space, storage=_storage(tmp_path), study_name="s", trials=space.size)
     # points the profile cannot predict (n-gram N beyond its longest recorded lookup) are pruned
     assert out.sampler == "bruteforce" and out.completed == len(exhaustive) and len(out.study.get_trials()) == space.size
+    # the trials run count apart by how they ended, and add up (issue 35: "200 completed (205 new)")
+    assert out.new_states == {"COMPLETE": len(exhaustive), "PRUNED": space.size - len(exhaustive)}
+    assert out.new_trials == sum(out.new_states.values()) == space.size > len(exhaustive)
     assert out.ranked[0].candidate == exhaustive[0].candidate
     assert out.ranked[0].predicted_tokens_per_s == pytest.approx(exhaustive[0].predicted_tokens_per_s, rel=1e-12)
     assert out.study.best_value == pytest.approx(exhaustive[0].predicted_tokens_per_s, rel=1e-12)

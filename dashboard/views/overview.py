@@ -7,6 +7,7 @@ from specdec_tune.dashboard import cache, ui
 from specdec_tune.dashboard.measured import short_name
 from specdec_tune.dashboard.overview import best_tables
 from specdec_tune.dashboard.trends import FLAGGED
+from specdec_tune.tuner.model import SEARCH_BASIS
 
 sel = ui.selection()
 st.title("Overview")
@@ -33,7 +34,8 @@ if best:
     for (target, hardware, workload), rows in best_tables(best).items():
         st.markdown(f"**{target}** on {hardware}, workload **{workload}**")
         st.dataframe(rows, hide_index=True)
-    st.caption("Tokens/s and speedup measured, with their 95% CI; predicted: the model's tokens/s. "
+    st.caption("Tokens/s and speedup measured, with their 95% CI; predicted: the model's tokens/s for the prompts "
+               "measured, rescaled to the machine speed measured in the same passes. "
                "Speedup = measured tokens/s ÷ plain decoding measured the same way. In-sample rows ran the "
                "profile's own prompts; a tuning's winner is confirmed on held-out prompts. A study's rows for "
                "other servers hold the best inside each server's space.")
@@ -48,11 +50,13 @@ st.header("Tuning studies")
 if info.studies:
     st.dataframe([{
         "study": s.name, "trials": s.trials, "objectives": ", ".join(s.directions),
-        "best (predicted)": ui.fmt(s.best_values[0]) if s.best_values else "–",
+        "search's best (predicted)": f"{s.best_label}: {ui.fmt(s.best_values[0])}" if s.best_values else "–",
         "server": s.result.server if s.result else "–",
-        "winner": s.result.candidate.label() if s.result else "not finished",
+        "winner (best measured)": s.result.candidate.label() if s.result else "not finished",
         "held-out speedup": ui.fmt(s.result.speedup, 2, "×") if s.result else "–",
     } for s in info.studies], hide_index=True)
+    st.caption(f"The search's best is the best trial, predicted for {SEARCH_BASIS}; the winner is the best measured "
+               "of the search's top predictions, so the two can differ.")
 else:
     st.info(f"No tuning studies yet (storage: {sel.sources.display_storage}). Run:")
     st.code(ui.commands("tune"), language="bash")

@@ -10,6 +10,7 @@ from specdec_tune.dashboard.measured import short_name
 from specdec_tune.dashboard.studies import export_formats, objective_text, trial_label, zip_files
 from specdec_tune.dashboard.study_charts import schedule_chart
 from specdec_tune.errors import SpecdecError
+from specdec_tune.tuner.model import SEARCH_BASIS
 
 sel = ui.selection()
 st.title("Tuning study")
@@ -32,7 +33,8 @@ cols = st.columns(4)
 cols[0].metric("Trials", info.row.trials)
 cols[1].metric("Completed", info.complete)
 if not info.row.multi_objective and info.best and info.best[0].values:
-    cols[2].metric(f"Best {info.objective_names[0]} (predicted)", ui.fmt(info.best[0].values[0]))
+    cols[2].metric(f"Best {info.objective_names[0]} (predicted)", ui.fmt(info.best[0].values[0]),
+                   help=f"trial {info.best[0].number}: {trial_label(info.best[0])}, predicted for {SEARCH_BASIS}")
 else:
     cols[2].metric("Pareto-optimal trials", len(info.best))
 cols[3].metric("Pruned or failed", info.states.get("PRUNED", 0) + info.states.get("FAIL", 0),
@@ -42,7 +44,9 @@ st.caption("Objectives: " + ", ".join(f"{n} ({d})" for n, d in zip(info.objectiv
 if result is not None:
     st.success(f"Winner for {result.server}: {result.candidate.label()} · measured "
                f"{ui.fmt(result.measured_tokens_per_s)} tokens/s ({'held-out' if result.heldout else 'in-sample'}) · "
-               f"predicted {ui.fmt(result.predicted_tokens_per_s)} · speedup {ui.fmt(result.speedup, 2, '×')} "
+               f"predicted {ui.fmt(result.predicted_tokens_per_s)}"
+               + (f" (for {result.predicted_basis})" if result.predicted_basis else "")
+               + f" · speedup {ui.fmt(result.speedup, 2, '×')} "
                f"95% CI {ui.ci_text(result.speedup_ci, 2)}")
 else:
     st.info("This study holds no finished tuning result yet (still running, or interrupted: rerun the same "
@@ -65,7 +69,9 @@ st.dataframe([{
     "configuration": trial_label(t), "predicted speedup": ui.fmt(t.user_attrs.get("predicted_speedup"), 2, "×"),
     "E[τ]": ui.fmt(t.user_attrs.get("expected_tokens_per_cycle"), 2), "source": t.user_attrs.get("source", "–"),
 } for t in info.top], hide_index=True)
-st.caption("Trial values are the model's predictions (the tuner measures only its top candidates).")
+st.caption(f"Trial values are the model's predictions for {SEARCH_BASIS} (the tuner measures only its top "
+           "candidates; the winner's prediction above is for the prompts it was measured on). Each predicted speedup "
+           "is over plain decoding as the search predicts it.")
 
 st.header("Per-batch-size schedule")
 if info.per_batch_size:

@@ -152,3 +152,28 @@ def parse_rates(text: str | None, flag: str = "--synthetic-acceptance") -> tuple
 def synthetic_label(rates) -> str:
     """How every number that rests on given acceptance rates is labelled."""
     return "synthetic acceptance α = " + ", ".join(f"{a:g}" for a in rates) + " (given, not measured)"
+
+
+LATEST = "latest"
+
+
+def run_id(db, text: str | int, flag: str = "--run") -> int:
+    """``--run ID|latest``: a run id as given, or ``latest``, the newest completed profile run (what a
+    profile or tune in this folder just made, whatever ran before it).
+
+    Raises:
+        InputError: neither an integer nor ``latest``, or ``latest`` with no completed run stored.
+    """
+    given = str(text).strip()
+    if given.lower() != LATEST:
+        try:
+            return int(given)
+        except ValueError:
+            raise InputError(f"{flag} must be a run id (an integer) or {LATEST!r}, got {given!r}") from None
+    from specdec_tune.db import list_runs
+
+    newest = list_runs(db, status="completed", limit=1)
+    if not newest:
+        raise InputError(f"{flag} {LATEST}: no completed profile run is stored yet; run `specdec-tune profile` "
+                         "(or `specdec-tune tune`) first")
+    return newest[0].id

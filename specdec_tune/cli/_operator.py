@@ -129,7 +129,8 @@ def objective_lines(report: dict[str, Any]) -> list[str]:
         side = report.get(key) or {}
         lines.append(f"  {key} ({side.get('label', '')}): {describe_side(name, side)}")
     if report.get("predicted") is not None:
-        lines.append(f"  winner predicted: {_value(name, report['predicted'])}")
+        basis = report.get("predicted_basis")
+        lines.append(f"  winner predicted: {_value(name, report['predicted'])}" + (f" (for {basis})" if basis else ""))
     for row in report.get("budget") or []:
         rate = row["tokens_per_s_at_load"]
         lines.append(f"  at the {report['memory_budget_bytes'] / 2**30:g} GiB budget (predicted): {row['label']}: "

@@ -116,6 +116,8 @@ DbOption = Annotated[
     ),
 ]
 
+RUN_HELP = ("Profile run id (`profile` and `tune` print it), or 'latest': the newest completed profile run.")
+
 ForwardOption = Annotated[
     str,
     typer.Option(

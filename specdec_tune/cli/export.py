@@ -68,7 +68,8 @@ def export(
     study: Optional[str] = typer.Option(None, "--study", metavar="NAME", help="A finished `tune` study."),
     storage: Optional[str] = typer.Option(None, "--storage", metavar="URL",
                                           help="Optuna storage of --study (default: tune's, beside --db)."),
-    run: Optional[int] = typer.Option(None, "--run", metavar="ID", help="A stored profile run (numbers predicted)."),
+    run_given: Optional[str] = typer.Option(None, "--run", metavar="ID|latest", help=(
+        "A stored profile run, or 'latest' (the newest completed one); numbers predicted.")),
     config: Optional[str] = typer.Option(None, "--config", metavar="N,θ[,DRAFTER]",
                                          help="With --run: the configuration (default: the model's best)."),
     fmt: str = typer.Option(..., "--format", metavar="FORMAT", help=FORMAT_HELP),
@@ -80,9 +81,9 @@ def export(
     """Export the tuned configuration for vLLM, SGLang, TensorRT-LLM, llama.cpp or HF transformers."""
     from specdec_tune.tuner.servers import check_root, resolve_formats, write_formats
 
-    if (study is None) == (run is None):
+    if (study is None) == (run_given is None):
         raise InputError("give exactly one of --study NAME or --run ID")
-    if config is not None and run is None:
+    if config is not None and run_given is None:
         raise InputError("--config goes with --run (a study's configuration is its tuned winner)")
     formats = fmt.split(",")
     resolve_formats(formats)  # an unknown format is refused before any database is opened
@@ -93,10 +94,12 @@ def export(
 
         result = result_from_study(study, _storage_url(storage, db))
     else:
+        from specdec_tune.cli._checks import run_id
         from specdec_tune.db import open_database
         from specdec_tune.tuner.servers import result_from_run
 
         with open_database(db) as database:
+            run = run_id(database, run_given)
             result = result_from_run(database, run, config)
     written = written_or_refused(lambda: write_formats(result, formats, out, model_root), out)
     carries = written.carries

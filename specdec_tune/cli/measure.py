@@ -21,6 +21,7 @@ from specdec_tune.cli._options import (
     DEFAULT_THRESHOLD,
     DEFAULT_THRESHOLD_KIND,
     DEFAULT_THRESHOLD_STEP,
+    RUN_HELP,
     DbOption,
     ScheduleOption,
     SeedOption,
@@ -102,7 +103,7 @@ def interpolated_between(batch_size: int, profiled: list[int], run: int) -> tupl
 
 @app.command()
 def predict(
-    run: int = typer.Option(..., "--run", help="Profile run id (printed by `profile`)."),
+    run_given: str = typer.Option(..., "--run", metavar="ID|latest", help=RUN_HELP),
     num_speculative_tokens: Optional[int] = typer.Option(None, "--num-speculative-tokens", "-N", help=(
         "N (0 = plain decoding). Leave it out with --batch-sizes for the best N per batch size.")),
     threshold: ThresholdOption = DEFAULT_THRESHOLD,
@@ -140,6 +141,7 @@ def predict(
 
     config_at(num_speculative_tokens or 0, batch_size)  # bad flags fail before the database opens
     database = open_database(db)
+    run = opt.run_id(database, run_given)
     rp = load_run_profile(database, run, draft)
     if rates is not None:
         rp = with_synthetic_acceptance(rp, rates)
@@ -213,7 +215,8 @@ def _predict_line(r: dict, run: int, draft: str | None) -> str:
 
 @app.command()
 def measure(
-    run: int = typer.Option(..., "--run", help="Profile run id: its prompts, max-new-tokens, device and dtype are reused."),
+    run_given: str = typer.Option(..., "--run", metavar="ID|latest", help=RUN_HELP + (
+        " Its prompts, max-new-tokens, device and dtype are reused.")),
     draft: _RunDraft = None,
     num_speculative_tokens: int = typer.Option(..., "--num-speculative-tokens", "-N", help="N: most tokens drafted per cycle (0 = plain decoding)."),
     threshold: ThresholdOption = DEFAULT_THRESHOLD,
@@ -252,6 +255,7 @@ def measure(
     if split is not None:
         split = check_split(split)
     database = open_database(db)
+    run = opt.run_id(database, run_given)
     if split is None:
         split = "holdout" if get_run(database, run).settings.get("split") == "tune" else None
     quiet_loading()

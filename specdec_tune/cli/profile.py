@@ -271,3 +271,21 @@ def profile(
         print_json(summary)
         return
     _print_summary(console(), summary)
+    console().print(stored_line(summary, db), highlight=False, markup=False)
+
+
+def stored_line(s: dict, db: str | None = None) -> str:
+    """The run's id as the commands that reuse it take it, with the best predicted configuration filled in
+    (the first draft's; N = 4 where nothing was predicted)."""
+    best = next((d["best"][0] for d in s["drafts"] if d["best"]), None)
+    n = best["num_speculative_tokens"] if best else 4
+    theta = f" --threshold {best['threshold']:g}" if best and best["threshold"] else ""
+    first = next((d["name"] for d in s["drafts"] if d["best"]), None)
+    draft = f" --draft {first}" if first and s["drafts"][0]["name"] != first else ""
+    from specdec_tune.db import mask_url
+
+    where = f" --db {mask_url(db)}" if db else ""  # a password is never printed
+    run = s["run_id"]
+    return (f"stored as run {run}: specdec-tune predict --run {run} -N {n}{theta}{draft}{where}; "
+            f"specdec-tune measure --run {run} -N {n}{theta}{draft}{where} "
+            f"(--run latest names it until a newer run is stored)")

@@ -71,7 +71,7 @@ def report_json(report) -> dict:
         "acceptance": c.acceptance, "epsilon": c.epsilon, "bias": r.bias, "bias_front": r.pareto,
         "schedule": c.schedule, "server": r.server,
         "measured_tokens_per_s": r.measured_tokens_per_s, "predicted_tokens_per_s": r.predicted_tokens_per_s,
-        "baseline_tokens_per_s": r.baseline_tokens_per_s, "speedup": r.speedup,
+        "predicted_basis": r.predicted_basis, "baseline_tokens_per_s": r.baseline_tokens_per_s, "speedup": r.speedup,
         "speedup_ci": list(r.speedup_ci) if r.speedup_ci else None, "heldout": r.heldout, "study": report.study,
         "exports": report.exports,
         "per_batch_size": {str(b): n for b, n in r.per_batch_size.items()},
@@ -79,6 +79,7 @@ def report_json(report) -> dict:
                             for srv, entry in r.best_per_server.items()},
         "not_written": report.not_written, "storage": report.storage, "run_id": report.run_id,
         "profiled": report.profiled, "completed_trials": report.completed_trials, "new_trials": report.new_trials,
+        "trial_counts": report.trial_counts(),
         "sampler": report.sampler, "confirmation": report.confirmation, "pareto": report.pareto,
         "notes": report.notes, "throughput": THROUGHPUT_NOTE,
         "backend": "vllm" if report.server_report else "engine", "server_report": report.server_report,
@@ -94,7 +95,7 @@ def _print(console: Console, report) -> None:
     console.print(f"[bold]winner[/bold] ({r.server}): {c.label()}", highlight=False)
     console.print(f"  measured on {where}: {_rate(r.measured_tokens_per_s)} tokens/s vs plain decoding "
                   f"{_rate(r.baseline_tokens_per_s)} tokens/s: speedup {r.speedup:.2f}× (95% CI {_fmt_ci(r.speedup_ci)}); "
-                  f"predicted {_rate(r.predicted_tokens_per_s)} tokens/s", highlight=False)
+                  f"predicted {_rate(r.predicted_tokens_per_s)} tokens/s{_for(r.predicted_basis)}", highlight=False)
     if r.per_batch_size:
         console.print(f"  best N per batch size ({r.per_batch_size_source}; 0 = do not speculate): "
                       + ", ".join(f"B={b}: {n}" for b, n in r.per_batch_size.items()), highlight=False)
@@ -110,7 +111,8 @@ def _print(console: Console, report) -> None:
         _print_server(console, report.server_report)
     table = Table(title="measured on the tuning prompts" + (" (vLLM, one engine start each)" if report.server_report
                                                              else " (interleaved)"), title_justify="left")
-    for col in ("configuration", "measured tokens/s", "95% CI", "speedup (measured)", "predicted tokens/s", "servers"):
+    for col in ("configuration", "measured tokens/s", "95% CI", "speedup (measured, median over passes)",
+                "predicted tokens/s", "servers"):
         table.add_column(col)
     for row in report.confirmation:
         speedup = row.get("measured_speedup")
@@ -118,6 +120,7 @@ def _print(console: Console, report) -> None:
                       _fmt_ci(row["measured_ci"]), "–" if speedup is None else f"{speedup:.2f}×",
                       _rate(row["predicted_tokens_per_s"]), ", ".join(row["servers"]))
     console.print(table)
+    console.print(bases_line(report.confirmation), highlight=False)
     if r.best_per_server:
         _print_servers(console, r, report.not_written)
     for fmt, why in report.not_written.items():
@@ -137,9 +140,9 @@ def _print(console: Console, report) -> None:
         console.print(f"Pareto front (predicted {' vs '.join(names)}): " + "; ".join(
             f"{p['label']}: " + ", ".join(ops._value(n, p.get('values', {}).get(n)) for n in names)
             for p in report.pareto), highlight=False)
-    console.print(f"study {report.study!r} in {report.storage}: {report.completed_trials} completed trials "
-                  f"({report.new_trials} new, {report.sampler}); profile run {report.run_id}"
-                  f"{' (new)' if report.profiled else ' (reused)'}", highlight=False)
+    console.print(f"study {report.study!r} in {report.storage} ({report.sampler}): {trials_text(report)}; profile run "
+                  f"{report.run_id} ({'new' if report.profiled else 'reused'}; `--run {report.run_id}` names it for "
+                  "predict, measure and export)", highlight=False)
     for note in report.notes:
         console.print(f"note: {note}", highlight=False)
     for path in report.exports:
@@ -154,6 +157,36 @@ def file_cells(r, not_written: dict[str, str]) -> dict[str, str]:
 
     return {srv: f"not written: {not_written[srv]}" if srv in not_written else d.shipped.label()
             for srv, d in decisions(r).items()}
+
+
+def _for(basis: str | None) -> str:
+    """`` (for <basis>)``: what a predicted rate was computed for, where the result says."""
+    return f" (for {basis})" if basis else ""
+
+
+def bases_line(rows: list[dict]) -> str:
+    """What the predicted column of a table of measured configurations was computed for, grouped (the
+    rows' predictions differ from the search's and from the held-out ones: other prompts, other passes)."""
+    groups: dict[str, list[str]] = {}
+    for row in rows:
+        groups.setdefault(row.get("predicted_basis") or "–", []).append(row["label"])
+    if len(groups) == 1:
+        return f"  predicted tokens/s above: for {next(iter(groups))}"
+    return "  predicted tokens/s above: " + "; ".join(f"{', '.join(labels)}: for {basis}"
+                                                      for basis, labels in groups.items())
+
+
+def trials_text(report) -> str:
+    """The study's trial counts, adding up: completed = run now + earlier (or by another process); the
+    trials run now that did not complete are counted apart."""
+    c = report.trial_counts()
+    text = (f"{c['completed']} completed trials = {c['completed_new']} run now + {c['completed_other']} from earlier "
+            "runs or other processes")
+    for key, end in (("pruned_new", "pruned (the model cannot predict them from this profile, or they exceed the "
+                                    "memory budget)"), ("failed_new", "failed")):
+        if c[key]:
+            text += f"; {c[key]} more trial{'s' if c[key] > 1 else ''} run now {'were' if c[key] > 1 else 'was'} {end}"
+    return text
 
 
 def _print_servers(console: Console, r, not_written: dict[str, str]) -> None:
@@ -173,6 +206,8 @@ def _print_servers(console: Console, r, not_written: dict[str, str]) -> None:
         table.add_row(srv, d.candidate.label(), _rate(d.predicted_tokens_per_s), _rate(d.measured_tokens_per_s),
                       speedup, Text(files[srv]))
     console.print(table)
+    console.print(bases_line([{"label": srv, "predicted_basis": d.predicted_basis} for srv, d in decided.items()]),
+                  highlight=False)
     for srv, d in decided.items():
         if not d.speculates and not d.candidate.is_plain:
             console.print(f"note: {srv} carries plain decoding: {d.reason}", highlight=False)

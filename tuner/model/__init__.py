@@ -16,6 +16,7 @@ from specdec_tune.tuner.model._batch_theory import all_rejected, batch_rejection
 from specdec_tune.tuner.model._bias import BiasPrediction, bias_of, front_epsilons
 from specdec_tune.tuner.model._calibration import OverheadFit, fit_overhead
 from specdec_tune.tuner.model._configs import NGRAM, NONE, THRESHOLD_RULES, Candidate, TuningResult, spec_config
+from specdec_tune.tuner.model._configs import SEARCH_BASIS, predicted_basis
 from specdec_tune.tuner.model._decision import MIN_LOWER, ServerDecision, decide, decisions
 from specdec_tune.tuner.model._evaluator import Evaluator, Scored
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, simulate_prompt
@@ -52,4 +53,5 @@ __all__ = [
     "verify_time", "with_synthetic_acceptance",
     "RANKS", "StagedStats", "TreeCycle", "TreeData", "TreePlan", "expected_tau", "load_tree_data", "predict_tree_prompts",
     "simulate_tree", "tree_overhead", "tree_plan", "width_time",
+    "SEARCH_BASIS", "predicted_basis",
 ]  # fmt: skip

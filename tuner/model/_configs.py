@@ -15,6 +15,19 @@ from specdec_tune.tuner.model._throughput import SpecConfig
 NONE = "none"  # plain decoding (no drafter)
 NGRAM = "ngram"  # prompt lookup
 THRESHOLD_RULES = ("before", "hf")
+# A configuration's predicted tokens/s differs with the prompts it is predicted for and the machine speed it
+# is stated at; every printed prediction names both (its "basis"), so two figures for one configuration
+# that differ say why.
+SEARCH_BASIS = "the profiled tuning prompts at the profile's machine speed, as the search ranked it"
+
+
+def predicted_basis(heldout: bool, speed_source: str | None = None) -> str:
+    """What a prediction made beside a measurement was computed for: the prompts measured, rescaled to
+    the machine speed ``speed_source`` measured in the same passes (None: the profile's speed)."""
+    prompts = "the held-out prompts measured" if heldout else "the tuning prompts measured"
+    if speed_source is None:
+        return f"{prompts}, at the profile's machine speed"
+    return f"{prompts}, rescaled to the machine speed measured by {speed_source}"
 
 
 @dataclass(frozen=True)
@@ -130,6 +143,7 @@ class TuningResult:
     # the Objective's dict plus the winner's measured value, its CI, and whether the SLO was met.
     objective: dict[str, Any] = field(default_factory=dict)
     per_batch_size_reasons: dict[int, str] = field(default_factory=dict)  # why N is what it is at B
+    predicted_basis: str = ""  # what predicted_tokens_per_s was computed for (predicted_basis; "" unknown)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

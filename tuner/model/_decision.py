@@ -73,6 +73,7 @@ class ServerDecision:
         speedup_ci: its paired bootstrap 95 % CI.
         heldout: the measurement ran on prompts the profile never saw.
         per_batch_size: batch size -> N for ``candidate`` (predicted from T_v(B, k); B = 1 is its N).
+        predicted_basis: what ``predicted_tokens_per_s`` was computed for (prompts, machine speed).
     """
 
     server: str
@@ -88,6 +89,7 @@ class ServerDecision:
     speedup_ci: tuple[float, float] | None = None
     heldout: bool = False
     per_batch_size: dict[int, int] = field(default_factory=dict)
+    predicted_basis: str = ""
 
     @property
     def speculates(self) -> bool:
@@ -109,7 +111,8 @@ class ServerDecision:
                 "baseline_tokens_per_s": self.baseline_tokens_per_s, "speedup": self.speedup,
                 "speedup_ci": list(self.speedup_ci) if self.speedup_ci else None, "heldout": self.heldout,
                 "measured_on": "held-out prompts" if self.heldout else "tuning prompts",
-                "per_batch_size": {str(b): int(n) for b, n in self.per_batch_size.items()}}
+                "per_batch_size": {str(b): int(n) for b, n in self.per_batch_size.items()},
+                "predicted_basis": self.predicted_basis}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ServerDecision | None:
@@ -124,7 +127,8 @@ class ServerDecision:
                    measured_tokens_per_s=d.get("measured_tokens_per_s"),
                    baseline_tokens_per_s=d.get("baseline_tokens_per_s"), speedup=d.get("speedup"),
                    speedup_ci=(float(ci[0]), float(ci[1])) if ci else None, heldout=bool(d.get("heldout")),
-                   per_batch_size={int(b): int(n) for b, n in (d.get("per_batch_size") or {}).items()})
+                   per_batch_size={int(b): int(n) for b, n in (d.get("per_batch_size") or {}).items()},
+                   predicted_basis=str(d.get("predicted_basis") or ""))
 
 
 def decisions(result: TuningResult) -> dict[str, ServerDecision]:

@@ -84,11 +84,19 @@ class Evaluator:
         self._trees: dict[str, TreeData | None] = {}
         self.cache: dict[Candidate, Scored] = {}
         self.predictions = 0  # model evaluations actually run (cache misses)
+        self._plain_rate: float | None = None
 
     def profile(self, drafter: str | None) -> RunProfile:
         if drafter not in self._profiles:
             self._profiles[drafter] = load_run_profile(self.db, self.run_id, drafter, baseline_only=drafter is None)
         return self._profiles[drafter]
+
+    def plain_tokens_per_s(self) -> float:
+        """Plain decoding's predicted tokens/s as the search scores it (the target-only profile): the
+        denominator of every candidate's predicted speedup."""
+        if self._plain_rate is None:
+            self._plain_rate = predict_baseline(self.profile(None)).tokens_per_s
+        return self._plain_rate
 
     def tree_data(self, drafter: str) -> TreeData | None:
         """The drafter's token-tree data (``None``: the profile has none)."""
@@ -126,7 +134,11 @@ class Evaluator:
         bias = None
         if self.mode == "sampling":
             bias = 0.0 if c.is_plain else bias_of(self.profile(c.drafter).bias_front, c.acceptance, c.epsilon).bias
-        s = Scored(c, p.tokens_per_s, p.speedup, p.expected_tokens_per_cycle, p.source,
+        # The speedup is over plain decoding as the search scores it (the target-only profile's prediction),
+        # not over the baseline inside p (the draft's profile, calibrated to that draft's passes): one
+        # denominator for every candidate, so a speedup and the tokens/s it came from never disagree.
+        speedup = 1.0 if c.is_plain else p.tokens_per_s / self.plain_tokens_per_s()
+        s = Scored(c, p.tokens_per_s, speedup, p.expected_tokens_per_cycle, p.source,
                    self.memory(c) if self.memory else None, attainment, tpot, bias)
         self.cache[c] = s
         return s

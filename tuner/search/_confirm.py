@@ -137,5 +137,6 @@ def server_decisions(conf: Confirmation, bests: Mapping[str, Scored],
             predicted_tokens_per_s=held.predicted_tokens_per_s,
             predicted_speedup=None if prediction is None else float(prediction.speedup),
             measured_tokens_per_s=held.tokens_per_s, baseline_tokens_per_s=base.tokens_per_s, speedup=speedup,
-            speedup_ci=ci, heldout=held.heldout, per_batch_size={} if c.is_plain else schedule(c))
+            speedup_ci=ci, heldout=held.heldout, per_batch_size={} if c.is_plain else schedule(c),
+            predicted_basis=held.predicted_basis)
     return out

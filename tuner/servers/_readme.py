@@ -34,6 +34,11 @@ def _rate(x: float | None, label: str) -> str:
     return "not measured" if x is None and label == "measured" else ("–" if x is None else f"{x:.1f} tokens/s ({label})")
 
 
+def _predicted(r: TuningResult) -> str:
+    """The label of ``r``'s predicted rate: what it was computed for, where the result says."""
+    return f"predicted for {r.predicted_basis}" if r.predicted_basis else "predicted"
+
+
 def _ci(ci: tuple[float, float] | None) -> str:
     return f" (95% CI {ci[0]:.2f}–{ci[1]:.2f})" if ci else ""
 
@@ -102,7 +107,8 @@ def _objective_lines(r: TuningResult) -> list[str]:
         side = o.get(key) or {}
         out.append(f"- {key} ({side.get('label', '–')}): {o['objective']} {describe_side(o['objective'], side)}")
     if o.get("predicted") is not None:
-        out.append(f"- winner's {o['objective']}: {format_value(o['objective'], o['predicted'])} (predicted)")
+        out.append(f"- winner's {o['objective']}: {format_value(o['objective'], o['predicted'])} (predicted"
+                   + (f" for {o['predicted_basis']})" if o.get("predicted_basis") else ")"))
     return out + [""]
 
 
@@ -120,7 +126,7 @@ def _numbers(r: TuningResult) -> list[str]:
     return [f"- throughput: {_rate(r.measured_tokens_per_s, 'measured')}" + (f" on {where}" if r.measured_tokens_per_s else ""),
             f"- plain decoding: {_rate(r.baseline_tokens_per_s, 'measured' if r.measured_tokens_per_s else 'predicted')}",
             f"- speedup: {_speed(r)}",
-            f"- predicted throughput: {_rate(r.predicted_tokens_per_s, 'predicted')}",
+            f"- predicted throughput: {_rate(r.predicted_tokens_per_s, _predicted(r))}",
             f"- temperature: {r.temperature:g}" + (" (greedy)" if r.temperature == 0 else "")]
 
 
@@ -185,7 +191,7 @@ def _file_section(s: Shipped) -> list[str]:
         if d is not None and d.speedup_ci:
             out.append(f"- decision: speculate (the CI's lower bound, {d.speedup_ci[0]:.2f}, is at least "
                        f"{MIN_LOWER:g})")
-    out.append(f"- predicted throughput: {_rate(this.predicted_tokens_per_s, 'predicted')}"
+    out.append(f"- predicted throughput: {_rate(this.predicted_tokens_per_s, _predicted(this))}"
                + (f", {d.predicted_speedup:.2f}× (predicted)" if d is not None and d.predicted_speedup else ""))
     if d is not None and d.selected:
         out.append(f"- chosen: {d.selected}")

@@ -61,7 +61,7 @@ def server_best(result: TuningResult, fmt: str) -> TuningResult | None:
                                                            (entry.get("per_batch_size") or {}).items()},
                    measured_tokens_per_s=entry.get("measured_tokens_per_s"),
                    predicted_tokens_per_s=entry.get("predicted_tokens_per_s"), baseline_tokens_per_s=None,
-                   speedup=None, speedup_ci=None, heldout=False)
+                   speedup=None, speedup_ci=None, heldout=False, predicted_basis="")
 
 
 def _decided(result: TuningResult, fmt: str, d: ServerDecision) -> TuningResult:
@@ -73,7 +73,7 @@ def _decided(result: TuningResult, fmt: str, d: ServerDecision) -> TuningResult:
                    per_batch_size=dict(d.per_batch_size) if d.speculates else {},
                    measured_tokens_per_s=d.measured_tokens_per_s, predicted_tokens_per_s=d.predicted_tokens_per_s,
                    baseline_tokens_per_s=d.baseline_tokens_per_s, speedup=d.speedup, speedup_ci=d.speedup_ci,
-                   heldout=d.heldout)
+                   heldout=d.heldout, predicted_basis=d.predicted_basis)
 
 
 def _guarded(result: TuningResult) -> tuple[TuningResult, str | None]:

@@ -128,6 +128,7 @@ def result_from_run(db: Any, run_id: int, config: str | None = None) -> TuningRe
         per_batch_size=per_b, measured_tokens_per_s=None, predicted_tokens_per_s=pred.tokens_per_s,
         baseline_tokens_per_s=base.tokens_per_s, speedup=pred.tokens_per_s / base.tokens_per_s,
         speedup_ci=None, heldout=False, run_id=run_id,
+        predicted_basis=f"run {run_id}'s profiled prompts at the profile's machine speed",
     )
 
 
