@@ -173,7 +173,7 @@ def _report(s: _Searched, result: TuningResult, confirmation: list[dict[str, Any
             threads: dict[str, Any] | None = None) -> TuneReport:
     return TuneReport(result, s.study, s.storage_url, s.run.id, s.profiled, s.outcome.completed, s.outcome.new_trials,
                       s.outcome.sampler, confirmation, pareto, notes, [], s.space, server_report,
-                      threads or s.run.settings.get("thread_choice"), dict(s.outcome.new_states))
+                      threads or s.run.settings.get("thread_choice"), new_states=dict(s.outcome.new_states))
 
 
 def _server_bests(req: TuneRequest, s: _Searched) -> dict[str, Scored]:
