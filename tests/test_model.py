@@ -326,3 +326,21 @@ def test_model_imports_without_torch() -> None:
     # The model must stay usable where torch is absent (dashboard, CI): importing it must not load torch.
     code = "import sys, specdec_tune.tuner.model; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_a_steep_noisy_context_line_never_makes_a_verify_cost_negative() -> None:
+    """The context slope is capped where the line would cost a verify over no context less than nothing: a
+    tiny model's timings under load once measured 0.2 ms at 128 and 2.5 ms at 512 against 1 ms at the typical
+    323, and the uncapped least-squares line (6.0 µs/token) predicted short requests' TPOT below 0."""
+    from specdec_tune.db import TimingRow
+    from specdec_tune.tuner.model._profile import _Timings
+
+    typical = 323
+    rows = [TimingRow("verify", 2, 1, typical, 1.0e-3, None)]
+    rows += [TimingRow("verify_context", 2, 1, c, s, None) for c, s in ((128, 0.2e-3), (512, 2.5e-3))]
+    slope = _Timings(rows).context_slopes(typical)[2]
+    assert 1.0e-3 + slope * (0 - typical) >= 0.0  # the verify at context 0
+    assert slope == pytest.approx(1.0e-3 / typical)  # capped exactly there (the raw line is twice as steep)
+    # a line that keeps its intercept positive is left as measured
+    gentle = [rows[0]] + [TimingRow("verify_context", 2, 1, c, s, None) for c, s in ((128, 0.9e-3), (512, 1.1e-3))]
+    assert _Timings(gentle).context_slopes(typical)[2] < 1.0e-3 / typical

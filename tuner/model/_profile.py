@@ -182,7 +182,10 @@ class _Timings:
         """k -> seconds a B = 1 verify of k tokens gains per context token: the least-squares line through
         its medians at the typical context (kind verify) and the others (kind verify_context), at least 0
         (attending over more positions costs no less; a tiny model's timing noise can tilt the line the
-        other way, as the prefill line is kept >= 0); k without another context left out."""
+        other way, as the prefill line is kept >= 0) and at most the slope that keeps the verify's cost at
+        context 0 from going negative (its time at the typical context ÷ that context: a verify over no
+        context still costs something; a noisy, steep line would otherwise predict a short request's
+        cycles in negative seconds); k without another context left out."""
         by_k: dict[int, dict[int, float]] = defaultdict(dict)  # k -> context -> median
         for key, xs in self.select("verify_context", batch_size=1):
             by_k[key.k][key.context_len] = _median(xs)
@@ -192,7 +195,9 @@ class _Timings:
             if typical_xs:
                 points[typical] = _median(typical_xs)
             if len(points) >= 2:  # distinct context lengths (dict keys): the line is defined
-                out[k] = max(0.0, statistics.linear_regression(list(points), list(points.values())).slope)
+                slope = statistics.linear_regression(list(points), list(points.values())).slope
+                at_typical = points[typical] if typical in points else interp(points, typical)
+                out[k] = min(max(0.0, slope), max(0.0, at_typical) / typical if typical > 0 else slope)
         return out
 
     def probe(self) -> float | None:
