@@ -176,8 +176,9 @@ def _print_server(console: Console, sr: dict) -> None:
     console.print(table)
     close = sr.get("close_calls") or []
     if close:
+        ci = lambda r: f"95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}" if r["ci95"] else "no 95% CI: one prompt"  # noqa: E731
         console.print(f"note: the best measured, {sr.get('best_measured')}, is not measurably faster than " + "; ".join(
-            f"{r['config']} (ratio {r['ratio']:.2f}, 95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f})" for r in close)
+            f"{r['config']} (ratio {r['ratio']:.2f}, {ci(r)})" for r in close)
             + " on the tuning prompts; among these the calibrated model chose the winner where it interpolates "
             "(more --measure-prompts would let the measurement decide)", highlight=False)
     for b, by_n in sr.get("schedule_measured", {}).items():
