@@ -45,8 +45,12 @@ def _predicted_ms(seconds: float) -> str:
 def _missing(s: dict[str, Any]) -> str:
     """Why some latency value or CI is missing ("–" or no bracket), one clause per statistic."""
     names = {"ttft_s": "TTFT", "tpot_s": "TPOT", "token_gap_s": "inter-token gap"}
-    why = {label: next((e.get("why") for e in s[key].values() if e.get("why")), None) for key, label in names.items()}
-    return "".join(f"; {label}: {w}" for label, w in why.items() if w)
+    labels: dict[str, list[str]] = {}  # reason -> the statistics it applies to (one prompt: all of them)
+    for key, label in names.items():
+        why = next((e.get("why") for e in s[key].values() if e.get("why")), None)
+        if why:
+            labels.setdefault(why, []).append(label)
+    return "".join(f"; {', '.join(stats)}: {why}" for why, stats in labels.items())
 
 
 def latency_lines(measurement: Any, predicted: Any | None) -> list[str]:

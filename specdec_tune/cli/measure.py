@@ -255,6 +255,7 @@ def measure(
     database = open_database(db)
     if split is None:
         split = "holdout" if get_run(database, run).settings.get("split") == "tune" else None
+    opt.check_measured_prompts(get_run(database, run), split, max_prompts, repeats)  # before the bar and models
     quiet_loading()
     if backend == "vllm":
         _measure_vllm(database, run, draft, config, temperature, split, max_prompts, repeats,
