@@ -158,3 +158,12 @@ def test_profile_and_measure_refuse_an_empty_split_before_loading(tiny_model_dir
     tpot = obj["latency"]["measured"]["tpot_s"]["p50"]
     assert tpot["value"] is None and tpot["why"].startswith("no request emitted 2 or more tokens")
     assert obj["latency"]["predicted"]["tpot_p50_s"] is None  # one token: no TPOT predicted either
+
+
+def test_energy_with_one_pass_finishes_with_a_note():
+    """Energy per token's CI is over passes (profiler.energy): one repeat leaves it without one, said up front."""
+    from specdec_tune.tuner.search import TuneRequest, check_prompts
+
+    req = TuneRequest("t", ("d",), "w.jsonl", objective="energy", repeats=1, heldout_prompts=2)
+    assert "--repeats 1: energy per token has no 95% CI" in " | ".join(check_prompts(req, 8))
+    assert not any("energy" in n for n in check_prompts(TuneRequest("t", ("d",), "w.jsonl", repeats=1), 8))

@@ -18,7 +18,8 @@ Finished, with a note saying what is unavailable and why, because the answer sti
 - one tuning prompt per confirmed configuration: no CIs on the tuning prompts; the winner is the best
   measured, as it always is (by point values: the CIs there never chose it);
 - ``--max-new-tokens 1``: no TPOT or inter-token gap; whether speculation pays for one-token requests
-  is still a question the measurement answers (it does not: one cycle drafts one token at most).
+  is still a question the measurement answers (it does not: one cycle drafts one token at most);
+- ``--repeats 1`` with the energy objective: no CI of joules per token (a CI over passes).
 """
 from __future__ import annotations
 
@@ -78,6 +79,8 @@ def _notes(req: TuneRequest, n: PromptCounts) -> list[str]:
     if min(req.measure_prompts, n.tuning) < MIN_CI_PROMPTS:
         notes.append("one tuning prompt per confirmed configuration: no 95% CIs on the tuning prompts (a CI over "
                      f"prompts needs >= {MIN_CI_PROMPTS}); the winner is still the best measured")
+    if req.repeats < 2 and "energy" in req.search_objectives:
+        notes.append("--repeats 1: energy per token has no 95% CI (its CI is over passes and needs >= 2)")
     if req.max_new_tokens < 2:
         notes.append("--max-new-tokens 1: a request of one token has no TPOT or inter-token gap, and drafts one "
                      "token at most")
