@@ -39,7 +39,7 @@ def _decode(pairs: dict, prompts, max_new: int, repeats: int, ns: tuple[int, ...
     from specdec_tune.engine import DecodeConfig
     from specdec_tune.profiler.runs import DraftSpec, decode_once
     from specdec_tune.profiler.timers import synchronize
-    from specdec_tune.stats import RateSamples, tokens_per_s_ci
+    from specdec_tune.stats import RateSamples, bounds, tokens_per_s_ci
 
     methods = [("plain", 0)] + [(f"N={n}", n) for n in ns]
     keys = [(m, name, n) for m in pairs for name, n in methods]
@@ -66,7 +66,7 @@ def _decode(pairs: dict, prompts, max_new: int, repeats: int, ns: tuple[int, ...
             samples = RateSamples(tuple(str(i) for i in range(len(per))), tuple(tuple(t) for t, _ in per),
                                   tuple(tuple(s) for _, s in per))
             rate = sum(map(sum, (t for t, _ in per))) / sum(map(sum, (s for _, s in per)))
-            low, high = tokens_per_s_ci(samples)
+            low, high = bounds(tokens_per_s_ci(samples))
             result[f"graphs {mode} {name}"] = {"tokens_per_s": round(rate, 1), "ci95": [round(low, 1), round(high, 1)]}
         for mode in pairs:
             plain = result[f"graphs {mode} plain"]["tokens_per_s"]

@@ -35,7 +35,7 @@ from _bench import write_results  # benchmarks/ is this script's folder
 from specdec_tune.cli import _options as opts
 from specdec_tune.db import get_run, open_database
 from specdec_tune.latency import Slo, good_samples
-from specdec_tune.stats import speedup_ci, tokens_per_s_ci
+from specdec_tune.stats import bounds, speedup_ci, tokens_per_s_ci
 from specdec_tune.tuner.model import Candidate, Evaluator, Objective, predict_latency, profiled_specs, spec_config
 from specdec_tune.tuner.search import brute_force, measure_candidates, per_batch_size, server_search_space
 from specdec_tune.tuner.search._objectives import objective_schedule
@@ -60,8 +60,8 @@ def _measured(m, slo: Slo) -> dict:
     tpot = {p: {"ms": s["tpot_s"][p]["value"] * 1e3, "ci_ms": [x * 1e3 for x in s["tpot_s"][p]["ci"]]}
             for p in ("p50", "p90", "p99")}
     met = [slo.meets(r.ttft_s, r.tpot_s) for row in meas.latency.requests for r in row]
-    return {"label": m.candidate.label(), "tokens_per_s": m.tokens_per_s, "tokens_per_s_ci": list(m.ci),
-            "goodput": good.tokens_per_s, "goodput_ci": list(tokens_per_s_ci(good)), "tpot": tpot,
+    return {"label": m.candidate.label(), "tokens_per_s": m.tokens_per_s, "tokens_per_s_ci": list(bounds(m.ci)),
+            "goodput": good.tokens_per_s, "goodput_ci": list(bounds(tokens_per_s_ci(good))), "tpot": tpot,
             "requests_meeting_slo": sum(met) / len(met), "samples": meas.samples, "good": good}
 
 
@@ -138,9 +138,9 @@ def _schedules(db, run_id: int, fast: Candidate, good: Candidate, slo: Slo, n_ma
 def _ratios(rows: list[dict]) -> dict:
     g, t = rows[1], rows[0]
     return {"goodput_G_over_T": g["goodput"] / t["goodput"] if t["goodput"] else None,
-            "goodput_G_over_T_ci": list(speedup_ci(g["good"], t["good"])) if t["goodput"] else None,
+            "goodput_G_over_T_ci": list(bounds(speedup_ci(g["good"], t["good"]))) if t["goodput"] else None,
             "throughput_G_over_T": g["tokens_per_s"] / t["tokens_per_s"],
-            "throughput_G_over_T_ci": list(speedup_ci(g["samples"], t["samples"]))}
+            "throughput_G_over_T_ci": list(bounds(speedup_ci(g["samples"], t["samples"])))}
 
 
 def _text(args, run_id, slos, fast, good, ranked, rows, ratios, schedules, before, after, seconds, settings) -> str:

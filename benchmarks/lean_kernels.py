@@ -18,7 +18,7 @@ from specdec_tune.cli import _options as opts
 from specdec_tune.engine import DecodeConfig, autoregressive, build_drafter, lean_kernels, load_model, speculative
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.profiler.runs import encode_prompt
-from specdec_tune.stats import RateSamples, speedup_ci, tokens_per_s_ci
+from specdec_tune.stats import RateSamples, bounds, speedup_ci, tokens_per_s_ci
 
 Prompts = Annotated[int, typer.Option("--max-prompts", "--prompts", help=(
     f"{opts.MAX_PROMPTS_HELP} 12 here, not bench's {opts.BENCH_MAX_PROMPTS}: the setting of "
@@ -49,9 +49,9 @@ def main(
     for method in ("plain", "speculative"):
         on, off = samples[(method, True)], samples[(method, False)]
         rate = {k: sum(map(sum, s.tokens)) / sum(map(sum, s.seconds)) for k, s in ((True, on), (False, off))}
-        lo_on, hi_on = tokens_per_s_ci(on)
-        lo_off, hi_off = tokens_per_s_ci(off)
-        lo, hi = speedup_ci(on, off)
+        lo_on, hi_on = bounds(tokens_per_s_ci(on))
+        lo_off, hi_off = bounds(tokens_per_s_ci(off))
+        lo, hi = bounds(speedup_ci(on, off))
         same = all(len({tuple(o) for o in outs}) == 1 for (m, _), outs in outputs.items() if m == method)
         print(f"  {method:12s} kernels {rate[True]:6.1f} tok/s (CI {lo_on:.1f}-{hi_on:.1f})  eager {rate[False]:6.1f} "
               f"(CI {lo_off:.1f}-{hi_off:.1f})  kernels/eager {rate[True] / rate[False]:.2f}x "

@@ -21,7 +21,7 @@ import typer
 from specdec_tune.cli import _options as opts
 from specdec_tune.db import open_database
 from specdec_tune.profiler import ProfileSettings, StageLog, run_profile
-from specdec_tune.stats import paired_speedup, speedup_ci
+from specdec_tune.stats import bounds, paired_speedup, speedup_ci
 from specdec_tune.tuner.model import SpecConfig
 from specdec_tune.tuner.search import measure_predicted
 
@@ -79,7 +79,7 @@ def main(
     for v in got[:-1]:
         measured = paired_speedup(v.measurement, plain)
         rows.append({"N": v.config.num_speculative_tokens, "predicted_speedup": v.prediction.speedup,
-                     "measured_speedup": measured, "measured_ci95": list(speedup_ci(v.measurement, plain)),
+                     "measured_speedup": measured, "measured_ci95": list(bounds(speedup_ci(v.measurement, plain))),
                      "speedup_error": v.prediction.speedup / measured - 1,
                      "predicted_tokens_per_s": v.prediction.tokens_per_s, "measured_tokens_per_s": v.measurement.tokens_per_s,
                      "tokens_per_s_error": v.relative_error, "measured_tau": v.measurement.mean_tokens_per_cycle,

@@ -31,7 +31,7 @@ from _bench import profile_run, write_results
 from specdec_tune.cli import _options as opts
 from specdec_tune.db import open_database
 from specdec_tune.errors import InputError
-from specdec_tune.stats import paired_speedup, speedup_ci
+from specdec_tune.stats import bounds, paired_speedup, speedup_ci
 from specdec_tune.tuner.model import SpecConfig, load_run_profile, predict_prompts, split_specs
 from specdec_tune.tuner.search import measure_predicted
 
@@ -133,7 +133,7 @@ def report(args: dict, run: int, chosen: dict, got: list, load_before, load_afte
     rows = {}
     for fam, v in [("plain", plain), *finals.items()]:
         m = v.measurement
-        sp, ci = (1.0, (1.0, 1.0)) if fam == "plain" else (m.tokens_per_s / m0.tokens_per_s, speedup_ci(m, m0))
+        sp, ci = (1.0, (1.0, 1.0)) if fam == "plain" else (m.tokens_per_s / m0.tokens_per_s, bounds(speedup_ci(m, m0)))
         rows[fam] = {"config": label(v.config), "predicted": v.prediction.tokens_per_s, "measured": m.tokens_per_s,
                      "ci95": list(m.ci95 or ()), "speedup": sp, "speedup_ci95": list(ci),
                      "tau_measured": m.mean_tokens_per_cycle, "tau_predicted": v.prediction.expected_tokens_per_cycle}
@@ -145,7 +145,7 @@ def report(args: dict, run: int, chosen: dict, got: list, load_before, load_afte
     for new in ("cumulative θ", "adaptive θ"):
         for base in ("per-token θ", "constant N"):
             a, b = finals[new].measurement, finals[base].measurement
-            ratios[f"{new} / {base}"] = ratio_row(a.tokens_per_s / b.tokens_per_s, speedup_ci(a, b),
+            ratios[f"{new} / {base}"] = ratio_row(a.tokens_per_s / b.tokens_per_s, bounds(speedup_ci(a, b)),
                                                   paired_speedup(a, b))
             lines.append(ratio_line(new, base, ratios[f"{new} / {base}"]))
     lines.append(f"total {seconds:.0f} s; measured tokens/s are end to end (prefill included), CIs bootstrap over "

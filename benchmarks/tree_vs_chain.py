@@ -43,7 +43,7 @@ from benchmarks.fidelity import summarize  # noqa: E402  (the same statistics as
 from specdec_tune.cli import _options as opts  # noqa: E402
 from specdec_tune.db import get_run, open_database  # noqa: E402
 from specdec_tune.profiler import ProfileSettings, run_profile  # noqa: E402
-from specdec_tune.stats import speedup_ci  # noqa: E402
+from specdec_tune.stats import bounds, speedup_ci  # noqa: E402
 from specdec_tune.tuner.model import Candidate, Evaluator, spec_config, tree_overhead, verify_time  # noqa: E402
 from specdec_tune.tuner.search import DEFAULT_TREES, brute_force, measure_predicted, server_search_space  # noqa: E402
 from specdec_tune.tuner.search import shape_candidate, tree_space_args  # noqa: E402
@@ -78,7 +78,7 @@ def _kind(c: Candidate) -> str:
 def _row(c: Candidate, v, plain, ev: Evaluator) -> dict:
     m, p = v.measurement, v.prediction
     rel = v.relative_error
-    lo, hi = speedup_ci(m, plain.measurement) if plain is not None and not c.is_plain else (math.nan, math.nan)
+    lo, hi = bounds(speedup_ci(m, plain.measurement)) if plain is not None and not c.is_plain else (math.nan, math.nan)
     return {"config": c.label(), "kind": _kind(c), "candidate": c.to_dict(), "measured": m.tokens_per_s,
             "ci95": list(m.ci95) if m.ci95 else None, "predicted": p.tokens_per_s, "error": rel,
             "inside_ci": v.inside_ci, "tau_measured": m.mean_tokens_per_cycle, "tau_predicted": p.expected_tokens_per_cycle,
@@ -120,7 +120,7 @@ def _versus(rows: list[dict], validated: dict, kind: str) -> dict | None:
     chain = max((r for r in rows if r["kind"] == "chain"), key=lambda r: r["measured"], default=None)
     if best is None or chain is None:
         return None
-    lo, hi = speedup_ci(validated[best["config"]].measurement, validated[chain["config"]].measurement)
+    lo, hi = bounds(speedup_ci(validated[best["config"]].measurement, validated[chain["config"]].measurement))
     return {"kind": kind, "best": best["config"], "chain": chain["config"], "ratio": best["measured"] / chain["measured"],
             "ci95": [lo, hi], "goal": GOAL_SPEEDUP, "met": best["measured"] / chain["measured"] >= GOAL_SPEEDUP}
 

@@ -97,10 +97,10 @@ def main(
 
 def _result(report, req, by: dict, tune_s: float, grid_s: float) -> dict:
     """The tuned configuration against the grid's best, both from the grid's own interleaved passes."""
-    from specdec_tune.stats import speedup_ci
+    from specdec_tune.stats import bounds, speedup_ci
 
     def ratio_ci(a, b):
-        return list(speedup_ci(by[a].validated.measurement, by[b].validated.measurement))
+        return list(bounds(speedup_ci(by[a].validated.measurement, by[b].validated.measurement)))
 
     grid = list(by)
     best_c = max(grid, key=lambda c: by[c].tokens_per_s)
@@ -132,7 +132,7 @@ def _result(report, req, by: dict, tune_s: float, grid_s: float) -> dict:
 def _reconfirm(db_url: str, path: Path, passes: int) -> None:
     """Step 4 of the module docstring: an independent measurement of what the grid selected."""
     from specdec_tune.db import open_database
-    from specdec_tune.stats import speedup_ci
+    from specdec_tune.stats import bounds, speedup_ci
     from specdec_tune.tuner.model import Candidate
     from specdec_tune.tuner.search import measure_candidates
 
@@ -154,8 +154,8 @@ def _reconfirm(db_url: str, path: Path, passes: int) -> None:
     by = dict(zip(cands, got))
     best_grid = grid.get(top[0], tuned)
     q = by[tuned].tokens_per_s / by[best_grid].tokens_per_s
-    ci = [1.0, 1.0] if best_grid == tuned else list(speedup_ci(by[tuned].validated.measurement,
-                                                                by[best_grid].validated.measurement))
+    ci = [1.0, 1.0] if best_grid == tuned else list(bounds(speedup_ci(by[tuned].validated.measurement,
+                                                                by[best_grid].validated.measurement)))
     best_now = max(cands[:-1], key=lambda c: by[c].tokens_per_s)
     out["reconfirm"] = {
         "passes": passes, "seconds": time.perf_counter() - t0,
@@ -163,7 +163,7 @@ def _reconfirm(db_url: str, path: Path, passes: int) -> None:
         "reconfirmed_quality": q, "reconfirmed_quality_ci": ci,
         "grid_best_label": best_grid.label(), "best_of_reconfirmed": best_now.label(),
         "tuned_speedup": by[tuned].tokens_per_s / by[cands[-1]].tokens_per_s,
-        "tuned_speedup_ci": list(speedup_ci(by[tuned].validated.measurement, by[cands[-1]].validated.measurement)),
+        "tuned_speedup_ci": list(bounds(speedup_ci(by[tuned].validated.measurement, by[cands[-1]].validated.measurement))),
     }
     path.write_text(json.dumps(out, indent=1, default=str) + "\n")
     print(f"reconfirmed ({passes} passes, same held-out prompts): tuned {tuned.label()} "

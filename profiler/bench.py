@@ -97,15 +97,16 @@ class BenchResult:
         den = self.methods[b].tokens_per_s
         return self.methods[a].tokens_per_s / den if den else float("nan")
 
-    def ratio_ci(self, a: str, b: str) -> tuple[float, float]:
-        """Paired bootstrap 95% CI of ratio(a, b) (same prompts, interleaved)."""
+    def ratio_ci(self, a: str, b: str) -> tuple[float, float] | None:
+        """Paired bootstrap 95% CI of ratio(a, b) (same prompts, interleaved); None from one prompt."""
         return speedup_ci(self.methods[a].samples(), self.methods[b].samples())
 
     def ratios(self) -> dict[str, dict[str, float | list[float]]]:
         out = {}
         for a, b in RATIOS:
             if a in self.methods and b in self.methods:
-                out[f"{a}/{b}"] = {"value": self.ratio(a, b), "ci95": list(self.ratio_ci(a, b))}
+                ci = self.ratio_ci(a, b)
+                out[f"{a}/{b}"] = {"value": self.ratio(a, b), "ci95": None if ci is None else list(ci)}
         return out
 
     @property

@@ -28,7 +28,7 @@ from specdec_tune.profiler.memory import peak_for_run
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt, measure_prompt, warm_up
 from specdec_tune.profiler.settings import Progress
 from specdec_tune.profiler.threads import ThreadChoice, apply_threads, choose_threads
-from specdec_tune.splits import check_split, split_prompts
+from specdec_tune.splits import check_split, check_split_prompts
 from specdec_tune.stats import RateSamples, tokens_per_s_ci
 
 from specdec_tune.profiler.measure_records import PLAIN, Measurement, MeasureSpec
@@ -89,7 +89,8 @@ def chosen_prompts(run, split: str | None, max_prompts: int | None):
         raise InputError(f"--max-prompts must be >= 1, got {max_prompts}")
     if split is not None:
         split = check_split(split)
-    workload = load_workload(settings.get("workload", run.workload.name if run.workload else ""))
+    name = settings.get("workload", run.workload.name if run.workload else "")
+    workload = load_workload(name)
     if split is None:
         by_id = {p.id: p for p in workload}
         wanted = list(settings.get("prompt_ids", []))
@@ -98,7 +99,7 @@ def chosen_prompts(run, split: str | None, max_prompts: int | None):
             raise InputError(f"workload {settings.get('workload')!r} no longer has prompt(s) {missing[:3]} of run {run.id}")
         prompts = [by_id[i] for i in wanted]
     else:
-        prompts = split_prompts(workload, split)
+        prompts = check_split_prompts(workload, split, name)  # none (holdout of one prompt): refused, with counts
     if max_prompts is not None:
         prompts = prompts[:max_prompts]
     if not prompts:

@@ -34,7 +34,7 @@ from specdec_tune.profiler.settings import ProfileResult, ProfileSettings, Progr
 from specdec_tune.profiler.threads import apply_threads, choose_threads
 from specdec_tune.profiler.telemetry import NullMonitor, open_monitor
 from specdec_tune.profiler.tree_profile import tree_passes
-from specdec_tune.splits import split_prompts
+from specdec_tune.splits import check_split_prompts
 
 CONTEXT_KS = (1, 2, 5, 9)  # verify widths timed at every profiled context length (and k_max)
 
@@ -111,7 +111,7 @@ class ProfileSession:
             self.drafts.append(DraftSpec("model", loaded))
         all_prompts = load_workload(self.workload_name)
         # Profile one split only (default: the tuning half), so measure can validate on the rest.
-        self.prompts = split_prompts(all_prompts, s.split)[: s.max_prompts]
+        self.prompts = check_split_prompts(all_prompts, s.split, self.workload_name)[: s.max_prompts]
         self.all_prompt_count = len(all_prompts)
         # Every workload prompt's length (a length, not a timing): predictions for prompts the profile
         # does not run (the held-out split) need it without loading the tokenizer again.
@@ -398,22 +398,26 @@ class ProfileSession:
         add_bias_front(self.db, self.run_id, front)
 
 
-def check_inputs(target: str, drafts: Sequence[str], workload: str) -> None:
-    """Fail fast, before any model loads: the workload parses and every model name resolves.
+def check_inputs(target: str, drafts: Sequence[str], workload: str, split: str | None = None) -> int:
+    """Fail fast, before any model loads: the workload parses, ``split`` of it has prompts, and every model
+    name resolves. Returns the workload's number of prompts.
 
     Raises:
-        InputError: a malformed or missing workload (file and line named).
+        InputError: a malformed or missing workload (file and line named), an empty or out-of-range split.
         ModelLoadError: a model name that is neither bundled, a local folder nor a reachable hub id.
     """
-    load_workload(workload)
+    prompts = load_workload(workload)
+    if split is not None:
+        check_split_prompts(prompts, split, workload)
     for name in (target, *drafts):
         if name not in (NGRAM, "none"):
             resolve_source(name)
+    return len(prompts)
 
 
 def run_profile(db: Database, target: str, drafts: Sequence[str], workload: str,
                 settings: ProfileSettings = ProfileSettings(), progress: Progress | None = None) -> ProfileResult:
     """Profile ``target`` against ``drafts`` on ``workload`` into ``db`` (see :class:`ProfileSession`)."""
-    check_inputs(target, drafts, workload)
+    check_inputs(target, drafts, workload, settings.split)
     return ProfileSession(db, target, drafts, workload, settings, progress).run()
 

@@ -151,8 +151,7 @@ class ServerMeasurement:
 
     @property
     def ci95(self) -> tuple[float, float] | None:
-        s = self.samples
-        return tokens_per_s_ci(s) if len(s.prompt_ids) > 1 or len(s.seconds[0]) > 1 else None
+        return tokens_per_s_ci(self.samples)  # None from one group (stats.ci_unavailable)
 
     @property
     def counters(self) -> SpecCounters | None:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec_tune.stats import CONFIDENCE, RESAMPLES, RateSamples
+from specdec_tune.stats import CONFIDENCE, RESAMPLES, RateSamples, ci_unavailable
 
 QUANTILES = (0.5, 0.9, 0.99)  # p50 / p90 / p99, what every latency report shows
 
@@ -165,7 +165,12 @@ def slo_met(slo: Slo, ttft_s: Sequence[float], tpot_s: Sequence[float]) -> bool 
 # a percentile is taken over prompts, and its CI is a percentile bootstrap over prompts (each keeping
 # its median). Resampling a prompt's few repeats too, as a throughput's CI does (specdec_tune.stats),
 # skews a median of right-skewed timings upward: measured here, a p90 whose whole interval lay above
-# the point estimate.
+# the point estimate. Gaps are pooled over requests, and their CI resamples prompts too (each with every
+# gap of its repeats): the repeats of a prompt decode the same tokens, so they are one cluster, not
+# several. A prompt without a value (a request of one token has no TPOT and no gap; one whose tokens came
+# in one chunk has no chunk gap) is not an observation of the statistic, so the bootstrap resamples the
+# prompts that have one; with fewer than two of those there is no CI (stats.ci_unavailable), and with
+# none no value: each entry then says why.
 
 
 @dataclass(frozen=True)
@@ -215,37 +220,52 @@ def _nan(x: float | None) -> float:
     return math.nan if x is None else float(x)
 
 
-def _percentile_ci(matrix: np.ndarray, q: float, resamples: int, seed: int) -> tuple[float, tuple[float, float] | None]:
-    """(point, 95% CI) of the ``q`` quantile over prompts of the per-prompt medians of ``matrix`` [P, R]."""
-    keep = ~np.isnan(matrix).any(axis=1)
-    m = matrix[keep]
-    if m.size == 0:
-        return math.nan, None
-    medians = np.median(m, axis=1)  # [P]
-    point = float(np.quantile(medians, q))
-    if len(medians) == 1:
-        return point, (point, point)
+def _percentile_ci(medians: Sequence[float], prompts: int, q: float, resamples: int,
+                   seed: int) -> tuple[float, tuple[float, float] | None, str | None]:
+    """(point, 95% CI, why the CI is missing) of the ``q`` quantile over prompts of per-prompt ``medians`` (of
+    ``prompts`` measured)."""
+    if not medians:
+        return math.nan, None, None
+    values = np.asarray(medians, dtype=float)  # [P]
+    point = float(np.quantile(values, q))
+    why = ci_unavailable(len(values), prompts)
+    if why:
+        return point, None, why
     rng = np.random.default_rng(seed)
-    stat = np.quantile(medians[rng.integers(0, len(medians), size=(resamples, len(medians)))], q, axis=1)
+    stat = np.quantile(values[rng.integers(0, len(values), size=(resamples, len(values)))], q, axis=1)
+    return point, _interval(stat), None
+
+
+def _pooled_ci(per_prompt: Sequence[Sequence[float]], q: float, resamples: int,
+               seed: int) -> tuple[float, tuple[float, float] | None, str | None]:
+    """(point, 95% CI, why the CI is missing) of a quantile of values pooled over prompts; a cluster bootstrap
+    over the prompts that have values (the comment above)."""
+    clusters = [np.asarray(row, dtype=float) for row in per_prompt if len(row)]
+    if not clusters:
+        return math.nan, None, None
+    point = quantile(np.concatenate(clusters), q)
+    why = ci_unavailable(len(clusters), len(per_prompt))
+    if why:
+        return point, None, why
+    rng = np.random.default_rng(seed)
+    stat = [float(np.quantile(np.concatenate([clusters[i] for i in rng.integers(0, len(clusters), len(clusters))]), q))
+            for _ in range(resamples)]
+    return point, _interval(np.asarray(stat)), None
+
+
+def _interval(stat: np.ndarray) -> tuple[float, float]:
     alpha = (1.0 - CONFIDENCE) / 2
     lo, hi = np.quantile(stat, [alpha, 1 - alpha])
-    return point, (float(lo), float(hi))
+    return float(lo), float(hi)
 
 
-def _pooled_ci(per_request: list[list[float]], q: float, resamples: int, seed: int) -> tuple[float, tuple[float, float] | None]:
-    """(point, 95% CI) of a quantile of values pooled over requests; requests resampled (a cluster bootstrap:
-    the gaps of one request are not independent)."""
-    values = [v for row in per_request for v in row]
-    if not values:
-        return math.nan, None
-    point = quantile(values, q)
-    rng = np.random.default_rng(seed)
-    arrays = [np.asarray(row, dtype=float) for row in per_request]
-    stats_ = [float(np.quantile(np.concatenate([arrays[i] for i in rng.integers(0, len(arrays), len(arrays))]), q))
-              for _ in range(resamples)]
-    alpha = (1.0 - CONFIDENCE) / 2
-    lo, hi = np.quantile(stats_, [alpha, 1 - alpha])
-    return point, (float(lo), float(hi))
+# Why a statistic has no value at all (no prompt had one).
+_EMPTY = {
+    "ttft_s": "no request emitted a token",
+    "tpot_s": "no request emitted 2 or more tokens (TPOT is the decode window after the first token)",
+    "token_gap_s": "no request emitted 2 or more tokens",
+    "chunk_gap_s": "no request's tokens arrived in 2 or more chunks",
+}
 
 
 def latency_summary(samples: LatencySamples, *, quantiles: Sequence[float] = QUANTILES,
@@ -253,21 +273,23 @@ def latency_summary(samples: LatencySamples, *, quantiles: Sequence[float] = QUA
     """p50/p90/p99 of TTFT, TPOT (per prompt, median of repeats) and inter-token gaps, each with its 95% CI.
 
     Returns:
-        ``{"ttft_s"|"tpot_s"|"token_gap_s"|"chunk_gap_s": {"p50": {"value", "ci"}, ...}, "mean_burst": τ,
-        "prompts", "requests"}``; seconds throughout, labelled measured by the caller.
+        ``{"ttft_s"|"tpot_s"|"token_gap_s"|"chunk_gap_s": {"p50": {"value", "ci", "why"}, ...}, "mean_burst": τ,
+        "prompts", "requests"}``; seconds throughout, labelled measured by the caller. ``value`` or ``ci`` is
+        None where it cannot be computed (no request had the value; fewer than 2 prompts had it), and
+        ``why`` says which (None where both are there).
     """
     out: dict[str, Any] = {}
     for name in ("ttft_s", "tpot_s"):
-        m = samples._matrix(name)
-        out[name] = {_pname(q): _entry(*_percentile_ci(m, q, resamples, seed)) for q in quantiles}
-    requests = [x for row in samples.requests for x in row]
+        medians = samples.per_prompt(name)
+        out[name] = {_pname(q): _entry(*_percentile_ci(medians, len(samples.prompt_ids), q, resamples, seed),
+                                       _EMPTY[name]) for q in quantiles}
     gap_resamples = min(resamples, 1000)  # pooled gaps: thousands of values per resample
-    out["token_gap_s"] = {_pname(q): _entry(*_pooled_ci([x.token_gaps() for x in requests], q, gap_resamples, seed))
-                          for q in quantiles}
-    out["chunk_gap_s"] = {_pname(q): _entry(*_pooled_ci([x.chunk_gaps() for x in requests], q, gap_resamples, seed))
-                          for q in quantiles}
+    for name, gaps in (("token_gap_s", RequestLatency.token_gaps), ("chunk_gap_s", RequestLatency.chunk_gaps)):
+        per_prompt = [[g for x in row for g in gaps(x)] for row in samples.requests]
+        out[name] = {_pname(q): _entry(*_pooled_ci(per_prompt, q, gap_resamples, seed), _EMPTY[name])
+                     for q in quantiles}
     out["mean_burst"] = samples.mean_burst()
-    out["prompts"], out["requests"] = len(samples.prompt_ids), len(requests)
+    out["prompts"], out["requests"] = len(samples.prompt_ids), sum(len(row) for row in samples.requests)
     return out
 
 
@@ -275,8 +297,10 @@ def _pname(q: float) -> str:
     return f"p{q * 100:g}"
 
 
-def _entry(value: float, ci: tuple[float, float] | None) -> dict[str, Any]:
-    return {"value": None if math.isnan(value) else value, "ci": None if ci is None else list(ci)}
+def _entry(value: float, ci: tuple[float, float] | None, why: str | None, empty: str) -> dict[str, Any]:
+    missing = math.isnan(value)
+    return {"value": None if missing else value, "ci": None if ci is None else list(ci),
+            "why": empty if missing else why}
 
 
 def good_samples(rates: RateSamples, latency: LatencySamples, slo: Slo) -> RateSamples:

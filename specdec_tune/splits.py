@@ -67,3 +67,25 @@ def split_prompts(prompts: Sequence[T], split: str) -> list[T]:
     if stop > len(prompts):
         raise InputError(f"--split {split}: the workload has only {len(prompts)} prompts (positions 0..{len(prompts) - 1})")
     return list(prompts[start:stop])
+
+
+def split_words(split: str) -> str:
+    """How a message names a split: ``tuning split (even positions)``, ``prompts 0:4``, ..."""
+    return {"tune": "tuning split (even positions)", "holdout": "held-out split (odd positions)",
+            "all": "whole workload"}.get(split, f"prompts {split}")
+
+
+def check_split_prompts(prompts: Sequence[T], split: str, workload: str, flag: str = "--split") -> list[T]:
+    """The prompts of ``split``, refused where there are none (before any model loads).
+
+    Raises:
+        InputError: an unknown split, a range outside the workload, or an empty split; one line with the
+            counts (a one-prompt workload has no held-out half).
+    """
+    chosen = split_prompts(prompts, split)
+    if not chosen:
+        n = len(prompts)
+        raise InputError(f"{flag} {split}: workload {workload!r} has {n} prompt{'' if n == 1 else 's'} and its "
+                         f"{split_words(check_split(split))} has none; use --split all or a workload of >= 2 prompts")
+    return chosen
+

@@ -35,6 +35,18 @@ def trimmed_mean(values: Sequence[float], cut: float = 0.01) -> float:
 
 CONFIDENCE = 0.95
 RESAMPLES = 4000
+# A CI over prompts needs two prompts at least. From one prompt the spread between prompts, most of a rate's
+# uncertainty, is unknown: resampling its repeats alone gives an interval that covers the truth far less often
+# than it claims (tests/test_profiler.py, test_ci_covers_the_true_rate_about_95_percent_of_the_time).
+MIN_CI_PROMPTS = 2
+
+
+def ci_unavailable(prompts: int, of: int | None = None) -> str | None:
+    """Why no 95% CI can be computed over ``prompts`` prompts (those with a value, ``of`` measured); None: it can."""
+    if prompts >= MIN_CI_PROMPTS:
+        return None
+    had = f"{prompts} prompt{'' if prompts == 1 else 's'}" if of in (None, prompts) else f"{prompts} of {of} prompts"
+    return f"no 95% CI from {had}: a CI over prompts needs >= {MIN_CI_PROMPTS}"
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,11 @@ class RateSamples:
         return tok / sec if sec > 0 else 0.0
 
 
+def bounds(ci: tuple[float, float] | None) -> tuple[float, float]:
+    """``ci``, or (NaN, NaN) where there is none: for benchmark reports that print or store both bounds."""
+    return (float("nan"), float("nan")) if ci is None else ci
+
+
 def _as_samples(x: Any) -> RateSamples:
     """A :class:`RateSamples` from itself, a stored dict, or an object with a ``samples`` attribute."""
     if isinstance(x, RateSamples):
@@ -113,7 +130,7 @@ def _interval(stat: np.ndarray, confidence: float) -> tuple[float, float]:
 
 
 def tokens_per_s_ci(samples: Any, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
-                    seed: int = 0) -> tuple[float, float]:
+                    seed: int = 0) -> tuple[float, float] | None:
     """Percentile bootstrap CI of a measured tokens/s: prompts, then repeats within a prompt.
 
     Args:
@@ -123,9 +140,11 @@ def tokens_per_s_ci(samples: Any, *, confidence: float = CONFIDENCE, resamples: 
         seed: the resampling seed (the CI is reproducible).
 
     Returns:
-        (low, high). One prompt with one repeat gives a zero-width interval at the point estimate.
+        (low, high); None from fewer than :data:`MIN_CI_PROMPTS` prompts (:func:`ci_unavailable` says why).
     """
     s = _as_samples(samples)
+    if ci_unavailable(len(s.prompt_ids)):
+        return None
     tokens, seconds = _arrays(s)
     prompts, repeats = _indices(*seconds.shape, resamples, np.random.default_rng(seed))
     tok = _resampled_medians(tokens, prompts, repeats).sum(axis=1)
@@ -134,7 +153,7 @@ def tokens_per_s_ci(samples: Any, *, confidence: float = CONFIDENCE, resamples: 
 
 
 def speedup_ci(a: Any, b: Any, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
-               seed: int = 0) -> tuple[float, float]:
+               seed: int = 0) -> tuple[float, float] | None:
     """Paired bootstrap CI of (tokens/s of ``a``) ÷ (tokens/s of ``b``), measured on the same prompts.
 
     Both were measured interleaved on the same prompts (repeat r of both in the same pass), so one
@@ -145,12 +164,17 @@ def speedup_ci(a: Any, b: Any, *, confidence: float = CONFIDENCE, resamples: int
         a, b: :class:`RateSamples`, stored dicts, or objects with ``samples`` (e.g. two
             ``profiler.measure.Measurement`` of one ``measure_configs`` call).
 
+    Returns:
+        (low, high); None from fewer than :data:`MIN_CI_PROMPTS` prompts (:func:`ci_unavailable` says why).
+
     Raises:
         ValueError: the two were not measured on the same prompts.
     """
     sa, sb = _as_samples(a), _as_samples(b)
     if sa.prompt_ids != sb.prompt_ids:
         raise ValueError("a speedup CI needs two measurements of the same prompts in the same order")
+    if ci_unavailable(len(sa.prompt_ids)):
+        return None
     ta, xa = _arrays(sa)
     tb, xb = _arrays(sb)
     r = min(xa.shape[1], xb.shape[1])

@@ -150,13 +150,22 @@ def test_measure_defaults_to_held_out_prompts_with_a_ci(profiled, capsys):
     assert code == 0
     obj = json.loads(out)
     assert obj["split"] == "holdout" and obj["prompt_ids"] == ["b"] and obj["in_sample"] is False
-    lo, hi = obj["ci95"]
-    assert lo <= obj["tokens_per_s"] <= hi
-    assert obj["prediction_inside_ci"] == (lo <= obj["predicted_tokens_per_s"] <= hi)
+    # one held-out prompt: no CI over prompts (its three repeats say nothing about other prompts), and why
+    assert obj["ci95"] is None and obj["prediction_inside_ci"] is None and "from 1 prompt" in obj["ci95_why"]
+    assert obj["speedup"]["ci95"] is None and "from 1 prompt" in obj["speedup"]["ci95_why"]
     (stored,) = [m for m in list_measured(db, 1) if m.id == obj["measured_id"]]
-    assert stored.ci95 == pytest.approx((lo, hi)) and stored.config["prompt_ids"] == ["b"]
+    assert stored.ci95 is None and stored.config["prompt_ids"] == ["b"]
     assert stored.config["in_sample"] is False and stored.config["prediction_in_sample"] is False
     assert len(stored.samples["seconds"]) == 1 and len(stored.samples["seconds"][0]) == 3
+    code, out, _ = run(["measure", "--run", "1", "-N", "2", "--repeats", "3", "--split", "all", "--db", url, "--json"],
+                       capsys)
+    assert code == 0
+    obj = json.loads(out)
+    lo, hi = obj["ci95"]
+    assert lo <= obj["tokens_per_s"] <= hi and obj["ci95_why"] is None
+    assert obj["prediction_inside_ci"] == (lo <= obj["predicted_tokens_per_s"] <= hi)
+    (stored,) = [m for m in list_measured(db, 1) if m.id == obj["measured_id"]]
+    assert stored.ci95 == pytest.approx((lo, hi)) and stored.config["prompt_ids"] == ["a", "b", "c"]
     from specdec_tune.stats import tokens_per_s_ci
 
     assert tokens_per_s_ci(stored.samples) == pytest.approx((lo, hi))  # recomputable from what is stored

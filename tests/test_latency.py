@@ -268,3 +268,63 @@ def test_percentile_ci_contains_its_point_with_right_skewed_repeats():
         lo, hi = s["tpot_s"][q]["ci"]
         assert lo <= s["tpot_s"][q]["value"] <= hi, q
     assert s["tpot_s"]["p90"]["value"] < 0.0105  # the slow repeats do not reach the per-prompt medians
+
+
+# --------------------------------------------------------------------------- CIs where some prompts have no value
+
+
+def _one_chunk(t: float = 0.02, n: int = 8) -> RequestLatency:
+    return RequestLatency((t,), (n,))  # every token in one cycle: no chunk gap
+
+
+def _chunks(step: float, n: int = 4) -> RequestLatency:
+    return RequestLatency(tuple(0.01 + step * i for i in range(n)), (2,) * n)
+
+
+def test_gap_ci_when_most_prompts_have_no_gap():
+    """Issue 35 row 3: tune crashed with an IndexError in the gaps' bootstrap when a resample drew only
+    requests whose tokens came in one chunk (np.quantile of nothing). A prompt without a gap is no
+    observation of a gap percentile: the bootstrap resamples the prompts that have gaps, and from one such
+    prompt there is no CI (said why); the point is the quantile of every gap measured."""
+    rows = [(_chunks(0.004), _chunks(0.004))] + [(_one_chunk(), _one_chunk())] * 5
+    s = latency_summary(LatencySamples(tuple(f"p{i}" for i in range(6)), tuple(rows)), resamples=500)
+    gap = s["chunk_gap_s"]["p50"]
+    assert gap["value"] == pytest.approx(0.004) and gap["ci"] is None
+    assert gap["why"] == "no 95% CI from 1 of 6 prompts: a CI over prompts needs >= 2"
+    assert s["ttft_s"]["p50"]["ci"] is not None and s["ttft_s"]["p50"]["why"] is None  # every prompt has a TTFT
+
+    rows = [(_chunks(0.002 * (i + 1)),) for i in range(3)] + [(_one_chunk(),)] * 9
+    s = latency_summary(LatencySamples(tuple(f"p{i}" for i in range(12)), tuple(rows)), resamples=500)
+    for q in ("p50", "p90", "p99"):
+        lo, hi = s["chunk_gap_s"][q]["ci"]
+        assert 0.002 - 1e-12 <= lo <= s["chunk_gap_s"][q]["value"] <= hi <= 0.006 + 1e-12, q  # only the gaps there
+
+
+def test_repeats_of_a_prompt_are_one_cluster_and_one_prompt_has_no_ci():
+    """Five repeats of one prompt decode the same tokens: they say nothing about other prompts, so no CI
+    (the gaps' CI treated each request as a cluster and gave one; TTFT and TPOT gave a zero-width one)."""
+    row = tuple(_chunks(0.003 + 0.0001 * r) for r in range(5))
+    s = latency_summary(LatencySamples(("p0",), (row,)), resamples=200)
+    for name in ("ttft_s", "tpot_s", "token_gap_s", "chunk_gap_s"):
+        entry = s[name]["p50"]
+        assert entry["value"] is not None and entry["ci"] is None, name
+        assert entry["why"] == "no 95% CI from 1 prompt: a CI over prompts needs >= 2", name
+
+
+def test_requests_of_one_token_have_no_tpot_and_say_why():
+    one = RequestLatency((0.02,), (1,))
+    s = latency_summary(LatencySamples(("a", "b"), ((one, one), (one, one))), resamples=200)
+    assert s["ttft_s"]["p50"]["value"] == pytest.approx(0.02) and s["ttft_s"]["p50"]["ci"] is not None
+    for name in ("tpot_s", "token_gap_s", "chunk_gap_s"):
+        assert s[name]["p99"]["value"] is None and s[name]["p99"]["ci"] is None, name
+    assert s["tpot_s"]["p50"]["why"].startswith("no request emitted 2 or more tokens")
+
+
+def test_predicted_tpot_leaves_out_requests_of_one_token():
+    """A predicted TPOT is as undefined for a one-token request as a measured one (it was 0 or one step)."""
+    from specdec_tune.tuner.model import LatencyPrediction
+
+    p = LatencyPrediction((0.01, 0.01, 0.01), (math.nan, 0.002, 0.004), (1.0, 5.0, 5.0), "simulation")
+    assert p.tpot(0.5) == pytest.approx(0.003)
+    assert math.isnan(LatencyPrediction((0.01,), (math.nan,), (1.0,), "baseline").tpot(0.5))
+    assert p.attainment(Slo(tpot_ms=3.0)) == pytest.approx(6 / 11)  # the one-token request meets a TPOT bound

@@ -431,9 +431,20 @@ def test_ci_of_constant_samples_has_zero_width():
 
     s = RateSamples(("a", "b"), ((64, 64, 64), (64, 64, 64)), ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)))
     assert s.tokens_per_s == 128.0 and tokens_per_s_ci(s) == (128.0, 128.0)
+    assert tokens_per_s_ci(s.to_json()) == (128.0, 128.0)  # the stored form reads back
+
+
+def test_no_ci_from_one_prompt():
+    """One prompt says nothing about the spread between prompts: no CI (was a zero-width interval at the
+    point estimate with one repeat, and an interval of the repeats' noise alone with several), however
+    many repeats; a speedup's CI likewise."""
+    from specdec_tune.stats import RateSamples, ci_unavailable, speedup_ci, tokens_per_s_ci
+
     one = RateSamples(("a",), ((10,),), ((0.25,),))
-    assert tokens_per_s_ci(one) == (40.0, 40.0)
-    assert tokens_per_s_ci(one.to_json()) == (40.0, 40.0)  # the stored form reads back
+    noisy = RateSamples(("a",), ((10, 10, 10),), ((0.25, 0.3, 0.2),))
+    assert one.tokens_per_s == 40.0 and tokens_per_s_ci(one) is None and tokens_per_s_ci(noisy) is None
+    assert speedup_ci(noisy, one) is None and tokens_per_s_ci(one.to_json()) is None
+    assert ci_unavailable(1) == "no 95% CI from 1 prompt: a CI over prompts needs >= 2" and ci_unavailable(2) is None
 
 
 def test_ci_covers_the_true_rate_about_95_percent_of_the_time():

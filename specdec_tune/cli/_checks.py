@@ -123,12 +123,26 @@ def check_model_names(*names: str) -> None:
             resolve_source(name)
 
 
-def check_workload(workload: str) -> None:
-    """The workload resolves and every line parses (one line naming the file and line where not), before
-    torch and the models load."""
+def check_workload(workload: str, split: str | None = None) -> int:
+    """The workload resolves and every line parses (one line naming the file and line where not) and ``split``
+    of it has prompts, before torch and the models load; returns its number of prompts."""
     from specdec_tune.engine.workloads import load_workload
+    from specdec_tune.splits import check_split_prompts
 
-    load_workload(workload)
+    prompts = load_workload(workload)
+    if split is not None:
+        check_split_prompts(prompts, split, workload)
+    return len(prompts)
+
+
+def check_measured_prompts(run, split: str | None, max_prompts: int | None, repeats: int) -> None:
+    """What ``measure`` decodes exists: its prompts (an empty split: one line with the counts) and passes,
+    before any model loads or a progress bar starts."""
+    from specdec_tune.profiler import chosen_prompts
+
+    if repeats < 1:
+        raise InputError(f"--repeats must be >= 1, got {repeats}")
+    chosen_prompts(run, split, max_prompts)
 
 
 def parse_rates(text: str | None, flag: str = "--synthetic-acceptance") -> tuple[float, ...] | None:

@@ -2,6 +2,7 @@
 memory, each labelled measured (with its 95% CI) or predicted."""
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 import typer
@@ -32,18 +33,39 @@ def _ms(entry: dict | None) -> str:
     return f"{entry['value'] * 1e3:.1f} ms{inside}"
 
 
+def plain_ms(entry: dict | None) -> str:
+    """A latency summary entry's value in ms without its CI (``–`` where it has none)."""
+    return "–" if not entry or entry.get("value") is None else f"{entry['value'] * 1e3:.1f} ms"
+
+
+def _predicted_ms(seconds: float) -> str:
+    return "–" if math.isnan(seconds) else f"{seconds * 1e3:.1f} ms"
+
+
+def _missing(s: dict[str, Any]) -> str:
+    """Why some latency value or CI is missing ("–" or no bracket), one clause per statistic."""
+    names = {"ttft_s": "TTFT", "tpot_s": "TPOT", "token_gap_s": "inter-token gap"}
+    labels: dict[str, list[str]] = {}  # reason -> the statistics it applies to (one prompt: all of them)
+    for key, label in names.items():
+        why = next((e.get("why") for e in s[key].values() if e.get("why")), None)
+        if why:
+            labels.setdefault(why, []).append(label)
+    return "".join(f"; {', '.join(stats)}: {why}" for why, stats in labels.items())
+
+
 def latency_lines(measurement: Any, predicted: Any | None) -> list[str]:
-    """TTFT, TPOT and inter-token gaps measured (p50 / p90 / p99, 95% CIs) and TPOT predicted."""
+    """TTFT, TPOT and inter-token gaps measured (p50 / p90 / p99, 95% CIs) and TPOT predicted; a statistic
+    without a value or CI says why."""
     s = measurement.latency_summary
     if not s:
         return []
     tpot, ttft, gap = s["tpot_s"], s["ttft_s"], s["token_gap_s"]
     lines = [f"latency measured: TTFT p50 {_ms(ttft['p50'])}, p99 {_ms(ttft['p99'])}; TPOT (decode window) p50 "
              f"{_ms(tpot['p50'])}, p90 {_ms(tpot['p90'])}, p99 {_ms(tpot['p99'])}; inter-token gap p50 "
-             f"{_ms(gap['p50'])}, p99 {_ms(gap['p99'])}; {s['mean_burst'] or 1:.2f} tokens per arrival"]
+             f"{_ms(gap['p50'])}, p99 {_ms(gap['p99'])}; {s['mean_burst'] or 1:.2f} tokens per arrival{_missing(s)}"]
     if predicted is not None:
-        lines.append(f"latency predicted: TTFT p50 {predicted.ttft(0.5) * 1e3:.1f} ms; TPOT p50 "
-                     f"{predicted.tpot(0.5) * 1e3:.1f} ms, p90 {predicted.tpot(0.9) * 1e3:.1f} ms "
+        lines.append(f"latency predicted: TTFT p50 {_predicted_ms(predicted.ttft(0.5))}; TPOT p50 "
+                     f"{_predicted_ms(predicted.tpot(0.5))}, p90 {_predicted_ms(predicted.tpot(0.9))} "
                      f"({predicted.source})")
     return lines
 

@@ -156,6 +156,7 @@ def _load(target: str, draft: str, workload: str, max_prompts: int, how: tuple[s
 def _print_result(out: Console, title: str, result) -> None:
     """The methods' table, their ratios with CIs, vLLM's own numbers and the greedy-output verdict."""
     from specdec_tune.profiler.bench import RATIOS
+    from specdec_tune.stats import ci_unavailable
 
     table = Table(title=title)
     table.add_column("method")
@@ -167,9 +168,10 @@ def _print_result(out: Console, title: str, result) -> None:
     out.print(table)
     for a, b in RATIOS:
         if a in result.methods and b in result.methods:
-            lo, hi = result.ratio_ci(a, b)
+            ci = result.ratio_ci(a, b)
+            interval = f"95% CI {ci[0]:.2f}-{ci[1]:.2f}" if ci else ci_unavailable(result.prompts)
             out.print(f"({_LETTER[a]})/({_LETTER[b]}) {_RATIO_LABELS[(a, b)]}: {result.ratio(a, b):.2f}x "
-                      f"(95% CI {lo:.2f}-{hi:.2f}, measured)")
+                      f"({interval}, measured)")
     if result.vllm:
         _print_vllm(out, result.vllm)
     out.print(consistency_line(result), highlight=False)

@@ -35,6 +35,7 @@ from specdec_tune.cli._options import (
 )
 from specdec_tune.cli._progress import Bar, progress_bar
 from specdec_tune.errors import InputError
+from specdec_tune.stats import ci_unavailable
 
 _RunDraft = Annotated[str | None, typer.Option("--draft", help="Which of the run's drafts (default: its first).")]
 _Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
@@ -258,6 +259,7 @@ def measure(
     run = opt.run_id(database, run_given)
     if split is None:
         split = "holdout" if get_run(database, run).settings.get("split") == "tune" else None
+    opt.check_measured_prompts(get_run(database, run), split, max_prompts, repeats)  # before the bar and models
     quiet_loading()
     if backend == "vllm":
         _measure_vllm(database, run, draft, config, temperature, split, max_prompts, repeats,
@@ -284,7 +286,9 @@ def _speedup(v, plain) -> dict | None:
 
     measured = paired_speedup(v.measurement, plain.measurement)
     predicted = v.prediction.speedup if v.prediction else None
-    return {"measured": measured, "ci95": list(speedup_ci(v.measurement, plain.measurement)), "predicted": predicted,
+    ci = speedup_ci(v.measurement, plain.measurement)
+    return {"measured": measured, "ci95": None if ci is None else list(ci),
+            "ci95_why": ci_unavailable(v.measurement.prompts) if ci is None else None, "predicted": predicted,
             "relative_error": None if predicted is None else predicted / measured - 1,
             "plain_tokens_per_s": plain.measurement.tokens_per_s, "plain_measured_id": plain.measurement.measured_id}
 
@@ -294,7 +298,8 @@ def _measured_json(v, plain, run: int, temperature: float) -> dict:
     m, p, config = v.measurement, v.prediction, v.config
     return {
         "split": m.split or "profiled prompts", "in_sample": v.in_sample, "prompt_ids": m.prompt_ids,
-        "ci95": list(m.ci95) if m.ci95 else None, "prediction_inside_ci": v.inside_ci,
+        "ci95": list(m.ci95) if m.ci95 else None, "ci95_why": None if m.ci95 else ci_unavailable(m.prompts),
+        "prediction_inside_ci": v.inside_ci,
         "run_id": run, "draft": m.draft, "num_speculative_tokens": config.num_speculative_tokens,
         "threshold": config.threshold, "threshold_kind": config.threshold_kind, "schedule": config.schedule,
         "batch_size": 1, "temperature": temperature,
@@ -327,25 +332,27 @@ def _print_measured(v, plain, run: int) -> None:
     ran = sum(m.profiled)
     sample = ("in-sample: the profile ran these prompts" if v.in_sample else
               "out-of-sample: held-out prompts" if ran == 0 else f"partly in-sample: {ran} of {m.prompts} prompts profiled")
-    ci = f"95% CI {m.ci95[0]:.1f}-{m.ci95[1]:.1f}" if m.ci95 else "no CI"
+    ci = f"95% CI {m.ci95[0]:.1f}-{m.ci95[1]:.1f}" if m.ci95 else ci_unavailable(m.prompts) or "no CI"
     typer.echo(
         f"measured: {m.tokens_per_s:.1f} tokens/s ({ci}; {m.new_tokens} new tokens in {m.seconds:.2f} s over {where}, "
         f"{m.repeats} repeats), τ = {opt.format_rate(m.mean_tokens_per_cycle)}, "
         f"α = {opt.format_alphas(m.acceptance_per_position)}"
     )
     if p is not None:
-        inside = {True: "inside", False: "outside", None: "no CI"}[v.inside_ci]
+        inside = {True: "inside the measured 95% CI", False: "outside the measured 95% CI",
+                  None: "no measured 95% CI"}[v.inside_ci]
         speed = (f", rescaled ×{p.machine_speed:.3f} to the machine speed measured by {v.speed_source}"
                  if p.machine_speed != 1.0 else "")
         typer.echo(f"predicted: {p.tokens_per_s:.1f} tokens/s, τ = {p.expected_tokens_per_cycle:.2f} "
-                   f"(error {v.relative_error * 100:+.1f}% of measured, {inside} the measured 95% CI; {sample}{speed}) "
+                   f"(error {v.relative_error * 100:+.1f}% of measured, {inside}; {sample}{speed}) "
                    f"[run {run}, draft {m.draft}, stored as #{m.measured_id}]")
     s = _speedup(v, plain)
     if s is not None:
         predicted = "" if s["predicted"] is None else (f"; predicted {s['predicted']:.2f}× (error "
                                                        f"{s['relative_error'] * 100:+.1f}%)")
-        typer.echo(f"speedup over plain decoding measured in the same passes: {s['measured']:.2f}× (95% CI "
-                   f"{s['ci95'][0]:.2f}-{s['ci95'][1]:.2f}; plain {s['plain_tokens_per_s']:.1f} tokens/s){predicted}")
+        ci = f"95% CI {s['ci95'][0]:.2f}-{s['ci95'][1]:.2f}" if s["ci95"] else s["ci95_why"]
+        typer.echo(f"speedup over plain decoding measured in the same passes: {s['measured']:.2f}× ({ci}; "
+                   f"plain {s['plain_tokens_per_s']:.1f} tokens/s){predicted}")
     for line in ops.latency_lines(m, v.latency) + ops.cost_lines(m) + ops.memory_lines(m, v.memory):
         typer.echo(line)
     if plain is not None:
@@ -401,9 +408,8 @@ def _measure_vllm(database, run: int, draft, config, temperature: float, split, 
     for row in rows:
         ci = f"95% CI {row['ci95'][0]:.1f}-{row['ci95'][1]:.1f}" if row["ci95"] else "no CI"
         lat = row["latency"]
-        lat = (f"TTFT p50 {lat['ttft_s']['p50']['value'] * 1e3:.0f} ms, TPOT p50 {lat['tpot_s']['p50']['value'] * 1e3:.1f}"
-               f" ms, p90 {lat['tpot_s']['p90']['value'] * 1e3:.1f} ms, p99 {lat['tpot_s']['p99']['value'] * 1e3:.1f} ms"
-               if lat else "")
+        lat = (f"TTFT p50 {ops.plain_ms(lat['ttft_s']['p50'])}, TPOT p50 {ops.plain_ms(lat['tpot_s']['p50'])}, "
+               f"p90 {ops.plain_ms(lat['tpot_s']['p90'])}, p99 {ops.plain_ms(lat['tpot_s']['p99'])}" if lat else "")
         if row["usd_per_million_tokens"] is not None:
             lat += f", ${row['usd_per_million_tokens']:.4f} per million tokens"
         if row["joules_per_token"] is not None:

@@ -246,7 +246,7 @@ def profile(
     rates = opt.parse_rates(synthetic_acceptance)
     drafts = [d.strip() for d in draft.split(",") if d.strip()]
     opt.check_model_names(target, *drafts)  # a mistyped name or a bad workload fails before torch and the models load
-    opt.check_workload(workload)
+    opt.check_workload(workload, split)  # and so does a split without prompts (--split holdout of one prompt)
     from specdec_tune.db import list_runs, open_database
     from specdec_tune.profiler import ProfileSettings, run_profile
 

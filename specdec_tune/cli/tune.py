@@ -229,8 +229,9 @@ def _print_server(console: Console, sr: dict) -> None:
     console.print(table)
     close = sr.get("close_calls") or []
     if close:
+        ci = lambda r: f"95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}" if r["ci95"] else "no 95% CI: one prompt"  # noqa: E731
         console.print(f"note: the best measured, {sr.get('best_measured')}, is not measurably faster than " + "; ".join(
-            f"{r['config']} (ratio {r['ratio']:.2f}, 95% CI {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f})" for r in close)
+            f"{r['config']} (ratio {r['ratio']:.2f}, {ci(r)})" for r in close)
             + " on the tuning prompts; among these the calibrated model chose the winner where it interpolates "
             "(more --measure-prompts would let the measurement decide)", highlight=False)
     for b, by_n in sr.get("schedule_measured", {}).items():
@@ -280,7 +281,7 @@ def tune(
     max_new_tokens: _MaxNewTokens = TUNE_MAX_NEW_TOKENS,
     profile_repeats: int = typer.Option(10, "--profile-repeats", help="Timed repeats per micro-benchmark of the profile."),
     measure_prompts: int = typer.Option(8, "--measure-prompts", help="Tuning prompts each confirmation candidate is measured on."),
-    heldout_prompts: int = typer.Option(16, "--heldout-prompts", help="Held-out prompts for the final measurement."),
+    heldout_prompts: int = typer.Option(16, "--heldout-prompts", help="Held-out prompts for the final measurement (at least 2: the held-out speedup's CI needs two)."),
     repeats: RepeatsOption = DEFAULT_REPEATS,
     seed: int = typer.Option(DEFAULT_SEED, "--seed", help="Sampler and sampling seed."),
     device: DeviceOption = DEFAULT_DEVICE,
@@ -298,8 +299,8 @@ def tune(
     SLO, a price or a memory budget), confirmed on held-out prompts."""
     objective_list, names = _checked(objectives, temperature, target, drafts)
     objective = _single(objectives) if objective == "throughput" and _single(objectives) else objective
-    check_workload(workload)
-    from specdec_tune.tuner.search import TuneRequest
+    prompts = check_workload(workload)
+    from specdec_tune.tuner.search import TuneRequest, check_prompts
 
     req = TuneRequest(
         target=target, drafts=names, workload=workload, server=server, trials=trials, measure_top=measure_top,
@@ -310,6 +311,7 @@ def tune(
         heldout_prompts=heldout_prompts, repeats=repeats, seed=seed, device=device, backend=backend,
         vllm_python=vllm_python, threads=parse_threads(threads), trees=tree_list(trees),
         threshold_kinds=tuple(k.strip() for k in threshold_kinds.split(",") if k.strip()), max_bias=max_bias)
+    check_prompts(req, prompts)  # a job its prompt counts cannot finish is refused before the database opens
     _run(req, db, storage, formats, (export, _model_root(model_root, export)), json_out)
 
 

@@ -19,10 +19,12 @@ Plain decoding: TPOT = T_ar + the per-token loop overhead, TTFT = prefill + one 
 A prompt the profile did not run is one more request of the same population: its TTFT uses its own
 length (the fitted prefill line) and the profiled prompts' mean first cycle; its TPOT is drawn from
 the profiled prompts' TPOTs (each equally likely), so the predicted distribution of a held-out set
-is the profiled population's. Pure Python.
+is the profiled population's. A request of one token has no TPOT (NaN here, left out of its quantiles), as
+measured. Pure Python.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -55,8 +57,8 @@ class LatencyPrediction:
     label: str = "predicted"
 
     def tpot(self, q: float) -> float:
-        """The ``q`` quantile (0..1) of TPOT."""
-        return quantile(self.tpot_s, q)
+        """The ``q`` quantile (0..1) of TPOT over the requests that have one (NaN: none has)."""
+        return quantile([t for t in self.tpot_s if not math.isnan(t)], q)
 
     def ttft(self, q: float) -> float:
         return quantile(self.ttft_s, q)
@@ -178,12 +180,13 @@ def predict_latency(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSp
         if s.profiled_index is not None:
             r = requests[s.profiled_index]
             ttft.append(_prefill_s(rp, config, s, fits) + r.first_s)
-            tpot.append(r.tpot_s)
+            tpot.append(r.tpot_s if r.tokens >= 2 else math.nan)  # TPOT needs 2 tokens (specdec_tune.latency)
             tokens.append(float(r.tokens))
         else:  # the profiled population, each request moved to this prompt's length
             shift = [s.prompt_tokens - r.prompt_tokens for r in requests]
             ttft.append(_prefill_s(rp, config, s, fits)
                         + statistics.fmean(r.first_s + r.first_slope_s * d for r, d in zip(requests, shift)))
-            tpot += [r.tpot_s + r.tpot_slope_s * d for r, d in zip(requests, shift)]
+            tpot += [r.tpot_s + r.tpot_slope_s * d if r.tokens >= 2 and s.new_tokens >= 2 else math.nan
+                     for r, d in zip(requests, shift)]
             tokens += [float(s.new_tokens) / len(requests)] * len(requests)
     return LatencyPrediction(tuple(ttft), tuple(tpot), tuple(tokens), source)

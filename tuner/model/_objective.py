@@ -150,6 +150,7 @@ def describe_side(name: str, side: dict[str, Any]) -> str:
         text += f", measured on {side.get('measured', '–')}"
     slo = side.get("slo")
     if slo:
+        ms = lambda s: "–" if s is None or s != s else f"{s * 1e3:.1f} ms"  # noqa: E731 - None/NaN: no request had one
         text += (f"; SLO {slo.get('describe', '')} {'met' if slo['met'] else 'NOT met'}: measured p{slo['percentile']:g} "
-                 f"TPOT {(slo.get('tpot_s') or 0) * 1e3:.1f} ms, TTFT {(slo.get('ttft_s') or 0) * 1e3:.1f} ms")
+                 f"TPOT {ms(slo.get('tpot_s'))}, TTFT {ms(slo.get('ttft_s'))}")
     return text

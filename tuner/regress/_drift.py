@@ -170,8 +170,8 @@ def retune(db: Database, benchmark: str, study_name: str, storage_url: str, tria
     loss, ci = 0.0, None
     if moved:
         loss = m_old.tokens_per_s / m_new.tokens_per_s - 1 if m_new.tokens_per_s > 0 else math.nan
-        lo, hi = speedup_ci(m_old.validated.measurement, m_new.validated.measurement)
-        ci = (lo - 1, hi - 1) if math.isfinite(lo) and math.isfinite(hi) else None
+        ratio = speedup_ci(m_old.validated.measurement, m_new.validated.measurement)  # None from one prompt
+        ci = (ratio[0] - 1, ratio[1] - 1) if ratio and math.isfinite(ratio[0]) and math.isfinite(ratio[1]) else None
     return Drift(benchmark, study_name, name, old.to_dict(), new.to_dict(), moved, m_old.tokens_per_s,
                  m_new.tokens_per_s, m_plain.tokens_per_s, loss, ci, m_old.predicted_tokens_per_s,
                  m_new.predicted_tokens_per_s, len(warm), report.run_id)

@@ -2,14 +2,15 @@
 
 The jobs live here: ``run_tune`` (profile, search, confirm, hold out, export), ``measure_predicted``
 (validate predictions against measurement) and the vLLM-measured tuning. Public names only; the
-modules behind them are private (``_space``, ``_optuna``, ``_study``, ``_request``, ``_memory``, ``_tune``, ``_measure``,
-``_validate``, ``_server_tune``, ``_tree_space``).
+modules behind them are private (``_space``, ``_optuna``, ``_study``, ``_request``, ``_prompts``, ``_memory``,
+``_tune``, ``_measure``, ``_validate``, ``_server_tune``, ``_tree_space``).
 """
 from __future__ import annotations
 
 from specdec_tune.tuner.search._measure import Measured, completed_trials, measure_candidates, measured_speedup
 from specdec_tune.tuner.search._optuna import OBJECTIVES, SearchOutcome, best_per_server, brute_force, expressible_on
 from specdec_tune.tuner.search._optuna import per_batch_size, run_search
+from specdec_tune.tuner.search._prompts import PromptCounts, check_prompts
 from specdec_tune.tuner.search._request import TuneReport, TuneRequest, find_profile
 from specdec_tune.tuner.search._server_tune import CALIBRATION_NS, NGRAM_CALIBRATION_N, ServerTuneReport, close_calls
 from specdec_tune.tuner.search._server_tune import pick_among_tied, run_server_tune, schedule_from_measured
@@ -21,7 +22,8 @@ from specdec_tune.tuner.search._tune import run_tune
 from specdec_tune.tuner.search._validate import Validated, measure_predicted
 
 __all__ = [
-    "ANY", "CALIBRATION_NS", "NGRAM_CALIBRATION_N", "N_LIMIT", "OBJECTIVES", "THETA_GRID", "Measured", "SearchOutcome",
+    "ANY", "CALIBRATION_NS", "NGRAM_CALIBRATION_N", "N_LIMIT", "OBJECTIVES", "THETA_GRID", "Measured", "PromptCounts",
+    "SearchOutcome", "check_prompts",
     "SearchSpace", "ServerTuneReport", "TuneReport", "TuneRequest", "Validated", "best_per_server", "brute_force",
     "check_server", "check_storage", "close_calls", "completed_trials", "expressible_on", "find_profile",
     "load_existing", "measure_candidates", "measure_predicted", "measured_speedup", "open_storage", "per_batch_size",

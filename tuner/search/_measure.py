@@ -72,10 +72,10 @@ def measured_speedup(win: Measured, base: Measured) -> tuple[float | None, tuple
     if win is base or win.candidate.is_plain:
         return 1.0, (1.0, 1.0)
     value = win.tokens_per_s / base.tokens_per_s if base.tokens_per_s > 0 else None
-    lo, hi = speedup_ci(win.validated.measurement, base.validated.measurement)
-    if not (math.isfinite(lo) and math.isfinite(hi)):
+    ci = speedup_ci(win.validated.measurement, base.validated.measurement)  # None from one prompt
+    if ci is None or not (math.isfinite(ci[0]) and math.isfinite(ci[1])):
         return value, None
-    return value, (float(lo), float(hi))
+    return value, (float(ci[0]), float(ci[1]))
 
 
 def heldout_notes(measured: Sequence[Measured]) -> list[str]:

@@ -112,9 +112,10 @@ def close_calls(winner: RateSamples, others: dict[str, RateSamples]) -> list[dic
     for label, s in others.items():
         if s.prompt_ids != winner.prompt_ids:
             continue  # not paired: measured on other prompts
-        lo, hi = speedup_ci(winner, s)
-        if lo <= 1.0:
-            out.append({"config": label, "ratio": winner.tokens_per_s / s.tokens_per_s, "ci95": [lo, hi]})
+        ci = speedup_ci(winner, s)  # None (one prompt): measurement cannot tell them apart either
+        if ci is None or ci[0] <= 1.0:
+            out.append({"config": label, "ratio": winner.tokens_per_s / s.tokens_per_s,
+                        "ci95": None if ci is None else list(ci)})
     return sorted(out, key=lambda r: r["ratio"])
 
 
@@ -217,8 +218,9 @@ def _heldout_rows(srv: _Server, model: ServerModel, evaluator: Evaluator, winner
             m = at[label]
             predicted = (predict_server(model, evaluator, winner, b, max_new_tokens, mean_prompt_tokens(m)).tokens_per_s
                          if key == "constant" else None)
+            ci = speedup_ci(m.samples, plain.samples)
             row[key] = {**_row(m, predicted, objective), "speedup": m.tokens_per_s / plain.tokens_per_s,
-                        "speedup_ci": list(speedup_ci(m.samples, plain.samples))}
+                        "speedup_ci": None if ci is None else list(ci)}
         rows.append(row)
     return rows, held
 

@@ -33,6 +33,7 @@ from specdec_tune.tuner.search._objectives import engine_reasons, mean_power_w, 
 from specdec_tune.tuner.search._objectives import pick_measured
 from specdec_tune.tuner.search._measure import completed_trials, heldout_notes, measured_speedup
 from specdec_tune.tuner.search._memory import memory_model
+from specdec_tune.tuner.search._prompts import check_prompts
 from specdec_tune.tuner.search._optuna import SearchOutcome, best_per_server, expressible_on, per_batch_size, run_search
 from specdec_tune.tuner.search._request import TuneReport, TuneRequest, find_profile, profile_settings
 from specdec_tune.tuner.search._space import ANY, N_LIMIT, SearchSpace, server_search_space
@@ -153,10 +154,12 @@ def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progres
     from specdec_tune.profiler import check_inputs
 
     progress = progress or Progress()
-    check_inputs(req.target, req.drafts, req.workload)  # a bad workload or model name fails before anything loads
+    # A bad workload or model name, or prompt counts the job cannot finish with, fail before anything loads.
+    notes = check_prompts(req, check_inputs(req.target, req.drafts, req.workload, "tune"))
     if "energy" in req.search_objectives and not _gpu(req.device):  # known before profiling: refuse now
         req.spec().check_energy("cpu")
     searched = _search(db, req, storage_url, progress)
+    searched.notes[:0] = notes
     confirm = _server_tune if req.backend == "vllm" else _engine_tune
     result, report = confirm(db, req, searched, progress)
     return _finish(result, searched.outcome, export, report)

@@ -14,6 +14,7 @@ CI and the prediction is reported as inside or outside it.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -255,14 +256,19 @@ def _store_prediction(db: Database, m: Measurement, prediction: RunPrediction, l
         return
     set_prediction(db, m.measured_id, predicted_tokens_per_s=prediction.tokens_per_s,
                    predicted_tau=prediction.expected_tokens_per_cycle,
-                   predicted={"predicted_tpot_p50_s": latency.tpot(0.5) if latency else None,
-                              "predicted_tpot_p90_s": latency.tpot(0.9) if latency else None,
+                   predicted={"predicted_tpot_p50_s": _defined(latency.tpot(0.5)) if latency else None,
+                              "predicted_tpot_p90_s": _defined(latency.tpot(0.9)) if latency else None,
                               "predicted_memory_bytes": None if memory is None else memory.total},
                    extra={"prediction_source": prediction.source, "prediction_in_sample": prediction.in_sample,
                           "prediction_machine_speed": prediction.machine_speed,
                           "prediction_machine_speed_source": speed_source,
                           "prediction_inside_ci": None if m.ci95 is None else
                           m.ci95[0] <= prediction.tokens_per_s <= m.ci95[1]})
+
+
+def _defined(x: float) -> float | None:
+    """None for a predicted statistic that is undefined (NaN: a TPOT of requests of one token)."""
+    return None if math.isnan(x) else x
 
 
 def _prompt_specs(run, m: Measurement) -> list[PromptSpec]:
