@@ -144,8 +144,12 @@ class StudyLease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if not self._lost:
+        if self._lost:
+            return
+        try:
             release_lease(self.db, self.key, self.token)
+        except SpecdecError:  # the database failed at the very end: the lease is then taken over as a dead one's
+            pass
 
     def __enter__(self) -> StudyLease:
         return self.acquire()
