@@ -16,6 +16,8 @@ from __future__ import annotations
 from specdec_tune.db.engine import DEFAULT_URL, ENV_VAR, Database, default_storage_url, mask_url, open_database
 from specdec_tune.db.engine import resolve_url, sqlite_file
 from specdec_tune.db.fronts import add_bias_front, add_teacher_forced, load_bias_front, load_teacher_forced
+from specdec_tune.db.leases import LeaseRecord, get_lease, insert_lease, lease_key, release_lease, renew_lease
+from specdec_tune.db.leases import take_over_lease
 from specdec_tune.db.migrate import current_revision, head_revision, known_revisions, upgrade
 from specdec_tune.db.queries import add_acceptance, add_measured_run, add_run_draft, add_telemetry, add_timing_samples
 from specdec_tune.db.queries import add_traces, create_run, delete_run, finish_run, get_or_create_hardware
@@ -47,4 +49,5 @@ __all__ = [
     "latest_calibration", "list_regress_runs", "load_regress_benchmarks", "load_regress_cells", "metric_trend",
     "BiasFrontRow", "TeacherForcedRow", "add_bias_front", "add_teacher_forced", "load_bias_front", "load_teacher_forced",
     "TREE_KINDS", "TreeTraceRecord", "add_tree_traces", "load_tree_traces",
+    "LeaseRecord", "get_lease", "insert_lease", "lease_key", "release_lease", "renew_lease", "take_over_lease",
 ]  # fmt: skip

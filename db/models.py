@@ -421,3 +421,21 @@ class RegressCalibration(Base):
     max_abs_change: Mapped[float | None] = mapped_column(Float)
     mdc: Mapped[float | None] = mapped_column(Float)
     false_alarms: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Lease(Base):
+    """Who is working on a shared thing (a tuning study) now: one row per key, so that of two processes
+    inserting the same key one wins. The holder renews ``heartbeat_at``; a row whose holder died is taken
+    over by swapping its ``token`` (``db/leases.py``)."""
+
+    __tablename__ = "leases"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of ``subject``
+    subject: Mapped[str] = mapped_column(Text)  # what is held, in words
+    token: Mapped[str] = mapped_column(String(64))  # this holding's id: renew, release and take-over match it
+    command: Mapped[str] = mapped_column(String(64))
+    pid: Mapped[int] = mapped_column(Integer)
+    host: Mapped[str] = mapped_column(String(255))
+    pid_scope: Mapped[str | None] = mapped_column(String(255))  # boot and pid namespace the pid is valid in
+    acquired_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    heartbeat_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

@@ -35,6 +35,7 @@ from specdec_tune.profiler.threads import apply_threads, choose_threads
 from specdec_tune.profiler.telemetry import NullMonitor, open_monitor
 from specdec_tune.profiler.tree_profile import tree_passes
 from specdec_tune.splits import check_split_prompts
+from specdec_tune.testpoints import pause_point
 
 CONTEXT_KS = (1, 2, 5, 9)  # verify widths timed at every profiled context length (and k_max)
 
@@ -167,6 +168,7 @@ class ProfileSession:
         self.probe.run()  # warm-up
         monitor = open_monitor(self.device)
         self.run_id = self._create(monitor)
+        pause_point("profile-run")  # tests of two processes: both runs are open here at once
         summary: dict = {}
         monitor.start()
         try:

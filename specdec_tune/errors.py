@@ -23,3 +23,7 @@ class StorageError(SpecdecError):
 
 class NotFoundError(SpecdecError, LookupError):
     """A named record (run id, bundled model, workload) does not exist."""
+
+
+class BusyError(SpecdecError):
+    """Another process is working on what this one needs (a tuning study): the message names it."""

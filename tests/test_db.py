@@ -460,6 +460,31 @@ class TestStorageContract:
             engine.dispose()
         assert "bias_front" not in tables and "teacher_forced_positions" not in tables and "acceptance_traces" in tables
 
+    def test_migrate_0007_to_0008_adds_leases_and_downgrades(self, new_url):
+        """0008 adds ``leases`` (which process works on a study) and keeps every run; its downgrade drops it."""
+        import datetime as dt
+
+        from specdec_tune.db import LeaseRecord, get_lease, insert_lease, lease_key
+
+        url = new_url()
+        upgrade(url, "0007")
+        _insert_old_rows(url, '{"n_max": 4}', [], ("hardware", "models", "profile_runs"))
+        assert upgrade(url, "0008") == ("0007", "0008")
+        now = dt.datetime.now(dt.timezone.utc)
+        lease = LeaseRecord(lease_key("study 's'"), "study 's'", "t", "tune", 1, "h", None, now, now)
+        with open_database(url) as db:
+            assert get_run(db, 1).settings == {"n_max": 4}
+            assert insert_lease(db, lease) and not insert_lease(db, lease)
+            assert get_lease(db, lease.key) == lease
+        engine = sa.create_engine(url)
+        try:
+            with engine.begin() as conn:
+                command.downgrade(alembic_config(conn), "0007")
+            tables = set(sa.inspect(engine).get_table_names())
+        finally:
+            engine.dispose()
+        assert "leases" not in tables and "profile_runs" in tables
+
     def test_failed_migration_changes_nothing(self, new_url):
         url = new_url()
         # Pinned: revision 0002 creates telemetry after its ALTERs, which this test blocks.

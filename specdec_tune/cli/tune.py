@@ -274,7 +274,9 @@ def tune(
     memory_budget: ops.MemoryBudgetOption = None,
     max_bias: _MaxBias = None,
     threshold_kinds: _ThresholdKinds = "per-token",
-    study: Optional[str] = typer.Option(None, "--study", help="Study name (default: derived from the inputs)."),
+    study: Optional[str] = typer.Option(None, "--study", help=(
+        "Study name (default: derived from the inputs and the profile run, so the same command resumes the same "
+        "study). One process at a time works on a study; a second is refused, naming the first.")),
     storage: _Storage = None,
     n_max: int = typer.Option(16, "--n-max", help="Largest N searched (1..16)."),
     max_prompts: int = typer.Option(TUNE_MAX_PROMPTS, "--max-prompts", help="Tuning prompts profiled."),
@@ -331,8 +333,9 @@ def _run(req, db: str | None, storage: str | None, formats: str, to: tuple[str |
     try:
         with LazyBar(console(stderr=True)) as progress:
             report = run_tune(database, req, storage_url, progress, export=(export, fmts, model_root) if export else None)
-    except KeyboardInterrupt:
-        raise KeyboardInterrupt(f"{_kept_trials(storage_url, req.study or req.study_name())} trials kept; "
+    except KeyboardInterrupt as exc:  # the study is named once the profile is (TuneInterrupted); before: none
+        study = getattr(exc, "study", None)
+        raise KeyboardInterrupt(f"{0 if study is None else _kept_trials(storage_url, study)} trials kept; "
                                 "re-run the same command to resume") from None
     if json_out:
         print_json(report_json(report))

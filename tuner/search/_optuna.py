@@ -217,8 +217,8 @@ def _open_study(evaluator: Evaluator, space: SearchSpace, storage: Any, study_na
                                                               "objectives": objectives}, sampler)
     if "objectives" not in study.user_attrs:  # the dashboard names the study's values with these
         study.set_user_attr("objectives", [_VALUE_NAMES[o] for o in objectives])
-    for t in _completed(study):  # what earlier runs or other workers predicted is not predicted again
-        if "candidate" in t.user_attrs:
+    for t in _completed(study):  # what earlier runs or other workers predicted from this profile is not predicted again
+        if "candidate" in t.user_attrs and t.user_attrs.get("run_id") in (None, getattr(evaluator, "run_id", None)):
             s = Scored.from_trial(t)
             evaluator.cache.setdefault(s.candidate, s)
     return study
@@ -254,7 +254,7 @@ def _objective(evaluator: Evaluator, space: SearchSpace, objectives: list[str]) 
         except InputError as exc:  # the profile cannot predict this point: not a result
             trial.set_user_attr("error", str(exc))
             raise optuna.TrialPruned(str(exc)) from None
-        for key, value in s.attrs().items():
+        for key, value in {**s.attrs(), "run_id": getattr(evaluator, "run_id", None)}.items():  # predicted from
             trial.set_user_attr(key, value)
         values = _values(s, objectives, evaluator)
         return values[0] if len(values) == 1 else values

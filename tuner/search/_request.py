@@ -7,7 +7,7 @@ import platform
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec_tune.db import Database, list_runs
+from specdec_tune.db import Database, RunRecord, list_runs
 from specdec_tune.errors import InputError
 from specdec_tune.profiler import ProfileSettings
 from specdec_tune.latency import Slo
@@ -134,8 +134,11 @@ class TuneRequest:
         budget = None if self.memory_budget_gib is None else self.memory_budget_gib * GIB
         return Objective(self.objective, slo, self.gpu_price, budget, watts)
 
-    def study_name(self) -> str:
-        """Default study name: what was tuned, so the same command resumes the same study."""
+    def study_name(self, run_id: int | None = None) -> str:
+        """The default study of this request on profile run ``run_id``: what was tuned, and from which
+        profile, so the same command (which reuses the profile) resumes the same study, and a study never
+        holds trials predicted from two profiles. Without ``run_id``: the name of the family (the part
+        before ``-run<id>``)."""
         import hashlib
         import json
 
@@ -152,8 +155,9 @@ class TuneRequest:
         key = json.dumps(key, sort_keys=True)
         short = lambda s: s.rstrip("/").rsplit("/", 1)[-1]  # noqa: E731
         backend = "" if self.backend == "engine" else f"-{self.backend}"
+        run = "" if run_id is None else f"-run{run_id}"
         return (f"tune-{short(self.target)}-{short(self.workload)}-{self.server}{backend}-"
-                f"{hashlib.sha1(key.encode()).hexdigest()[:8]}")
+                f"{hashlib.sha1(key.encode()).hexdigest()[:8]}{run}")
 
 
 @dataclass
@@ -202,23 +206,35 @@ def profile_settings(req: TuneRequest) -> ProfileSettings:
 
 def find_profile(db: Database, req: TuneRequest) -> int | None:
     """A completed run that answers this request as a fresh profile would (newest first), or None."""
-    wanted = profile_settings(req)
-    split = getattr(wanted, "split", None)
     for run in list_runs(db, status="completed", target=req.target):
-        s = run.settings
-        ok = (
-            s.get("workload") == req.workload
-            and set(req.drafts) <= set(s.get("drafts", []))
-            and s.get("split") == split
-            and abs(float(s.get("temperature", 0.0)) - req.temperature) < 1e-9
-            and int(s.get("n_max", 0)) >= req.n_max
-            and set(req.batch_sizes) <= set(s.get("batch_sizes", []))
-            and int(s.get("max_new_tokens", 0)) == req.max_new_tokens
-            and int(s.get("max_prompts", 0)) == req.max_prompts
-            and (not req.trees or (bool(s.get("trees")) and int(s.get("k_max", 0)) >= wanted.k_max))
-            and run.hardware.hostname == (platform.node() or None)
-            and (req.device == "auto" or run.hardware.device == req.device)
-        )
-        if ok:
+        if answers(run, req):
             return run.id
     return None
+
+
+def answers(run: RunRecord, req: TuneRequest) -> bool:
+    """Whether the completed profile ``run`` answers ``req`` as a fresh profile on this machine would."""
+    wanted = profile_settings(req)
+    s = run.settings
+    return (
+        run.status == "completed" and run.target.name == req.target
+        and s.get("workload") == req.workload
+        and set(req.drafts) <= set(s.get("drafts", []))
+        and s.get("split") == getattr(wanted, "split", None)
+        and abs(float(s.get("temperature", 0.0)) - req.temperature) < 1e-9
+        and int(s.get("n_max", 0)) >= req.n_max
+        and set(req.batch_sizes) <= set(s.get("batch_sizes", []))
+        and int(s.get("max_new_tokens", 0)) == req.max_new_tokens
+        and int(s.get("max_prompts", 0)) == req.max_prompts
+        and (not req.trees or (bool(s.get("trees")) and int(s.get("k_max", 0)) >= wanted.k_max))
+        and run.hardware.hostname == (platform.node() or None)
+        and (req.device == "auto" or run.hardware.device == req.device)
+    )
+
+
+class TuneInterrupted(KeyboardInterrupt):
+    """Ctrl-C once the study was named: ``study`` says which one holds the trials kept."""
+
+    def __init__(self, study: str) -> None:
+        super().__init__(study)
+        self.study = study

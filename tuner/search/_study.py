@@ -135,13 +135,14 @@ def _first_line(exc: BaseException) -> str:
 
 
 def load_or_create(storage: Any, name: str, directions: list[str], attrs: dict[str, Any], sampler: Any) -> Any:
-    """Create the study, or load it when it exists and was made for the same question.
+    """Create the study, or load it when it exists and was made for the same question from the same profile.
 
-    ``attrs`` (target, drafts, workload, server, space, objectives, ...) are stored with a new study;
-    a study of that name made with other attrs is refused rather than mixed.
+    ``attrs`` (target, drafts, workload, server, space, objectives, run_id, ...) are stored with a new study;
+    a study of that name made with other attrs, or from another profile run, is refused rather than mixed
+    (its trials' predictions come from its own run's profile).
 
     Raises:
-        InputError: the study exists with other settings.
+        InputError: the study exists with other settings or was made from another profile run.
     """
     import optuna
 
@@ -153,11 +154,27 @@ def load_or_create(storage: Any, name: str, directions: list[str], attrs: dict[s
         study.set_user_attr("tune", attrs)
         return study
     old = stored["tune"]
+    if old.get("run_id") is not None and old["run_id"] != attrs.get("run_id"):
+        raise InputError(f"study {name!r} holds trials predicted from profile run {old['run_id']}, this tune's "
+                         f"profile is run {attrs.get('run_id')}: give another --study (without --study each profile "
+                         "run gets its own study)")
     diff = [k for k in attrs if k in old and old[k] != attrs[k] and k not in ("run_id", "request")]
     if diff or [d.name for d in study.directions] != [d.upper() for d in directions]:
         what = ", ".join(f"{k} {old[k]!r} (now {attrs[k]!r})" for k in diff) or "its objectives"
         raise InputError(f"study {name!r} was made for other settings: {what}; give another --study to start a new one")
     return study
+
+
+def bound_run(storage: Any, name: str) -> int | None:
+    """The profile run study ``name`` was made from (None: no such study, or one no ``tune`` has used yet)."""
+    import optuna
+
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return None
+    run_id = study.user_attrs.get("tune", {}).get("run_id")
+    return None if run_id is None else int(run_id)
 
 
 def load_existing(storage: Any, name: str) -> Any:

@@ -4,6 +4,8 @@
    same target, drafts, workload, split, decoding mode, limits and machine is stored (reused).
 2. Search the server's space with Optuna on the model's predicted end-to-end tokens/s
    (:mod:`specdec_tune.tuner.search`), and predict every point of each server's own space (its best).
+   The study belongs to the profile run (its default name ends in ``-run<id>``), and this process
+   holds it from step 1 to the end (:mod:`._lease`): a second process asking for it is refused.
 3. Measure the top ``measure_top`` distinct configurations, each server's best and plain decoding,
    interleaved, on the tuning prompts: the winner is the best *measured* one, and so is each server's
    pick inside its space (the model ranks, the clock decides).
@@ -25,7 +27,7 @@ from typing import Any
 
 from specdec_tune.db import Database, get_run, list_models
 from specdec_tune.profiler import Progress, run_profile
-from specdec_tune.errors import InputError
+from specdec_tune.errors import InputError, NotFoundError
 from specdec_tune.tuner.model import NGRAM, Candidate, Evaluator, Scored, ServerDecision, TuningResult, bias_of, decide
 from specdec_tune.tuner.model import front_epsilons
 from specdec_tune.tuner.search._confirm import confirm, server_decisions
@@ -35,10 +37,12 @@ from specdec_tune.tuner.search._measure import completed_trials, heldout_notes, 
 from specdec_tune.tuner.search._memory import memory_model
 from specdec_tune.tuner.search._prompts import check_prompts
 from specdec_tune.tuner.search._optuna import SearchOutcome, best_per_server, expressible_on, per_batch_size, run_search
-from specdec_tune.tuner.search._request import TuneReport, TuneRequest, find_profile, profile_settings
+from specdec_tune.tuner.search._lease import StudyLease, study_subject
+from specdec_tune.tuner.search._request import TuneInterrupted, TuneReport, TuneRequest, answers, find_profile
+from specdec_tune.tuner.search._request import profile_settings
 from specdec_tune.tuner.search._space import ANY, N_LIMIT, SearchSpace, server_search_space
 from specdec_tune.tuner.search._tree_space import tree_space_args
-from specdec_tune.tuner.search._study import open_storage
+from specdec_tune.tuner.search._study import bound_run, open_storage
 from specdec_tune.tuner.servers import SERVERS
 
 # --------------------------------------------------------------------------- the job
@@ -80,8 +84,22 @@ class _Searched:
     notes: list[str]
 
 
-def _profile_run(db: Database, req: TuneRequest, progress: Progress, notes: list[str]) -> tuple[int, bool]:
-    """A stored profile that answers the request, else a fresh one: (run id, profiled now)."""
+def _profile_run(db: Database, req: TuneRequest, storage: Any, progress: Progress,
+                 notes: list[str]) -> tuple[int, bool]:
+    """A stored profile that answers the request, else a fresh one: (run id, profiled now). A ``--study``
+    made before is resumed from the profile run it was made from, or refused before profiling."""
+    bound = bound_run(storage, req.study) if req.study else None
+    if bound is not None:
+        try:
+            usable = not req.reprofile and answers(get_run(db, bound), req)
+        except NotFoundError:
+            usable = False
+        if not usable:
+            raise InputError(f"study {req.study!r} holds trials predicted from profile run {bound}, which this tune "
+                             "cannot use (another database, machine or settings, or a fresh profile was asked): give "
+                             "another --study (without --study each profile run gets its own study)")
+        notes.append(f"reused profile run {bound}, the one study {req.study!r} was made from")
+        return bound, False
     run_id = None if req.reprofile else find_profile(db, req)
     if run_id is not None:
         notes.append(f"reused profile run {run_id} (same target, drafts, workload, split, mode and machine)")
@@ -93,7 +111,7 @@ def _search(db: Database, req: TuneRequest, storage_url: str, progress: Progress
     """Profile (or reuse a profile), then search the server's space on the model's predictions."""
     storage = open_storage(storage_url)  # an unreachable storage fails before profiling
     notes: list[str] = []
-    run_id, profiled = _profile_run(db, req, progress, notes)
+    run_id, profiled = _profile_run(db, req, storage, progress, notes)
     run = get_run(db, run_id)
     n_max = min(req.n_max, int(run.settings.get("n_max", N_LIMIT)))
     max_context = max(run.settings.get("prompt_tokens", [0]) or [0]) + req.max_new_tokens
@@ -112,16 +130,19 @@ def _search(db: Database, req: TuneRequest, storage_url: str, progress: Progress
     if NGRAM in req.drafts:
         notes.append("n-gram lookup sizes are fixed at the engine's default (longest 3, shortest 1): the profile "
                      "records one n-gram variant")
-    name = req.study or req.study_name()
+    name = req.study or req.study_name(run_id)
     request = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(req).items()
                if k not in ("study", "vllm_python", "reprofile")}
     attrs = {"target": req.target, "drafts": list(req.drafts), "workload": req.workload, "server": req.server,
              "temperature": req.temperature, "run_id": run_id, "request": request}
     progress.stage(f"search ({req.server} space, {space.size} points)",
                    max(req.trials - completed_trials(storage, name), 0))
-    outcome = run_search(evaluator, space, storage=storage, study_name=name, trials=req.trials,
-                         objectives=req.search_objectives, attrs=attrs, seed=req.seed,
-                         on_trial=lambda _t: progress.advance())
+    try:
+        outcome = run_search(evaluator, space, storage=storage, study_name=name, trials=req.trials,
+                             objectives=req.search_objectives, attrs=attrs, seed=req.seed,
+                             on_trial=lambda _t: progress.advance())
+    except KeyboardInterrupt:
+        raise TuneInterrupted(name) from None
     return _Searched(run, profiled, evaluator, outcome, name, storage_url, space, n_max, notes + outcome.notes)
 
 
@@ -144,12 +165,15 @@ def within_budget(pool: Sequence[Scored], budget: float | None) -> list[Scored]:
 
 def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progress | None = None,
              export: tuple[str, Sequence[str]] | tuple[str, Sequence[str], str | None] | None = None) -> TuneReport:
-    """The whole job (module docstring). Every stage stores as it goes; an interrupt keeps it.
+    """The whole job (module docstring). Every stage stores as it goes; an interrupt keeps it. The study is
+    held (:mod:`._lease`) from before profiling until the result is stored.
 
     ``export``: (folder, formats[, the serving host's model folder]) to write the winner's server files.
 
     Raises:
         InputError / NotFoundError / ModelLoadError / StorageError: one line each (the CLI exits 2).
+        BusyError: another process works on this study (one line naming it).
+        TuneInterrupted: Ctrl-C once the study was named (a ``KeyboardInterrupt`` naming it).
     """
     from specdec_tune.profiler import check_inputs
 
@@ -158,11 +182,20 @@ def run_tune(db: Database, req: TuneRequest, storage_url: str, progress: Progres
     notes = check_prompts(req, check_inputs(req.target, req.drafts, req.workload, "tune"))
     if "energy" in req.search_objectives and not _gpu(req.device):  # known before profiling: refuse now
         req.spec().check_energy("cpu")
-    searched = _search(db, req, storage_url, progress)
-    searched.notes[:0] = notes
-    confirm = _server_tune if req.backend == "vllm" else _engine_tune
-    result, report = confirm(db, req, searched, progress)
-    return _finish(result, searched.outcome, export, report)
+    with StudyLease(db, study_subject(req.study, req.study_name(), storage_url)) as lease:
+        searched = _search(db, req, storage_url, progress)
+        searched.notes[:0] = notes
+        confirm = _server_tune if req.backend == "vllm" else _engine_tune
+        try:
+            result, report = confirm(db, req, searched, progress)
+        except KeyboardInterrupt:
+            raise TuneInterrupted(searched.study) from None
+        lease.check()  # taken over meanwhile (this process looked dead): store nothing
+        if lease.taken_over is not None:
+            gone = lease.taken_over
+            report.notes.insert(0, f"took the study's lease over from pid {gone.pid} on host {gone.host} (held since "
+                                   f"{gone.acquired_at:%Y-%m-%d %H:%M:%S} UTC), which had died")
+        return _finish(result, searched.outcome, export, report)
 
 
 def _gpu(device: str) -> bool:
