@@ -13,8 +13,10 @@ import json
 import warnings
 from pathlib import Path
 
+# Six prompts: the held-out half has at least two, the fewest a measured CI is computed from.
 WORKLOAD = ('{"id": "a", "prompt": "def add(a, b):"}\n{"id": "b", "prompt": "class Point:"}\n'
-            '{"id": "c", "prompt": "for i in range(10):"}\n')
+            '{"id": "c", "prompt": "for i in range(10):"}\n{"id": "d", "prompt": "print(i, i * i)"}\n'
+            '{"id": "e", "prompt": "def sub(a, b):"}\n{"id": "f", "prompt": "return a + b"}\n')
 TINY_FLAGS = ["--device", "cpu", "--repeats", "2", "--k-max", "3", "--n-max", "4", "--max-prompts", "2",
               "--max-new-tokens", "8", "--context-lens", "8,16"]
 STUDY = "tiny-vllm"

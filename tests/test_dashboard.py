@@ -49,7 +49,8 @@ def test_overview_of_a_filled_database(db, urls, tiny_model_dirs):
     # the profile's hooked baseline, and each of the two measures with its plain decoding in the same passes
     assert not info.empty and info.run_count == 1 and info.measured_count == len(list_measured(db)) == 5
     assert info.runs[0].drafts == "draft, ngram" and info.runs[0].measured == 5
-    assert [w[:2] for w in info.workloads] == [(info.runs[0].workload and list_runs(db)[0].workload.name, 3)]
+    prompts = len(dashboard_data.WORKLOAD.splitlines())
+    assert [w[:2] for w in info.workloads] == [(info.runs[0].workload and list_runs(db)[0].workload.name, prompts)]
     study_rows = [b for b in info.best if b.source == f"study {dashboard_data.STUDY}"]
     result = next(s.result for s in studies if s.name == dashboard_data.STUDY)
     assert len(study_rows) == 1 and study_rows[0].server == "vllm" and study_rows[0].heldout is True

@@ -237,7 +237,7 @@ def test_0007_adds_the_operator_columns_keeps_older_rows_and_downgrades(tmp_path
                              "VALUES (1, 1, '{}', 'completed', '2026-01-01')"))
         conn.execute(sa.text("INSERT INTO measured_runs (run_id, draft, config, measured_tokens_per_s, seconds, "
                              "new_tokens, created_at) VALUES (1, 'd', '{}', 80.0, 2.0, 160, '2026-01-01')"))
-    assert upgrade(url) == ("0004", "0007")
+    assert upgrade(url, "0007") == ("0004", "0007")
     db = open_database(url)
     (old,) = list_measured(db, 1)
     assert old.measured_tokens_per_s == 80.0 and old.tpot_p50_s is None and old.joules_per_token is None
