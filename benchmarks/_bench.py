@@ -10,7 +10,7 @@ from specdec_tune.engine import check_compatible, load_model
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.profiler import ProfileSettings, run_profile
 from specdec_tune.profiler.runs import encode_prompt
-from specdec_tune.splits import split_prompts
+from specdec_tune.core.splits import split_prompts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -7,7 +7,7 @@ are fed again in forwards of k tokens (a verify forward that accepts everything;
 the whole sequence, as the consistency rule recomputes a margin). Per position: how far the margin
 between the one-token path's top two logits moved, in ulps of its top logit in --dtype. Prints one JSON
 object (measured): quantiles per model and k, the largest movement, and the tolerance it gives
-(specdec_tune.consistency: TOLERANCE_ULPS = 4 × the measured maximum).
+(specdec_tune.core.consistency: TOLERANCE_ULPS = 4 × the measured maximum).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch
 import typer
 
 from specdec_tune.cli import _options as opts
-from specdec_tune.consistency import MEASURED_MAX_ULPS, TOLERANCE_ULPS
+from specdec_tune.core.consistency import MEASURED_MAX_ULPS, TOLERANCE_ULPS
 from specdec_tune.engine import load_model
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.profiler.consistency import rounding_spread

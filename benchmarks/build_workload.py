@@ -24,7 +24,7 @@ import typer
 
 from specdec_tune.cli import _options as opts
 from specdec_tune.engine.zoo import resolve_model
-from specdec_tune.errors import InputError
+from specdec_tune.core.errors import InputError
 from specdec_tune.training.build_workloads import WORKLOAD_KINDS, build_workload, write_jsonl
 from specdec_tune.training.corpus import load_corpus
 

@@ -39,7 +39,7 @@ def _decode(pairs: dict, prompts, max_new: int, repeats: int, ns: tuple[int, ...
     from specdec_tune.engine import DecodeConfig
     from specdec_tune.profiler.runs import DraftSpec, decode_once
     from specdec_tune.profiler.timers import synchronize
-    from specdec_tune.stats import RateSamples, bounds, tokens_per_s_ci
+    from specdec_tune.core.stats import RateSamples, bounds, tokens_per_s_ci
 
     methods = [("plain", 0)] + [(f"N={n}", n) for n in ns]
     keys = [(m, name, n) for m in pairs for name, n in methods]

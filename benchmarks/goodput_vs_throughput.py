@@ -34,8 +34,8 @@ import typer
 from _bench import write_results  # benchmarks/ is this script's folder
 from specdec_tune.cli import _options as opts
 from specdec_tune.db import get_run, open_database
-from specdec_tune.latency import Slo, good_samples
-from specdec_tune.stats import bounds, speedup_ci, tokens_per_s_ci
+from specdec_tune.core.latency import Slo, good_samples
+from specdec_tune.core.stats import bounds, speedup_ci, tokens_per_s_ci
 from specdec_tune.tuner.model import Candidate, Evaluator, Objective, predict_latency, profiled_specs, spec_config
 from specdec_tune.tuner.search import brute_force, measure_candidates, per_batch_size, server_search_space
 from specdec_tune.tuner.search._objectives import objective_schedule

@@ -47,7 +47,7 @@ from _bench import write_results  # benchmarks/ is this script's folder
 from fidelity import _profile  # the same profile on the tune split (benchmarks/ is this script's folder)
 from specdec_tune.cli import _options as opts
 from specdec_tune.db import get_run, open_database
-from specdec_tune.latency import quantile
+from specdec_tune.core.latency import quantile
 from specdec_tune.tuner.model import SpecConfig
 from specdec_tune.tuner.search import Validated, measure_predicted
 

@@ -18,7 +18,7 @@ from specdec_tune.cli import _options as opts
 from specdec_tune.engine import DecodeConfig, autoregressive, build_drafter, lean_kernels, load_model, speculative
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.profiler.runs import encode_prompt
-from specdec_tune.stats import RateSamples, bounds, speedup_ci, tokens_per_s_ci
+from specdec_tune.core.stats import RateSamples, bounds, speedup_ci, tokens_per_s_ci
 
 Prompts = Annotated[int, typer.Option("--max-prompts", "--prompts", help=(
     f"{opts.MAX_PROMPTS_HELP} 12 here, not bench's {opts.BENCH_MAX_PROMPTS}: the setting of "

@@ -21,7 +21,7 @@ import typer
 from specdec_tune.cli import _options as opts
 from specdec_tune.db import open_database
 from specdec_tune.profiler import ProfileSettings, StageLog, run_profile
-from specdec_tune.stats import bounds, paired_speedup, speedup_ci
+from specdec_tune.core.stats import bounds, paired_speedup, speedup_ci
 from specdec_tune.tuner.model import SpecConfig
 from specdec_tune.tuner.search import measure_predicted
 

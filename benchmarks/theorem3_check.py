@@ -28,7 +28,7 @@ import typer
 from specdec_tune.engine import DecodeConfig
 from specdec_tune.engine.tree_decode import tree_speculative
 from specdec_tune.engine.tree_draft import TreeDrafter
-from specdec_tune.trees import parse_tree
+from specdec_tune.core.trees import parse_tree
 from specdec_tune.tuner.model import batch_rejection_limit, batch_rejections
 
 ROOT = Path(__file__).resolve().parent.parent

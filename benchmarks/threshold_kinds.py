@@ -30,8 +30,8 @@ import typer
 from _bench import profile_run, write_results
 from specdec_tune.cli import _options as opts
 from specdec_tune.db import open_database
-from specdec_tune.errors import InputError
-from specdec_tune.stats import bounds, paired_speedup, speedup_ci
+from specdec_tune.core.errors import InputError
+from specdec_tune.core.stats import bounds, paired_speedup, speedup_ci
 from specdec_tune.tuner.model import SpecConfig, load_run_profile, predict_prompts, split_specs
 from specdec_tune.tuner.search import measure_predicted
 

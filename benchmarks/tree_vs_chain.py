@@ -43,7 +43,7 @@ from benchmarks.fidelity import summarize  # noqa: E402  (the same statistics as
 from specdec_tune.cli import _options as opts  # noqa: E402
 from specdec_tune.db import get_run, open_database  # noqa: E402
 from specdec_tune.profiler import ProfileSettings, run_profile  # noqa: E402
-from specdec_tune.stats import bounds, speedup_ci  # noqa: E402
+from specdec_tune.core.stats import bounds, speedup_ci  # noqa: E402
 from specdec_tune.tuner.model import Candidate, Evaluator, spec_config, tree_overhead, verify_time  # noqa: E402
 from specdec_tune.tuner.search import DEFAULT_TREES, brute_force, measure_predicted, server_search_space  # noqa: E402
 from specdec_tune.tuner.search import shape_candidate, tree_space_args  # noqa: E402

@@ -97,7 +97,7 @@ def main(
 
 def _result(report, req, by: dict, tune_s: float, grid_s: float) -> dict:
     """The tuned configuration against the grid's best, both from the grid's own interleaved passes."""
-    from specdec_tune.stats import bounds, speedup_ci
+    from specdec_tune.core.stats import bounds, speedup_ci
 
     def ratio_ci(a, b):
         return list(bounds(speedup_ci(by[a].validated.measurement, by[b].validated.measurement)))
@@ -132,7 +132,7 @@ def _result(report, req, by: dict, tune_s: float, grid_s: float) -> dict:
 def _reconfirm(db_url: str, path: Path, passes: int) -> None:
     """Step 4 of the module docstring: an independent measurement of what the grid selected."""
     from specdec_tune.db import open_database
-    from specdec_tune.stats import bounds, speedup_ci
+    from specdec_tune.core.stats import bounds, speedup_ci
     from specdec_tune.tuner.model import Candidate
     from specdec_tune.tuner.search import measure_candidates
 

@@ -8,7 +8,7 @@
 # (--spec-type, --spec-draft-n-max, ... in common/arg.cpp).
 #
 # Usage: bash scripts/setup_llamacpp.sh [HOME_DIR]      (--print-home: print the default HOME_DIR, exit)
-#   HOME_DIR defaults to <specdec-tune cache>/llamacpp/<version>-<cpu key> (specdec_tune/cache.py:
+#   HOME_DIR defaults to <specdec-tune cache>/llamacpp/<version>-<cpu key> (specdec_tune/core/cache.py:
 #   $SPECDEC_CACHE_DIR, else $XDG_CACHE_HOME/specdec-tune, else ~/.cache/specdec-tune). The CPU key is
 #   the machine and a hash of its CPU flags (profiler/llamacpp.py cpu_key computes the same): the
 #   build uses GGML_NATIVE (the host's instruction set), so two machines sharing a cache never share

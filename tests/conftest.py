@@ -59,9 +59,9 @@ def pytest_configure(config):
 
     torch.set_num_threads(1)
     # What the tool caches per machine (thread calibrations) goes to a folder of this test session, never
-    # the user's (specdec_tune.cache); the compiled CPU kernels are shared with the user's cache, so a
+    # the user's (specdec_tune.core.cache); the compiled CPU kernels are shared with the user's cache, so a
     # test session does not rebuild them (their folder is keyed by source, torch and CPU).
-    from specdec_tune.cache import cache_dir
+    from specdec_tune.core.cache import cache_dir
 
     kernels = cache_dir() / "lean_kernels"
     session = Path(tempfile.mkdtemp(prefix="specdec-test-cache-"))

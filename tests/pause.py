@@ -1,4 +1,4 @@
-"""The test side of ``specdec_tune.testpoints``: stop a real process at a named point and release it.
+"""The test side of ``specdec_tune.core.testpoints``: stop a real process at a named point and release it.
 
 ``Pause(folder, point)`` makes the two FIFOs; ``env`` goes to the process; ``wait(proc)`` returns once the
 process has reached the point (it wrote its pid), ``release()`` lets it go on. Both are blocking FIFO
@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from specdec_tune.testpoints import ENV_VAR
+from specdec_tune.core.testpoints import ENV_VAR
 
 
 class Pause:

@@ -39,7 +39,7 @@ def test_the_contracts_hold():
 
 
 def _package_copy(dest: Path) -> Path:
-    """The package's Python sources (rooms followed through their symlinks), without data files."""
+    """The package's Python sources, without data files."""
     def ignore(folder: str, names: list[str]) -> list[str]:
         return [n for n in names if not (Path(folder, n).is_dir() or n.endswith(".py")) or n == "__pycache__"]
 
@@ -54,7 +54,7 @@ PLANTED = [
     ("profiler/planted.py", "from specdec_tune.tuner.model import predict\n", "rooms"),
     ("tuner/model/planted.py", "from specdec_tune.tuner.search import run_tune\n", "tuner-rooms"),
     ("tuner/search/planted.py", "from specdec_tune.training import card\n", "rooms"),  # tuner | training: apart
-    ("stats.py", "from specdec_tune.engine import load_model\n", "shared"),
+    ("core/stats.py", "from specdec_tune.engine import load_model\n", "shared"),
     ("dashboard/planted.py", "from specdec_tune.tuner.servers import SERVERS\n", "dashboard-reads"),
     ("dashboard/planted.py", "from specdec_tune.db.engine import sqlite_path\n", "dashboard-public"),
     ("tuner/search/planted.py", "from specdec_tune.profiler.session import run_profile\n", "tuner-drives-profiler"),

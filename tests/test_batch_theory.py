@@ -15,7 +15,7 @@ import torch
 from specdec_tune.engine import DecodeConfig
 from specdec_tune.engine.tree_decode import tree_speculative
 from specdec_tune.engine.tree_draft import TreeDrafter
-from specdec_tune.trees import parse_tree
+from specdec_tune.core.trees import parse_tree
 from specdec_tune.tuner.model import _batch_theory, batch_rejection_limit, batch_rejections
 from tests.stub_models import Bigram
 

@@ -166,7 +166,7 @@ def test_measure_defaults_to_held_out_prompts_with_a_ci(profiled, capsys):
     assert obj["prediction_inside_ci"] == (lo <= obj["predicted_tokens_per_s"] <= hi)
     (stored,) = [m for m in list_measured(db, 1) if m.id == obj["measured_id"]]
     assert stored.ci95 == pytest.approx((lo, hi)) and stored.config["prompt_ids"] == ["a", "b", "c"]
-    from specdec_tune.stats import tokens_per_s_ci
+    from specdec_tune.core.stats import tokens_per_s_ci
 
     assert tokens_per_s_ci(stored.samples) == pytest.approx((lo, hi))  # recomputable from what is stored
     code, out, _ = run(["measure", "--run", "1", "-N", "0", "--split", "0:3", "--repeats", "1", "--db", url], capsys)

@@ -19,7 +19,7 @@ import pytest
 
 from specdec_tune.db import LeaseRecord, get_lease, insert_lease, lease_key, list_runs, load_timings, open_database
 from specdec_tune.db import release_lease, renew_lease, take_over_lease
-from specdec_tune.errors import BusyError, InputError
+from specdec_tune.core.errors import BusyError, InputError
 from specdec_tune.tuner.search import StudyLease, TuneRequest, open_storage, run_tune
 from specdec_tune.tuner.search._lease import host, pid_scope
 from tests._lease_worker import insert_at_barrier

@@ -1,4 +1,4 @@
-"""The consistency rule for greedy outputs (specdec_tune.consistency): exact identity in float32, a
+"""The consistency rule for greedy outputs (specdec_tune.core.consistency): exact identity in float32, a
 near-tie of the reference's logits allowed in bfloat16/float16; on the real engine in bf16 on the CPU
 with the bundled models, with a deliberately wrong verifier that the rule must still flag."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdec_tune.cli import main
-from specdec_tune.consistency import TOLERANCE_ULPS, first_difference, judge, overall, tolerance, ulp
+from specdec_tune.core.consistency import TOLERANCE_ULPS, first_difference, judge, overall, tolerance, ulp
 from specdec_tune.engine import DecodeConfig, load_model
 from specdec_tune.engine import decode as decode_module
 from specdec_tune.engine.workloads import load_workload

@@ -98,7 +98,7 @@ def test_slots_are_taken_per_live_cache_and_given_back(pair):
 
 def test_cuda_graphs_option_is_refused_where_it_cannot_run():
     from specdec_tune.engine import load_model
-    from specdec_tune.errors import InputError
+    from specdec_tune.core.errors import InputError
 
     with pytest.raises(InputError, match="--cuda-graphs on needs --device cuda"):
         load_model("mini-draft-1l", "cpu", "float32", "auto", "on")

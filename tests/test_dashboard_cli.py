@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from specdec_tune.cli import main
 from specdec_tune.dashboard.launch import check_port, url_for
 from specdec_tune.db import current_revision, get_run, head_revision, known_revisions, open_database, upgrade
-from specdec_tune.errors import InputError
+from specdec_tune.core.errors import InputError
 from tests.dashboard_data import RunningDashboard, free_port
 
 

@@ -55,7 +55,7 @@ from specdec_tune.db import (
 )
 from specdec_tune.db.migrate import alembic_config
 from specdec_tune.db.models import Base
-from specdec_tune.errors import InputError, NotFoundError, StorageError
+from specdec_tune.core.errors import InputError, NotFoundError, StorageError
 
 # ---------------------------------------------------------------------------------------------
 # Backends (the PostgreSQL server fixture, postgres_server, is in conftest.py)

@@ -32,7 +32,7 @@ from specdec_tune.db import (
     upgrade,
 )
 from specdec_tune.db import engine as engine_mod
-from specdec_tune.errors import StorageError
+from specdec_tune.core.errors import StorageError
 
 
 def _digest(path: Path) -> str:

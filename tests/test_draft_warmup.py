@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec_tune.errors import InputError
+from specdec_tune.core.errors import InputError
 
 from specdec_tune.profiler.overhead import ForwardRecord, SequenceTimeline, in_loop_medians
 from specdec_tune.tuner.model import ModelProfile, ReplayStats

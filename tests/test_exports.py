@@ -8,7 +8,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from specdec_tune.errors import InputError
+from specdec_tune.core.errors import InputError
 from specdec_tune.tuner.model import NGRAM, Candidate, TuningResult
 from specdec_tune.tuner.servers import FORMATS, batch_ranges, build_exports, render_exports, write_exports
 from specdec_tune.tuner.servers import _schemas as sch

@@ -12,7 +12,7 @@ import pytest
 
 from specdec_tune.cli import main
 from specdec_tune.engine import names, resolve_source
-from specdec_tune.errors import ModelLoadError, StorageError
+from specdec_tune.core.errors import ModelLoadError, StorageError
 
 
 def cli(argv: list[str]) -> tuple[int, str, str]:

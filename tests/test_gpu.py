@@ -56,7 +56,7 @@ def test_lean_forward_on_cuda_matches_hf_and_decodes_the_same():
 
 def test_bf16_rule_on_cuda_with_the_bundled_models():
     """The consistency rule in bf16 on the GPU: speculative vs target-only, no `differ` (identical or
-    near-ties only; specdec_tune.consistency)."""
+    near-ties only; specdec_tune.core.consistency)."""
     from specdec_tune.engine import load_model
     from specdec_tune.engine.workloads import load_workload
     from specdec_tune.profiler.consistency import check_outputs

@@ -10,10 +10,10 @@ import types
 import pytest
 import torch
 
-from specdec_tune.costs import usd_ci, usd_per_million_tokens
+from specdec_tune.core.costs import usd_ci, usd_per_million_tokens
 from specdec_tune.db import list_measured, open_database
 from specdec_tune.engine import DecodeConfig, LoadedModel
-from specdec_tune.latency import (
+from specdec_tune.core.latency import (
     LatencySamples,
     RequestLatency,
     Slo,
@@ -23,7 +23,7 @@ from specdec_tune.latency import (
     slo_met,
 )
 from specdec_tune.profiler.runs import DraftSpec, measure_prompt
-from specdec_tune.stats import RateSamples
+from specdec_tune.core.stats import RateSamples
 from tests.tiny import tiny_llama
 
 VOCAB = 48

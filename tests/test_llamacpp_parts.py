@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from specdec_tune.errors import InputError
+from specdec_tune.core.errors import InputError
 from specdec_tune.profiler import _gguf_convert as shim
 from specdec_tune.profiler.llamacpp import ENV_VAR, LlamaCpp, llamacpp_home
 from specdec_tune.profiler.llamacpp_server import parse_metrics
 from specdec_tune.profiler.vllm_backend import SpecCounters
 
 ROOT = Path(__file__).resolve().parents[1]
-ZOO = ROOT / "engine" / "zoo" / "models"
+ZOO = ROOT / "specdec_tune" / "engine" / "zoo" / "models"
 
 
 def test_the_script_and_the_package_agree_on_the_build_folder(monkeypatch):

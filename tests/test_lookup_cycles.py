@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from specdec_tune.errors import InputError
+from specdec_tune.core.errors import InputError
 from specdec_tune.tuner.model import Trace
 from specdec_tune.tuner.model._replay import lookup_cycles, replay
 

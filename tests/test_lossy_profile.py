@@ -102,7 +102,7 @@ def test_bias_budget_search_and_export(sampled_run, tmp_path):
     within it; a lossy winner's export is refused with the reason and its bias."""
     import pytest as _pytest
 
-    from specdec_tune.errors import InputError
+    from specdec_tune.core.errors import InputError
     from specdec_tune.tuner.model import Candidate, Evaluator, TuningResult
     from specdec_tune.tuner.search import open_storage, run_search, server_search_space
     from specdec_tune.tuner.search._tune import within_budget

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from specdec_tune.errors import InputError
-from specdec_tune.schedules import next_num_speculative
+from specdec_tune.core.errors import InputError
+from specdec_tune.core.schedules import next_num_speculative
 from specdec_tune.tuner.model import (
     ModelProfile,
     SpecConfig,

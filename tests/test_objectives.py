@@ -8,8 +8,8 @@ import types
 import pytest
 
 from specdec_tune.db import list_measured, open_database
-from specdec_tune.errors import InputError
-from specdec_tune.latency import RequestLatency, Slo
+from specdec_tune.core.errors import InputError
+from specdec_tune.core.latency import RequestLatency, Slo
 from specdec_tune.tuner.model import Candidate, Evaluator, Objective, Scored, better, direction, predicted_value
 from specdec_tune.tuner.search import brute_force, open_storage, run_search, server_search_space
 

@@ -347,7 +347,7 @@ def test_build_profile_without_timings_is_refused(tiny_model_dirs, workload, tmp
 @pytest.mark.parametrize("name", ["functions", "docstrings", "tables"])
 def test_split_is_deterministic_disjoint_and_covers_the_workload(name):
     from specdec_tune.engine.workloads import load_workload
-    from specdec_tune.splits import split_prompts
+    from specdec_tune.core.splits import split_prompts
 
     prompts = load_workload(name)
     tune, hold = split_prompts(prompts, "tune"), split_prompts(prompts, "holdout")
@@ -362,8 +362,8 @@ def test_split_is_deterministic_disjoint_and_covers_the_workload(name):
 @pytest.mark.parametrize("bad", ["50:10", "bogus", "", "1:1", "a:b", "0:41", ":3"])
 def test_bad_split_is_an_input_error(bad):
     from specdec_tune.engine.workloads import load_workload
-    from specdec_tune.errors import InputError
-    from specdec_tune.splits import split_prompts
+    from specdec_tune.core.errors import InputError
+    from specdec_tune.core.splits import split_prompts
 
     with pytest.raises(InputError, match="split"):
         split_prompts(load_workload("functions"), bad)
@@ -427,7 +427,7 @@ def test_single_profiled_prompt_pooled_equals_exact(tiny_model_dirs, workload, t
 
 
 def test_ci_of_constant_samples_has_zero_width():
-    from specdec_tune.stats import RateSamples, tokens_per_s_ci
+    from specdec_tune.core.stats import RateSamples, tokens_per_s_ci
 
     s = RateSamples(("a", "b"), ((64, 64, 64), (64, 64, 64)), ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)))
     assert s.tokens_per_s == 128.0 and tokens_per_s_ci(s) == (128.0, 128.0)
@@ -438,7 +438,7 @@ def test_no_ci_from_one_prompt():
     """One prompt says nothing about the spread between prompts: no CI (was a zero-width interval at the
     point estimate with one repeat, and an interval of the repeats' noise alone with several), however
     many repeats; a speedup's CI likewise."""
-    from specdec_tune.stats import RateSamples, ci_unavailable, speedup_ci, tokens_per_s_ci
+    from specdec_tune.core.stats import RateSamples, ci_unavailable, speedup_ci, tokens_per_s_ci
 
     one = RateSamples(("a",), ((10,),), ((0.25,),))
     noisy = RateSamples(("a",), ((10, 10, 10),), ((0.25, 0.3, 0.2),))
@@ -453,7 +453,7 @@ def test_ci_covers_the_true_rate_about_95_percent_of_the_time():
     which prompts were drawn) would cover far less often, so this has power."""
     import numpy as np
 
-    from specdec_tune.stats import RateSamples, tokens_per_s_ci
+    from specdec_tune.core.stats import RateSamples, tokens_per_s_ci
 
     rng = np.random.default_rng(1)
     truth = 64 / 2.0  # seconds ~ Gamma(shape 8, scale 0.25): mean 2.0
@@ -473,7 +473,7 @@ def test_ci_covers_the_true_rate_about_95_percent_of_the_time():
 
 
 def test_speedup_ci_is_paired():
-    from specdec_tune.stats import RateSamples, speedup_ci, tokens_per_s_ci
+    from specdec_tune.core.stats import RateSamples, speedup_ci, tokens_per_s_ci
 
     base_secs = ((1.0, 1.1), (3.0, 2.9), (0.5, 0.6), (2.0, 2.2))
     ids, tokens = ("a", "b", "c", "d"), tuple((64.0, 64.0) for _ in range(4))

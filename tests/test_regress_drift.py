@@ -158,7 +158,7 @@ def test_drift_text_says_what_the_old_winner_loses():
 
 
 def test_retune_without_a_study_is_a_notice_and_a_missing_study_one_line(tmp_path, tiny_model_dirs):
-    from specdec_tune.errors import NotFoundError
+    from specdec_tune.core.errors import NotFoundError
     from specdec_tune.tuner.regress import load_suite, retune, run_drift
 
     suite = tmp_path / "s.toml"
@@ -174,7 +174,7 @@ def test_a_study_without_a_stored_request_falls_back_to_its_profile_run(tuned, t
     import optuna
 
     from specdec_tune.db import open_database
-    from specdec_tune.errors import NotFoundError
+    from specdec_tune.core.errors import NotFoundError
     from specdec_tune.tuner.regress._drift import _old_request
 
     root, _, storage, _ = tuned

@@ -4,7 +4,7 @@ Traces are recorded by the engine at θ = 0, N = N_max (constant schedule); ``tu
 replays them for a heuristic schedule and a threshold; the engine then runs that configuration on
 the same prompts and its measured E[τ] and E[L] must match the prediction. The cases are the ones
 where a cycle drafts nothing (L = 0) often: n-gram lookup that finds no match, and sampling with a
-threshold. How L = 0 moves N_cur (``specdec_tune.schedules``) then matters, and the test has power:
+threshold. How L = 0 moves N_cur (``specdec_tune.core.schedules``) then matters, and the test has power:
 with the engine's old rule (shrink after L = 0) the same comparison fails.
 
 The replay treats cycles as independent draws, which real decoding is not (a cycle's context depends
@@ -33,7 +33,7 @@ VERIFY = {k: 0.02 + 0.001 * k for k in range(1, N_MAX + 2)}
 
 
 def old_engine_rule(schedule: str, current: int, cap: int, drafted: int, accepted: int) -> int:
-    """The engine's rule before ``specdec_tune.schedules``: a cycle that drafted nothing shrinks N."""
+    """The engine's rule before ``specdec_tune.core.schedules``: a cycle that drafted nothing shrinks N."""
     if schedule == "constant":
         return cap
     return min(cap, current + 2) if drafted and accepted == drafted else max(1, current - 1)

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from specdec_tune.stats import RateSamples
+from specdec_tune.core.stats import RateSamples
 from specdec_tune.tuner.model import NGRAM, Candidate, Scored, ServerDecision, TuningResult, decide, decisions
 from specdec_tune.tuner.search import _confirm
 from specdec_tune.tuner.servers import write_exports

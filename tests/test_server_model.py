@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec_tune.errors import InputError
+from specdec_tune.core.errors import InputError
 from specdec_tune.tuner.servers import ServerModel, ServerPoint, calibrate, point_from_counts
 
 TRUE = {1: dict(P=0.05, Pd=0.08, T=0.010, O=0.004, s=0.003), 4: dict(P=0.12, Pd=0.2, T=0.016, O=0.007, s=0.009)}
@@ -205,7 +205,7 @@ def test_schedule_takes_the_best_measured_n_at_each_batch_size():
 
 def test_close_calls_name_what_the_winner_does_not_beat_measurably():
     """A winner 2 % ahead on noisy prompts is a close call; one 50 % ahead on every prompt is not."""
-    from specdec_tune.stats import RateSamples
+    from specdec_tune.core.stats import RateSamples
     from specdec_tune.tuner.search import close_calls
 
     ids, tokens = ("a", "b", "c", "d"), ((48.0, 48.0),) * 4

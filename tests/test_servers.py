@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec_tune.errors import InputError
+from specdec_tune.core.errors import InputError
 from specdec_tune.tuner.model import NGRAM, Candidate
 from specdec_tune.tuner.servers import SERVERS, caveats, expressible, project, server_space
 

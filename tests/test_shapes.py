@@ -14,7 +14,7 @@ from specdec_tune.db import get_run, list_measured, open_database
 from specdec_tune.engine import DecodeConfig, acceptance_per_position, build_drafter, load_model, resolve_source
 from specdec_tune.engine import shapes, speculative
 from specdec_tune.engine.shape_tokenizer import ShapeTokenizer
-from specdec_tune.errors import ModelLoadError, NotFoundError
+from specdec_tune.core.errors import ModelLoadError, NotFoundError
 from specdec_tune.tuner.model import ModelProfile, SpecConfig, closed_form_tokens_per_cycle, predict
 
 # Parameter counts of the published checkpoints (their model cards: 8.03 B, 7.61 B, 1.24 B, 0.49 B):
@@ -143,7 +143,7 @@ def test_model_predicts_from_given_rates():
     p = predict(profile, SpecConfig(3))
     assert p.source == "synthetic" and p.expected_tokens_per_cycle == pytest.approx(closed_form_tokens_per_cycle(0.7, 3))
     assert p.cycle_time_s == pytest.approx(3 * 0.001 + 0.013)
-    from specdec_tune.errors import InputError
+    from specdec_tune.core.errors import InputError
 
     with pytest.raises(InputError, match="θ must be 0"):
         predict(profile, SpecConfig(3, threshold=0.3))

@@ -9,7 +9,7 @@ import pytest
 
 from specdec_tune.cli import main
 from specdec_tune.db import list_measured, list_runs, open_database
-from specdec_tune.latency import LatencySamples
+from specdec_tune.core.latency import LatencySamples
 
 PROMPTS = ["def add(a, b):", "class Point:", "for i in range(10):", "print(i, i * i)", "def sub(a, b):",
            "x = [i for i in range(3)]", "return a + b", "self.x = x"]

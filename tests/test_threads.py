@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
-from specdec_tune.cache import cache_dir
+from specdec_tune.core.cache import cache_dir
 from specdec_tune.engine import load_model
-from specdec_tune.errors import InputError
+from specdec_tune.core.errors import InputError
 from specdec_tune.profiler import threads as th
-from specdec_tune.stats import RateSamples, paired_speedup
+from specdec_tune.core.stats import RateSamples, paired_speedup
 
 
 @pytest.fixture(scope="module")

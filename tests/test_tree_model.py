@@ -8,9 +8,9 @@ import torch
 from specdec_tune.engine import DecodeConfig, autoregressive
 from specdec_tune.engine.tree_decode import tree_speculative
 from specdec_tune.engine.tree_draft import TreeDrafter
-from specdec_tune.errors import InputError, SpecdecError
+from specdec_tune.core.errors import InputError, SpecdecError
 from specdec_tune.profiler.tree_profile import rank_rows
-from specdec_tune.trees import chains_shape, parse_tree
+from specdec_tune.core.trees import chains_shape, parse_tree
 from specdec_tune.tuner.model import Candidate, TreeData, TuningResult, expected_tau, simulate_tree
 from specdec_tune.tuner.model._tree import _static_depth
 from specdec_tune.tuner.search import server_search_space, shape_candidate

@@ -27,7 +27,7 @@ from specdec_tune.engine.tree_decode import tree_speculative
 from specdec_tune.engine.tree_draft import TreeDrafter
 from specdec_tune.engine.tree_verify import TreeVerdict, verify_tree_sampling
 from specdec_tune.engine.types import Draft
-from specdec_tune.trees import parse_tree
+from specdec_tune.core.trees import parse_tree
 from tests.stub_models import Bigram
 from tests.test_sampling import DRAFT_ROWS, TEMP, VOCAB, chi2_pvalue, pair, target_joint  # noqa: F401 (pair: the fixture)
 

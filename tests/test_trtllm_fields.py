@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from specdec_tune.errors import InputError
+from specdec_tune.core.errors import InputError
 from specdec_tune.tuner.model import NGRAM, Candidate, TuningResult
 from specdec_tune.tuner.servers import TrtllmSpeculativeConfig, render_exports
 from specdec_tune.tuner.servers import _trtllm_fields as f

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from specdec_tune.db import default_storage_url, open_database
-from specdec_tune.errors import InputError, StorageError
+from specdec_tune.core.errors import InputError, StorageError
 from specdec_tune.tuner.model import Candidate, Evaluator
 from specdec_tune.tuner.search import (
     best_per_server,

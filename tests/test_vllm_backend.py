@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec_tune.errors import InputError, SpecdecError
+from specdec_tune.core.errors import InputError, SpecdecError
 from specdec_tune.profiler.vllm_backend import (
     ENV_VAR,
     SpecCounters,

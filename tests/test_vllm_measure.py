@@ -12,7 +12,7 @@ import pytest
 
 from specdec_tune.cli import main
 from specdec_tune.db import list_measured, list_runs, open_database
-from specdec_tune.errors import InputError
+from specdec_tune.core.errors import InputError
 from specdec_tune.profiler import vllm_measure
 from specdec_tune.profiler.vllm_backend import SpecCounters, VllmError, VllmGenerateResult, VllmGroup, VllmOutput
 from specdec_tune.profiler.vllm_measure import ServerConfig, ServerMeasurement, measure_on_server

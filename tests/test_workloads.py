@@ -13,7 +13,7 @@ from specdec_tune.engine.workloads import (
     load_workload,
     resolve_workload,
 )
-from specdec_tune.errors import InputError
+from specdec_tune.core.errors import InputError
 
 
 def _write(tmp_path: Path, lines: list[str], name: str = "prompts.jsonl") -> Path:

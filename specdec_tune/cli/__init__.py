@@ -12,7 +12,7 @@ import importlib
 import sys
 
 from specdec_tune.cli._app import Interrupted, app
-from specdec_tune.errors import SpecdecError
+from specdec_tune.core.errors import SpecdecError
 
 # Command modules, imported for their side effect of registering commands.
 _COMMAND_MODULES = ("generate", "zoo", "db", "profile", "measure", "bench", "dashboard", "regress", "tune", "export")

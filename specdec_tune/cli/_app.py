@@ -20,7 +20,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from typer.core import TyperGroup
 
-from specdec_tune.jsonsafe import finite
+from specdec_tune.core.jsonsafe import finite
 
 THROUGHPUT_NOTE = "end to end: new tokens / wall seconds of whole decode calls, prefill included"
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
-from specdec_tune.schedules import ADAPTIVE_BOUNDS, MAX_SPECULATIVE_TOKENS, SCHEDULES, THRESHOLD_KINDS
-from specdec_tune.errors import InputError
+from specdec_tune.core.limits import MAX_SPECULATIVE_TOKENS
+from specdec_tune.core.schedules import ADAPTIVE_BOUNDS, SCHEDULES, THRESHOLD_KINDS
+from specdec_tune.core.errors import InputError
 
 
 def check_num_speculative_tokens(n: int) -> int:
@@ -127,7 +128,7 @@ def check_workload(workload: str, split: str | None = None) -> int:
     """The workload resolves and every line parses (one line naming the file and line where not) and ``split``
     of it has prompts, before torch and the models load; returns its number of prompts."""
     from specdec_tune.engine.workloads import load_workload
-    from specdec_tune.splits import check_split_prompts
+    from specdec_tune.core.splits import check_split_prompts
 
     prompts = load_workload(workload)
     if split is not None:

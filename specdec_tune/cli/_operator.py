@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from specdec_tune.errors import InputError
+from specdec_tune.core.errors import InputError
 
 GpuPriceOption = Annotated[float | None, typer.Option("--gpu-price", metavar="USD_PER_HOUR", help=(
     "What the device costs per hour: throughput is also reported (and stored) as dollars per million tokens."))]
@@ -17,7 +17,7 @@ MemoryOption = Annotated[bool, typer.Option("--memory", help=(
 
 
 def checked_price(price: float | None) -> float | None:
-    from specdec_tune.costs import check_price
+    from specdec_tune.core.costs import check_price
 
     try:
         return check_price(price)
@@ -72,7 +72,7 @@ def latency_lines(measurement: Any, predicted: Any | None) -> list[str]:
 
 def cost_lines(measurement: Any) -> list[str]:
     """Energy per token (only where NVML measured it) and dollars per million tokens."""
-    from specdec_tune.costs import usd_ci
+    from specdec_tune.core.costs import usd_ci
 
     e = measurement.energy
     lines = []

@@ -33,7 +33,7 @@ from specdec_tune.cli._options import (
     VllmPythonOption,
     WorkloadOption,
 )
-from specdec_tune.errors import InputError
+from specdec_tune.core.errors import InputError
 
 COMPARE = ("hf", "vllm", "none")
 
@@ -156,7 +156,7 @@ def _load(target: str, draft: str, workload: str, max_prompts: int, how: tuple[s
 def _print_result(out: Console, title: str, result) -> None:
     """The methods' table, their ratios with CIs, vLLM's own numbers and the greedy-output verdict."""
     from specdec_tune.profiler.bench import RATIOS
-    from specdec_tune.stats import ci_unavailable
+    from specdec_tune.core.stats import ci_unavailable
 
     table = Table(title=title)
     table.add_column("method")
@@ -179,7 +179,7 @@ def _print_result(out: Console, title: str, result) -> None:
 
 def consistency_line(result) -> str:
     """The greedy outputs' verdict under the consistency rule, with the share of prompts that parted
-    and where (``specdec_tune.consistency``)."""
+    and where (``specdec_tune.core.consistency``)."""
     c = result.consistency_json()
     names = ", ".join(f"({_LETTER[m]})" for m in result.methods)
     head = f"greedy outputs of {names} against ({_LETTER[c['reference']]}), {c['dtype']}: "

@@ -14,7 +14,7 @@ import typer
 
 from specdec_tune.cli._app import app, print_json
 from specdec_tune.cli._options import MODEL_ROOT_HELP, DbOption
-from specdec_tune.errors import InputError
+from specdec_tune.core.errors import InputError
 
 FORMAT_HELP = "vllm | sglang | trtllm | llamacpp | hf | all (comma-separated for several)."
 

@@ -37,8 +37,8 @@ from specdec_tune.cli._options import (
     ThresholdKindOption,
     ThresholdStepOption,
 )
-from specdec_tune.errors import InputError
-from specdec_tune.schedules import THRESHOLD_RULES
+from specdec_tune.core.errors import InputError
+from specdec_tune.core.schedules import THRESHOLD_RULES
 
 NGRAM = "ngram"  # profiler.runs.NGRAM: the prompt-lookup drafter (the engine is imported only once a command runs)
 
@@ -151,7 +151,7 @@ def _check_tree(tree: str | None, staged: str | None, draft: str, threshold: flo
     of them at a time)."""
     if not tree and not staged:
         return
-    from specdec_tune.trees import parse_tree
+    from specdec_tune.core.trees import parse_tree
 
     if tree and staged:
         raise InputError("give --tree or --staged, not both")

@@ -34,8 +34,8 @@ from specdec_tune.cli._options import (
     ThresholdOption,
 )
 from specdec_tune.cli._progress import Bar, progress_bar
-from specdec_tune.errors import InputError
-from specdec_tune.stats import ci_unavailable
+from specdec_tune.core.errors import InputError
+from specdec_tune.core.stats import ci_unavailable
 
 _RunDraft = Annotated[str | None, typer.Option("--draft", help="Which of the run's drafts (default: its first).")]
 _Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
@@ -174,7 +174,7 @@ def _interpolated(r: dict) -> str:
 def _predict_row(rp, run: int, n: int | None, batch_size: int, config_at, max_prompts: int | None) -> dict:
     """One predicted configuration as a dict; ``n`` None: the best N at this batch size (the other settings
     as ``config_at(n, batch_size)`` makes them)."""
-    from specdec_tune.errors import SpecdecError
+    from specdec_tune.core.errors import SpecdecError
     from specdec_tune.tuner.model import predict_config
 
     between = interpolated_between(batch_size, sorted(rp.model.verify_s), run)
@@ -244,7 +244,7 @@ def measure(
     the same prompts, and store both next to their predictions; print the measured speedup with its CI,
     TTFT and TPOT percentiles, energy per token (GPU), cost per token (--gpu-price) and memory (--memory)."""
     from specdec_tune.db import get_run, open_database
-    from specdec_tune.splits import check_split
+    from specdec_tune.core.splits import check_split
     from specdec_tune.tuner.search import measure_predicted
 
     config = _spec_config(num_speculative_tokens, threshold, schedule, 1, temperature, threshold_kind, threshold_step,
@@ -282,7 +282,7 @@ def _speedup(v, plain) -> dict | None:
     """The measured speedup over plain decoding (pass by pass, with the paired 95% CI) and the predicted one."""
     if plain is None:
         return None
-    from specdec_tune.stats import paired_speedup, speedup_ci
+    from specdec_tune.core.stats import paired_speedup, speedup_ci
 
     measured = paired_speedup(v.measurement, plain.measurement)
     predicted = v.prediction.speedup if v.prediction else None
@@ -365,9 +365,9 @@ def _measure_vllm(database, run: int, draft, config, temperature: float, split, 
     """``measure --backend vllm``: the configuration as the tuner exports it for vLLM, run in vLLM."""
     import torch
 
-    from specdec_tune.costs import usd_per_million_tokens
+    from specdec_tune.core.costs import usd_per_million_tokens
     from specdec_tune.db import get_run
-    from specdec_tune.latency import latency_summary
+    from specdec_tune.core.latency import latency_summary
     from specdec_tune.profiler import measure_on_server, require_vllm_python
     from specdec_tune.tuner.model import Candidate
     from specdec_tune.tuner.servers import vllm_config

@@ -196,7 +196,7 @@ def kept_by_interrupt(db, newest: int, target: str) -> str:
     """What a profile interrupted by Ctrl-C kept: its run (stored as ``interrupted``, newer than run
     ``newest``) and the stages whose samples it stored, as the one line after ``interrupted:``."""
     from specdec_tune.db import list_runs, load_timings, load_traces
-    from specdec_tune.errors import SpecdecError
+    from specdec_tune.core.errors import SpecdecError
 
     try:
         run = next((r for r in list_runs(db, status="interrupted", limit=10)

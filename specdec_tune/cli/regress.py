@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from specdec_tune.cli._app import app, console, print_json, quiet_loading
 from specdec_tune.cli._options import DbOption, SuiteOption, VllmPythonOption
-from specdec_tune.errors import InputError
+from specdec_tune.core.errors import InputError
 
 _Baseline = Annotated[str, typer.Option("--baseline", help=(
     "auto (newest passing run with a comparable environment), latest (the previous run) or a run id."))]

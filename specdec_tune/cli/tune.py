@@ -38,7 +38,7 @@ from specdec_tune.cli._options import (
     WorkloadOption,
 )
 from specdec_tune.cli._progress import LazyBar
-from specdec_tune.errors import InputError
+from specdec_tune.core.errors import InputError
 
 _Storage = Annotated[str | None, typer.Option("--storage", metavar="URL", help=(
     "Optuna storage URL (default: a SQLite file beside --db; PostgreSQL for teams). Never the --db database."))]

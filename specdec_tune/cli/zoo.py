@@ -9,7 +9,7 @@ import typer
 from specdec_tune.cli._app import app, console, print_json, set_threads
 from specdec_tune.cli._checks import parse_threads
 from specdec_tune.cli._options import DEFAULT_FORWARD, DEFAULT_THREADS, ForwardOption, ThreadsOption
-from specdec_tune.errors import InputError, NotFoundError
+from specdec_tune.core.errors import InputError, NotFoundError
 
 zoo_app = typer.Typer(help="The bundled mini model family (target + drafts) and its training recipe.",
                       no_args_is_help=True)

@@ -1,0 +1,425 @@
+"""A whole profile run: records, micro-benchmarks, baseline, acceptance and overhead, stored as it goes.
+
+Stages (each stores its samples and commits as it goes, so an interrupted run keeps what it
+measured): warm-up; T_v(B, k) of the target and T_s of each draft (interleaved rounds); prefill of
+each prompt; then the decoding passes, interleaved prompt by prompt: the plain baseline (per-token
+overhead, in-loop T_ar, greedy output lengths), per draft the greedy acceptance pass (θ = 0,
+N = N_max: traces, per-cycle overhead, in-loop forward times), short overhead passes at small N on
+the first prompts (to separate per-cycle from per-forward overhead) and with ``temperature > 0`` a
+sampling pass; then the teacher-forced agreement and the per-draft summaries; last, with ``trees``,
+the token-tree and staged-drafting stage (:mod:`profiler.tree_profile`). A
+``KeyboardInterrupt`` marks the run ``interrupted``, any other error ``failed``; both re-raise.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+
+import torch
+
+from specdec_tune.db import Database, DraftRecord, TimingRow, add_acceptance, add_measured_run, add_telemetry
+from specdec_tune.db import add_timing_samples, add_traces, create_run, finish_run, get_or_create_hardware
+from specdec_tune.db import add_bias_front, add_teacher_forced, get_or_create_model, get_or_create_workload
+from specdec_tune.engine import DecodeConfig, check_compatible, load_model, resolve_source
+from specdec_tune.engine.workloads import load_workload
+from specdec_tune.core.errors import InputError
+from specdec_tune.profiler import acceptance as acc
+from specdec_tune.profiler import microbench as mb
+from specdec_tune.profiler.describe import hardware_info, model_info, workload_info
+from specdec_tune.profiler.lossy_front import measured_front, teacher_forced_front
+from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline, in_loop_medians
+from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
+from specdec_tune.profiler.machine_probe import MachineProbe
+from specdec_tune.profiler.settings import ProfileResult, ProfileSettings, Progress, StageLog
+from specdec_tune.profiler.threads import apply_threads, choose_threads
+from specdec_tune.profiler.telemetry import NullMonitor, open_monitor
+from specdec_tune.profiler.tree_profile import tree_passes
+from specdec_tune.core.splits import check_split_prompts
+from specdec_tune.core.testpoints import pause_point
+
+CONTEXT_KS = (1, 2, 5, 9)  # verify widths timed at every profiled context length (and k_max)
+
+# The settings, result and progress types live in profiler.settings; this module keeps their old names.
+__all__ = ["ProfileResult", "ProfileSession", "ProfileSettings", "Progress", "StageLog", "run_profile"]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _model_draft(spec: DraftSpec) -> torch.nn.Module | None:
+    return spec.model.model if spec.model is not None else None
+
+
+def _overhead_rows(name: str | None, timeline: SequenceTimeline) -> list[TimingRow]:
+    """Per-cycle overhead rows (k = L + 1) plus one per-sequence row (context_len = 0)."""
+    rows = [
+        TimingRow("overhead", k=c.drafted + 1, batch_size=1, context_len=max(c.context_len, 1),
+                  seconds=max(c.overhead_s, 0.0), draft=name)
+        for c in timeline.cycle_overheads()
+    ]
+    setup = max(timeline.first_cycle_s() + timeline.tail_s(), 0.0)
+    rows.append(TimingRow("overhead", k=1, batch_size=1, context_len=0, seconds=setup, draft=name))
+    return rows
+
+
+def _finish(db: Database, run_id: int, status: str) -> None:
+    """Mark the run finished without hiding the error that ended it."""
+    try:
+        finish_run(db, run_id, status)
+    except Exception:  # the database itself may be what failed; the original error matters more
+        pass
+
+
+# --------------------------------------------------------------------------- the run
+
+
+class ProfileSession:
+    """One profile run of a target against drafts on a workload (see the module docstring)."""
+
+    def __init__(
+        self,
+        db: Database,
+        target: str,
+        drafts: Sequence[str],
+        workload: str,
+        settings: ProfileSettings = ProfileSettings(),
+        progress: Progress | None = None,
+    ) -> None:
+        if not drafts:
+            raise InputError("--draft needs at least one draft (a model, or 'ngram')")
+        if len(set(drafts)) != len(drafts):
+            raise InputError(f"--draft lists a draft twice: {', '.join(drafts)}")
+        self.db = db
+        self.target_name = target
+        self.draft_names = list(drafts)
+        self.workload_name = workload
+        self.settings = settings
+        self.progress = progress or Progress()
+        self.run_id: int | None = None
+
+    # -- set-up
+    def _load(self) -> None:
+        s = self.settings
+        self.target = load_model(self.target_name, s.device, s.dtype, s.forward, s.cuda_graphs)
+        self.device = self.target.device
+        self.drafts: list[DraftSpec] = []
+        for name in self.draft_names:
+            if name == NGRAM:
+                self.drafts.append(DraftSpec("ngram"))
+                continue
+            loaded = load_model(name, self.device, s.dtype, s.forward, s.cuda_graphs)
+            check_compatible(self.target, loaded)
+            self.drafts.append(DraftSpec("model", loaded))
+        all_prompts = load_workload(self.workload_name)
+        # Profile one split only (default: the tuning half), so measure can validate on the rest.
+        self.prompts = check_split_prompts(all_prompts, s.split, self.workload_name)[: s.max_prompts]
+        self.all_prompt_count = len(all_prompts)
+        # Every workload prompt's length (a length, not a timing): predictions for prompts the profile
+        # does not run (the held-out split) need it without loading the tokenizer again.
+        self.workload_lengths = [[p.id, int(len(encode_prompt(self.target, p.prompt, p.id)))] for p in all_prompts]
+        self.ids = [encode_prompt(self.target, p.prompt, p.id) for p in self.prompts]
+        limit = int(getattr(self.target.model.config, "max_position_embeddings", 0) or 0)
+        need = max(len(i) for i in self.ids) + s.max_new_tokens + s.n_max + 2
+        if limit and need > limit:
+            raise InputError(
+                f"the longest prompt ({max(len(i) for i in self.ids)} tokens) + --max-new-tokens {s.max_new_tokens} "
+                f"+ --n-max {s.n_max} exceeds the target's {limit} positions; lower them"
+            )
+        mean_prompt = sum(len(i) for i in self.ids) / len(self.ids)
+        self.typical_context = int(round(mean_prompt + s.max_new_tokens / 2))
+        cap = (limit or 10**9) - s.k_max - 1
+        self.context_lens = sorted({min(c, cap) for c in s.context_lens} | {min(self.typical_context, cap)})
+        self.source_ids = torch.cat(self.ids)
+
+    def _create(self, monitor) -> int:
+        db = self.db
+        hw = get_or_create_hardware(db, hardware_info(self.device, monitor))
+        target_id = get_or_create_model(db, model_info(self.target))
+        drafts = [
+            DraftRecord(d.name if d.model is None else d.model.name,
+                        get_or_create_model(db, model_info(d.model)) if d.model is not None else None)
+            for d in self.drafts
+        ]
+        wl = get_or_create_workload(db, workload_info(self.workload_name, self.all_prompt_count))
+        s = self.settings
+        settings = {
+            **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(s).items() if k != "label"},
+            "device": self.device.type, "dtype": str(self.target.dtype).replace("torch.", ""),
+            "forward": self.target.forward, "lean_kernels": self.target.kernels,
+            "cuda_graphs_used": self.target.cuda_graphs,
+            "draft_forwards": {d.model.name: d.model.forward for d in self.drafts if d.model is not None},
+            "target": self.target_name, "drafts": self.draft_names, "workload": self.workload_name,
+            "prompt_ids": [p.id for p in self.prompts], "prompt_tokens": [int(len(i)) for i in self.ids],
+            "workload_prompt_tokens": self.workload_lengths,
+            "typical_context": self.typical_context, "context_lens": self.context_lens,
+            "ks": list(range(1, s.k_max + 1)), "threads": torch.get_num_threads(),
+            "thread_choice": self.thread_choice.to_dict(),
+            "throughput": "end to end: new tokens / wall seconds of whole decode calls, prefill included",
+        }
+        return create_run(db, target_model_id=target_id, hardware_id=hw, workload_id=wl, drafts=drafts,
+                          settings=settings, label=s.label)
+
+    def run(self) -> ProfileResult:
+        """Measure everything and store it; return the run id and a summary."""
+        self._load()
+        first_draft = next((d.model for d in self.drafts if d.model is not None), None)
+        self.thread_choice = apply_threads(choose_threads(self.settings.threads, self.target, first_draft))
+        self.probe = MachineProbe(self.device)
+        self.probe.run()  # warm-up
+        monitor = open_monitor(self.device)
+        self.run_id = self._create(monitor)
+        pause_point("profile-run")  # tests of two processes: both runs are open here at once
+        summary: dict = {}
+        monitor.start()
+        try:
+            self._stages()
+            summary = self._store_telemetry(monitor)
+            finish_run(self.db, self.run_id, "completed")
+        except KeyboardInterrupt:
+            self._store_telemetry(monitor, quiet=True)
+            _finish(self.db, self.run_id, "interrupted")
+            raise
+        except BaseException:
+            self._store_telemetry(monitor, quiet=True)
+            _finish(self.db, self.run_id, "failed")
+            raise
+        return ProfileResult(self.run_id, self.target_name, self.draft_names, asdict(self.settings), summary,
+                             self.thread_choice.to_dict())
+
+    def _store_telemetry(self, monitor, quiet: bool = False) -> dict:
+        try:
+            result = monitor.stop()
+            if result.samples:
+                add_telemetry(self.db, self.run_id, result.samples)
+            out = result.to_json()
+            out["monitor"] = "nvml" if not isinstance(monitor, NullMonitor) else f"none ({monitor.reason})"
+            return out
+        except Exception:
+            if not quiet:
+                raise
+            return {}
+
+    # -- stages
+    def _stages(self) -> None:
+        trees = (self.tree_passes,) if self.settings.trees else ()
+        for stage in (self.warm_up, self.bench_forwards, self.bench_prefill, self.decode_passes, *trees):
+            stage()
+            add_timing_samples(self.db, self.run_id, self._probe_rows(3))
+
+    def _probe_rows(self, runs: int = 1) -> list[TimingRow]:
+        """The machine probe's seconds now (``profiler.machine_probe``): how fast this machine was while
+        the profile measured, so predictions can be rescaled to a machine that runs faster or slower."""
+        return [TimingRow("machine_probe", self.probe.steps, 1, 0, self.probe.run()) for _ in range(runs)]
+
+    def _store(self, timings: Sequence[mb.ForwardTiming]) -> None:
+        add_timing_samples(self.db, self.run_id, [r for t in timings for r in t.rows()])
+
+    def warm_up(self) -> None:
+        """Short decodes with each drafter, untimed: allocation and kernel selection happen here, and on a
+        GPU the CUDA graphs of every verify width up to N_max + 1 are captured (the longest prompt: its
+        cache's graph slot fits every other prompt's, engine.cuda_graphs)."""
+        self.progress.stage("warm-up", len(self.drafts))
+        n = self.settings.n_max
+        config = DecodeConfig(max_new_tokens=n + 1, num_speculative_tokens=n,
+                              synthetic_acceptance=self.settings.synthetic_acceptance)
+        longest = max(self.ids, key=len)
+        for spec in self.drafts:
+            decode_once(self.target, spec, longest, config, seed=0)
+            self.progress.advance()
+
+    def bench_forwards(self) -> None:
+        """T_v(B, k) of the target and T_s of every draft, timed in interleaved rounds."""
+        s = self.settings
+        cases = []
+        for b in s.batch_sizes:
+            shapes = [(self.typical_context, k) for k in range(1, s.k_max + 1)]
+            cases += mb.cached_cases(self.target.model, "verify", shapes, batch_size=b, source=self.source_ids,
+                                     device=self.device)
+        # T_v(k) at the other context lengths, a few k (B = 1): how a longer prompt slows a verify
+        # (per-request latency, tuner.model._latency); kept apart as kind verify_context.
+        others = [c for c in self.context_lens if c != self.typical_context]
+        ks = sorted({k for k in CONTEXT_KS if k <= s.k_max} | {s.k_max})
+        if 1 in s.batch_sizes and others:
+            cases += mb.cached_cases(self.target.model, "verify_context", [(c, k) for c in others for k in ks],
+                                     source=self.source_ids, device=self.device)
+        for spec in (d for d in self.drafts if d.model is not None):
+            for b in s.batch_sizes:
+                contexts = self.context_lens if b == 1 else [self.typical_context]
+                cases += mb.cached_cases(spec.model.model, "draft_step", [(c, 1) for c in contexts], batch_size=b,
+                                         source=self.source_ids, draft=spec.model.name, device=self.device)
+        self.progress.stage("forwards T_v(k), T_s", s.warmup + s.repeats)
+        self._store(mb.run_interleaved(cases, warmup=s.warmup, repeats=s.repeats, device=self.device, seed=s.seed,
+                                       advance=self.progress.advance))
+
+    def bench_prefill(self) -> None:
+        """Prefill of every prompt by the target and each model draft, interleaved rounds."""
+        s = self.settings
+        cases = mb.prefill_cases(self.target.model, self.ids, drop_last=True)
+        for spec in (d for d in self.drafts if d.model is not None):
+            cases += mb.prefill_cases(spec.model.model, self.ids, drop_last=False, draft=spec.model.name)
+        self.progress.stage("prefill", 1 + s.prefill_repeats)
+        self._store(mb.run_interleaved(cases, warmup=1, repeats=s.prefill_repeats, device=self.device, seed=s.seed,
+                                       advance=self.progress.advance))
+
+    def decode_passes(self) -> None:
+        """The plain baseline and every draft's passes, interleaved prompt by prompt.
+
+        Per prompt: plain greedy decoding, then per draft the greedy θ = 0, N = N_max pass, on the
+        first ``overhead_prompts`` prompts the small-N overhead passes, and with a temperature the
+        sampling pass. Interleaving puts every in-loop statistic (T_ar, in-loop forwards, overhead)
+        in the same stretch of time, so a slow minute of a shared machine does not skew one draft.
+        Samples and traces are stored after every prompt.
+        """
+        s = self.settings
+        small_ns = sorted({min(n, s.n_max) for n in s.overhead_ns} - {s.n_max}) or [1]
+        few = max(1, min(s.overhead_prompts, len(self.ids)))
+        sampling = s.temperature > 0
+        self.progress.stage("decoding: baseline, acceptance, overhead",
+                            len(self.ids) * (1 + len(self.drafts) * (1 + sampling)) + few * len(small_ns) * len(self.drafts))
+        eos = self.target.eos_token_id
+        plain = DecodeConfig(max_new_tokens=s.max_new_tokens, eos_token_id=eos)
+        synthetic = {"synthetic_acceptance": s.synthetic_acceptance, "synthetic_seed": s.seed}
+        greedy = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=s.n_max, eos_token_id=eos,
+                              **synthetic)
+        small = [DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=n, eos_token_id=eos, **synthetic)
+                 for n in small_ns]
+        sample = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=s.n_max,
+                              temperature=s.temperature or 1.0, eos_token_id=eos)
+        self._outputs: list[torch.Tensor] = []
+        self._infos: list[dict] = []
+        self._base_seconds = 0.0
+        self._greedy = {d.name: [] for d in self.drafts}
+        self._sampled = {d.name: [] for d in self.drafts}
+        self._timelines = {d.name: [] for d in self.drafts}
+        recorder = ForwardRecorder(self.device)
+        with recorder.attach(self.target.model, *(_model_draft(d) for d in self.drafts)):
+            for i, (p, ids) in enumerate(zip(self.prompts, self.ids)):
+                rows = self._baseline_prompt(recorder, p.id, ids, plain)
+                for spec in self.drafts:
+                    name = spec.name
+                    trace = acc.record_trace(self.target, spec, ids, greedy, i, seed=s.seed + i, recorder=recorder)
+                    self._greedy[name].append(trace)
+                    self._timelines[name].append(trace.timeline)
+                    rows += _overhead_rows(name, trace.timeline)
+                    add_traces(self.db, self.run_id, name, "greedy", 0.0, acc.trace_rows([trace]))
+                    self.progress.advance()
+                    for config in small if i < few else []:
+                        extra = acc.record_trace(self.target, spec, ids, config, i, seed=s.seed + i, recorder=recorder)
+                        self._timelines[name].append(extra.timeline)
+                        rows += _overhead_rows(name, extra.timeline)
+                        self.progress.advance()
+                    if sampling:
+                        st = acc.record_trace(self.target, spec, ids, sample, i, seed=s.seed + i)
+                        self._sampled[name].append(st)
+                        add_traces(self.db, self.run_id, name, "sampling", s.temperature, acc.trace_rows([st]))
+                        self.progress.advance()
+                add_timing_samples(self.db, self.run_id, rows + self._probe_rows())
+        self._store_baseline()
+        for spec in self.drafts:
+            self._store_acceptance(spec)
+
+    def tree_passes(self) -> None:
+        """Token-tree and staged-drafting data (``profile --trees``, :mod:`profiler.tree_profile`)."""
+        tree_passes(self)
+
+    def _baseline_prompt(self, recorder: ForwardRecorder, prompt_id: str, ids: torch.Tensor, config: DecodeConfig) -> list[TimingRow]:
+        """Plain greedy decoding of one prompt with hooks: in-loop T_ar, per-token overhead, output."""
+        recorder.begin()
+        result = decode_once(self.target, DraftSpec("none"), ids, config)
+        timeline = recorder.finish()
+        self._base_seconds += timeline.wall_s
+        target = [f for f in timeline.forwards if f.role == "target"]
+        rows = [TimingRow("autoregressive", 1, 1, f.context_len, f.seconds) for f in target[1:]]
+        overhead, steps = timeline.autoregressive_overhead()
+        if steps:
+            rows.append(TimingRow("overhead", 1, 1, len(ids), max(overhead / steps, 0.0)))
+        self._outputs.append(torch.cat([ids, torch.tensor(result.token_ids, dtype=ids.dtype, device=ids.device)]))
+        self._infos.append({"id": prompt_id, "prompt_tokens": int(len(ids)), "new_tokens": result.new_tokens,
+                            "eos": result.finished_by_eos})
+        self.progress.advance()
+        return rows
+
+    def _store_baseline(self) -> None:
+        """The hooked baseline as a measured run (draft NULL; the profiler stores no prediction); its
+        config keeps the greedy output length of every prompt (the simulation's end of sequence)."""
+        s = self.settings
+        tokens = sum(i["new_tokens"] for i in self._infos)
+        add_measured_run(
+            self.db, self.run_id, draft=None,
+            config={"num_speculative_tokens": 0, "threshold": 0.0, "schedule": "constant", "batch_size": 1,
+                    "temperature": 0.0, "max_new_tokens": s.max_new_tokens, "hooked": True, "prompts": self._infos},
+            measured_tokens_per_s=tokens / self._base_seconds if self._base_seconds > 0 else 0.0,
+            seconds=self._base_seconds, new_tokens=tokens, measured_tau=1.0,
+        )
+
+    def _store_acceptance(self, spec: DraftSpec) -> None:
+        """Per-position acceptance, teacher-forced agreement, in-loop medians and bonus continuations."""
+        s = self.settings
+        name = spec.name
+        tf = None
+        if spec.model is not None:
+            tf = acc.teacher_forced(self.target.model, spec.model.model, self._outputs, s.temperature or 1.0)
+        traces = self._greedy[name]
+        summary = acc.summarize([c for t in traces for c in t.cycles], s.n_max)
+        # In-loop forward medians: what profile_data calibrates the micro-benchmarks with.
+        bins = {**summary.confidence_bins, "tv_temperature": tf.temperature if tf else None,
+                "in_loop": in_loop_medians(self._timelines[name])}
+        if spec.model is not None:
+            # Lets the greedy simulation follow a roll-out past a fully accepted cycle (profile_data).
+            bins["continuations"] = [list(x) for x in acc.bonus_continuations(spec.model.model, traces, self.ids)]
+        teacher = dict(teacher_forced_tokens=tf.tokens if tf else None,
+                       greedy_agreement=tf.greedy_agreement if tf else None, one_minus_tv=tf.one_minus_tv if tf else None)
+        add_acceptance(self.db, self.run_id, draft=name, mode="greedy", temperature=0.0, num_speculative=s.n_max,
+                       cycles=summary.cycles, position_attempts=summary.attempts, position_accepts=summary.accepts,
+                       alpha=summary.alpha, beta=summary.beta, confidence_bins=bins, **teacher)
+        if s.temperature > 0 and spec.model is not None:
+            self._store_front(spec)
+        if s.temperature > 0:
+            ssum = acc.summarize([c for t in self._sampled[name] for c in t.cycles], s.n_max)
+            add_acceptance(self.db, self.run_id, draft=name, mode="sampling", temperature=s.temperature,
+                           num_speculative=s.n_max, cycles=ssum.cycles, position_attempts=ssum.attempts,
+                           position_accepts=ssum.accepts, alpha=ssum.alpha, beta=ssum.beta,
+                           confidence_bins={**ssum.confidence_bins, "tv_temperature": s.temperature}, **teacher)
+
+
+    def _store_front(self, spec: DraftSpec) -> None:
+        """Teacher-forced positions of the sampled generations and the lossy front (``profiler.lossy_front``)."""
+        s, name = self.settings, spec.name
+        seqs = [torch.cat([ids, torch.tensor(t.result.token_ids, dtype=ids.dtype, device=ids.device)])
+                for ids, t in zip(self.ids, self._sampled[name])]
+        tf = teacher_forced_front(self.target.model, spec.model.model, seqs, [len(i) for i in self.ids], s.temperature,
+                                  name)
+        add_teacher_forced(self.db, self.run_id, tf.rows)
+        front = tf.front
+        if s.front_prompts:
+            self.progress.stage(f"lossy front: {name}", 1)
+            config = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=s.n_max,
+                                  temperature=s.temperature, eos_token_id=self.target.eos_token_id)
+            front = front + measured_front(self.target, spec.model, self.ids[:s.front_prompts], config, name, seed=s.seed)
+            self.progress.advance()
+        add_bias_front(self.db, self.run_id, front)
+
+
+def check_inputs(target: str, drafts: Sequence[str], workload: str, split: str | None = None) -> int:
+    """Fail fast, before any model loads: the workload parses, ``split`` of it has prompts, and every model
+    name resolves. Returns the workload's number of prompts.
+
+    Raises:
+        InputError: a malformed or missing workload (file and line named), an empty or out-of-range split.
+        ModelLoadError: a model name that is neither bundled, a local folder nor a reachable hub id.
+    """
+    prompts = load_workload(workload)
+    if split is not None:
+        check_split_prompts(prompts, split, workload)
+    for name in (target, *drafts):
+        if name not in (NGRAM, "none"):
+            resolve_source(name)
+    return len(prompts)
+
+
+def run_profile(db: Database, target: str, drafts: Sequence[str], workload: str,
+                settings: ProfileSettings = ProfileSettings(), progress: Progress | None = None) -> ProfileResult:
+    """Profile ``target`` against ``drafts`` on ``workload`` into ``db`` (see :class:`ProfileSession`)."""
+    check_inputs(target, drafts, workload, settings.split)
+    return ProfileSession(db, target, drafts, workload, settings, progress).run()
+

@@ -1,0 +1,168 @@
+"""Overhead fit and in-loop calibration of the micro-benchmarks (used by :mod:`._profile`)."""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specdec_tune.core.stats import trimmed_mean
+
+
+@dataclass(frozen=True)
+class OverheadFit:
+    """Per-cycle overhead model ``overhead = intercept_s + per_forward_s · F`` (least squares).
+
+    Attributes:
+        intercept_s: fixed overhead per cycle (verification, rollback, loop bookkeeping).
+        per_forward_s: overhead per draft forward (argmax, confidence, stacking), outside the forward.
+        cycles: cycles the fit used.
+    """
+
+    intercept_s: float
+    per_forward_s: float
+    cycles: int
+
+
+def fit_overhead(samples: Sequence[tuple[int, float]]) -> OverheadFit:
+    """Fit ``overhead = intercept + slope · F`` to per-cycle (draft forwards F, overhead seconds).
+
+    The line is a count-weighted least-squares fit through the trimmed mean overhead of each distinct
+    F (:func:`trimmed_mean`: expected costs, without the rare stall). With a single distinct F the
+    slope is not identifiable and the mean goes to the intercept. A negative coefficient (noise) is
+    clipped to 0 and the other refitted.
+    """
+    if not samples:
+        return OverheadFit(0.0, 0.0, 0)
+    groups: dict[int, list[float]] = defaultdict(list)
+    for f, y in samples:
+        groups[f].append(y)
+    pts = [(f, trimmed_mean(ys), len(ys)) for f, ys in groups.items()]
+    total = sum(w for _, _, w in pts)
+    mx = sum(f * w for f, _, w in pts) / total
+    my = sum(y * w for _, y, w in pts) / total
+    sxx = sum(w * (f - mx) ** 2 for f, _, w in pts)
+    if sxx == 0:
+        return OverheadFit(max(my, 0.0), 0.0, len(samples))
+    slope = sum(w * (f - mx) * (y - my) for f, y, w in pts) / sxx
+    intercept = my - slope * mx
+    if slope < 0:
+        slope, intercept = 0.0, my
+    if intercept < 0:
+        sff = sum(w * f * f for f, _, w in pts)
+        slope, intercept = (sum(w * f * y for f, y, w in pts) / sff if sff else 0.0), 0.0
+    return OverheadFit(max(intercept, 0.0), max(slope, 0.0), len(samples))
+
+
+
+def interp(points: dict[int, float], context: int) -> float:
+    """Value at ``context`` from measurements at several context lengths (linear, clamped ends)."""
+    xs = sorted(points)
+    if not xs:
+        return math.nan
+    if context <= xs[0]:
+        return points[xs[0]]
+    if context >= xs[-1]:
+        return points[xs[-1]]
+    hi = next(x for x in xs if x >= context)
+    lo = max(x for x in xs if x <= context)
+    if hi == lo:
+        return points[lo]
+    return points[lo] + (points[hi] - points[lo]) * (context - lo) / (hi - lo)
+
+
+MIN_IN_LOOP_SAMPLES = 8  # an in-loop verify median from fewer forwards is too noisy to calibrate with
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """B = 1 timings scaled to what the decode loop pays (see :func:`calibrate_b1`)."""
+
+    verify_s: dict[int, float]
+    prefill_target_s: tuple[float, ...]
+    prefill_draft_s: tuple[float, ...]
+    draft_first_s: float | None
+    draft_rest_s: float | None
+    ar_forward_s: float | None
+    applied: bool
+    draft_warmup_s: tuple[float, ...] = ()
+
+
+def calibrate_b1(
+    verify: dict[int, float],
+    draft_step: float | None,
+    prefill_target: tuple[float, ...],
+    prefill_draft: tuple[float, ...],
+    in_loop: dict,
+    ar_loop: Sequence[float],
+) -> Calibration:
+    """Scale the isolated micro-benchmarks to the forwards hooked inside the decode loop.
+
+    A forward costs more or less inside the loop than alone (which weights and KV entries are still
+    in the CPU caches depends on what ran just before: a verify after k - 1 draft forwards finds less
+    of the target cached than after one), so the loop's own mean times are the truth for the shapes
+    it ran: T_v(k) at the anchors k that the N_max and small-N passes verified often, T_ar from the
+    plain decoding loop (for the baseline), the draft's first and later forwards of a cycle, each
+    prefill. Between anchors T_v(k) is interpolated linearly in k from the in-loop values (an isolated
+    curve's shape is noisier than the line between in-loop anchors); outside them the
+    micro-benchmark is scaled by the nearest anchor's in-loop/isolated ratio. Prefills are scaled by
+    the median ratio.
+    """
+    ratios: dict[int, float] = {}
+    counts = {int(k): int(n) for k, n in in_loop.get("verify_n", {}).items()}
+    loop_verify = in_loop.get("verify_mean_s") or in_loop.get("verify_s", {})  # means: expected cost
+    for k, v in loop_verify.items():
+        k = int(k)
+        if counts.get(k, 0) >= MIN_IN_LOOP_SAMPLES and verify.get(k):
+            ratios[k] = float(v) / verify[k]
+    ar_forward = trimmed_mean(ar_loop) if ar_loop else None
+    if not ratios and ar_forward is not None and verify.get(1):
+        # Target only: the plain loop's one-token forwards are the only in-loop verify-like samples.
+        # (With a draft they are not used for T_v(1): in a cycle the target runs after a draft.)
+        ratios[1] = ar_forward / verify[1]
+    anchors = {k: r * verify[k] for k, r in ratios.items()}
+    lo, hi = (min(anchors), max(anchors)) if anchors else (0, 0)
+    out_verify = {
+        k: interp(anchors, k) if lo <= k <= hi and len(anchors) > 1 else t * interp(ratios, k)
+        for k, t in verify.items()
+    } if ratios else dict(verify)
+
+    def scaled(micro: tuple[float, ...], loop: Sequence[float]) -> tuple[float, ...]:
+        pairs = [a / b for a, b in zip(loop[: len(micro)], micro) if b > 0]
+        return tuple(t * statistics.median(pairs) for t in micro) if pairs else micro
+
+    first = in_loop.get("draft_first_mean_s", in_loop.get("draft_first_s"))
+    rest = in_loop.get("draft_rest_mean_s", in_loop.get("draft_rest_s"))
+    if draft_step is not None and (first is None) != (rest is None):
+        first = rest = first if first is not None else rest
+    warmup = draft_warmup(in_loop, rest) if draft_step is not None and rest is not None else ()
+    return Calibration(
+        verify_s=out_verify,
+        prefill_target_s=scaled(prefill_target, in_loop.get("target_prefill_s", [])),
+        prefill_draft_s=scaled(prefill_draft, in_loop.get("draft_prefill_s", [])),
+        draft_first_s=float(first) if first is not None else None,
+        draft_rest_s=float(rest) if rest is not None else None,
+        ar_forward_s=ar_forward,
+        applied=bool(ratios) or first is not None,
+        draft_warmup_s=warmup,
+    )
+
+
+def draft_warmup(in_loop: dict, rest: float) -> tuple[float, ...]:
+    """Each later draft forward's excess over the mean later forward, by its position in the cycle.
+
+    The in-loop forwards of one cycle warm up one after another (``profiler.overhead.in_loop_medians``):
+    the second costs more than the tenth. ``rest`` (their mean over the profile's passes, mostly N_max
+    long) is T_s; element i is the excess of the (i + 2)-th forward of a cycle over it (negative for
+    the late, warm forwards), for the contiguous positions j = 2, 3, ... measured at least
+    :data:`MIN_IN_LOOP_SAMPLES` times. Empty for a profile without positions (before they were kept).
+    """
+    means = {int(j): float(t) for j, t in (in_loop.get("draft_position_mean_s") or {}).items()}
+    counts = {int(j): int(n) for j, n in (in_loop.get("draft_position_n") or {}).items()}
+    out = []
+    j = 2
+    while j in means and counts.get(j, 0) >= MIN_IN_LOOP_SAMPLES:
+        out.append(means[j] - float(rest))
+        j += 1
+    return tuple(out)
