@@ -237,7 +237,9 @@ def test_a_tie_is_decided_by_the_model_where_it_interpolates():
     assert pick_among_tied([n13, Candidate("d", 9)], pred, (2, 5)) == n13  # nothing interpolated: measured best
 
 
-FIDELITY = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "server_fidelity_vllm_cpu"
+# The profile and vLLM measurements of benchmarks/server_fidelity.py's committed run (docs/results.md,
+# vLLM server fidelity), kept as test data.
+FIDELITY = Path(__file__).resolve().parent / "data" / "server_fidelity_vllm_cpu"
 
 
 def test_server_steps_and_draft_tokens_from_the_engine_profile_equal_what_vllm_counted(tmp_path):
