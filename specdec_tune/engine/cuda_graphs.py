@@ -2,7 +2,7 @@
 
 Why: the bundled models (and any draft model) are far too small to keep a GPU busy. An eager forward of
 the 16-layer, 192-wide target launches some 500 kernels, each costing the host several microseconds of
-PyTorch dispatch while the GPU waits; the first trial on an H100 measured T_v(1) = 7-12 ms. vLLM, SGLang and
+PyTorch dispatch while the GPU waits, so a forward costs its launches, not its arithmetic. vLLM, SGLang and
 gpt-fast capture the decode forward once per shape into a CUDA graph and replay it; so does this engine.
 
 How (gpt-fast's static-cache recipe, applied to :class:`~specdec_tune.engine.lean.LeanCausalLM`):
@@ -29,8 +29,8 @@ How (gpt-fast's static-cache recipe, applied to :class:`~specdec_tune.engine.lea
 - All graphs of a runner share one memory pool (as vLLM's do), kept alive by a trivial anchor graph
   (:meth:`GraphRunner._make_pool`). A replay's logits are copied out of the graph's static output (the
   drafter keeps one row per drafted token, and the next replay overwrites the static output).
-- Measured on an H200 (2026-11-26, docs/gpu.md): a verify of mini-target 0.70 ms graphed against
-  6.44 ms eager, plain decoding 1,017 against 148 tokens/s, identical outputs.
+- Graphed and eager forwards give identical outputs; what graphs gain on a GPU is measured in
+  docs/results.md, GPU (H200).
 - Graphed forwards: 1..``MAX_GRAPH_TOKENS`` new tokens on a cache that already holds some (a draft step,
   a verify, a plain decoding step). A prefill into an empty cache, a token tree and anything longer run
   the eager lean forward on the same slot buffers.

@@ -17,9 +17,8 @@ extra arguments) goes to the wrapped HF model unchanged.
 A few tokens at once (a verify step, a short prefill: 2 to 128 tokens) on a CPU in float32 run their
 matrix products on weights repacked once into oneDNN's blocked layout (``torch.ops.mkldnn``, what
 vLLM's CPU backend and inductor's CPU freezing use), q/k/v and gate/up each concatenated into one
-product. Measured on this project's 2-core CPU VM: a 5-token verify of the bundled 16-layer target
-went from 9.4 to 7.7 ms (the weights stream from memory either way; the blocked kernels stream them
-better). One token (a plain decode step, a draft step) and long prefills keep the model's own
+product: the weights stream from memory either way, and the blocked kernels stream them better. One
+token (a plain decode step, a draft step) and long prefills keep the model's own
 weights, and the residual adds and SiLU stay separate operators: packed kernels at one token, MKL's
 GEMM at ~200 tokens and oneDNN's fused post-ops all measured slower. The packed copy costs the
 model's weight memory once more (models over ``PACK_MAX_BYTES`` are not packed); it is rebuilt when
@@ -29,8 +28,8 @@ with the unpacked products to float32 rounding (the greedy outputs the tests com
 On a CPU in float32 the small operators between the matrix products (RMSNorm with the residual add,
 rotary embedding with the cache write, one-query attention, the SiLU gate) run as fused C++ kernels
 (:mod:`lean_kernels`, built once per machine), where eager PyTorch spends most of a layer's time in
-operator dispatch. Measured here in one process, interleaved: target-only decoding 1.48x, speculative
-decoding 1.16x faster than the eager operators, with identical greedy outputs. Without a compiler
+operator dispatch (measured against the eager operators, with identical greedy outputs: docs/results.md,
+Engine: the lean forward and its kernels). Without a compiler
 (or with ``SPECDEC_LEAN_KERNELS=0``) the eager operators run the same function.
 
 Supported: ``llama``, ``mistral`` without a sliding window and ``qwen2`` without a sliding window, with

@@ -2,7 +2,8 @@
 
 Converting a model to GGUF needs llama.cpp's Python converter (``convert_hf_to_gguf.py``, its
 ``conversion/`` package, ``gguf-py/``, and ``models/templates/``, which some architectures read) and
-sentencepiece, not the CPU ``llama-server`` the script builds (39 min on a loaded 2-core VM). Both come
+sentencepiece, not the CPU ``llama-server`` the script builds (a long build: docs/results.md,
+llama.cpp against the engine). Both come
 from the source the script uses: PyPI's llama-cpp-python sdist (``SDIST_VERSION``, ``vendor/llama.cpp``).
 
 How it is fetched, and why:

@@ -24,10 +24,8 @@ those terms.
 
 Precision. Both sides compute in float32 from the same weights, but in a different order (ggml's
 CPU kernels vs torch's), so a logit can differ in its last bits. Where a model's two best logits are
-that close, the argmax, hence a draft token or an output token, can differ. Measured on the bundled
-pair (benchmarks/llamacpp_acceptance.py): one draft position in about 600 had its two best draft
-logits one float32 ulp apart (9.2561016 vs 9.2561007) and llama.cpp chose the other token; every
-output token agreed. Such a request is not comparable exactly; :attr:`LlamacppDrafter.gaps` and
+that close, the argmax, hence a draft token or an output token, can differ; on the bundled pair it
+happens at a draft position now and then (docs/results.md, llama.cpp against the engine). Such a request is not comparable exactly; :attr:`LlamacppDrafter.gaps` and
 :func:`top2_gap` show the tie (:data:`TIE_GAP`), and a comparison excuses a request only with it.
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ from specdec_tune.engine import VerifyResult, verify_lossy
 from specdec_tune.engine.drafters import probs_from_logits
 
 EPSILONS = (0.0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3)  # the over-acceptance grid a profile stores (log-spaced:
-# with a 4,096-token vocabulary, ε = 0.02 already takes the bundled pair from 25 % to 5 % rejections)
+# on a 4,096-token vocabulary the additive ε is steep, docs/results.md, Lossy acceptance)
 METHODS = ("opt", "uno")  # Decoding-OPT (OPT at ε = 0 is the exact rule) and Decoding-UNO
 
 

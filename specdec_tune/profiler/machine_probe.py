@@ -2,8 +2,8 @@
 
 A nightly runner's speed wanders: other jobs on the host, clocks, thermal limits, a neighbour on the
 other core competing for cache and memory bandwidth. Absolute tokens/s and latency move with it, so
-a comparison of two nights' absolute speed flags the machine, not the code (measured: 9 of 20 A/A
-comparisons on this 2-core VM flagged tokens/s or latency when the other core's load changed).
+a comparison of two nights' absolute speed flags the machine, not the code (docs/results.md,
+Regression: noise and power).
 
 The probe is a synthetic decoder step built only from torch operators with fixed, seeded weights:
 per layer an RMS norm, a fused QKV projection, attention of one query over a fixed 64-token cache,

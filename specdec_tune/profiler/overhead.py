@@ -5,10 +5,10 @@ speculative loop's ``on_cycle`` callback marks the end of each cycle. On a GPU e
 event instead, recorded on the stream without waiting for it, and read after the decode: a forward's
 time is then the GPU's time from reaching its first kernel to finishing its last, and the loop keeps
 its natural overlap (the host enqueues the next draft step while the GPU runs the last one). Marks
-that synchronised (this module's first GPU design) serialised host and GPU at every forward: on an
-H200 the profile's hooked cycles then cost more than unhooked ones, and the model predicted 1.09x
-for a configuration that measured 1.43x, while plain decoding, which synchronises once per token
-anyway, was predicted within 3 %. The overhead of cycle c is its wall time (from
+that synchronised (this module's first GPU design) serialised host and GPU at every forward, so the
+profile's hooked cycles cost more than unhooked ones and the model under-predicted every speculative
+configuration on a GPU (plain decoding, which synchronises once per token anyway, was unaffected). The
+overhead of cycle c is its wall time (from
 the end of cycle c - 1 to the end of cycle c) minus the time of the forwards that ran inside it:
 drafting bookkeeping, verification, cache rollback, Python. The first cycle of a sequence also holds
 the prompt's prefill forwards and the loop's set-up, so it is reported apart (``first_cycle_s``).
@@ -149,7 +149,7 @@ class ForwardRecorder:
         self.device = device
         self.timeline = SequenceTimeline()
         # Hooks run on every forward, so they do the least possible: a timestamp and a tuple; the
-        # records are built in finish(). (A dict-and-dataclass version cost ~20 µs per forward.)
+        # records are built in finish(), outside the timed forwards.
         self.cuda = device is not None and torch.device(device).type == "cuda"
         self._now = self._cuda_mark if self.cuda else time.perf_counter
         self._starts: list = []  # perf_counter seconds, or CUDA events (converted in finish)
@@ -230,9 +230,9 @@ def in_loop_medians(timelines: list[SequenceTimeline]) -> dict:
 
     Inside the loop the draft's first forward of a cycle runs right after a target forward (its
     weights are cold in the CPU caches) and the following ones back to back (warming up), so the two
-    are kept apart, and so is each position j in the cycle: on the 2-core CPU a 1-layer draft's j-th
-    forward took 0.80, 0.59, 0.50, 0.43, 0.38 ms for j = 1..5 and 0.22 ms from j = 8 on, so the mean
-    of the later forwards of an N_max = 16 pass (0.3 ms) undercounts a cycle of N = 4.
+    are kept apart, and so is each position j in the cycle: on a CPU a draft's j-th forward gets
+    cheaper with j for several positions, so the mean of the later forwards of an N_max pass
+    undercounts a short cycle (docs/model.md, "The draft's forwards warm up within a cycle").
 
     Returns:
         ``{"verify_s": {k: median}, "verify_mean_s": {k: trimmed mean}, "verify_n": {k: count},

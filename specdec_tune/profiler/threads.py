@@ -2,11 +2,9 @@
 
 Why the tool decides: every small operator of a decode step is split across torch's intra-op threads.
 For models of the bundled size (a few milliseconds a forward) two threads on two cores help a quiet
-machine a little and stall on every operator once another process takes one of the cores. Measured
-on the 2-core VM (2026-11-25, ``bench --target mini-target --draft mini-draft-1l -N 4 --workload
-functions``): speculative decoding 1.71x plain decoding with 2 threads on a quiet machine, 0.58x
-(95 % CI 0.50-0.67) with 2 threads and one CPU-bound neighbour, 1.51x (CI 1.33-1.75) with 1 thread
-and the same neighbour (docs/engine.md, Threads).
+machine a little and stall on every operator once another process takes one of the cores, enough to
+make speculative decoding slower than plain decoding (docs/engine.md, Threads; the measurement:
+docs/results.md, Measuring on a shared 2-core VM).
 
 The rule (``--threads auto``, the default), on a CPU:
 

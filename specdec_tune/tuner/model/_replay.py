@@ -133,9 +133,8 @@ def lookup_cycles(traces: Sequence[Trace], n: int) -> tuple[Trace, ...]:
     which the lookup had proposed too, and the next one continues the match after it. The last one
     stops where the recorded cycle stopped (a rejection, or the end of its proposal). Cutting each
     recorded cycle at n instead, as :func:`replay` does, drops the rest of the stretch. Weighting the
-    recorded cycles equally then undercounts the cycles inside long matches. On the 2-core VM's
-    240-prompt set, that made τ 2.4 % low at N = 3 (1.653 predicted against 1.693 measured held out and
-    1.685 in-sample); these cycles give 1.692. At n ≥ L a cycle is unchanged. Confidences, and the
+    recorded cycles equally then undercounts the cycles inside long matches, so τ comes out low at
+    small n. At n ≥ L a cycle is unchanged. Confidences, and the
     token and target probabilities where recorded, are sliced with the cycle.
 
     Raises:

@@ -176,10 +176,9 @@ def _speeds(plain: Sequence[bool], measured: Sequence[Measurement], rps: Sequenc
     configuration: it runs the target's own forward on the same prompts at the same moments, so its
     measured over predicted tokens/s is the machine's speed now for this model (and the rescaled rates'
     errors are the speedups' errors). The machine probe (a 20-40 ms snapshot between turns) is the gauge
-    otherwise, and for plain decoding itself. On the 2-core VM, over 309 stored speculative
-    measurements with plain decoding in the same call, the median |tokens/s error| was 7.8 % at the
-    profile's speed, 6.7 % rescaled to the probe and 4.6 % rescaled to plain decoding
-    (``benchmarks/speed_gauge.py``; docs/engine.md, Threads).
+    otherwise, and for plain decoding itself. Of the three, plain decoding measured in the same
+    passes puts stored predictions closest to measured (``benchmarks/speed_gauge.py``; docs/results.md,
+    Latency fidelity).
     """
     probe = [(machine_speed(rp, m.machine_probe_s), SPEED_FROM_PROBE) for m, rp in zip(measured, rps)]
     gauge = next((m.tokens_per_s / r.tokens_per_s for p, m, r in zip(plain, measured, raws)

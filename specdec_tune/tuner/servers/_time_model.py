@@ -26,15 +26,14 @@ A decode step costs more with a longer context (attention reads every cached pos
 seconds are scaled by ``1 + γ·(c - c_ref)``, c the group's mean context during decoding (prompt plus
 half the new tokens), c_ref that of the calibration points at this B, and γ ≥ 0 the slope of the
 calibration *groups'* decode seconds over the fitted model's against their context (least squares;
-the calibration prompts' lengths vary, 119-459 tokens in the bundled workload). Measured on vLLM with
-the true acceptance (``benchmarks/results/server_fidelity_vllm_cpu*.json``): held-out prompts 15%
-shorter than the calibration prompts ran 5-9% faster than the model without the term said; with it,
-median |error| went from 7.8 to 3.7% (B = 4) and 3.8 to 3.1% (B = 1).
+the calibration prompts' lengths vary, 119-459 tokens in the bundled workload). Without the term,
+held-out prompts shorter than the calibration prompts run faster than predicted (measured on vLLM:
+docs/results.md, What shaped the server model).
 
 Using the mean steps of a group (not its longest request) keeps calibration and prediction the same
-quantity; at B > 1 the fitted T and O_d absorb how much longer the group's slowest request runs
-(measured: the group's steps over its mean steps grow from 1.11 at N = 1 to 1.45 at N = 8 at B = 4;
-using the group's own steps instead did not predict better, checked with the measured steps).
+quantity; at B > 1 the fitted T and O_d absorb how much longer the group's slowest request runs,
+which grows with N (using the group's own steps instead did not predict better: docs/results.md,
+What shaped the server model).
 Prefill is a constant per group (the bundled prompts' lengths vary little); it matters only at small
 max_new_tokens. Pure functions: no timing, no database (docs/architecture.md, Style).
 """
