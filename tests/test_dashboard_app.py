@@ -2,17 +2,14 @@
 from __future__ import annotations
 
 import pytest
+from streamlit.testing.v1 import AppTest  # streamlit is a required dependency: a missing one is a failure
 
+from specdec_tune.cli.dashboard import APP_SCRIPT
 from specdec_tune.dashboard import ui
+from specdec_tune.dashboard.app import HERE
 from specdec_tune.dashboard.profile_info import load_profile_info
 from specdec_tune.db import open_database
 from tests import dashboard_data
-
-pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
-
-from specdec_tune.cli.dashboard import APP_SCRIPT  # noqa: E402
-from specdec_tune.dashboard.app import HERE  # noqa: E402
 
 APP = str(APP_SCRIPT)  # the script `specdec-tune dashboard` runs: the dashboard with its server room wired in
 PAGES = {

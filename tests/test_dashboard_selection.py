@@ -5,15 +5,12 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+from streamlit.testing.v1 import AppTest  # streamlit is a required dependency: a missing one is a failure
 
+from specdec_tune.cli.dashboard import APP_SCRIPT
+from specdec_tune.dashboard.app import HERE
 from specdec_tune.db import sqlite_file
 from tests import dashboard_data
-
-pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest  # noqa: E402
-
-from specdec_tune.cli.dashboard import APP_SCRIPT  # noqa: E402
-from specdec_tune.dashboard.app import HERE  # noqa: E402
 
 
 @pytest.fixture(scope="module")
