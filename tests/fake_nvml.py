@@ -9,6 +9,9 @@ behaviour comes from environment variables, which that process inherits:
   in another process costs a loaded machine nothing, while a sampler thread stalls its own
   process's other threads.
 - ``FAKE_NVML_FAIL_INIT``: ``nvmlInit`` raises, as it does without a driver.
+- ``FAKE_NVML_NOTIFY``: the path of a Unix datagram socket (:class:`SampleListener`); every power
+  reading, the first reading of each sample, sends it the id of the process that took it, so a test
+  waits for samples by receiving them, not by sleeping.
 
 Power is a constant 100 W and the energy counter is 100 W × ``time.monotonic()`` (millijoules), so
 the energy of an interval is known exactly in every process.
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import socket
+import tempfile
 import threading
 import time
 import types
@@ -40,6 +45,38 @@ def _slow() -> None:
     ms = float(os.environ.get("FAKE_NVML_CALL_MS", "0") or 0)
     if ms > 0:
         _LIBC.usleep(int(ms * 1000))
+
+
+def _notify() -> None:
+    path = os.environ.get("FAKE_NVML_NOTIFY")
+    if not path:
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.sendto(str(os.getpid()).encode(), path)
+        except OSError:  # the listener is gone: a sample nobody waits for
+            pass
+
+
+class SampleListener:
+    """Receives one datagram per fake power reading (``FAKE_NVML_NOTIFY``): the pid that took it."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="nvml-")  # short: a socket path has at most 107 bytes
+        self.path = os.path.join(self._dir, "samples.sock")
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(self.path)
+
+    def wait(self, n: int, timeout_s: float = 30.0) -> list[int]:
+        """The pids of the next ``n`` samples, blocking until they are taken (``TimeoutError`` after
+        ``timeout_s`` without one)."""
+        self._sock.settimeout(timeout_s)
+        return [int(self._sock.recv(64)) for _ in range(n)]
+
+    def close(self) -> None:
+        self._sock.close()
+        os.unlink(self.path)
+        os.rmdir(self._dir)
 
 
 def nvmlInit() -> None:
@@ -77,6 +114,7 @@ def nvmlDeviceGetMemoryInfo(handle: str) -> Any:
 
 
 def nvmlDeviceGetPowerUsage(handle: str) -> int:
+    _notify()
     _slow()
     return POWER_MW
 

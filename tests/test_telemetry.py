@@ -1,9 +1,10 @@
 """NVML telemetry with a fake NVML library (tests/fake_nvml.py): the null monitor, energy as the delta
-of the energy counter, samples from a separate process, and that sampling does not slow the decoding
-thread (docs/architecture.md, Measurement rules)."""
+of the energy counter, and samples taken by a separate process, never by a thread of the decoding one
+(docs/architecture.md, Measurement rules). Whether that keeps the decode loop's speed is a timing:
+``benchmarks/telemetry_overhead.py`` measures it (docs/results.md, Telemetry overhead)."""
 from __future__ import annotations
 
-import statistics
+import os
 import sys
 import time
 
@@ -31,23 +32,35 @@ def test_null_monitor_when_nvml_fails_to_initialise(monkeypatch):
     assert isinstance(mon, NullMonitor) and "Driver Not Loaded" in mon.reason
 
 
-def test_energy_is_the_counter_delta_and_samples_come_from_the_sampler(monkeypatch):
+@pytest.fixture
+def samples(monkeypatch):
+    """Where the fake NVML announces each sample it serves (the pid that took it)."""
+    listener = fake_nvml.SampleListener()
+    monkeypatch.setenv("FAKE_NVML_NOTIFY", listener.path)
+    yield listener
+    listener.close()
+
+
+def test_energy_is_the_counter_delta_and_samples_come_from_the_sampler(monkeypatch, samples):
     monkeypatch.setenv("FAKE_NVML_CALL_MS", "0")
+    # The energy counter on a fake clock: read at start and at stop, in this process (millijoules).
+    counter = iter([5_000_000, 5_042_000])
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetTotalEnergyConsumption", lambda handle: next(counter))
     mon = NvmlMonitor(fake_nvml, interval_s=0.02)
     assert mon.info.name == "Fake H100" and mon.info.driver_version == "550.54.15"
     assert mon.info.memory_total_mb == 80 * 1024 and mon.device.startswith("GPU-")
     t0 = time.monotonic()
     mon.start()
-    time.sleep(0.4)
+    samples.wait(5)  # the sampler has taken five samples
     summary = mon.stop()
     elapsed = time.monotonic() - t0
-    # 100 W × the time between the two counter reads (inside [t0, now])
-    assert 0.38 * 100 <= summary.energy_j <= elapsed * 100 + 1e-6
-    assert len(summary.samples) >= 5  # every 20 ms over 0.4 s, on a busy machine too
+    assert summary.energy_j == 42.0  # the counter's delta, not a sum over samples (100 W × their spacing)
+    assert len(summary.samples) >= 5
     first, last = summary.samples[0], summary.samples[-1]
     assert first.power_w == 100.0 and first.memory_used_mb == 1024.0 and first.sm_clock_mhz == 1980.0
     assert first.utilization_pct == 87.0 and first.energy_j is None  # energy: the run's delta only
-    assert 0.0 <= first.t < last.t <= elapsed + 0.05
+    assert 0.0 <= first.t < last.t <= elapsed
+    assert [s.t for s in summary.samples] == sorted(s.t for s in summary.samples)
     assert summary.to_json()["mean_power_w"] == 100.0
 
 
@@ -65,19 +78,21 @@ def test_a_missing_reading_is_none_not_a_crash(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("design", ["sampling process", "PLANTED: sampler thread in the decoding process"])
-def test_sampling_does_not_slow_the_decode_loop(monkeypatch, design):
-    """Every fake NVML query takes 10 ms holding the GIL (and no CPU). The decode-like loop's time with
-    the monitor running over its time without, interleaved: about 1 for the sampling process; the
-    earlier in-thread design stalls the loop several-fold (measured 0.98 vs 4.6 on the busy 2-core VM,
-    load average 5.5). The bounds leave room for a loaded machine on both sides."""
-    monkeypatch.setenv("FAKE_NVML_CALL_MS", "10")
+def test_samples_are_taken_outside_the_decoding_process(samples, design):
+    """A sampler thread in the decoding process would hold its GIL through every slow NVML call while the
+    decode loop, which launches every kernel from Python, waits; so every sample is taken by another
+    process (one for the whole run). The planted earlier design, a thread of this process, is caught."""
     if design == "sampling process":
-        make = lambda: NvmlMonitor(fake_nvml, interval_s=0.01)  # noqa: E731
+        mon = NvmlMonitor(fake_nvml, interval_s=0.01)
     else:
-        make = lambda: fake_nvml.InThreadMonitor(fake_nvml, interval_s=0.01)  # noqa: E731
-    pairs = fake_nvml.paired_loop_seconds(make, pairs=5, steps=500)
-    ratio = statistics.median(with_ / without for without, with_ in pairs)
+        mon = fake_nvml.InThreadMonitor(fake_nvml, interval_s=0.01)
+    mon.start()
+    try:
+        pids = samples.wait(3)
+    finally:
+        mon.stop()
+    in_process = os.getpid() in pids
     if design == "sampling process":
-        assert ratio < 1.25, f"the sampler slowed the loop {ratio:.2f}×: {pairs}"
+        assert not in_process and len(set(pids)) == 1, pids
     else:
-        assert ratio > 2.0, f"the planted in-thread sampler went unnoticed ({ratio:.2f}×)"
+        assert in_process, f"the planted in-thread sampler went unnoticed: samples taken by {pids}"
