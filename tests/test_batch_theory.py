@@ -56,6 +56,7 @@ def naive_siblings(p, q, m):
     return np.full(m, betas[0]), r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("m", [1, 2, 5])
 def test_rejection_formula_matches_engine_simulation(m):
     P, Q = markov_pair()

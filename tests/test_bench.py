@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specdec_tune.cli import main
 
 
@@ -23,6 +25,7 @@ def test_bench_json(tiny_model_dirs, tmp_path, capsys):
     assert res["forward"] == {"target": "lean", "draft": "lean"}
 
 
+@pytest.mark.slow
 def test_bench_hf_forward_gives_the_same_outputs(tiny_model_dirs, tmp_path, capsys):
     prompts = tmp_path / "w.jsonl"
     prompts.write_text('{"id": "1", "prompt": "for i in range(10):"}\n')

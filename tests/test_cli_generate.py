@@ -95,10 +95,10 @@ def test_subprocess_error_is_one_line_exit_2(tmp_path):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["nosuchcommand"], "nosuchcommand"),
+        pytest.param(["nosuchcommand"], "nosuchcommand", marks=pytest.mark.slow),
         (["generate", "--bogus"], "--bogus"),
-        (["generate", "--target"], "--target"),
-        (["profile", "--workload"], "--workload"),
+        pytest.param(["generate", "--target"], "--target", marks=pytest.mark.slow),
+        pytest.param(["profile", "--workload"], "--workload", marks=pytest.mark.slow),
     ],
     ids=["unknown-command", "unknown-option", "missing-value", "missing-value-profile"],
 )

@@ -61,6 +61,7 @@ def test_profile_json_contract(profiled, tiny_model_dirs, capsys):
     assert settings["forward"] == "lean" and settings["draft_forwards"] == {tiny_model_dirs["draft"]: "lean"}
 
 
+@pytest.mark.slow
 def test_profile_human_output(tiny_model_dirs, tmp_path, capsys):
     workload = tmp_path / "w.jsonl"
     workload.write_text('{"id": "a", "prompt": "def add(a, b):"}\n')
@@ -122,6 +123,7 @@ def test_predict_json_contract(profiled, tiny_model_dirs, capsys):
     _one_line_error(code, err, "--batch-size 3 is outside run 1's profiled batch sizes 1, 2")
 
 
+@pytest.mark.slow
 def test_measure_stores_measured_next_to_predicted(profiled, capsys):
     url, _ = profiled
     # --split tune: the profiled prompts themselves (in-sample: their traces are replayed exactly)
@@ -142,6 +144,7 @@ def test_measure_stores_measured_next_to_predicted(profiled, capsys):
     assert code == 0 and "measured:" in out and "predicted:" in out
 
 
+@pytest.mark.slow
 def test_measure_defaults_to_held_out_prompts_with_a_ci(profiled, capsys):
     url, _ = profiled
     db = open_database(url)
@@ -307,6 +310,7 @@ def test_profile_bad_input_stores_nothing(profiled, tiny_model_dirs, tmp_path, c
     assert get_run(open_database(url), before[0]).status == "completed"
 
 
+@pytest.mark.slow
 def test_sampling_profile_predict_measure(tiny_model_dirs, tmp_path, capsys):
     workload = tmp_path / "w.jsonl"
     workload.write_text('{"id": "a", "prompt": "def add(a, b):"}\n{"id": "b", "prompt": "class Point:"}\n')

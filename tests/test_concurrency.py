@@ -44,6 +44,7 @@ def _lease(subject: str, token: str, *, pid: int = 1, host_name: str = "elsewher
 # ----------------------------------------------------------------------------------------- the lease table
 
 
+@pytest.mark.slow
 def test_of_processes_inserting_one_lease_at_once_one_wins(new_url):  # noqa: F811
     url = new_url()
     open_database(url).close()  # migrated once, before the race
@@ -161,6 +162,7 @@ def _studies(storage_url: str) -> dict[str, int]:
     return bound
 
 
+@pytest.mark.slow
 def test_a_new_profile_run_gets_its_own_study(tiny_model_dirs, workload, tmp_path):
     """Trials predicted from two profiles never share a study: a fresh profile of the same request gets a
     study of its own, and a --study made from another run is refused before anything is profiled."""
@@ -220,6 +222,7 @@ def _tune(tiny_model_dirs, workload, db_url, tune_flags, *extra) -> list[str]:
             "--workload", workload, "--db", db_url, *tune_flags, "--trials", "3", "--threads", "1", "--json", *extra]
 
 
+@pytest.mark.slow
 def test_two_tunes_on_one_database_never_mix(tiny_model_dirs, workload, tmp_path, tune_flags, start):
     """The first tune holds its study (paused while profiling); the same command in a second process is
     refused in one line naming the first and stores nothing; a tune of another study runs side by side.
@@ -257,6 +260,7 @@ def test_two_tunes_on_one_database_never_mix(tiny_model_dirs, workload, tmp_path
     assert get_lease(db, lease_key(f"study 'side' in sqlite:///{tmp_path / 'c-studies.db'}")) is None  # given back
 
 
+@pytest.mark.slow
 def test_two_profiles_at_once_store_two_runs(tiny_model_dirs, workload, tmp_path, start):
     """Two profile processes with both runs open at once (each waits on its FIFO): two completed runs,
     each with its own samples, none overwritten."""

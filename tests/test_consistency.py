@@ -81,6 +81,7 @@ def _accept_one_more(draft_tokens, target_logits):
     return torch.stack([torch.tensor(n), target_ids[n]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verifier", ["correct", "PLANTED: accepts every draft token", "PLANTED: one token too many"])
 def test_bf16_speculative_against_target_only_with_the_rule(bf16_pair, monkeypatch, verifier):
     """bf16 on the CPU, bundled models, 8 prompts × 32 tokens: the correct verifier gives no `differ`
@@ -119,6 +120,7 @@ def test_rounding_spread_is_zero_in_float32_and_moves_in_bf16(tiny_model_dirs):
     assert max(r.max_abs for r in rows) > 0  # bf16 rounds the two paths differently somewhere
 
 
+@pytest.mark.slow
 def test_bench_in_bf16_reports_the_consistency_verdict(tmp_path, capsys):
     prompts = tmp_path / "w.jsonl"
     prompts.write_text("".join(json.dumps({"id": str(i), "prompt": p}) + "\n"
@@ -151,6 +153,7 @@ dtype = "bf16"
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verifier", ["correct", "PLANTED: accepts every draft token"])
 def test_regress_in_bf16_flags_a_wrong_verifier(tmp_path, capsys, monkeypatch, verifier):
     """`regress` (what the nightly workflow runs) in bf16 on the CPU: the correct engine passes the

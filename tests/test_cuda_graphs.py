@@ -24,6 +24,7 @@ def pair():
     return target, draft
 
 
+@pytest.mark.slow
 def test_static_forward_decodes_what_the_eager_lean_forward_decodes(pair):
     target, draft = pair
     eager_t, eager_d = wrap_forward(target, "lean"), wrap_forward(draft, "lean")

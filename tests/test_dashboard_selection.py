@@ -61,6 +61,7 @@ def test_the_selected_run_rides_in_the_url(monkeypatch, two_runs):
     assert _profile_caption(_page(at, "views/profile.py")).startswith("run 1 ")
 
 
+@pytest.mark.slow
 def test_a_page_opened_by_its_url_shows_the_run_the_url_names(monkeypatch, two_runs):
     """A reload, a bookmark or a link opens a new session: the URL's run is the one shown."""
     at = _app(monkeypatch, two_runs, run="1")
@@ -70,6 +71,7 @@ def test_a_page_opened_by_its_url_shows_the_run_the_url_names(monkeypatch, two_r
     assert at.sidebar.selectbox(key="sel_run").value == 2
 
 
+@pytest.mark.slow
 def test_the_empty_fidelity_page_names_the_selected_run(monkeypatch, two_runs):
     at = _page(_app(monkeypatch, two_runs), "views/fidelity.py")  # run 2, nothing measured in it
     hints = [c.value for c in at.code]
@@ -78,6 +80,7 @@ def test_the_empty_fidelity_page_names_the_selected_run(monkeypatch, two_runs):
     assert any("run 1" in i.value for i in at.info), [i.value for i in at.info]  # where measurements are
 
 
+@pytest.mark.slow
 def test_a_first_visit_opens_on_the_newest_tuned_studys_winner(monkeypatch, two_runs, tiny_model_dirs,
                                                               tmp_path_factory):
     """Run 2 is newer, but the study in the storage tuned run 1: the dashboard opens on run 1, and Why it wins

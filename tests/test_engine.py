@@ -71,7 +71,9 @@ def _drafter(draft, theta, max_len=256, rule="before"):
     return ModelDrafter(draft, max_len, threshold=theta, threshold_rule=rule)
 
 
-@pytest.mark.parametrize("theta,schedule", list(itertools.product([0.0, 0.3, 0.5], ["constant", "heuristic"])))
+@pytest.mark.parametrize("theta,schedule", [
+    pytest.param(t, s, marks=() if (t, s) in {(0.0, "constant"), (0.5, "heuristic")} else pytest.mark.slow)
+    for t, s in itertools.product([0.0, 0.3, 0.5], ["constant", "heuristic"])])  # the fast tier keeps two
 def test_greedy_matches_baseline(mixed_pair, theta, schedule):
     """Outputs equal the baseline for N in {1, 2, 4, 8}, and every path of the cycle really ran."""
     target, draft = mixed_pair
@@ -115,7 +117,7 @@ def test_greedy_matches_baseline(mixed_pair, theta, schedule):
         assert seen["grow"] > 0 and seen["shrink"] > 0, seen
 
 
-@pytest.mark.parametrize("theta", [0.3, 0.6])
+@pytest.mark.parametrize("theta", [0.3, pytest.param(0.6, marks=pytest.mark.slow)])
 def test_hf_threshold_rule_greedy_identical(mixed_pair, theta):
     """HF's rule (propose the token below θ, then stop) changes lengths, never greedy outputs."""
     target, draft = mixed_pair
@@ -132,6 +134,7 @@ def test_hf_threshold_rule_greedy_identical(mixed_pair, theta):
     assert longer > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,theta,step", [("cumulative", 0.3, 0.05), ("cumulative", 0.6, 0.05),
                                              ("adaptive", 0.3, 0.1), ("adaptive", 0.0, 0.2)])
 def test_threshold_kinds_greedy_identical(mixed_pair, kind, theta, step):

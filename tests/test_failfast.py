@@ -208,6 +208,7 @@ def tiny_workload(tmp_path_factory) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_predict_interpolates_between_profiled_batch_sizes_and_says_so(tiny_model_dirs, tiny_workload, tmp_path):
     import json
 
@@ -275,6 +276,7 @@ def test_ctrl_c_during_profile_says_what_was_kept(tiny_model_dirs, tiny_workload
     assert get_run(db, 1).status == "interrupted" and load_timings(db, 1, kind="verify")
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_tune_keeps_the_trials_in_one_line(tiny_model_dirs, tiny_workload, tmp_path, tune_flags,
                                                          monkeypatch, sigint_handled):
     import optuna

@@ -128,6 +128,7 @@ def test_arrivals_follow_the_cycles(pair, kind):
     assert 0 < lat.ttft_s < run.seconds and lat.tpot_s > 0
 
 
+@pytest.mark.slow
 def test_measure_stores_latency_cost_and_no_energy_on_a_cpu(tiny_model_dirs, tmp_path):
     from specdec_tune.profiler import MeasureSpec, measure_configs
     from tests.test_profiler import TINY
@@ -165,6 +166,7 @@ def _fake_nvml(watts: float) -> types.SimpleNamespace:
         nvmlDeviceGetTotalEnergyConsumption=lambda h: int((time.perf_counter() - t0) * watts * 1000))
 
 
+@pytest.mark.slow
 def test_energy_per_token_is_the_counter_delta_of_each_pass(tiny_model_dirs, tmp_path, monkeypatch):
     """A fake NVML counter at 100 W: joules per token must be 100 W × the passes' seconds ÷ their tokens,
     so the machine probe between passes (not this configuration's work) is not charged."""

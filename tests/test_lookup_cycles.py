@@ -52,6 +52,7 @@ def test_every_stretch_keeps_its_tokens_and_n_at_or_above_the_proposal_changes_n
         lookup_cycles(traces, 0)
 
 
+@pytest.mark.slow
 def test_tau_at_a_smaller_n_follows_the_engine():
     """Real n-gram decoding with the bundled target: cycles recorded at N = 16, replayed at N = 2 and 3,
     against the engine run at those N on the same 12 prompts (greedy: deterministic). Cutting each

@@ -96,6 +96,7 @@ def test_predict_cli_acceptance_source_and_bias(sampled_run, capsys):
     assert code == 2 and len(err) == 1 and err[0].startswith("error:") and "traces" in err[0]
 
 
+@pytest.mark.slow
 def test_bias_budget_search_and_export(sampled_run, tmp_path):
     """``tune --max-bias``'s search: a throughput-bias study over exact and Decoding-OPT at the profiled ε;
     its front holds exact acceptance (bias 0) and faster, biased points; a budget keeps the front's points

@@ -322,6 +322,7 @@ def test_other_input_errors() -> None:
         closed_form_tokens_per_cycle(1.5, 2)
 
 
+@pytest.mark.slow
 def test_model_imports_without_torch() -> None:
     # The model must stay usable where torch is absent (dashboard, CI): importing it must not load torch.
     code = "import sys, specdec_tune.tuner.model; sys.exit('torch' in sys.modules)"

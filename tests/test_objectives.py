@@ -56,6 +56,7 @@ def _search(ev, tmp_path, name, objectives=None):
                       trials=space.size, objectives=objectives or (ev.objective.name,))
 
 
+@pytest.mark.slow
 def test_goodput_and_throughput_choose_differently(tmp_path):
     slo = Slo(tpot_ms=20)
     fast = _search(_Synthetic(Objective("throughput", slo)), tmp_path, "t").ranked[0].candidate
@@ -68,6 +69,7 @@ def test_goodput_and_throughput_choose_differently(tmp_path):
     assert cost.ranked[0].candidate == fast and cost.study.direction.name == "MINIMIZE"  # cost is 1/throughput
 
 
+@pytest.mark.slow
 def test_pareto_over_goodput_and_memory_in_their_directions(tmp_path):
     ev = _Synthetic(Objective("goodput", Slo(tpot_ms=20)))
     out = _search(ev, tmp_path, "p", ("goodput", "memory"))
@@ -83,6 +85,7 @@ def test_pareto_over_goodput_and_memory_in_their_directions(tmp_path):
     assert out.study.user_attrs["objectives"] == ["predicted_goodput", "memory_bytes"]
 
 
+@pytest.mark.slow
 def test_memory_budget_excludes_what_does_not_fit(tmp_path):
     ev = _Synthetic(Objective("throughput", memory_budget_bytes=1700.0))  # drafts of N >= 4 need >= 1800
     out = _search(ev, tmp_path, "b")
@@ -179,6 +182,7 @@ def test_guard_turns_speculation_off_where_the_held_out_ci_reaches_below_one():
 # --------------------------------------------------------------------------- tune end to end (tiny models)
 
 
+@pytest.mark.slow
 def test_tune_goodput_end_to_end_reports_and_exports_the_slo(tiny_model_dirs, tmp_path, tune_flags, capsys):
     import json
 
@@ -211,6 +215,7 @@ def test_tune_goodput_end_to_end_reports_and_exports_the_slo(tiny_model_dirs, tm
     assert "TPOT <= 1000 ms met: measured p99" in readme
 
 
+@pytest.mark.slow
 def test_tune_energy_end_to_end_with_a_fake_nvml(tiny_model_dirs, tmp_path, tune_flags, capsys, monkeypatch):
     """``tune --objective energy`` through search, confirmation, held-out measurement and export, with
     NVML faked on the CPU (a constant 100 W: the profile's power and an energy counter that grows with
@@ -260,6 +265,7 @@ def test_tune_energy_end_to_end_with_a_fake_nvml(tiny_model_dirs, tmp_path, tune
     assert "## Objective" in readme and "energy" in readme.split("## Objective", 1)[1][:400]
 
 
+@pytest.mark.slow
 def test_tune_backend_vllm_picks_by_goodput_on_a_fake_server(tiny_model_dirs, tune_flags, tmp_path, capsys,
                                                              monkeypatch):
     """A fake vLLM where more draft tokens are faster overall but make every second request's TPOT 50 ms

@@ -173,7 +173,7 @@ def test_teacher_forced_agreement(pair):
         acc.teacher_forced(target.model, draft.model, prompts, temperature=0.0)
 
 
-@pytest.mark.parametrize("draft_kind", ["perturbed", "identical"])
+@pytest.mark.parametrize("draft_kind", ["perturbed", pytest.param("identical", marks=pytest.mark.slow)])
 def test_greedy_simulation_reproduces_the_engine(pair, draft_kind):
     """Cycles replayed from θ = 0, N_max traces equal the engine's cycles for other N, θ, schedules."""
     target, draft, prompts = pair
@@ -206,6 +206,7 @@ def _positions_per_prompt(rows, conts, prompts: int, cap: int):
                             {c: (conf, ok) for p, c, conf, ok in conts if p == i}, cap=cap) for i in range(prompts)]
 
 
+@pytest.mark.slow
 def test_greedy_simulation_reproduces_threshold_kinds(pair):
     """The cumulative and adaptive kinds replayed from θ = 0, N_max traces equal the engine's cycles one
     by one; replayed as per-token (what a model blind to the kind would do) they do not."""
@@ -285,6 +286,7 @@ def test_profile_session_stores_everything_and_predicts(tiny_model_dirs, workloa
     assert ngram.source == "traces" and ngram.tokens_per_s > 0
 
 
+@pytest.mark.slow
 def test_interrupted_profile_keeps_its_samples_and_earlier_runs(tiny_model_dirs, workload, tmp_path, monkeypatch):
     db = open_database(f"sqlite:///{tmp_path / 'r.db'}")
     settings = ProfileSettings(**{**TINY.__dict__, "max_prompts": 1})

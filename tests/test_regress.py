@@ -77,6 +77,7 @@ def _cells(report, verdicts=FLAGGED):
     return {c["metric"]: c for c in report["cells"] if c["verdict"] in verdicts}
 
 
+@pytest.mark.slow
 def test_no_baseline_then_planted_draft_slowdown_is_a_time_regression(tmp_path, capsys, tiny_model_dirs, workload):
     db = f"sqlite:///{tmp_path / 'r.db'}"
     t = tiny_model_dirs["target"]
@@ -104,6 +105,7 @@ def test_no_baseline_then_planted_draft_slowdown_is_a_time_regression(tmp_path, 
     assert "slower because" in (tmp_path / "r.md").read_text()
 
 
+@pytest.mark.slow
 def test_planted_acceptance_drop_is_explained_as_acceptance(tmp_path, capsys, tiny_model_dirs, workload, perturbed_draft):
     db = f"sqlite:///{tmp_path / 'r.db'}"
     t = tiny_model_dirs["target"]
@@ -119,6 +121,7 @@ def test_planted_acceptance_drop_is_explained_as_acceptance(tmp_path, capsys, ti
     assert _cells(report, ("ok",)).get("correctness")  # outputs still equal plain decoding's
 
 
+@pytest.mark.slow
 def test_different_fingerprint_gives_no_speed_verdict(tmp_path, capsys, tiny_model_dirs, workload, monkeypatch):
     import specdec_tune.tuner.regress._run as regress
 
@@ -139,6 +142,7 @@ def test_different_fingerprint_gives_no_speed_verdict(tmp_path, capsys, tiny_mod
     assert "Run 3, baseline run 2" in capsys.readouterr().out  # the new environment's baseline
 
 
+@pytest.mark.slow
 def test_ten_aa_comparisons_raise_no_false_alarm(tiny_model_dirs, workload):
     """Measure once, then ten consecutive A/A comparisons of runs drawn from that pool (exchangeable
     by construction: the null hypothesis itself) through the full rule, persistence included."""
@@ -198,6 +202,7 @@ def test_broken_suite_file_is_one_line_exit_2(tmp_path, capsys):
     assert f"{toml}:2: TOML syntax error" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_calibrate_stores_the_noise_floor_used_next_to_verdicts(tmp_path, capsys, tiny_model_dirs, workload):
     from specdec_tune.db import open_database
     from specdec_tune.db.regress import latest_calibration, metric_trend

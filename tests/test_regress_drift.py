@@ -61,6 +61,7 @@ def tuned(tiny_model_dirs, tune_flags, tmp_path_factory):
     return root, wl, storage, tiny_model_dirs
 
 
+@pytest.mark.slow
 def test_retune_warm_starts_from_the_study_and_reports_drift(tuned, capsys):
     import optuna
     from optuna.trial import TrialState
@@ -118,6 +119,7 @@ def test_retune_warm_starts_from_the_study_and_reports_drift(tuned, capsys):
     assert "## Tuning drift" in md.read_text() and d["new_study"] in md.read_text()
 
 
+@pytest.mark.slow
 def test_a_planted_slowdown_moves_the_optimum_and_the_old_winner_measures_slower(tiny_model_dirs, tune_flags,
                                                                                   tmp_path, monkeypatch):
     """Tuned with a slow target and a fast identical draft (speculation pays), re-tuned with that
@@ -170,6 +172,7 @@ def test_retune_without_a_study_is_a_notice_and_a_missing_study_one_line(tmp_pat
         retune(None, "a", "nope", f"sqlite:///{tmp_path / 'empty.db'}", 5)
 
 
+@pytest.mark.slow
 def test_a_study_without_a_stored_request_falls_back_to_its_profile_run(tuned, tmp_path):
     import optuna
 

@@ -152,6 +152,7 @@ def test_explanation_names_the_factor_that_changed():
     assert e.shares["draft"] == pytest.approx(0.0, abs=1e-12) and e.model_ratio < 1
 
 
+@pytest.mark.slow
 def test_speed_test_keeps_its_false_positive_rate_on_aa_noise():
     """Pure noise, 8 prompts x 3 repeats: p < 0.01 in about 1 % of A/A comparisons, not more."""
     import numpy as np

@@ -117,6 +117,7 @@ def _run(capsys, suite, db):
     return code, json.loads(out.out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_vllm_suite_runs_on_the_server_and_explains_a_slower_server_step(tmp_path, capsys, tiny_model_dirs,
                                                                           fake_vllm):
     suite = _suite(tmp_path, tiny_model_dirs["target"], tiny_model_dirs["draft"])

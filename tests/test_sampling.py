@@ -143,7 +143,7 @@ def pair():
 
 
 # (N, θ): N = 2 drafts both tokens; N = 1 with two tokens observes the bonus token after an accepted draft.
-VARIANTS = [(2, 0.0), (2, 0.3), (2, 0.6), (1, 0.0), (1, 0.3)]
+VARIANTS = [(2, 0.0), *(pytest.param(n, t, marks=pytest.mark.slow) for n, t in [(2, 0.3), (2, 0.6), (1, 0.0), (1, 0.3)])]
 
 
 @pytest.mark.parametrize("n,theta", VARIANTS)
@@ -169,6 +169,7 @@ KIND_VARIANTS = [("cumulative", 2, 0.3, 0.05), ("cumulative", 2, 0.15, 0.05), ("
                  ("adaptive", 1, 0.3, 0.3), ("adaptive", 2, 0.3, 0.3)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,n,theta,step", KIND_VARIANTS)
 def test_threshold_kinds_keep_sampling_exact(pair, kind, n, theta, step):
     """Every threshold kind decides before the token is drawn, so the first two emitted tokens follow the
@@ -219,6 +220,7 @@ def first_token_counts(drafter_cls, theta: float, samples: int = 4000) -> int:
     return zeros
 
 
+@pytest.mark.slow
 def test_threshold_decided_before_sampling_hand_built_case():
     """q = (0.9, 0.1), p = (0.5, 0.5), θ = 0.5: the old rule emits token 0 with probability
     0.9·(5/9) + 0.1·0.5 = 0.55; deciding from the top probability (0.9 >= θ: always draft) gives p."""

@@ -117,6 +117,7 @@ def sampling_case():
 THETA = 0.5
 
 
+@pytest.mark.slow
 def test_heuristic_replay_predicts_engine_ngram(ngram_case, monkeypatch):
     target, make, items = ngram_case
     res = compare(target, make, items, 0.0, 0.0, 48)
@@ -131,6 +132,7 @@ def test_heuristic_replay_predicts_engine_ngram(ngram_case, monkeypatch):
     assert o_len > 0.10, f"the old rule passes too: the test has no power ({old})"
 
 
+@pytest.mark.slow
 def test_heuristic_replay_predicts_engine_sampling_threshold(sampling_case, monkeypatch):
     target, make, items = sampling_case
     res = compare(target, make, items, THETA, 1.0, 60)
@@ -145,7 +147,7 @@ def test_heuristic_replay_predicts_engine_sampling_threshold(sampling_case, monk
     assert o_tau > 0.03, f"the old rule passes too: the test has no power ({old})"
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_constant_replay_predicts_engine_ngram(ngram_case, n):
     """n-gram τ is an i.i.d. replay of the N_max cycles, not exact (the cycle boundaries, hence the
     contexts looked up, differ with N); it must still agree with the engine within 5 %."""
@@ -156,6 +158,7 @@ def test_constant_replay_predicts_engine_ngram(ngram_case, n):
     assert e_tau < 0.05 and e_len < 0.10, res
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,theta,step,control", [("cumulative", 0.3, 0.05, "no token probabilities"),
                                                      ("adaptive", 0.5, 0.1, "per-token model")])
 def test_threshold_kind_replay_predicts_engine_sampling(sampling_case, kind, theta, step, control):

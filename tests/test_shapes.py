@@ -156,6 +156,7 @@ def _cli_json(capsys, args):
     return json.loads(out.out)
 
 
+@pytest.mark.slow
 def test_profile_measure_predict_with_synthetic_acceptance(tiny_shapes, tmp_path, capsys, monkeypatch):
     """The shape pair profiled and measured with synthetic acceptance; every number is labelled synthetic
     (CLI JSON, the database rows, the dashboard) and `predict` answers the best N per batch size if

@@ -27,6 +27,7 @@ def workload(folder, n: int) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_measure_where_some_requests_arrive_in_one_chunk(tiny_model_dirs, tmp_path, capsys):
     """Row 3: with --max-new-tokens 8 and N = 8 a request whose 8 tokens are all accepted arrives in one
     chunk and has no chunk gap; the gaps' bootstrap then drew resamples of such requests only and crashed

@@ -147,8 +147,8 @@ def noisy_pair():
 TREES = ["chains:3", "topk:2-2", "topk:3-1-2", "sequoia:10", "eagle:3:8"]
 
 
-@pytest.mark.parametrize("forward", ["hf", "lean"])
-@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("tree,forward", [pytest.param(t, f, marks=() if (t, f) == ("sequoia:10", "lean") else pytest.mark.slow)
+                                          for t in TREES for f in ("hf", "lean")])  # the fast tier keeps one
 def test_tree_greedy_matches_target_only_decoding(noisy_pair, forward, tree):
     """Every tree kind emits the target's own greedy tokens (several prompts, EOS-free), and accepts
     nodes of sibling rank >= 1 in some cycles: the extra branches are really verified and used."""
@@ -185,8 +185,8 @@ def test_tree_decode_honours_limits_and_refuses_theta(noisy_pair):
 # --------------------------------------------------------------------------- staged
 
 
-@pytest.mark.parametrize("inner", ["ngram", "model"])
-@pytest.mark.parametrize("forward", ["hf", "lean"])
+@pytest.mark.parametrize("forward,inner", [("lean", "ngram"), *(pytest.param(f, i, marks=pytest.mark.slow) for f, i in
+                                                                 [("hf", "ngram"), ("hf", "model"), ("lean", "model")])])
 def test_staged_greedy_matches_target_and_speculates_the_draft(noisy_pair, inner, forward):
     """A draft speculated by n-gram lookup or by a smaller model proposes exactly what the draft
     alone proposes (same accepted counts every cycle), so the output is the target's; the inner stage

@@ -33,7 +33,7 @@ def _engine_and_ranks(pair, tree: str, seed: int, depth: int = 4, new: int = 40)
     return result, ranks, a
 
 
-@pytest.mark.parametrize("tree", STATIC)
+@pytest.mark.parametrize("tree", [t if t == "sequoia:8" else pytest.param(t, marks=pytest.mark.slow) for t in STATIC])
 def test_greedy_tree_simulation_reproduces_the_engine_cycle_by_cycle(noisy_pair, tree):
     """From the teacher-forced ranks alone, every cycle's accepted count and node count equal the
     engine's; a simulation reading the rank one position late does not (the comparison has power)."""
@@ -133,6 +133,7 @@ def test_sglang_exports_the_dynamic_tree_and_other_servers_the_best_chain():
 # --------------------------------------------------------------------------- profile --trees -> predictions
 
 
+@pytest.mark.slow
 def test_profile_with_trees_stores_tree_data_and_the_evaluator_predicts_trees(tiny_model_dirs, tmp_path):
     """A tiny ``profile --trees`` (greedy and sampling) stores ranks, sibling acceptance, draft widths and
     the staged pass; the evaluator then predicts trees and staged drafting, and refuses what it cannot."""

@@ -36,6 +36,7 @@ def _args(tiny_model_dirs, workload, tmp_path, tune_flags, *extra):
             "--workload", workload, "--db", f"sqlite:///{tmp_path / 'r.db'}", *tune_flags, *extra]
 
 
+@pytest.mark.slow
 def test_tune_json_contract_resume_and_export(tiny_model_dirs, workload, tmp_path, tune_flags, capsys):
     import optuna
 
@@ -141,6 +142,7 @@ def _check_not_written(obj: dict, out: Path, text: str) -> None:
     assert not any("/llamacpp/" in p for p in obj["exports"])
 
 
+@pytest.mark.slow
 def test_tune_table_says_which_exports_were_not_written(tiny_model_dirs, workload, tmp_path, tune_flags, capsys,
                                                         monkeypatch):
     """Without llama.cpp's converter (and its fetch off), the terminal's servers table says on llama.cpp's

@@ -53,6 +53,7 @@ def _storage(tmp_path):
     return open_storage(f"sqlite:///{tmp_path / 'studies.db'}")
 
 
+@pytest.mark.slow
 def test_bruteforce_search_finds_the_models_optimum(profile_db, tmp_path):
     url, run_id, _, _ = profile_db
     space = _space(profile_db)
@@ -78,6 +79,7 @@ def test_bruteforce_search_finds_the_models_optimum(profile_db, tmp_path):
     assert len({Candidate.from_dict(t.user_attrs["candidate"]) for t in trials}) == len(exhaustive) == ev.predictions
 
 
+@pytest.mark.slow
 def test_tpe_search_caches_duplicates_and_gets_close(profile_db, tmp_path):
     url, run_id, _, _ = profile_db
     space = _space(profile_db)
@@ -132,6 +134,7 @@ def test_each_servers_best_is_found_where_the_main_study_never_sampled(tmp_path)
     assert bests["hf"].candidate == Candidate("d", 5, 0.95, "hf", "heuristic")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("server", SERVERS)
 def test_search_stays_inside_the_servers_space(profile_db, tmp_path, server):
     url, run_id, _, _ = profile_db
@@ -154,6 +157,7 @@ def test_search_stays_inside_the_servers_space(profile_db, tmp_path, server):
     assert winner == next(s.candidate for s in whole if unsupported(server, s.candidate) is None)
 
 
+@pytest.mark.slow
 def test_resume_and_interrupt_keep_completed_trials(profile_db, tmp_path):
     url, run_id, _, _ = profile_db
     space, storage = _space(profile_db), _storage(tmp_path)
@@ -195,6 +199,7 @@ def _logged(log: Path) -> list[tuple[int, int, str]]:
     return [(int(p), int(n), s) for p, n, s in rows]
 
 
+@pytest.mark.slow
 def test_kill_9_loses_no_completed_trial(profile_db, tmp_path):
     import optuna
 
@@ -231,6 +236,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_a_trial_left_running_by_kill_9_is_failed_and_run_again(profile_db, tmp_path):
     """The next run fails the killed worker's trial (its heartbeat went stale) and runs its point again, even
     when it starts right after the kill; no trial stays RUNNING for ever."""
@@ -252,6 +258,7 @@ def test_a_trial_left_running_by_kill_9_is_failed_and_run_again(profile_db, tmp_
     assert out.completed == 6
 
 
+@pytest.mark.slow
 def test_two_workers_on_one_postgresql_study(profile_db, postgres_server, tmp_path):
     import optuna
     import sqlalchemy as sa
@@ -302,6 +309,7 @@ def test_unreachable_storage_is_one_line():
         open_storage("sqlite:////no/such/dir/x.db")
 
 
+@pytest.mark.slow
 def test_a_study_without_completed_trials_is_refused(profile_db, tmp_path):
     url, run_id, _, _ = profile_db
 
@@ -324,6 +332,7 @@ def test_a_study_made_for_other_settings_is_not_mixed(profile_db, tmp_path):
                    study_name="m", trials=3, attrs={"workload": "a"})
 
 
+@pytest.mark.slow
 def test_memory_objective_gives_the_pareto_front(profile_db, tmp_path):
     url, run_id, draft, _ = profile_db
     space = _space(profile_db, "vllm")
@@ -340,6 +349,7 @@ def test_memory_objective_gives_the_pareto_front(profile_db, tmp_path):
     assert {s.candidate for s in out.pareto} == front and len(front) > 1
 
 
+@pytest.mark.slow
 def test_threshold_kinds_enter_the_space_and_the_search_finds_their_optimum(profile_db, tmp_path):
     """``tune --threshold-kinds``: the space holds cumulative θ > 0 and the adaptive kind's starts (θ <= 0.9,
     constant schedule) and steps; brute force over it finds the model's optimum; a server keeps only

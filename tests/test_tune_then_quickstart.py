@@ -65,6 +65,7 @@ def tuned_then_profiled(tiny_model_dirs, tune_flags, tmp_path_factory):
 # ----------------------------------------------------------------------------- row 6: run ids
 
 
+@pytest.mark.slow
 def test_run_latest_is_the_profile_the_quickstart_just_made(tuned_then_profiled):
     t = tuned_then_profiled
     assert t["report"].run_id == 1
@@ -80,6 +81,7 @@ def test_run_latest_is_the_profile_the_quickstart_just_made(tuned_then_profiled)
     assert code == 0 and "(run 2)" in out, (out, err)
 
 
+@pytest.mark.slow
 def test_the_printed_run_ids_are_commands_that_work(tuned_then_profiled):
     t = tuned_then_profiled
     assert "profile run 1 (new; `--run 1` names it" in t["tuned"]
@@ -91,6 +93,7 @@ def test_the_printed_run_ids_are_commands_that_work(tuned_then_profiled):
     assert code == 0 and json.loads(out)["run_id"] == 2, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given, message", [
     ("first", "--run must be a run id (an integer) or 'latest', got 'first'"),
     ("1.5", "--run must be a run id"),
@@ -105,6 +108,7 @@ def test_latest_without_a_completed_run_says_what_to_run(tmp_path):
     assert code == 2 and err.count("\n") == 1 and "no completed profile run" in err and "specdec-tune profile" in err
 
 
+@pytest.mark.slow
 def test_the_dashboard_opens_on_the_newest_tuned_studys_run(tuned_then_profiled):
     from specdec_tune.dashboard.studies import list_studies, newest_tuned_run, open_storage
     from specdec_tune.db import list_runs, open_database
@@ -186,6 +190,7 @@ def _label(entry: dict) -> str:
     return Candidate.from_dict(entry).label()
 
 
+@pytest.mark.slow
 def test_every_predicted_figure_of_the_winner_is_one_number_or_says_what_differs(tuned_then_profiled):
     figures = _figures(tuned_then_profiled)
     by_basis: dict[str, set[str]] = defaultdict(set)
@@ -197,6 +202,7 @@ def test_every_predicted_figure_of_the_winner_is_one_number_or_says_what_differs
     assert len(by_basis) >= 3, figures  # the search's, the tuning measurement's and the held-out one's
 
 
+@pytest.mark.slow
 def test_the_dashboard_shows_the_winners_numbers_as_the_tune_stored_them(tuned_then_profiled):
     from specdec_tune.dashboard.overview import _best_from_studies
     from specdec_tune.dashboard.studies import list_studies, open_storage
@@ -217,6 +223,7 @@ def test_the_dashboard_shows_the_winners_numbers_as_the_tune_stored_them(tuned_t
     assert chosen.speedup == pytest.approx(chosen.tokens_per_s / why.baseline.tokens_per_s)
 
 
+@pytest.mark.slow
 def test_the_trial_counts_add_up(tuned_then_profiled):
     from specdec_tune.cli.tune import report_json
 

@@ -68,6 +68,7 @@ def _cycles(target, draft, prompts, cfg: DecodeConfig, seed: int):
     return out
 
 
+@pytest.mark.slow
 def test_tv_per_position_predicts_the_engines_tokens_per_cycle(bigram_case):
     """Teacher-forced 1 - TV along target samples (no speculative run) predicts the engine's measured
     E[τ] for N = 1..6 within 2 %; one mean 1 - TV (the i.i.d. closed form) misses where acceptance varies."""
@@ -94,6 +95,7 @@ def _traces(results) -> list[Trace]:
     return [Trace(c.confidences, c.accepted, c.token_probs, c.target_probs) for r in results for c in r.cycles]
 
 
+@pytest.mark.slow
 def test_lossy_replay_predicts_the_engine(bigram_case):
     """Sampling traces recorded with exact acceptance, replayed under Decoding-OPT's over-acceptance ε
     from each drafted token's p and q, predict the engine's lossy E[τ] within 3 %; the exact replay

@@ -182,6 +182,7 @@ def test_a_server_that_fails_to_start_shows_its_last_log_line(profiled, tmp_path
     assert os.path.exists(fake)
 
 
+@pytest.mark.slow
 def test_tune_backend_vllm_end_to_end_on_a_fake_server(tiny_model_dirs, tune_flags, tmp_path, capsys, monkeypatch):
     """``tune --server vllm --backend vllm``: calibration, confirmation, per-B schedule and held-out runs
     all go to the server (a fake one here); the report has one row per batch size with plain decoding,

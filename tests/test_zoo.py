@@ -228,6 +228,7 @@ def test_every_model_loads_and_shares_the_tokenizer(loaded: dict) -> None:
         assert model.config.max_position_embeddings >= 1024
 
 
+@pytest.mark.slow
 def test_target_predicts_code_better_than_the_smallest_draft(loaded: dict) -> None:
     """On held-out prompts the target beats the 1-layer draft, and the drafts agree with it often.
 
@@ -261,6 +262,7 @@ def test_bundled_prompts_are_64_to_512_tokens(loaded: dict) -> None:
         assert len(lengths) >= 32 and min(lengths) >= 64 and max(lengths) <= 512, name
 
 
+@pytest.mark.slow
 def test_card_quality_matches_a_live_recompute(manifest: dict, loaded: dict) -> None:
     """The card's agreement and loss gaps, recomputed live on 2,048 tokens of its held-out files.
 
@@ -316,6 +318,7 @@ def test_zoo_list_table_keeps_each_path_on_one_line_when_piped(manifest: dict, c
     assert not any("…" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_zoo_list_measures_live(manifest: dict, capsys) -> None:
     assert main(["zoo", "list", "--json", "--repeats", "2"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -402,6 +405,7 @@ def test_quick_recipe_end_to_end(tmp_path: Path) -> None:
             assert m["training"]["on_policy"]["steps"] >= 1
 
 
+@pytest.mark.slow
 def test_on_policy_data_is_training_prompts_plus_the_targets_greedy_text() -> None:
     from specdec_tune.engine import DecodeConfig, autoregressive
     from specdec_tune.training.onpolicy import OnPolicyPlan, greedy_continuations
