@@ -334,14 +334,17 @@ def test_best_configuration_tables_fit_the_page(db, urls):
 
     best = list(load_overview(db, list_studies(open_storage(urls["storage"]))).best)
     row = best[0]
-    best += [replace(row, server="sglang", config="draft N=4", source=f"{row.source} (best inside sglang's space)"),
+    deep = "/srv/models/" + "x" * 60 + "/draft"  # a local draft's label names its whole path
+    best += [replace(row, server="sglang", config=f"{deep} N=4", source=f"{row.source} (best inside sglang's space)"),
              replace(row, hardware="Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz (cpu, 2 threads)", tokens_ci=None)]
     tables = best_tables(best)
     assert sorted(tables) == sorted({(b.target, b.hardware, b.workload) for b in best})
     assert sum(len(rows) for rows in tables.values()) == len(best)
-    first = tables[(row.target, row.hardware, row.workload)][0]
+    first_group = tables[(row.target, row.hardware, row.workload)]
+    first = first_group[0]
     assert first["tokens/s [95% CI]"] == f"{row.measured_tokens_per_s:,.1f} [{row.tokens_ci[0]:,.1f}, {row.tokens_ci[1]:,.1f}]"
     assert first["speedup [95% CI]"].startswith(f"{row.speedup:.2f}× [")
+    assert [r["configuration"] for r in first_group if r["server"] == "sglang"] == ["draft N=4"]  # the folder's name
     for rows in tables.values():
         assert all(len(r) <= 7 for r in rows)
         # at about 8 px a character (cell padding included), 125 characters fill a 1400-px window's page

@@ -233,6 +233,12 @@ def _with_ci(x: float | None, ci: tuple[float, float] | None, digits: int, suffi
     return f"{x:,.{digits}f}{suffix}" + (f" [{ci[0]:,.{digits}f}, {ci[1]:,.{digits}f}]" if ci else "")
 
 
+def _short_models(label: str) -> str:
+    """A configuration's label with each model path cut to its folder's name (a local draft's label names its
+    whole path, as long as the folder it lives in)."""
+    return " ".join(short_name(word) if "/" in word else word for word in label.split(" "))
+
+
 def best_tables(rows: Sequence[BestRow]) -> dict[tuple[str, str, str], list[dict[str, str]]]:
     """The best-configuration table split by (target, hardware, workload), each group's name shown above
     its table: seven short columns a page's width holds (twelve ran off its right edge), each measured
@@ -240,7 +246,7 @@ def best_tables(rows: Sequence[BestRow]) -> dict[tuple[str, str, str], list[dict
     groups: dict[tuple[str, str, str], list[dict[str, str]]] = {}
     for b in rows:
         groups.setdefault((b.target, b.hardware, b.workload), []).append({
-            "server": b.server, "configuration": b.config,
+            "server": b.server, "configuration": _short_models(b.config),
             "tokens/s [95% CI]": _with_ci(b.measured_tokens_per_s, b.tokens_ci, 1),
             "predicted": _with_ci(b.predicted_tokens_per_s, None, 1),
             "speedup [95% CI]": _with_ci(b.speedup, b.speedup_ci, 2, "×"),
