@@ -78,8 +78,8 @@ def test_profile_info_matches_the_stored_samples(db):
     raw = [r.seconds * 1e3 for r in load_timings(db, 1, kind="verify") if r.batch_size == 2 and r.k == 3]
     assert info.verify[2][3].median_ms == pytest.approx(statistics.median(raw)) and info.verify[2][3].n == len(raw)
     (draft,) = [d for d in info.draft_steps]  # the n-gram drafter runs no model
-    assert set(info.draft_steps[draft][1]) == set(info.run.settings["context_lens"])
-    assert info.typical_context == info.run.settings["typical_context"]
+    assert set(info.draft_steps[draft][1]) == set(info.run.settings.context_lens)
+    assert info.typical_context == info.run.settings.typical_context
     for rec in load_acceptance(db, 1):
         panel = info.panel(rec.draft, rec.mode)
         drafted = sum(rec.confidence_bins["drafted"])

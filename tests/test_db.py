@@ -188,7 +188,7 @@ class TestStorageContract:
         assert run.hardware.memory_mb == 2048.0 and run.workload.prompt_count == 3
         assert [d.name for d in run.drafts] == ["zoo/draft", "ngram", "zoo/draft2"]
         assert run.drafts[0].model_id == draft_id and run.drafts[1].model_id is None
-        assert run.settings == {"n_max": 8, "temperatures": [0.0, 1.0]}
+        assert run.settings.n_max == 8 and run.settings.model_extra == {"temperatures": [0.0, 1.0]}  # unknown: kept
         assert (run.label, run.specdec_version, run.git_revision) == ("nightly", "9.9.9", "abc123")
         assert run.started_at.tzinfo is not None
 
@@ -397,7 +397,7 @@ class TestStorageContract:
         with open_database(url) as db:  # migrates on first use
             assert current_revision(url) == head_revision()
             run = get_run(db, 1)
-            assert run.status == "completed" and run.settings == {"n_max": 4}
+            assert run.status == "completed" and run.settings.n_max == 4
             assert run.specdec_version is None and run.git_revision is None  # columns new in 0002
             assert [d.name for d in run.drafts] == ["ngram"]
             assert load_timings(db, 1) == [TimingRow("verify", 5, 1, 32, 0.0125)]
@@ -473,7 +473,7 @@ class TestStorageContract:
         now = dt.datetime.now(dt.timezone.utc)
         lease = LeaseRecord(lease_key("study 's'"), "study 's'", "t", "tune", 1, "h", None, now, now)
         with open_database(url) as db:
-            assert get_run(db, 1).settings == {"n_max": 4}
+            assert get_run(db, 1).settings.n_max == 4
             assert insert_lease(db, lease) and not insert_lease(db, lease)
             assert get_lease(db, lease.key) == lease
         engine = sa.create_engine(url)

@@ -30,6 +30,7 @@ from specdec_tune.db.records import (
     TraceRow,
 )
 from specdec_tune.db.reads import require_run
+from specdec_tune.db.run_settings import RunSettings
 from specdec_tune.db.session import session_scope
 from specdec_tune.core.errors import InputError, NotFoundError
 
@@ -54,7 +55,7 @@ def create_run(
     hardware_id: int,
     workload_id: int | None = None,
     drafts: Sequence[str | DraftRecord] = (),
-    settings: Mapping[str, Any] | None = None,
+    settings: RunSettings | Mapping[str, Any] | None = None,
     label: str | None = None,
     notes: str | None = None,
     specdec_version: str | None = None,
@@ -68,7 +69,7 @@ def create_run(
         hardware_id: From :func:`get_or_create_hardware`.
         workload_id: From :func:`get_or_create_workload`, if the run used a prompt set.
         drafts: Draft names (model path / hub id, or ``"ngram"``) or :class:`DraftRecord`.
-        settings: JSON-serialisable run settings (N_max, temperatures, repeats, dtype, ...).
+        settings: the run's settings (:class:`RunSettings`), or their JSON object as stored.
         label: Free text shown in listings (e.g. ``nightly``).
         notes: Free text.
         specdec_version: Defaults to the installed package version.
@@ -79,7 +80,7 @@ def create_run(
             target_model_id=target_model_id,
             hardware_id=hardware_id,
             workload_id=workload_id,
-            settings=dict(settings or {}),
+            settings=settings.to_json() if isinstance(settings, RunSettings) else dict(settings or {}),
             status="running",
             label=label,
             notes=notes,

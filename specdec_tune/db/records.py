@@ -12,6 +12,8 @@ import datetime as dt
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
+from specdec_tune.db.run_settings import RunSettings
+
 # Kinds of timing samples. draft_step: one draft forward producing one token (T_s); verify: one
 # target forward over k new tokens with a KV cache (T_v(k)); autoregressive: a plain decode step
 # (T_ar = T_v(1) measured inside the baseline loop); prefill: a prompt forward; overhead: per-cycle
@@ -100,7 +102,7 @@ class RunRecord:
     hardware: HardwareRecord
     workload: WorkloadRecord | None
     drafts: tuple[DraftRecord, ...]
-    settings: dict[str, Any]
+    settings: RunSettings
     label: str | None = None
     notes: str | None = None
     specdec_version: str | None = None

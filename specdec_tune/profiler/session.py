@@ -30,7 +30,7 @@ from specdec_tune.profiler.lossy_front import measured_front, teacher_forced_fro
 from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline, in_loop_medians
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
 from specdec_tune.profiler.machine_probe import MachineProbe
-from specdec_tune.profiler.settings import ProfileResult, ProfileSettings, Progress, StageLog
+from specdec_tune.profiler.settings import ProfileResult, ProfileSettings, Progress, StageLog, run_settings
 from specdec_tune.profiler.threads import apply_threads, choose_threads
 from specdec_tune.profiler.telemetry import NullMonitor, open_monitor
 from specdec_tune.profiler.tree_profile import tree_passes
@@ -141,23 +141,18 @@ class ProfileSession:
             for d in self.drafts
         ]
         wl = get_or_create_workload(db, workload_info(self.workload_name, self.all_prompt_count))
-        s = self.settings
-        settings = {
-            **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(s).items() if k != "label"},
-            "device": self.device.type, "dtype": str(self.target.dtype).replace("torch.", ""),
-            "forward": self.target.forward, "lean_kernels": self.target.kernels,
-            "cuda_graphs_used": self.target.cuda_graphs,
-            "draft_forwards": {d.model.name: d.model.forward for d in self.drafts if d.model is not None},
-            "target": self.target_name, "drafts": self.draft_names, "workload": self.workload_name,
-            "prompt_ids": [p.id for p in self.prompts], "prompt_tokens": [int(len(i)) for i in self.ids],
-            "workload_prompt_tokens": self.workload_lengths,
-            "typical_context": self.typical_context, "context_lens": self.context_lens,
-            "ks": list(range(1, s.k_max + 1)), "threads": torch.get_num_threads(),
-            "thread_choice": self.thread_choice.to_dict(),
-            "throughput": "end to end: new tokens / wall seconds of whole decode calls, prefill included",
-        }
+        settings = run_settings(
+            self.settings, device=self.device.type, dtype=str(self.target.dtype).replace("torch.", ""),
+            forward=self.target.forward, lean_kernels=self.target.kernels, cuda_graphs_used=self.target.cuda_graphs,
+            draft_forwards={d.model.name: d.model.forward for d in self.drafts if d.model is not None},
+            target=self.target_name, drafts=self.draft_names, workload=self.workload_name,
+            prompt_ids=[p.id for p in self.prompts], prompt_tokens=[int(len(i)) for i in self.ids],
+            workload_prompt_tokens=self.workload_lengths, typical_context=self.typical_context,
+            context_lens=self.context_lens, threads=torch.get_num_threads(), thread_choice=self.thread_choice.to_dict(),
+            throughput="end to end: new tokens / wall seconds of whole decode calls, prefill included",
+        )
         return create_run(db, target_model_id=target_id, hardware_id=hw, workload_id=wl, drafts=drafts,
-                          settings=settings, label=s.label)
+                          settings=settings, label=self.settings.label)
 
     def run(self) -> ProfileResult:
         """Measure everything and store it; return the run id and a summary."""
