@@ -79,8 +79,7 @@ def profile_summary(db, run_id: int) -> dict:
         best = best_configs(rp, top=3) if rp.model.traces else []
         per_batch = {}
         if rp.model.traces and len(rp.model.verify_s) > 1:
-            n_max = max(len(t.confidences) for t in rp.model.traces)  # what the traces can replay
-            schedule = best_n_per_batch_size(rp.model, sorted(rp.model.verify_s), range(1, n_max + 1))
+            schedule = best_n_per_batch_size(rp.model, sorted(rp.model.verify_s), range(1, rp.traced_n_max + 1))
             per_batch = {str(b): n for b, n in schedule.items()}
         out["drafts"].append({
             "name": d.name,
