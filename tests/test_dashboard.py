@@ -149,7 +149,7 @@ def hand_db(tmp_path_factory):
                [TraceRow(i, (h["conf"], h["conf"]), 2, prompt_index=0) for i in range(3)])
     add_acceptance(database, run, draft="d", mode="greedy", temperature=0.0, num_speculative=2, cycles=3,
                    position_attempts=[3, 3], position_accepts=[3, 3], alpha=[1.0, 1.0], beta=[1.0, 1.0],
-                   confidence_bins={"continuations": [[0, 0, h["conf"], True], [0, 1, h["conf"], True]]})
+                   continuations=[[0, 0, h["conf"], True], [0, 1, h["conf"], True]])
     finish_run(database, run)
     yield database, run
     database.close()

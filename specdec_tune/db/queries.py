@@ -218,11 +218,16 @@ def add_acceptance(
     teacher_forced_tokens: int | None = None,
     greedy_agreement: float | None = None,
     one_minus_tv: float | None = None,
+    in_loop: Mapping[str, Any] | None = None,
+    continuations: Sequence[Sequence[Any]] | None = None,
+    tv_temperature: float | None = None,
 ) -> int:
     """Store the aggregated acceptance statistics of one draft and mode; return the row id.
 
     The four per-position lists must have equal lengths (≤ ``num_speculative``). A record from a
-    teacher-forced pass only may have ``cycles == 0`` and empty lists.
+    teacher-forced pass only may have ``cycles == 0`` and empty lists. ``confidence_bins`` is the
+    confidence histogram; ``in_loop``, ``continuations`` and ``tv_temperature`` are described on
+    :class:`~specdec_tune.db.records.AcceptanceRecord`.
     """
     if mode not in MODES:
         raise InputError(f"acceptance mode {mode!r} is not valid; valid: {', '.join(MODES)}")
@@ -242,6 +247,10 @@ def add_acceptance(
         beta=[None if v is None else float(v) for v in beta],
         confidence_bins=dict(confidence_bins or {}), teacher_forced_tokens=teacher_forced_tokens,
         greedy_agreement=greedy_agreement, one_minus_tv=one_minus_tv,
+        in_loop=None if in_loop is None else dict(in_loop),
+        continuations=None if continuations is None else [[int(p), int(c), float(q), bool(ok)]
+                                                          for p, c, q, ok in continuations],
+        tv_temperature=tv_temperature,
     )  # fmt: skip
     return _add_for_run(db, run_id, row)
 

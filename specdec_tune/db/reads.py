@@ -131,6 +131,9 @@ def load_acceptance(
                 rec.AcceptanceRecord, r, position_attempts=tuple(r.position_attempts),
                 position_accepts=tuple(r.position_accepts), alpha=tuple(r.alpha), beta=tuple(r.beta),
                 confidence_bins=dict(r.confidence_bins or {}),
+                in_loop=None if r.in_loop is None else dict(r.in_loop),
+                continuations=None if r.continuations is None else tuple(
+                    (int(p), int(c), float(q), bool(ok)) for p, c, q, ok in r.continuations),
             )
             for r in s.scalars(query)
         ]

@@ -356,17 +356,16 @@ class ProfileSession:
             tf = acc.teacher_forced(self.target.model, spec.model.model, self._outputs, s.temperature or 1.0)
         traces = self._greedy[name]
         summary = acc.summarize([c for t in traces for c in t.cycles], s.n_max)
-        # In-loop forward medians: what profile_data calibrates the micro-benchmarks with.
-        bins = {**summary.confidence_bins, "tv_temperature": tf.temperature if tf else None,
-                "in_loop": in_loop_medians(self._timelines[name])}
-        if spec.model is not None:
-            # Lets the greedy simulation follow a roll-out past a fully accepted cycle (profile_data).
-            bins["continuations"] = [list(x) for x in acc.bonus_continuations(spec.model.model, traces, self.ids)]
+        # The in-loop forward times calibrate the micro-benchmarks (tuner.model); the continuations let the
+        # greedy simulation follow a roll-out past a fully accepted cycle.
+        continuations = None if spec.model is None else acc.bonus_continuations(spec.model.model, traces, self.ids)
         teacher = dict(teacher_forced_tokens=tf.tokens if tf else None,
                        greedy_agreement=tf.greedy_agreement if tf else None, one_minus_tv=tf.one_minus_tv if tf else None)
         add_acceptance(self.db, self.run_id, draft=name, mode="greedy", temperature=0.0, num_speculative=s.n_max,
                        cycles=summary.cycles, position_attempts=summary.attempts, position_accepts=summary.accepts,
-                       alpha=summary.alpha, beta=summary.beta, confidence_bins=bins, **teacher)
+                       alpha=summary.alpha, beta=summary.beta, confidence_bins=summary.confidence_bins, **teacher,
+                       in_loop=in_loop_medians(self._timelines[name]), continuations=continuations,
+                       tv_temperature=tf.temperature if tf else None)
         if s.temperature > 0 and spec.model is not None:
             self._store_front(spec)
         if s.temperature > 0:
@@ -374,7 +373,7 @@ class ProfileSession:
             add_acceptance(self.db, self.run_id, draft=name, mode="sampling", temperature=s.temperature,
                            num_speculative=s.n_max, cycles=ssum.cycles, position_attempts=ssum.attempts,
                            position_accepts=ssum.accepts, alpha=ssum.alpha, beta=ssum.beta,
-                           confidence_bins={**ssum.confidence_bins, "tv_temperature": s.temperature}, **teacher)
+                           confidence_bins=ssum.confidence_bins, tv_temperature=s.temperature, **teacher)
 
 
     def _store_front(self, spec: DraftSpec) -> None:
