@@ -213,8 +213,9 @@ class Acceptance(Base):
     greedy_agreement: Mapped[float | None] = mapped_column(Float)  # argmax p == argmax q
     one_minus_tv: Mapped[float | None] = mapped_column(Float)  # mean Σ min(p, q)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
-    in_loop: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # 0009: see AcceptanceRecord
-    continuations: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    # Revision 0009 (inside confidence_bins before; records.AcceptanceRecord says what they are): SQL NULL if none.
+    in_loop: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    continuations: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     tv_temperature: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
