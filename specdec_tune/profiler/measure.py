@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from specdec_tune.db import Database, add_measured_run, get_run
+from specdec_tune.db import Database, RunSettings, add_measured_run, get_run
 from specdec_tune.engine import DecodeConfig, LoadedModel, acceptance_per_position, check_compatible, load_model
 from specdec_tune.core.costs import check_price
 from specdec_tune.engine.workloads import load_workload

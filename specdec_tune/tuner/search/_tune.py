@@ -40,7 +40,7 @@ from specdec_tune.tuner.search._optuna import SearchOutcome, best_per_server, ex
 from specdec_tune.tuner.search._lease import StudyLease, study_subject
 from specdec_tune.tuner.search._request import TuneInterrupted, TuneReport, TuneRequest, answers, find_profile
 from specdec_tune.tuner.search._request import profile_settings
-from specdec_tune.tuner.search._space import ANY, N_LIMIT, SearchSpace, server_search_space
+from specdec_tune.tuner.search._space import ANY, SearchSpace, server_search_space
 from specdec_tune.tuner.search._tree_space import tree_space_args
 from specdec_tune.tuner.search._study import bound_run, open_storage
 from specdec_tune.tuner.servers import SERVERS
