@@ -101,7 +101,8 @@ def _copy_runs(src, db, runs: int) -> None:
                                  position_attempts=a.position_attempts, position_accepts=a.position_accepts,
                                  alpha=a.alpha, beta=a.beta, confidence_bins=a.confidence_bins,
                                  teacher_forced_tokens=a.teacher_forced_tokens,
-                                 greedy_agreement=a.greedy_agreement, one_minus_tv=a.one_minus_tv)
+                                 greedy_agreement=a.greedy_agreement, one_minus_tv=a.one_minus_tv,
+                                 in_loop=a.in_loop, continuations=a.continuations, tv_temperature=a.tv_temperature)
             store.add_traces(db, rid, a.draft, a.mode, a.temperature, traces[(a.draft, a.mode, a.temperature)])
         for m in measured:
             store.add_measured_run(db, rid, draft=m.draft, config=m.config, seconds=m.seconds,

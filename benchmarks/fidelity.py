@@ -37,7 +37,7 @@ from scipy.stats import spearmanr
 
 from _bench import write_results  # benchmarks/ is this script's folder
 from specdec_tune.cli import _options as opts
-from specdec_tune.db import get_run, open_database
+from specdec_tune.db import RunSettings, get_run, open_database
 from specdec_tune.profiler import ProfileSettings, run_profile
 from specdec_tune.tuner.model import SpecConfig
 from specdec_tune.tuner.search import Validated, measure_predicted
@@ -69,15 +69,15 @@ Kinds = Annotated[str, typer.Option("--kinds", help=(
 Steps = Annotated[str, typer.Option("--steps", help="The adaptive kind's steps, comma-separated.")]
 
 
-def profile_ran(settings: dict, draft: str, config: SpecConfig) -> bool:
+def profile_ran(settings: RunSettings, draft: str, config: SpecConfig) -> bool:
     """Whether the profile itself decoded this configuration (so its timings came from that run)."""
     if config.num_speculative_tokens == 0:
         return True  # the hooked plain baseline
     if config.threshold != 0 or config.schedule != "constant" or config.mode != "greedy" \
             or config.threshold_kind != "per-token":
         return False
-    n_max = int(settings.get("n_max", 16))
-    return config.num_speculative_tokens in {n_max, *(min(n, n_max) for n in settings.get("overhead_ns", []))}
+    n_max = settings.n_max
+    return config.num_speculative_tokens in {n_max, *(min(n, n_max) for n in settings.overhead_ns)}
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -97,7 +97,7 @@ def summarize(rows: list[dict]) -> dict:
             "median_abs_speedup_error": statistics.median(abs(r["speedup_error"]) for r in rows)}
 
 
-def row(v: Validated, settings: dict) -> dict:
+def row(v: Validated, settings: RunSettings) -> dict:
     m, p = v.measurement, v.prediction
     tau_err = None
     if m.mean_tokens_per_cycle and p.expected_tokens_per_cycle:
@@ -233,8 +233,8 @@ def _main(args: dict) -> None:
     results = {name: _measure(database, run_id, configs, settings, name, split, max_prompts, repeats)
                for name, split in chosen}
     lines = [f"model fidelity: target {target}, drafts {drafts}, workload {workload}, run {run_id} "
-             f"(profiled on split {settings.get('split')}: {len(settings.get('prompt_ids', []))} prompts), CPU, "
-             f"{settings.get('threads')} thread(s) ({(settings.get('thread_choice') or {}).get('source', 'as set')}), "
+             f"(profiled on split {settings.split}: {len(settings.prompt_ids)} prompts), CPU, "
+             f"{settings.threads} thread(s) ({(settings.thread_choice or {}).get('source', 'as set')}), "
              f"repeats {repeats}, max prompts {max_prompts or 'all'}"
              + (", one CPU-bound neighbour throughout" if args["neighbour"] else ", no neighbour started"),
              "throughput: end to end, new tokens / wall seconds of whole decode calls, prefill included; "
@@ -263,7 +263,7 @@ def _profile(db, target: str, drafts: list[str], workload: str, max_prompts: int
     return run_id
 
 
-def _measure(db, run_id: int, grid: list, settings: dict, name: str, split: str | None, max_prompts: int | None,
+def _measure(db, run_id: int, grid: list, settings: RunSettings, name: str, split: str | None, max_prompts: int | None,
              repeats: int) -> list[dict]:
     """The grid measured on one split, interleaved, each configuration next to its prediction."""
     t0 = time.perf_counter()

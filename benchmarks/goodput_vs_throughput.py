@@ -146,7 +146,7 @@ def _ratios(rows: list[dict]) -> dict:
 def _text(args, run_id, slos, fast, good, ranked, rows, ratios, schedules, before, after, seconds, settings) -> str:
     slo, measured_slo = slos
     lines = [f"goodput vs throughput: target {args['target']}, drafts {args['drafts']}, workload {args['workload']}, "
-             f"{args['server']} space, run {run_id} ({len(settings.get('prompt_ids', []))} tuning prompts), "
+             f"{args['server']} space, run {run_id} ({len(settings.prompt_ids)} tuning prompts), "
              f"{time.strftime('%Y-%m-%d')}, CPU, load average before {before[0]:.2f}, after {after[0]:.2f} "
              "(a shared machine: re-run quietly)",
              f"SLO: {slo.describe()} predicted, {measured_slo.describe()} measured" + (

@@ -192,7 +192,7 @@ def main(
     started = time.perf_counter()
     run_id = run if run is not None else _profile(database, target, drafts.split(","), workload, profile_max_prompts)
     settings = get_run(database, run_id).settings
-    profiled = len(settings.get("prompt_ids", []))
+    profiled = len(settings.prompt_ids)
     validated = measure_predicted(database, run_id, parse_grid(grid), split="holdout", max_prompts=max_prompts,
                                   repeats=repeats)
     rows = [row(v, profiled) for v in validated]
@@ -201,7 +201,7 @@ def main(
     load_after = os.getloadavg()
     lines = [f"latency fidelity: target {target}, drafts {drafts}, workload {workload}, run {run_id} (profiled on "
              f"{profiled} tuning prompts), held-out prompts {rows and validated[0].measurement.prompts}, "
-             f"repeats {repeats}, CPU, {settings.get('threads')} thread(s); load average before "
+             f"repeats {repeats}, CPU, {settings.threads} thread(s); load average before "
              f"{load_before[0]:.2f}, after {load_after[0]:.2f} (a shared machine)",
              "TPOT: decode window per request, (t_last - t_first) / (n - 1); a prompt's TPOT is the median of its "
              "repeats; p50/p90 over prompts; measured 95% CI: bootstrap over prompts; predicted at the profile's "

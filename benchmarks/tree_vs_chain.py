@@ -176,7 +176,7 @@ def _tune_pick(db, run_id: int, ev: Evaluator, drafts: list[str]) -> dict:
     with θ and schedules, the default trees, the staged pairs profiled), predicted from this profile."""
     run = get_run(db, run_id)
     req = SimpleNamespace(trees=DEFAULT_TREES, drafts=tuple(drafts))
-    space = server_search_space("any", [d for d in drafts if d != "ngram"], int(run.settings.get("n_max", 8)),
+    space = server_search_space("any", [d for d in drafts if d != "ngram"], run.settings.n_max,
                                 "ngram" in drafts, **tree_space_args(req, run, ev))
     ranked = brute_force(ev, space)
     best = ranked[0].candidate
@@ -235,9 +235,9 @@ def main(
     pick = _tune_pick(database, run_id, ev, names)
     settings = get_run(database, run_id).settings
     header = [f"# trees and staged drafting vs chains, held out ({time.strftime('%Y-%m-%d')}, {platform.node()}, "
-              f"{platform.processor() or platform.machine()}, torch threads {settings.get('threads')})",
+              f"{platform.processor() or platform.machine()}, torch threads {settings.threads})",
               f"# target {target}, drafts {drafts}, workload {workload}, profile run {run_id} "
-              f"({len(settings.get('prompt_ids', []))} tuning prompts, --trees), {max_prompts} held-out prompts, "
+              f"({len(settings.prompt_ids)} tuning prompts, --trees), {max_prompts} held-out prompts, "
               f"{repeats} interleaved passes, batch size 1 (the engine does not batch), "
               f"{'greedy' if temperature == 0 else f'sampling at temperature {temperature}'}",
               f"# load average before / after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"]

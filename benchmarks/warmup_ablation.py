@@ -32,7 +32,7 @@ RunId = Annotated[int, typer.Option("--run", help="The profile run whose measure
 def main(db: Db, run: RunId = 1) -> None:
     database = open_database(db)
     record = get_run(database, run)
-    index = {pid: i for i, pid in enumerate(record.settings.get("prompt_ids", []))}
+    index = {pid: i for i, pid in enumerate(record.settings.prompt_ids)}
     groups: dict[tuple, list] = {}
     sessions: dict[tuple, int] = {}
     for m in sorted(list_measured(database, run), key=lambda r: r.id):

@@ -21,7 +21,7 @@ def main(argv: list[str]) -> None:
     db = open_database(db_url)
     run = get_run(db, int(run_id))
     drafts = [d for d in run.draft_names if d != "ngram"]
-    space = server_search_space(server, drafts, int(run.settings["n_max"]), "ngram" in run.draft_names)
+    space = server_search_space(server, drafts, run.settings.n_max, "ngram" in run.draft_names)
     with open(log, "a") as fh:
         def on_trial(trial) -> None:
             fh.write(f"{os.getpid()} {trial.number} {trial.state.name}\n")

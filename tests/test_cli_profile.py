@@ -58,7 +58,7 @@ def test_profile_json_contract(profiled, tiny_model_dirs, capsys):
     assert summary["baseline"]["measured_tokens_per_s"] > 0 and summary["baseline"]["predicted_tokens_per_s"] > 0
     # the run records which forward it timed (tiny Llamas: the lean one), so measure runs the same
     settings = get_run(db, run_rec.id).settings
-    assert settings["forward"] == "lean" and settings["draft_forwards"] == {tiny_model_dirs["draft"]: "lean"}
+    assert settings.forward == "lean" and settings.draft_forwards == {tiny_model_dirs["draft"]: "lean"}
 
 
 @pytest.mark.slow
@@ -148,7 +148,7 @@ def test_measure_stores_measured_next_to_predicted(profiled, capsys):
 def test_measure_defaults_to_held_out_prompts_with_a_ci(profiled, capsys):
     url, _ = profiled
     db = open_database(url)
-    assert get_run(db, 1).settings["split"] == "tune" and get_run(db, 1).settings["prompt_ids"] == ["a", "c"]
+    assert get_run(db, 1).settings.split == "tune" and get_run(db, 1).settings.prompt_ids == ("a", "c")
     code, out, _ = run(["measure", "--run", "1", "-N", "2", "--repeats", "3", "--db", url, "--json"], capsys)
     assert code == 0
     obj = json.loads(out)

@@ -78,8 +78,8 @@ def test_profile_info_matches_the_stored_samples(db):
     raw = [r.seconds * 1e3 for r in load_timings(db, 1, kind="verify") if r.batch_size == 2 and r.k == 3]
     assert info.verify[2][3].median_ms == pytest.approx(statistics.median(raw)) and info.verify[2][3].n == len(raw)
     (draft,) = [d for d in info.draft_steps]  # the n-gram drafter runs no model
-    assert set(info.draft_steps[draft][1]) == set(info.run.settings["context_lens"])
-    assert info.typical_context == info.run.settings["typical_context"]
+    assert set(info.draft_steps[draft][1]) == set(info.run.settings.context_lens)
+    assert info.typical_context == info.run.settings.typical_context
     for rec in load_acceptance(db, 1):
         panel = info.panel(rec.draft, rec.mode)
         drafted = sum(rec.confidence_bins["drafted"])
@@ -149,7 +149,7 @@ def hand_db(tmp_path_factory):
                [TraceRow(i, (h["conf"], h["conf"]), 2, prompt_index=0) for i in range(3)])
     add_acceptance(database, run, draft="d", mode="greedy", temperature=0.0, num_speculative=2, cycles=3,
                    position_attempts=[3, 3], position_accepts=[3, 3], alpha=[1.0, 1.0], beta=[1.0, 1.0],
-                   confidence_bins={"continuations": [[0, 0, h["conf"], True], [0, 1, h["conf"], True]]})
+                   continuations=[[0, 0, h["conf"], True], [0, 1, h["conf"], True]])
     finish_run(database, run)
     yield database, run
     database.close()

@@ -188,7 +188,7 @@ class TestStorageContract:
         assert run.hardware.memory_mb == 2048.0 and run.workload.prompt_count == 3
         assert [d.name for d in run.drafts] == ["zoo/draft", "ngram", "zoo/draft2"]
         assert run.drafts[0].model_id == draft_id and run.drafts[1].model_id is None
-        assert run.settings == {"n_max": 8, "temperatures": [0.0, 1.0]}
+        assert run.settings.n_max == 8 and run.settings.model_extra == {"temperatures": [0.0, 1.0]}  # unknown: kept
         assert (run.label, run.specdec_version, run.git_revision) == ("nightly", "9.9.9", "abc123")
         assert run.started_at.tzinfo is not None
 
@@ -238,8 +238,10 @@ class TestStorageContract:
             position_attempts=[7, 5, 3], position_accepts=[5, 3, 0], alpha=[5 / 7, 0.6, math.nan],
             beta=[5 / 7, 3 / 7, 0.0], confidence_bins={"edges": [0, 0.5, 1], "accepted": [1, 4]},
             teacher_forced_tokens=100, greedy_agreement=0.71, one_minus_tv=0.64,
+            in_loop={"verify_s": {"2": 0.01}}, continuations=[(0, 3, 0.5, True)], tv_temperature=1.0,
         )  # fmt: skip
         (acc,) = load_acceptance(db, run_id, mode="greedy")
+        assert (acc.in_loop, acc.continuations, acc.tv_temperature) == ({"verify_s": {"2": 0.01}}, ((0, 3, 0.5, True),), 1.0)
         assert acc.id == acc_id and acc.position_attempts == (7, 5, 3)
         assert acc.alpha[:2] == pytest.approx((5 / 7, 0.6)) and acc.alpha[2] is None  # NaN -> null
         assert acc.confidence_bins["accepted"] == [1, 4] and acc.one_minus_tv == 0.64
@@ -397,7 +399,7 @@ class TestStorageContract:
         with open_database(url) as db:  # migrates on first use
             assert current_revision(url) == head_revision()
             run = get_run(db, 1)
-            assert run.status == "completed" and run.settings == {"n_max": 4}
+            assert run.status == "completed" and run.settings.n_max == 4
             assert run.specdec_version is None and run.git_revision is None  # columns new in 0002
             assert [d.name for d in run.drafts] == ["ngram"]
             assert load_timings(db, 1) == [TimingRow("verify", 5, 1, 32, 0.0125)]
@@ -473,7 +475,7 @@ class TestStorageContract:
         now = dt.datetime.now(dt.timezone.utc)
         lease = LeaseRecord(lease_key("study 's'"), "study 's'", "t", "tune", 1, "h", None, now, now)
         with open_database(url) as db:
-            assert get_run(db, 1).settings == {"n_max": 4}
+            assert get_run(db, 1).settings.n_max == 4
             assert insert_lease(db, lease) and not insert_lease(db, lease)
             assert get_lease(db, lease.key) == lease
         engine = sa.create_engine(url)
@@ -484,6 +486,53 @@ class TestStorageContract:
         finally:
             engine.dispose()
         assert "leases" not in tables and "profile_runs" in tables
+
+    def test_migrate_0008_to_0009_moves_calibration_out_of_confidence_bins(self, new_url):
+        """Rows as the profiler stored them before 0009 (shapes from a committed fidelity run's database:
+        the in-loop times under their older key names, the continuations, the TV temperature, all inside
+        ``confidence_bins``) read through the typed record after the upgrade; the downgrade puts them back."""
+        import json
+
+        histogram = {"edges": [0.0, 0.5, 1.0], "drafted": [351, 193], "accepted": [273, 139]}
+        in_loop = {"verify_s": {"2": 0.0031140840001171455, "3": 0.0033427560001655365}, "verify_n": {"2": 221, "3": 8},
+                   "draft_first_s": 0.0003845435003313469, "draft_rest_s": 0.00024190099975385237,
+                   "target_prefill_s": [0.03299033399889595], "draft_prefill_s": [0.002518346000215388]}
+        continuations = [[0, 16, 0.19938363134860992, True], [2, 2, 0.06694160401821136, True]]
+        old_bins = {  # id -> confidence_bins: a model draft's greedy and sampling rows, an n-gram's greedy row
+            1: {**histogram, "tv_temperature": 1.0, "in_loop": in_loop, "continuations": continuations},
+            2: {**histogram, "tv_temperature": 1.0},
+            3: {**histogram, "tv_temperature": None, "in_loop": in_loop},
+        }
+        rows = [(1, "d", "greedy", 0.0), (2, "d", "sampling", 1.0), (3, "ngram", "greedy", 0.0)]
+        url = new_url()
+        upgrade(url, "0008")
+        _insert_old_rows(url, '{"n_max": 2, "max_new_tokens": 48, "ks": [1, 2, 3]}', [
+            "INSERT INTO acceptance (id, run_id, draft, mode, temperature, num_speculative, cycles, position_attempts, "
+            "position_accepts, alpha, beta, confidence_bins, one_minus_tv, created_at) VALUES "
+            f"({i}, 1, '{draft}', '{mode}', {t}, 2, 3, '[3, 2]', '[2, 1]', '[0.6, 0.5]', '[0.6, 0.3]', "
+            f"'{json.dumps(old_bins[i])}', 0.7, '{OLD_NOW}')" for i, draft, mode, t in rows
+        ], ("hardware", "models", "profile_runs", "acceptance"))
+        assert upgrade(url, "0009") == ("0008", "0009")
+        with open_database(url) as db:
+            settings = get_run(db, 1).settings
+            assert (settings.n_max, settings.max_new_tokens, settings.forward) == (2, 48, "hf")  # hf: not stored
+            greedy, sampling, ngram = load_acceptance(db, 1)
+            assert greedy.confidence_bins == sampling.confidence_bins == ngram.confidence_bins == histogram
+            assert greedy.in_loop == ngram.in_loop == in_loop and sampling.in_loop is None
+            assert greedy.continuations == tuple(tuple(c) for c in continuations)
+            assert sampling.continuations is None and ngram.continuations is None
+            assert (greedy.tv_temperature, sampling.tv_temperature, ngram.tv_temperature) == (1.0, 1.0, None)
+        engine = sa.create_engine(url)
+        try:
+            with engine.begin() as conn:
+                command.downgrade(alembic_config(conn), "0008")
+            with engine.connect() as conn:
+                stored = dict(conn.execute(sa.text("SELECT id, confidence_bins FROM acceptance")).all())
+            columns = {c["name"] for c in sa.inspect(engine).get_columns("acceptance")}
+        finally:
+            engine.dispose()
+        assert {i: json.loads(v) if isinstance(v, str) else v for i, v in stored.items()} == old_bins
+        assert not columns & {"in_loop", "continuations", "tv_temperature"}
 
     def test_failed_migration_changes_nothing(self, new_url):
         url = new_url()

@@ -86,7 +86,7 @@ def test_profile_stores_nvml_telemetry_and_measure_has_a_ci(tmp_path):
     result = run_profile(db, "mini-target", ["mini-draft-1l"], "functions", settings)
     from specdec_tune.db import get_run
 
-    assert get_run(db, result.run_id).settings["cuda_graphs_used"] == "on"  # profiled through the graphs
+    assert get_run(db, result.run_id).settings.cuda_graphs_used == "on"  # profiled through the graphs
     rows = load_telemetry(db, result.run_id)
     assert result.telemetry["monitor"] == "nvml" and result.telemetry["energy_j"] > 0
     assert len(rows) >= 2 and all(r.power_w and r.power_w > 0 for r in rows)

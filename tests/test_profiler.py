@@ -270,7 +270,7 @@ def test_profile_session_stores_everything_and_predicts(tiny_model_dirs, workloa
     kinds = {r.kind for r in load_timings(db, result.run_id)}
     assert kinds == {"verify", "draft_step", "prefill", "autoregressive", "overhead", "machine_probe", "verify_context"}
     # the thread count chosen (stored and returned) and the machine's speed while profiling
-    assert run.settings["thread_choice"]["threads"] == run.settings["threads"] == result.threads["threads"] >= 1
+    assert run.settings.thread_choice["threads"] == run.settings.threads == result.threads["threads"] >= 1
     assert result.threads["source"] in ("calibrated", "calibrated, lowered to the idle CPUs")
     probes = [r.seconds for r in load_timings(db, result.run_id, kind="machine_probe")]
     assert len(probes) >= 4 * 3 and load_run_profile(db, result.run_id).machine_probe_s > 0
@@ -378,8 +378,8 @@ def test_held_out_prediction_uses_no_held_out_timing(tiny_model_dirs, workload, 
     draft = tiny_model_dirs["draft"]
     run_id = ProfileSession(db, tiny_model_dirs["target"], [draft], workload, TINY).run().run_id
     settings = get_run(db, run_id).settings
-    assert settings["split"] == "tune" and settings["prompt_ids"] == ["p0", "p2"]  # p1 is held out
-    lengths = settings["prompt_tokens"]
+    assert settings.split == "tune" and settings.prompt_ids == ("p0", "p2")  # p1 is held out
+    lengths = list(settings.prompt_tokens)
     # Nothing of the held-out prompt is in the run: traces of profiled prompts only, prefills at their lengths.
     assert {t.prompt_index for t in load_traces(db, run_id, draft, "greedy")} <= {0, 1}
     prefills = {(r.draft, r.k) for r in load_timings(db, run_id, kind="prefill")}
@@ -398,7 +398,7 @@ def test_held_out_prediction_uses_no_held_out_timing(tiny_model_dirs, workload, 
     plain = predict_prompts(rp, SpecConfig(0), [(n, None) for n in lengths])
     assert plain.source == "baseline" and plain.tokens_per_s > 0
     # Every workload prompt's length is stored, so any split can be predicted without a tokenizer.
-    stored = settings["workload_prompt_tokens"]
+    stored = settings.workload_prompt_tokens
     assert [pid for pid, _ in stored] == ["p0", "p1", "p2"] and [stored[0][1], stored[2][1]] == lengths
     (held,) = split_specs(rp, "holdout")
     assert held == PromptSpec(stored[1][1], None, None)

@@ -172,7 +172,7 @@ def test_profile_measure_predict_with_synthetic_acceptance(tiny_shapes, tmp_path
     assert out["drafts"][0]["best"] and all(b["label"] == "predicted, synthetic acceptance" for b in out["drafts"][0]["best"])
     run = out["run_id"]
     database = open_database(db)
-    assert get_run(database, run).settings["synthetic_acceptance"] == [0.7]
+    assert get_run(database, run).settings.synthetic_acceptance == (0.7,)
     m = _cli_json(capsys, ["measure", "--run", str(run), "-N", "2", "--max-prompts", "2", "--repeats", "1",
                            "--threads", "1", "--db", db, "--json"])
     assert m["acceptance_rates"] == "synthetic" and m["label"] == "measured, synthetic acceptance"

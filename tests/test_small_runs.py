@@ -121,7 +121,7 @@ def test_tune_finishes_at_the_edges_and_says_what_it_could_not_compute(tiny_mode
     db = open_database(f"sqlite:///{tmp_path / 'r.db'}")
     (profiled,) = list_runs(db)
     tuning = (prompts + 1) // 2  # even positions
-    assert len(profiled.settings["prompt_ids"]) == min(max_p, tuning)  # a cap beyond the workload takes it all
+    assert len(profiled.settings.prompt_ids) == min(max_p, tuning)  # a cap beyond the workload takes it all
     confirmed = {m.config["prompts"] for m in list_measured(db, profiled.id) if m.config.get("split") == "tune"}
     assert confirmed == {min(measure_p, tuning)}
     one_prompt = "no 95% CIs on the tuning prompts" in notes

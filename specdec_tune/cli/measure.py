@@ -258,7 +258,7 @@ def measure(
     database = open_database(db)
     run = opt.run_id(database, run_given)
     if split is None:
-        split = "holdout" if get_run(database, run).settings.get("split") == "tune" else None
+        split = "holdout" if get_run(database, run).settings.split == "tune" else None
     opt.check_measured_prompts(get_run(database, run), split, max_prompts, repeats)  # before the bar and models
     quiet_loading()
     if backend == "vllm":

@@ -7,7 +7,7 @@ measured or predicted.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -38,6 +38,9 @@ from specdec_tune.cli._options import (
 )
 from specdec_tune.cli._progress import Bar, progress_bar
 
+if TYPE_CHECKING:
+    from specdec_tune.db import RunSettings
+
 SHOWN_K = (1, 2, 3, 5, 9, 17)
 
 _Drafts = Annotated[str, typer.Option("--draft", help=(
@@ -57,8 +60,8 @@ def profile_summary(db, run_id: int) -> dict:
     out = {
         "run_id": run_id, "status": run.status, "target": run.target.name,
         "workload": run.workload.name if run.workload else None, "throughput": THROUGHPUT_NOTE,
-        "prompts": len(run.settings.get("prompt_ids", [])), "max_new_tokens": run.settings.get("max_new_tokens"),
-        "typical_context": run.settings.get("typical_context"), "threads": run.settings.get("thread_choice"),
+        "prompts": len(run.settings.prompt_ids), "max_new_tokens": run.settings.max_new_tokens,
+        "typical_context": run.settings.typical_context or None, "threads": run.settings.thread_choice,
         "machine_probe_ms": None if base_rp.machine_probe_s is None else base_rp.machine_probe_s * 1e3,
         "verify_ms": {str(b): {str(k): s * 1e3 for k, s in c.items()} for b, c in verify.items()},
         "baseline": {
@@ -76,8 +79,7 @@ def profile_summary(db, run_id: int) -> dict:
         best = best_configs(rp, top=3) if rp.model.traces else []
         per_batch = {}
         if rp.model.traces and len(rp.model.verify_s) > 1:
-            n_max = max(len(t.confidences) for t in rp.model.traces)  # what the traces can replay
-            schedule = best_n_per_batch_size(rp.model, sorted(rp.model.verify_s), range(1, n_max + 1))
+            schedule = best_n_per_batch_size(rp.model, sorted(rp.model.verify_s), range(1, rp.traced_n_max + 1))
             per_batch = {str(b): n for b, n in schedule.items()}
         out["drafts"].append({
             "name": d.name,
@@ -110,9 +112,9 @@ def profile_summary(db, run_id: int) -> dict:
     return out
 
 
-def _acceptance_json(settings: dict) -> dict:
+def _acceptance_json(settings: RunSettings) -> dict:
     """Where the run's acceptance comes from: measured (the target verified), or synthetic (given rates)."""
-    rates = settings.get("synthetic_acceptance")
+    rates = settings.synthetic_acceptance
     if not rates:
         return {"kind": "measured"}
     return {"kind": "synthetic", "rates": list(rates), "label": opt.synthetic_label(rates)}
@@ -200,7 +202,7 @@ def kept_by_interrupt(db, newest: int, target: str) -> str:
 
     try:
         run = next((r for r in list_runs(db, status="interrupted", limit=10)
-                    if r.id > newest and r.settings.get("target") == target), None)
+                    if r.id > newest and r.settings.target == target), None)
         if run is None:
             return "nothing stored (no measurement had started); re-run the same command to profile"
         kinds = {row.kind for row in load_timings(db, run.id)}
@@ -209,7 +211,7 @@ def kept_by_interrupt(db, newest: int, target: str) -> str:
         return f"what was kept cannot be read back ({exc})"
     stages = ["forward timings T_v(k), T_s"] * ("verify" in kinds) + ["prefill timings"] * ("prefill" in kinds)
     if decoded:
-        stages.append(f"{len(decoded)} of {len(run.settings.get('prompt_ids', []))} prompts decoded")
+        stages.append(f"{len(decoded)} of {len(run.settings.prompt_ids)} prompts decoded")
     return (f"profile run {run.id} kept as interrupted with {', '.join(stages) or 'no stage finished'}; "
             "re-run the same command to profile again")
 

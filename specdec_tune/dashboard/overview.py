@@ -24,7 +24,8 @@ from specdec_tune.dashboard.measured import (
 )
 from specdec_tune.dashboard.studies import StudyRow
 from specdec_tune.dashboard.trends import TrendsInfo, Verdict
-from specdec_tune.db import Database, HardwareRecord, MeasuredRecord, RunRecord, list_measured, list_models, list_runs
+from specdec_tune.db import Database, HardwareRecord, MeasuredRecord, RunRecord, RunSettings, list_measured, list_models
+from specdec_tune.db import list_runs
 
 NGRAM_ROLE = "draft (n-gram lookup, no model)"
 
@@ -49,10 +50,10 @@ def run_label(run: RunRecord) -> str:
     return f"run {run.id}: {short_name(run.target.name)} on {short_name(workload)}, {when} ({run.status}{synthetic})"
 
 
-def synthetic_note(settings: dict) -> str | None:
+def synthetic_note(settings: RunSettings) -> str | None:
     """The label of a run profiled with synthetic acceptance (model shapes with random weights: the
     verify step accepted at given rates), None for a run whose target decided."""
-    rates = settings.get("synthetic_acceptance")
+    rates = settings.synthetic_acceptance
     if not rates:
         return None
     alphas = ", ".join(f"{float(a):g}" for a in rates)

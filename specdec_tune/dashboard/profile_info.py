@@ -152,7 +152,7 @@ def load_profile_info(db: Database, run_id: int) -> ProfileInfo:
     order = {name: i for i, name in enumerate(run.draft_names)}
     panels = sorted((acceptance_panel(a) for a in load_acceptance(db, run_id)),
                     key=lambda p: (order.get(p.draft, len(order)), p.mode))
-    typical = run.settings.get("typical_context")
+    typical = run.settings.typical_context
     return ProfileInfo(
         run=run, verify=verify, draft_steps=steps, typical_context=int(typical) if typical else None,
         acceptance=tuple(panels), thresholds=tuple(THRESHOLD_GRID), telemetry=tuple(load_telemetry(db, run_id)),

@@ -177,7 +177,7 @@ def load_why(db: Database, run_id: int, drafts: Sequence[str] | None = None, bat
     """
     run = get_run(db, run_id)
     names = list(drafts) if drafts is not None else run.draft_names
-    n_max = int(run.settings.get("n_max", 16))
+    n_max = run.settings.n_max
     ns = list(range(1, n_max + 1))
     records = list_measured(db, run_id)
     base_rp = load_run_profile(db, run_id, baseline_only=True)

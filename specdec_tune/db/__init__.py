@@ -27,6 +27,7 @@ from specdec_tune.db.reads import load_timings, load_traces
 from specdec_tune.db.records import FINISHED_STATUSES, MODES, RUN_STATUSES, TIMING_KINDS, AcceptanceRecord, DraftRecord
 from specdec_tune.db.records import HardwareRecord, MeasuredRecord, ModelRecord, RunRecord, TelemetryRow, TimingRow
 from specdec_tune.db.records import BiasFrontRow, TeacherForcedRow, TraceRow, WorkloadRecord
+from specdec_tune.db.run_settings import RunSettings
 from specdec_tune.db.regress import CalibrationRecord, CellVerdict, RegressBenchmarkRecord, RegressCellRecord
 from specdec_tune.db.regress import RegressRunRecord, add_calibration, add_regress_benchmark, add_regress_cells
 from specdec_tune.db.regress import create_regress_run, finish_regress_run, get_regress_run, latest_calibration
@@ -37,7 +38,7 @@ from specdec_tune.db.trees import TREE_KINDS, TreeTraceRecord, add_tree_traces, 
 __all__ = [
     "DEFAULT_URL", "ENV_VAR", "default_storage_url", "sqlite_file", "FINISHED_STATUSES", "MODES", "RUN_STATUSES", "TIMING_KINDS",
     "AcceptanceRecord", "Database", "DraftRecord", "HardwareRecord", "MeasuredRecord",
-    "ModelRecord", "RunRecord", "TelemetryRow", "TimingRow", "TraceRow", "WorkloadRecord",
+    "ModelRecord", "RunRecord", "RunSettings", "TelemetryRow", "TimingRow", "TraceRow", "WorkloadRecord",
     "add_acceptance", "add_measured_run", "set_prediction", "add_run_draft", "add_telemetry", "add_timing_samples",
     "add_traces", "create_run", "current_revision", "delete_run", "finish_run",
     "get_or_create_hardware", "get_or_create_model", "get_or_create_workload", "get_run",

@@ -208,11 +208,15 @@ class Acceptance(Base):
     position_accepts: Mapped[list[Any]] = mapped_column()  # [N] cycles that accepted position i
     alpha: Mapped[list[Any]] = mapped_column()  # [N] accepts_i / attempts_i (conditional)
     beta: Mapped[list[Any]] = mapped_column()  # [N] accepts_i / cycles (unconditional, vLLM)
-    confidence_bins: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    confidence_bins: Mapped[dict[str, Any]] = mapped_column(default=dict)  # {edges, drafted, accepted} per bin
     teacher_forced_tokens: Mapped[int | None] = mapped_column(Integer)
     greedy_agreement: Mapped[float | None] = mapped_column(Float)  # argmax p == argmax q
     one_minus_tv: Mapped[float | None] = mapped_column(Float)  # mean Σ min(p, q)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    # Revision 0009 (inside confidence_bins before; records.AcceptanceRecord says what they are): SQL NULL if none.
+    in_loop: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    continuations: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    tv_temperature: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class AcceptanceTrace(Base):

@@ -30,6 +30,7 @@ from specdec_tune.db.records import (
     TraceRow,
 )
 from specdec_tune.db.reads import require_run
+from specdec_tune.db.run_settings import RunSettings
 from specdec_tune.db.session import session_scope
 from specdec_tune.core.errors import InputError, NotFoundError
 
@@ -54,7 +55,7 @@ def create_run(
     hardware_id: int,
     workload_id: int | None = None,
     drafts: Sequence[str | DraftRecord] = (),
-    settings: Mapping[str, Any] | None = None,
+    settings: RunSettings | Mapping[str, Any] | None = None,
     label: str | None = None,
     notes: str | None = None,
     specdec_version: str | None = None,
@@ -68,7 +69,7 @@ def create_run(
         hardware_id: From :func:`get_or_create_hardware`.
         workload_id: From :func:`get_or_create_workload`, if the run used a prompt set.
         drafts: Draft names (model path / hub id, or ``"ngram"``) or :class:`DraftRecord`.
-        settings: JSON-serialisable run settings (N_max, temperatures, repeats, dtype, ...).
+        settings: the run's settings (:class:`RunSettings`), or their JSON object as stored.
         label: Free text shown in listings (e.g. ``nightly``).
         notes: Free text.
         specdec_version: Defaults to the installed package version.
@@ -79,7 +80,7 @@ def create_run(
             target_model_id=target_model_id,
             hardware_id=hardware_id,
             workload_id=workload_id,
-            settings=dict(settings or {}),
+            settings=settings.to_json() if isinstance(settings, RunSettings) else dict(settings or {}),
             status="running",
             label=label,
             notes=notes,
@@ -217,11 +218,16 @@ def add_acceptance(
     teacher_forced_tokens: int | None = None,
     greedy_agreement: float | None = None,
     one_minus_tv: float | None = None,
+    in_loop: Mapping[str, Any] | None = None,
+    continuations: Sequence[Sequence[Any]] | None = None,
+    tv_temperature: float | None = None,
 ) -> int:
     """Store the aggregated acceptance statistics of one draft and mode; return the row id.
 
     The four per-position lists must have equal lengths (≤ ``num_speculative``). A record from a
-    teacher-forced pass only may have ``cycles == 0`` and empty lists.
+    teacher-forced pass only may have ``cycles == 0`` and empty lists. ``confidence_bins`` is the
+    confidence histogram; ``in_loop``, ``continuations`` and ``tv_temperature`` are described on
+    :class:`~specdec_tune.db.records.AcceptanceRecord`.
     """
     if mode not in MODES:
         raise InputError(f"acceptance mode {mode!r} is not valid; valid: {', '.join(MODES)}")
@@ -241,6 +247,10 @@ def add_acceptance(
         beta=[None if v is None else float(v) for v in beta],
         confidence_bins=dict(confidence_bins or {}), teacher_forced_tokens=teacher_forced_tokens,
         greedy_agreement=greedy_agreement, one_minus_tv=one_minus_tv,
+        in_loop=None if in_loop is None else dict(in_loop),
+        continuations=None if continuations is None else [[int(p), int(c), float(q), bool(ok)]
+                                                          for p, c, q, ok in continuations],
+        tv_temperature=tv_temperature,
     )  # fmt: skip
     return _add_for_run(db, run_id, row)
 

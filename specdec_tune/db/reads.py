@@ -9,6 +9,7 @@ from specdec_tune.db import models as m
 from specdec_tune.db import records as rec
 from specdec_tune.db.engine import Database
 from specdec_tune.db.records import record_from
+from specdec_tune.db.run_settings import RunSettings
 from specdec_tune.db.session import session_scope
 from specdec_tune.core.errors import InputError, NotFoundError
 
@@ -28,7 +29,7 @@ def _run(r: m.ProfileRun) -> rec.RunRecord:
         target=_model(r.target), hardware=_hardware(r.hardware),
         workload=None if workload is None else record_from(rec.WorkloadRecord, workload),
         drafts=tuple(rec.DraftRecord(name=d.name, model_id=d.model_id, role=d.role) for d in r.drafts),
-        settings=dict(r.settings or {}), label=r.label, notes=r.notes,
+        settings=RunSettings.from_json(r.settings, where=f"profile run {r.id}"), label=r.label, notes=r.notes,
         specdec_version=r.specdec_version, git_revision=r.git_revision,
     )  # fmt: skip
 
@@ -130,6 +131,9 @@ def load_acceptance(
                 rec.AcceptanceRecord, r, position_attempts=tuple(r.position_attempts),
                 position_accepts=tuple(r.position_accepts), alpha=tuple(r.alpha), beta=tuple(r.beta),
                 confidence_bins=dict(r.confidence_bins or {}),
+                in_loop=None if r.in_loop is None else dict(r.in_loop),
+                continuations=None if r.continuations is None else tuple(
+                    (int(p), int(c), float(q), bool(ok)) for p, c, q, ok in r.continuations),
             )
             for r in s.scalars(query)
         ]

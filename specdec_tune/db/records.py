@@ -12,6 +12,8 @@ import datetime as dt
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
+from specdec_tune.db.run_settings import RunSettings
+
 # Kinds of timing samples. draft_step: one draft forward producing one token (T_s); verify: one
 # target forward over k new tokens with a KV cache (T_v(k)); autoregressive: a plain decode step
 # (T_ar = T_v(1) measured inside the baseline loop); prefill: a prompt forward; overhead: per-cycle
@@ -100,7 +102,7 @@ class RunRecord:
     hardware: HardwareRecord
     workload: WorkloadRecord | None
     drafts: tuple[DraftRecord, ...]
-    settings: dict[str, Any]
+    settings: RunSettings
     label: str | None = None
     notes: str | None = None
     specdec_version: str | None = None
@@ -179,6 +181,13 @@ class AcceptanceRecord:
     teacher_forced_tokens: int | None = None
     greedy_agreement: float | None = None
     one_minus_tv: float | None = None
+    # Greedy rows: the forwards timed inside the acceptance pass (profiler.overhead.in_loop_medians), to which
+    # the model calibrates the micro-benchmarks; None in sampling rows and runs profiled before they were kept.
+    in_loop: dict[str, Any] | None = None
+    # Greedy rows of a model draft: (prompt_index, cycle_index, confidence, accepted) at the bonus position of
+    # each fully accepted cycle, so the greedy simulation can follow a roll-out past it; None otherwise.
+    continuations: tuple[tuple[int, int, float, bool], ...] | None = None
+    tv_temperature: float | None = None  # the temperature of the teacher-forced pass behind one_minus_tv
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from specdec_tune.db import Database, add_measured_run, get_run
+from specdec_tune.db import Database, RunSettings, add_measured_run, get_run
 from specdec_tune.engine import DecodeConfig, LoadedModel, acceptance_per_position, check_compatible, load_model
 from specdec_tune.core.costs import check_price
 from specdec_tune.engine.workloads import load_workload
@@ -77,9 +77,9 @@ class _Case:
     joules: list[float] = field(default_factory=list)  # [repeat] energy of this pass (GPU with NVML only)
 
 
-def default_split(settings: dict) -> str | None:
+def default_split(settings: RunSettings) -> str | None:
     """``holdout`` for a run profiled on the ``tune`` split, else ``None`` (the run's own prompts)."""
-    return "holdout" if settings.get("split") == "tune" else None
+    return "holdout" if settings.split == "tune" else None
 
 
 def chosen_prompts(run, split: str | None, max_prompts: int | None):
@@ -89,14 +89,14 @@ def chosen_prompts(run, split: str | None, max_prompts: int | None):
         raise InputError(f"--max-prompts must be >= 1, got {max_prompts}")
     if split is not None:
         split = check_split(split)
-    name = settings.get("workload", run.workload.name if run.workload else "")
+    name = settings.workload or (run.workload.name if run.workload else "")
     workload = load_workload(name)
     if split is None:
         by_id = {p.id: p for p in workload}
-        wanted = list(settings.get("prompt_ids", []))
+        wanted = list(settings.prompt_ids)
         missing = [i for i in wanted if i not in by_id]
         if missing:
-            raise InputError(f"workload {settings.get('workload')!r} no longer has prompt(s) {missing[:3]} of run {run.id}")
+            raise InputError(f"workload {settings.workload!r} no longer has prompt(s) {missing[:3]} of run {run.id}")
         prompts = [by_id[i] for i in wanted]
     else:
         prompts = check_split_prompts(workload, split, name)  # none (holdout of one prompt): refused, with counts
@@ -160,14 +160,14 @@ def measure_configs(
     split, prompts = chosen_prompts(run, split, max_prompts)
     target, specs, choice = _load_models(run, [name for name, _ in planned] + inners, threads)
     wanted, ids = [p.id for p in prompts], [encode_prompt(target, p.prompt, p.id) for p in prompts]
-    max_new = int(settings.get("max_new_tokens", 64))
-    synthetic = settings.get("synthetic_acceptance")
+    max_new = settings.max_new_tokens
+    synthetic = settings.synthetic_acceptance
     cases = [_Case(name, config, _drafter(specs, name, config),
                    _decode_config(config, max_new, temperature, target, synthetic, seed), [[] for _ in ids],
                    [[] for _ in ids], arrivals=[[] for _ in ids]) for name, config in planned]
     _metered(target, cases, wanted, ids, repeats, seed, progress or Progress())
-    _warn_if_graphs_changed(target, settings.get("cuda_graphs_used"))
-    ctx = _Context(temperature, repeats, split, wanted, [pid in set(settings.get("prompt_ids", [])) for pid in wanted],
+    _warn_if_graphs_changed(target, settings.cuda_graphs_used)
+    ctx = _Context(temperature, repeats, split, wanted, [pid in set(settings.prompt_ids) for pid in wanted],
                    [int(x.shape[0]) for x in ids], choice, gpu_price)
     return [_store(db, run_id, case, ctx, peak_for_run(run, _source(case), case.config.num_speculative_tokens * (
         not case.config.is_plain), prompts[0].prompt, max_new, choice.threads) if peak_memory else None)
@@ -206,7 +206,7 @@ def _check(run, items: list[MeasureSpec], repeats: int, temperature: float, gpu_
         raise InputError("no configuration to measure")
     if repeats < 1:
         raise InputError(f"--repeats must be >= 1, got {repeats}")
-    profiled = float(run.settings.get("temperature", 0.0))
+    profiled = run.settings.temperature
     if temperature > 0 and abs(profiled - temperature) > 1e-9:
         raise InputError(f"run {run.id} was profiled at --temperature {profiled}; "
                          f"measure at that temperature or 0 (greedy), not {temperature}")
@@ -222,9 +222,8 @@ def _load_models(run, drafts: list[str | None],
     """The run's target, loaded as profiled, a drafter spec per draft (``None``: plain decoding), and the
     thread count set (the profile's timings hold for its count: ``auto`` keeps it unless CPUs are busy)."""
     settings = run.settings
-    device, dtype = settings.get("device", "auto"), settings.get("dtype", "auto")
-    forward = settings.get("forward", "hf")  # runs profiled before the lean forward existed used HF's
-    graphs = settings.get("cuda_graphs", "auto")  # as profiled: the timings are the graphs' (or eager ones)
+    device, dtype, forward = settings.device, settings.dtype, settings.forward
+    graphs = settings.cuda_graphs  # as profiled: the timings are the graphs' (or eager ones)
     target = _load(run.target.name, run.target.extra.get("source"), device, dtype, forward, graphs)
     _warn_if_changed(target, run.target.tokenizer_hash, run.target.num_parameters)
     specs: dict[str | None, DraftSpec] = {None: DraftSpec("none")}
@@ -232,17 +231,17 @@ def _load_models(run, drafts: list[str | None],
         if name == NGRAM:
             specs[name] = DraftSpec("ngram")
             continue
-        draft_forward = settings.get("draft_forwards", {}).get(name, forward)
+        draft_forward = settings.draft_forwards.get(name, forward)
         loaded = load_model(name, target.device, target.dtype, draft_forward, graphs if draft_forward != "hf" else "auto")
         check_compatible(target, loaded)
         specs[name] = DraftSpec("model", loaded)
     first = next((d.model for d in specs.values() if d.model is not None), None)
-    choice = choose_threads(threads, target, first, profiled=int(settings.get("threads") or 0) or None)
+    choice = choose_threads(threads, target, first, profiled=settings.threads or None)
     return target, specs, apply_threads(choice)
 
 
 def _decode_config(config: MeasureSpec, max_new: int, temperature: float, target: LoadedModel,
-                   synthetic: list[float] | None, seed: int) -> DecodeConfig:
+                   synthetic: tuple[float, ...] | None, seed: int) -> DecodeConfig:
     """The engine's settings for one configuration; a run profiled with synthetic acceptance is measured
     with the same rates (its models' weights are random)."""
     return DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=max(config.num_speculative_tokens, 1),

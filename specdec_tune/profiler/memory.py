@@ -96,8 +96,8 @@ def peak_for_run(run, draft: str, num_speculative_tokens: int, prompt: str, max_
     s = run.settings
     return measure_peak_memory(run.target.extra.get("source") or run.target.name,
                                "none" if num_speculative_tokens == 0 else draft, num_speculative_tokens, prompt,
-                               max_new_tokens=max_new_tokens, device=s.get("device", "auto"),
-                               dtype=s.get("dtype", "auto"), forward=s.get("forward", "auto"), threads=threads)
+                               max_new_tokens=max_new_tokens, device=s.device, dtype=s.dtype,
+                               forward=s.forward, threads=threads)
 
 
 # --------------------------------------------------------------------------- the probe (a fresh process)

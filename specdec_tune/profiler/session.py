@@ -30,7 +30,7 @@ from specdec_tune.profiler.lossy_front import measured_front, teacher_forced_fro
 from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline, in_loop_medians
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
 from specdec_tune.profiler.machine_probe import MachineProbe
-from specdec_tune.profiler.settings import ProfileResult, ProfileSettings, Progress, StageLog
+from specdec_tune.profiler.settings import ProfileResult, ProfileSettings, Progress, StageLog, run_settings
 from specdec_tune.profiler.threads import apply_threads, choose_threads
 from specdec_tune.profiler.telemetry import NullMonitor, open_monitor
 from specdec_tune.profiler.tree_profile import tree_passes
@@ -141,23 +141,18 @@ class ProfileSession:
             for d in self.drafts
         ]
         wl = get_or_create_workload(db, workload_info(self.workload_name, self.all_prompt_count))
-        s = self.settings
-        settings = {
-            **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(s).items() if k != "label"},
-            "device": self.device.type, "dtype": str(self.target.dtype).replace("torch.", ""),
-            "forward": self.target.forward, "lean_kernels": self.target.kernels,
-            "cuda_graphs_used": self.target.cuda_graphs,
-            "draft_forwards": {d.model.name: d.model.forward for d in self.drafts if d.model is not None},
-            "target": self.target_name, "drafts": self.draft_names, "workload": self.workload_name,
-            "prompt_ids": [p.id for p in self.prompts], "prompt_tokens": [int(len(i)) for i in self.ids],
-            "workload_prompt_tokens": self.workload_lengths,
-            "typical_context": self.typical_context, "context_lens": self.context_lens,
-            "ks": list(range(1, s.k_max + 1)), "threads": torch.get_num_threads(),
-            "thread_choice": self.thread_choice.to_dict(),
-            "throughput": "end to end: new tokens / wall seconds of whole decode calls, prefill included",
-        }
+        settings = run_settings(
+            self.settings, device=self.device.type, dtype=str(self.target.dtype).replace("torch.", ""),
+            forward=self.target.forward, lean_kernels=self.target.kernels, cuda_graphs_used=self.target.cuda_graphs,
+            draft_forwards={d.model.name: d.model.forward for d in self.drafts if d.model is not None},
+            target=self.target_name, drafts=self.draft_names, workload=self.workload_name,
+            prompt_ids=[p.id for p in self.prompts], prompt_tokens=[int(len(i)) for i in self.ids],
+            workload_prompt_tokens=self.workload_lengths, typical_context=self.typical_context,
+            context_lens=self.context_lens, threads=torch.get_num_threads(), thread_choice=self.thread_choice.to_dict(),
+            throughput="end to end: new tokens / wall seconds of whole decode calls, prefill included",
+        )
         return create_run(db, target_model_id=target_id, hardware_id=hw, workload_id=wl, drafts=drafts,
-                          settings=settings, label=s.label)
+                          settings=settings, label=self.settings.label)
 
     def run(self) -> ProfileResult:
         """Measure everything and store it; return the run id and a summary."""
@@ -361,17 +356,16 @@ class ProfileSession:
             tf = acc.teacher_forced(self.target.model, spec.model.model, self._outputs, s.temperature or 1.0)
         traces = self._greedy[name]
         summary = acc.summarize([c for t in traces for c in t.cycles], s.n_max)
-        # In-loop forward medians: what profile_data calibrates the micro-benchmarks with.
-        bins = {**summary.confidence_bins, "tv_temperature": tf.temperature if tf else None,
-                "in_loop": in_loop_medians(self._timelines[name])}
-        if spec.model is not None:
-            # Lets the greedy simulation follow a roll-out past a fully accepted cycle (profile_data).
-            bins["continuations"] = [list(x) for x in acc.bonus_continuations(spec.model.model, traces, self.ids)]
+        # The in-loop forward times calibrate the micro-benchmarks (tuner.model); the continuations let the
+        # greedy simulation follow a roll-out past a fully accepted cycle.
+        continuations = None if spec.model is None else acc.bonus_continuations(spec.model.model, traces, self.ids)
         teacher = dict(teacher_forced_tokens=tf.tokens if tf else None,
                        greedy_agreement=tf.greedy_agreement if tf else None, one_minus_tv=tf.one_minus_tv if tf else None)
         add_acceptance(self.db, self.run_id, draft=name, mode="greedy", temperature=0.0, num_speculative=s.n_max,
                        cycles=summary.cycles, position_attempts=summary.attempts, position_accepts=summary.accepts,
-                       alpha=summary.alpha, beta=summary.beta, confidence_bins=bins, **teacher)
+                       alpha=summary.alpha, beta=summary.beta, confidence_bins=summary.confidence_bins, **teacher,
+                       in_loop=in_loop_medians(self._timelines[name]), continuations=continuations,
+                       tv_temperature=tf.temperature if tf else None)
         if s.temperature > 0 and spec.model is not None:
             self._store_front(spec)
         if s.temperature > 0:
@@ -379,7 +373,7 @@ class ProfileSession:
             add_acceptance(self.db, self.run_id, draft=name, mode="sampling", temperature=s.temperature,
                            num_speculative=s.n_max, cycles=ssum.cycles, position_attempts=ssum.attempts,
                            position_accepts=ssum.accepts, alpha=ssum.alpha, beta=ssum.beta,
-                           confidence_bins={**ssum.confidence_bins, "tv_temperature": s.temperature}, **teacher)
+                           confidence_bins=ssum.confidence_bins, tv_temperature=s.temperature, **teacher)
 
 
     def _store_front(self, spec: DraftSpec) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from specdec_tune.core.errors import InputError
 from specdec_tune.core.limits import GRAPH_MODES
 from specdec_tune.core.splits import check_split
+from specdec_tune.db import RunSettings
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,20 @@ class ProfileSettings:
         for ok, message in checks:
             if not ok:
                 raise InputError(message)
+
+
+def run_settings(asked: ProfileSettings, **recorded: Any) -> RunSettings:
+    """What a profile run stores as its settings: those it was asked (the label aside: it has its own column),
+    replaced where the run resolved them (device, dtype, context lengths, threads), and what it ``recorded``.
+
+    Raises:
+        ValueError: a setting :class:`RunSettings` has no field for (it would be stored untyped).
+    """
+    values = {f.name: getattr(asked, f.name) for f in fields(asked) if f.name != "label"} | recorded
+    unknown = sorted(set(values) - set(RunSettings.model_fields))
+    if unknown:
+        raise ValueError(f"RunSettings has no field for {', '.join(unknown)}: add one (db/run_settings.py)")
+    return RunSettings(**values)
 
 
 class Progress:

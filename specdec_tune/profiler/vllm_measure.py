@@ -232,7 +232,7 @@ def _prompts(db: Database, run_id: int, splits: list[str | None], max_prompts: i
         name, prompts = chosen_prompts(run, split, max_prompts)
         out[split] = (name, [p.id for p in prompts],
                       [[int(t) for t in encode_prompt(target, p.prompt, p.id).tolist()] for p in prompts])
-    return out, int(run.settings.get("max_new_tokens", 64)), source or run.target.name
+    return out, run.settings.max_new_tokens, source or run.target.name
 
 
 def measure_on_server(db: Database, run_id: int, configs: list[ServerConfig], *, batch_sizes=(1,),

@@ -15,8 +15,8 @@ info = cache.profile(sel.sources.db_url, sel.run.id)
 run = info.run
 st.caption(f"run {run.id} ({run.status}) · target {short_name(run.target.name)} · workload "
            f"{short_name(run.workload.name) if run.workload else '–'} · {hardware_label(run.hardware)} · "
-           f"N_max {run.settings.get('n_max', '–')} · typical context {info.typical_context or '–'} tokens · "
-           f"forward {run.settings.get('forward', '–')}")
+           f"N_max {run.settings.n_max} · typical context {info.typical_context or '–'} tokens · "
+           f"forward {run.settings.forward}")
 
 ui.synthetic_banner(sel.run)
 st.header("Acceptance (vLLM's panels)")

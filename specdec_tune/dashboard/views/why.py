@@ -15,7 +15,7 @@ sel = ui.selection()
 st.title("Why it wins")
 if sel.run is None:
     ui.need("profile", "No profile run matches the selection.")
-sizes = [int(b) for b in sel.run.settings.get("batch_sizes", [1])] or [1]
+sizes = list(sel.run.settings.batch_sizes) or [1]
 batch = st.selectbox("Batch size B", sizes, key="why_batch") if len(sizes) > 1 else sizes[0]
 info = cache.why(sel.sources.db_url, sel.run.id, int(batch))
 ui.synthetic_banner(sel.run)

@@ -20,7 +20,7 @@ def best_configs(
     top: int = 3,
 ) -> list[tuple[SpecConfig, RunPrediction]]:
     """The ``top`` configurations by predicted end-to-end tokens/s over N × θ (best first)."""
-    n_max = int(rp.run.settings.get("n_max", 16))
+    n_max = rp.run.settings.n_max
     ns = list(n_values) if n_values is not None else list(range(1, n_max + 1))
     thetas = list(thresholds) if not rp.is_ngram else [0.0]  # n-gram confidences are all 1
     scored = []

@@ -39,8 +39,7 @@ def load_run_profile(
     sampling, tv, continuations, in_loop, forced, front = None, None, None, None, [], []
     if name:
         for rec in load_acceptance(db, run_id, draft=name, mode="greedy"):
-            continuations = rec.confidence_bins.get("continuations")
-            in_loop = rec.confidence_bins.get("in_loop")
+            continuations, in_loop = rec.continuations, rec.in_loop
         for rec in load_acceptance(db, run_id, draft=name, mode="sampling"):
             sampling = load_traces(db, run_id, name, "sampling", temperature=rec.temperature) or None
             tv = rec.one_minus_tv

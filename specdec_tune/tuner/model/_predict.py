@@ -280,7 +280,7 @@ def _predict(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec], cy
         if n + 1 > k_max:
             raise InputError(f"N={n} needs T_v({n + 1}); run {rp.run.id} timed k up to {k_max} (profile with --k-max)")
     else:
-        n_max = int(rp.run.settings.get("n_max", 0)) or max((len(t.confidences) for t in rp.model.traces), default=0)
+        n_max = rp.run.settings.n_max
         if n > n_max:
             raise InputError(f"N={n} exceeds the run's N_max={n_max}; profile with a larger --n-max")
     tokens = sum(s.new_tokens for s in specs)
@@ -337,11 +337,11 @@ def split_specs(rp: RunProfile, split: str, max_prompts: int | None = None) -> l
     Raises:
         InputError: a bad split, or a run profiled before prompt lengths were stored.
     """
-    stored = rp.run.settings.get("workload_prompt_tokens")
+    stored = rp.run.settings.workload_prompt_tokens
     if not stored:
         raise InputError(f"run {rp.run.id} does not store its workload's prompt lengths; profile it again")
-    index = {pid: i for i, pid in enumerate(rp.run.settings.get("prompt_ids", []))}
-    chosen = split_prompts([(str(pid), int(n)) for pid, n in stored], split)
+    index = {pid: i for i, pid in enumerate(rp.run.settings.prompt_ids)}
+    chosen = split_prompts(list(stored), split)
     if max_prompts is not None:
         chosen = chosen[:max_prompts]
     return [PromptSpec(n, None, index.get(pid)) for pid, n in chosen]

@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from specdec_tune.db import BiasFrontRow, RunRecord, TeacherForcedRow, TimingRow, TraceRow
+from specdec_tune.db import BiasFrontRow, RunRecord, RunSettings, TeacherForcedRow, TimingRow, TraceRow
 from specdec_tune.core.errors import InputError
 from specdec_tune.core.stats import trimmed_mean
 from specdec_tune.tuner.model._calibration import OverheadFit, calibrate_b1, fit_overhead, interp
@@ -94,6 +94,12 @@ class RunProfile:
     # not measured (runs profiled before it), then latency is predicted at the typical context throughout.
     context_slope_s: dict[int, float] = field(default_factory=dict)
     typical_context: int = 0
+
+    @property
+    def traced_n_max(self) -> int:
+        """The largest N the greedy traces replay: their longest recorded cycle, at most the N_max they were
+        recorded at (``run.settings.n_max``, which stands in where no cycle was recorded)."""
+        return max((len(t.confidences) for t in self.model.traces), default=self.run.settings.n_max)
 
     def context_cost(self, k: int, context: float) -> float:
         """Seconds a verify of ``k`` tokens at ``context`` costs more than at the typical context (the
@@ -252,7 +258,7 @@ def _step_times(run: RunRecord, draft: str | None, t: _Timings, infos: Sequence[
         raise InputError(f"run {run.id} has no verify timings (status {run.status}); profile it again")
     batch_sizes = sorted(verify_s)
     model_draft = draft is not None and draft != NGRAM
-    raw = t.draft_steps(draft, batch_sizes, int(run.settings.get("typical_context", 0))) if model_draft else {}
+    raw = t.draft_steps(draft, batch_sizes, run.settings.typical_context) if model_draft else {}
     if model_draft and not raw:
         raise InputError(f"run {run.id} has no draft-step timings for {draft!r} (status {run.status}); profile it again")
     step = {b: fit.per_forward_s for b in batch_sizes} if draft == NGRAM else \
@@ -314,10 +320,8 @@ def build_run_profile(
     Raises:
         InputError: the run lacks the target's verify timings (profile it again).
     """
-    max_new = int(run.settings.get("max_new_tokens", 64))
-    typical = int(run.settings.get("typical_context", 0))
-    infos = tuple(prompts) if prompts is not None else tuple(
-        PromptInfo(int(t), max_new) for t in run.settings.get("prompt_tokens", []))
+    max_new, typical = run.settings.max_new_tokens, run.settings.typical_context
+    infos = tuple(prompts) if prompts is not None else tuple(PromptInfo(t, max_new) for t in run.settings.prompt_tokens)
     t = _Timings(timings)
     cycles, sequence, plain = t.overheads(draft)
     fit = fit_overhead(cycles)
@@ -334,7 +338,7 @@ def build_run_profile(
     )
     positions = None  # synthetic acceptance is drawn per cycle, not per output position: no exact simulation
     if draft is not None and draft != NGRAM and traces and model.synthetic_acceptance is None:
-        positions = _positions(traces, continuations, len(infos), int(run.settings.get("n_max", 16)))
+        positions = _positions(traces, continuations, len(infos), run.settings.n_max)
     return RunProfile(
         run=run, draft=draft, model=model, draft_step_raw_s=raw, first_draft_step_s=times.first_draft_step_s,
         calibrated=times.calibrated, ar_forward_s=times.ar_forward_s, engine_overhead_s=fit.intercept_s,
@@ -349,10 +353,9 @@ def build_run_profile(
     )
 
 
-def synthetic_rates(settings: dict) -> tuple[float, ...] | None:
+def synthetic_rates(settings: RunSettings) -> tuple[float, ...] | None:
     """The synthetic acceptance rates a run was profiled with (None: the target decided)."""
-    rates = settings.get("synthetic_acceptance")
-    return tuple(float(a) for a in rates) if rates else None
+    return settings.synthetic_acceptance or None
 
 
 def with_synthetic_acceptance(rp: RunProfile, rates: tuple[float, ...]) -> RunProfile:

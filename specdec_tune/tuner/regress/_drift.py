@@ -85,14 +85,14 @@ def _old_request(db: Database, name: str, tune_attrs: dict[str, Any]) -> dict[st
     try:
         s = get_run(db, int(tune_attrs["run_id"])).settings
     except (KeyError, TypeError, ValueError, SpecdecError):
-        s = {}
-    if s.get("target") != tune_attrs.get("target") or s.get("workload") != tune_attrs.get("workload"):
+        s = None
+    if s is None or s.target != tune_attrs.get("target") or s.workload != tune_attrs.get("workload"):
         raise NotFoundError(f"--retune: study {name!r} stores no tune request and its profile run is not in this "
                             "database (re-tune it with `tune`, or pass the --db it was tuned with)")
-    return dict(target=s["target"], drafts=tune_attrs["drafts"], workload=s["workload"], server=tune_attrs["server"],
-                temperature=s["temperature"], objectives=tune_attrs.get("objectives", ["throughput"]),
-                batch_sizes=s["batch_sizes"], n_max=s["n_max"], max_prompts=s["max_prompts"],
-                max_new_tokens=s["max_new_tokens"], profile_repeats=s["repeats"], seed=s["seed"], device=s["device"])
+    return dict(target=s.target, drafts=tune_attrs["drafts"], workload=s.workload, server=tune_attrs["server"],
+                temperature=s.temperature, objectives=tune_attrs.get("objectives", ["throughput"]),
+                batch_sizes=list(s.batch_sizes), n_max=s.n_max, max_prompts=s.max_prompts,
+                max_new_tokens=s.max_new_tokens, profile_repeats=s.repeats, seed=s.seed, device=s.device)
 
 
 def top_params(study: Any, k: int = WARM_START_TRIALS) -> list[dict[str, Any]]:

@@ -75,14 +75,14 @@ def memory_model(db: Database, run_id: int, max_context: int, graph_pool_bytes: 
     models = {m.id: m for m in list_models(db)}
     settings = run.settings
     device = run.hardware.device
-    forward = settings.get("forward", "hf")
-    graphs = settings.get("cuda_graphs_used") == "on"  # recorded by profile since CUDA graphs (engine/cuda_graphs.py)
+    forward = settings.forward
+    graphs = settings.cuda_graphs_used == "on"  # recorded by profile since CUDA graphs (engine/cuda_graphs.py)
     drafts = {}
     for d in run.drafts:
         if d.name == NGRAM or d.model_id is None or d.model_id not in models:
             continue
         drafts[d.name] = model_memory(models[d.model_id], device=device, graphs=graphs,
-                                      forward=(settings.get("draft_forwards") or {}).get(d.name, forward))
-    prompt = max(settings.get("prompt_tokens", [0]) or [0]) or None
+                                      forward=settings.draft_forwards.get(d.name, forward))
+    prompt = settings.max_prompt_tokens or None
     return MemoryModel(model_memory(run.target, device=device, forward=forward, graphs=graphs), drafts,
                        int(max_context), float(graph_pool_bytes), prompt, graph_slots=graphs)

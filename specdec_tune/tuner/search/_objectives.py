@@ -202,7 +202,7 @@ def objective_report(objective: Objective, win: Measured, plain: Measured, searc
     if objective.memory_budget_bytes is not None:
         from specdec_tune.tuner.search._memory import memory_model
 
-        ctx = max(searched.run.settings.get("prompt_tokens", [0]) or [0]) + req.max_new_tokens
+        ctx = searched.run.settings.max_prompt_tokens + req.max_new_tokens
         mm = memory_model(searched.evaluator.db, searched.run.id, ctx)
         n = max(win.candidate.num_speculative_tokens, 1)
         others = [Candidate(d, n) for d in req.drafts if d != win.candidate.drafter]

@@ -394,9 +394,8 @@ def per_batch_size(evaluator: Evaluator, c: Candidate, batch_sizes: Sequence[int
     if outside:
         raise InputError(f"batch size(s) {outside} are outside the profile's measured {measured}; profile with "
                          f"--batch-sizes {','.join(str(b) for b in sorted(set(batch_sizes) | set(measured)))}")
-    traced = max((len(t.confidences) for t in rp.model.traces), default=n_max)
     mode = "sampling" if evaluator.mode == "sampling" else "greedy"
-    return best_n_per_batch_size(rp.model, list(batch_sizes), range(1, min(n_max, traced) + 1),
+    return best_n_per_batch_size(rp.model, list(batch_sizes), range(1, min(n_max, rp.traced_n_max) + 1),
                                  threshold=c.threshold, mode=mode)
 
 

@@ -218,15 +218,15 @@ def answers(run: RunRecord, req: TuneRequest) -> bool:
     s = run.settings
     return (
         run.status == "completed" and run.target.name == req.target
-        and s.get("workload") == req.workload
-        and set(req.drafts) <= set(s.get("drafts", []))
-        and s.get("split") == getattr(wanted, "split", None)
-        and abs(float(s.get("temperature", 0.0)) - req.temperature) < 1e-9
-        and int(s.get("n_max", 0)) >= req.n_max
-        and set(req.batch_sizes) <= set(s.get("batch_sizes", []))
-        and int(s.get("max_new_tokens", 0)) == req.max_new_tokens
-        and int(s.get("max_prompts", 0)) == req.max_prompts
-        and (not req.trees or (bool(s.get("trees")) and int(s.get("k_max", 0)) >= wanted.k_max))
+        and s.workload == req.workload
+        and set(req.drafts) <= set(s.drafts)
+        and s.split == wanted.split
+        and abs(s.temperature - req.temperature) < 1e-9
+        and s.n_max >= req.n_max
+        and set(req.batch_sizes) <= set(s.batch_sizes)
+        and s.max_new_tokens == req.max_new_tokens
+        and s.max_prompts == req.max_prompts
+        and (not req.trees or (s.trees and s.k_max >= wanted.k_max))
         and run.hardware.hostname == (platform.node() or None)
         and (req.device == "auto" or run.hardware.device == req.device)
     )

@@ -97,5 +97,5 @@ def tree_space_args(req: Any, run: Any, evaluator: Any) -> dict[str, Any]:
         if d != NGRAM:
             data = evaluator.tree_data(d)
             staged += [(d, inner) for inner in (data.staged if data is not None else {})]
-    max_nodes = int(run.settings.get("k_max", 2)) - 1
+    max_nodes = run.settings.k_max - 1
     return {"shapes": tuple(req.trees), "max_nodes": max_nodes, "staged_pairs": tuple(staged)}

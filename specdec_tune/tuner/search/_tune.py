@@ -40,7 +40,7 @@ from specdec_tune.tuner.search._optuna import SearchOutcome, best_per_server, ex
 from specdec_tune.tuner.search._lease import StudyLease, study_subject
 from specdec_tune.tuner.search._request import TuneInterrupted, TuneReport, TuneRequest, answers, find_profile
 from specdec_tune.tuner.search._request import profile_settings
-from specdec_tune.tuner.search._space import ANY, N_LIMIT, SearchSpace, server_search_space
+from specdec_tune.tuner.search._space import ANY, SearchSpace, server_search_space
 from specdec_tune.tuner.search._tree_space import tree_space_args
 from specdec_tune.tuner.search._study import bound_run, open_storage
 from specdec_tune.tuner.servers import SERVERS
@@ -113,8 +113,8 @@ def _search(db: Database, req: TuneRequest, storage_url: str, progress: Progress
     notes: list[str] = []
     run_id, profiled = _profile_run(db, req, storage, progress, notes)
     run = get_run(db, run_id)
-    n_max = min(req.n_max, int(run.settings.get("n_max", N_LIMIT)))
-    max_context = max(run.settings.get("prompt_tokens", [0]) or [0]) + req.max_new_tokens
+    n_max = min(req.n_max, run.settings.n_max)
+    max_context = run.settings.max_prompt_tokens + req.max_new_tokens
     objective = req.spec(mean_power_w(db, run_id))
     if "energy" in req.search_objectives:
         objective.check_energy(run.hardware.device)
@@ -209,7 +209,7 @@ def _report(s: _Searched, result: TuningResult, confirmation: list[dict[str, Any
             threads: dict[str, Any] | None = None) -> TuneReport:
     return TuneReport(result, s.study, s.storage_url, s.run.id, s.profiled, s.outcome.completed, s.outcome.new_trials,
                       s.outcome.sampler, confirmation, pareto, notes, [], s.space, server_report,
-                      threads or s.run.settings.get("thread_choice"), new_states=dict(s.outcome.new_states))
+                      threads or s.run.settings.thread_choice, new_states=dict(s.outcome.new_states))
 
 
 def _server_bests(req: TuneRequest, s: _Searched) -> dict[str, Scored]:
@@ -329,7 +329,7 @@ def _server_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
                          batch_sizes=req.batch_sizes, n_max=s.n_max, max_new_tokens=req.max_new_tokens,
                          measure_top=req.measure_top, measure_prompts=req.measure_prompts,
                          heldout_prompts=req.heldout_prompts, repeats=req.repeats, vllm_python=req.vllm_python,
-                         threads=int(run.settings.get("threads") or os.environ.get("OMP_NUM_THREADS") or 1),
+                         threads=int(run.settings.threads or os.environ.get("OMP_NUM_THREADS") or 1),
                          progress=progress, objective=s.evaluator.objective, gpu_price=req.gpu_price)
     first = sr.heldout[0]
     win = first.get("constant") or first["plain"]

@@ -276,6 +276,6 @@ def _prompt_specs(run, m: Measurement) -> list[PromptSpec]:
     A held-out prompt contributes its length in tokens (the measurement tokenised it; a length is
     not a timing) and nothing else: its output length is assumed to be ``max_new_tokens``.
     """
-    index = {pid: i for i, pid in enumerate(run.settings.get("prompt_ids", []))}
+    index = {pid: i for i, pid in enumerate(run.settings.prompt_ids)}
     lengths = m.prompt_tokens
     return [PromptSpec(lengths[k], None, index.get(pid)) for k, pid in enumerate(m.prompt_ids)]

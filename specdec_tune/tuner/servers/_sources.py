@@ -117,8 +117,8 @@ def result_from_run(db: Any, run_id: int, config: str | None = None) -> TuningRe
         pred = predict_config(rp, SpecConfig(cand.num_speculative_tokens, cand.threshold))
         base = predict_baseline(rp)
         sizes = sorted(rp.model.verify_s)
-        n_max = max((len(t.confidences) for t in rp.model.traces), default=cand.num_speculative_tokens)
-        per_b = (best_n_per_batch_size(rp.model, sizes, range(1, min(n_max, 16) + 1), threshold=cand.threshold)
+        per_b = (best_n_per_batch_size(rp.model, sizes, range(1, min(rp.traced_n_max, 16) + 1),
+                                       threshold=cand.threshold)
                  if len(sizes) > 1 else {})
     hw = run.hardware
     return TuningResult(
