@@ -197,7 +197,7 @@ def _start_vllm(python, tgt, drf, ids, n: int, max_new_tokens: int, eager: bool,
     """Start vLLM's two engines (the tuner's vLLM export as the speculative config)."""
     import torch
 
-    from specdec_tune.profiler.vllm_bench import VllmPair
+    from specdec_tune.profiler.backends import VllmPair
 
     longest = max(int(x.shape[0]) for x in ids) + max_new_tokens + n + 1
     limit = int(getattr(tgt.hf.config, "max_position_embeddings", 0) or longest)

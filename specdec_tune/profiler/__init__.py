@@ -9,18 +9,16 @@ from __future__ import annotations
 
 from specdec_tune.engine import resolve_source
 from specdec_tune.engine.workloads import resolve_workload
-from specdec_tune.profiler.llamacpp import LlamacppError, cached_gguf, copy_gguf, find_llamacpp, gguf_for_model
-from specdec_tune.profiler.llamacpp import local_model_dir
+from specdec_tune.profiler.backends import LlamacppError, ServerConfig, ServerGroup, ServerMeasurement, VllmError
+from specdec_tune.profiler.backends import cached_gguf, copy_gguf, find_llamacpp, gguf_for_model, local_model_dir
+from specdec_tune.profiler.backends import measure_arms_vllm, measure_on_server, require_vllm_python, server_version
 from specdec_tune.profiler.measure import chosen_prompts, default_split, measure_configs
 from specdec_tune.profiler.measure_records import PLAIN, Measurement, MeasureSpec
 from specdec_tune.profiler.session import check_inputs, run_profile
 from specdec_tune.profiler.settings import ProfileResult, ProfileSettings, Progress, StageLog
 from specdec_tune.profiler.suite_runs import ArmSpec, PromptSample, environment_fingerprint, measure_arms
 from specdec_tune.profiler.suite_runs import model_identity, model_source
-from specdec_tune.profiler.suite_runs_vllm import measure_arms_vllm
 from specdec_tune.profiler.threads import ThreadChoice, apply_threads, choose_threads, idle_cpus
-from specdec_tune.profiler.vllm_backend import VllmError, require_vllm_python, server_version
-from specdec_tune.profiler.vllm_measure import ServerConfig, ServerGroup, ServerMeasurement, measure_on_server
 
 __all__ = [
     "LlamacppError", "cached_gguf", "copy_gguf", "find_llamacpp", "gguf_for_model", "local_model_dir",

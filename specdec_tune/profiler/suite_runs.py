@@ -92,7 +92,7 @@ class ArmSpec:
     dtype: str = "auto"
     forward: str = "auto"
     draft_delay_ms: float = 0.0
-    backend: str = "engine"  # engine | vllm (profiler.suite_runs_vllm)
+    backend: str = "engine"  # engine | vllm (profiler.backends._vllm_suite)
     server_config: dict[str, Any] | None = None  # vllm: the speculative_config the engine starts with
     per_batch_size: dict[int, int] | None = None  # a schedule checked under ``load`` (profiler.schedule_check)
     load: list[int] | None = None  # batch size per block of ``load_cycles`` cycles
