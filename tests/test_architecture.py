@@ -56,7 +56,7 @@ PLANTED = [
     ("tuner/search/planted.py", "from specdec_tune.training import card\n", "rooms"),  # tuner | training: apart
     ("core/stats.py", "from specdec_tune.engine import load_model\n", "shared"),
     ("dashboard/planted.py", "from specdec_tune.tuner.servers import SERVERS\n", "dashboard-reads"),
-    ("dashboard/planted.py", "from specdec_tune.db.engine import sqlite_path\n", "dashboard-public"),
+    ("dashboard/planted.py", "from specdec_tune.db._connection import sqlite_path\n", "dashboard-public"),
     ("tuner/search/planted.py", "from specdec_tune.profiler.session import run_profile\n", "tuner-drives-profiler"),
     ("tuner/servers/planted.py", "from specdec_tune.engine import zoo\n", "tuner-drives-profiler"),
     ("tuner/search/planted.py", "from specdec_tune.tuner.servers._table import SERVERS\n", "private"),

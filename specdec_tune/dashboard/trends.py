@@ -1,7 +1,7 @@
 """Regression runs over time (``specdec-tune regress``): the Regression trends page and the verdicts
 the Overview lists.
 
-Reads the regression tables (schema revision 0004) through ``db.regress``. Per run and benchmark:
+Reads the regression tables (schema revision 0004) through the regression readers of ``db``. Per run and benchmark:
 tokens/s is the median over prompts of each prompt's new tokens ÷ its median decode seconds (the
 per-prompt rate ``regress`` compares), with a percentile-bootstrap 95% CI over prompts; τ is new
 tokens ÷ cycles; the model error is the stored ``model_error`` cell ((predicted − measured) ÷

@@ -426,7 +426,7 @@ class RegressCalibration(Base):
 class Lease(Base):
     """Who is working on a shared thing (a tuning study) now: one row per key, so that of two processes
     inserting the same key one wins. The holder renews ``heartbeat_at``; a row whose holder died is taken
-    over by swapping its ``token`` (``db/leases.py``)."""
+    over by swapping its ``token`` (``db/_leases.py``)."""
 
     __tablename__ = "leases"
 

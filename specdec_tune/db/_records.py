@@ -249,7 +249,7 @@ class MeasuredRecord:
     ci_low: float | None = None  # 95% CI of measured_tokens_per_s (revision 0003; None before)
     ci_high: float | None = None
     samples: dict[str, Any] | None = None  # raw {"prompt_ids", "tokens", "seconds"} per repeat
-    # Revision 0005 (None before, and energy None on a CPU); see db.models.MeasuredRun.
+    # Revision 0005 (None before, and energy None on a CPU); see MeasuredRun in db/_models.py.
     ttft_p50_s: float | None = None
     tpot_p50_s: float | None = None
     tpot_p90_s: float | None = None

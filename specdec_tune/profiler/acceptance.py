@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec_tune.db.records import TraceRow
+from specdec_tune.db import TraceRow
 from specdec_tune.engine import CycleStats, DecodeConfig, GenerationResult, LoadedModel
 from specdec_tune.engine.drafters import probs_from_logits
 from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline

@@ -20,7 +20,7 @@ from functools import partial
 
 import torch
 
-from specdec_tune.db.records import BiasFrontRow, TeacherForcedRow
+from specdec_tune.db import BiasFrontRow, TeacherForcedRow
 from specdec_tune.engine import DecodeConfig, LoadedModel, bias_and_rejection, build_drafter, pareto_bias, speculative
 from specdec_tune.engine import VerifyResult, verify_lossy
 from specdec_tune.engine.drafters import probs_from_logits

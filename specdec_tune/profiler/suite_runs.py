@@ -311,7 +311,7 @@ def environment_fingerprint(device: str = "cpu", backend: str = "engine", server
 
     import transformers
 
-    from specdec_tune.db.provenance import git_revision, specdec_version
+    from specdec_tune.db import git_revision, specdec_version
     from specdec_tune.engine import lean_kernels
     from specdec_tune.engine.loading import resolve_device
     from specdec_tune.profiler.describe import _cpu_name
