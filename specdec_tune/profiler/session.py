@@ -236,7 +236,7 @@ class ProfileSession:
             cases += mb.cached_cases(self.target.model, "verify", shapes, batch_size=b, source=self.source_ids,
                                      device=self.device)
         # T_v(k) at the other context lengths, a few k (B = 1): how a longer prompt slows a verify
-        # (per-request latency, tuner.model._latency); kept apart as kind verify_context.
+        # (per-request latency, tuner.model._latency_prediction); kept apart as kind verify_context.
         others = [c for c in self.context_lens if c != self.typical_context]
         ks = sorted({k for k in CONTEXT_KS if k <= s.k_max} | {s.k_max})
         if 1 in s.batch_sizes and others:

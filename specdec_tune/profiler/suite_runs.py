@@ -42,7 +42,7 @@ from specdec_tune.engine import (
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.core.consistency import first_difference
 from specdec_tune.core.errors import InputError, ModelLoadError
-from specdec_tune.profiler.consistency import reference_margin
+from specdec_tune.profiler.logit_margins import reference_margin
 from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
 from specdec_tune.profiler.timers import Stopwatch, synchronize

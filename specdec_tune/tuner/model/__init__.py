@@ -21,7 +21,7 @@ from specdec_tune.tuner.model._decision import MIN_LOWER, ServerDecision, decide
 from specdec_tune.tuner.model._evaluator import Evaluator, Scored
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, simulate_prompt
 from specdec_tune.tuner.model._grid import THRESHOLD_GRID, best_configs
-from specdec_tune.tuner.model._latency import LatencyPrediction, predict_latency
+from specdec_tune.tuner.model._latency_prediction import LatencyPrediction, predict_latency
 from specdec_tune.tuner.model._memory import GIB, MemoryBreakdown, MemoryModel, ModelMemory
 from specdec_tune.tuner.model._objective import OBJECTIVES, UNITS, Objective, better, describe_side, direction
 from specdec_tune.tuner.model._objective import format_value, predicted_value
