@@ -561,7 +561,7 @@ def test_chosen_budget_is_the_tuners_prediction(hand_db, db, urls):
 def test_server_backed_runs_are_labelled_by_backend_and_batch_size():
     from types import SimpleNamespace
 
-    from dashboard.measured import backend_of, config_label
+    from specdec_tune.dashboard.measured import backend_of, config_label
 
     engine = SimpleNamespace(draft="/m/mini-draft-1l", config={"num_speculative_tokens": 4})
     vllm = SimpleNamespace(draft="/m/mini-draft-1l", config={"num_speculative_tokens": 4, "backend": "vllm",
