@@ -69,17 +69,7 @@ def print_report(console: Console, report) -> None:
         console.print("  " + ThreadChoice(**report.threads).text(), highlight=False, markup=False)
     if report.server_report:
         _print_server(console, report.server_report)
-    table = Table(title="measured on the tuning prompts" + (" (vLLM, one engine start each)" if report.server_report
-                                                             else " (interleaved)"), title_justify="left")
-    for col in ("configuration", "measured tokens/s", "95% CI", "speedup (measured, median over passes)",
-                "predicted tokens/s", "servers"):
-        table.add_column(col)
-    for row in report.confirmation:
-        speedup = row.get("measured_speedup")
-        table.add_row(("→ " if row["winner"] else "  ") + row["label"], _rate(row["measured_tokens_per_s"]),
-                      _fmt_ci(row["measured_ci"]), "–" if speedup is None else f"{speedup:.2f}×",
-                      _rate(row["predicted_tokens_per_s"]), ", ".join(row["servers"]))
-    console.print(table)
+    console.print(_confirmation_table(report))
     console.print(bases_line(report.confirmation), highlight=False)
     if r.best_per_server:
         _print_servers(console, r, report.not_written)
@@ -108,6 +98,21 @@ def print_report(console: Console, report) -> None:
     for path in report.exports:
         console.print(f"exported: {path}", highlight=False)
     console.print(f"throughput is {THROUGHPUT_NOTE}", highlight=False)
+
+
+def _confirmation_table(report) -> Table:
+    """The configurations measured on the tuning prompts, the winner marked."""
+    table = Table(title="measured on the tuning prompts" + (" (vLLM, one engine start each)" if report.server_report
+                                                             else " (interleaved)"), title_justify="left")
+    for col in ("configuration", "measured tokens/s", "95% CI", "speedup (measured, median over passes)",
+                "predicted tokens/s", "servers"):
+        table.add_column(col)
+    for row in report.confirmation:
+        speedup = row.get("measured_speedup")
+        table.add_row(("→ " if row["winner"] else "  ") + row["label"], _rate(row["measured_tokens_per_s"]),
+                      _fmt_ci(row["measured_ci"]), "–" if speedup is None else f"{speedup:.2f}×",
+                      _rate(row["predicted_tokens_per_s"]), ", ".join(row["servers"]))
+    return table
 
 
 def file_cells(r, not_written: dict[str, str]) -> dict[str, str]:

@@ -104,6 +104,11 @@ def measure(
         got = measure_predicted(database, run, items, split=split, temperature=temperature, max_prompts=max_prompts,
                                 repeats=repeats, seed=seed, progress=Bar(bar), threads=n_threads,
                                 gpu_price=gpu_price, peak_memory=memory)
+    _report(got, run, temperature, json_out)
+
+
+def _report(got: list, run: int, temperature: float, json_out: bool) -> None:
+    """The measured configuration (and plain decoding, measured with it) as ``--json`` or as lines."""
     v, plain = got[0], (got[1] if len(got) > 1 else None)
     if json_out:
         print_json(_measured_json(v, plain, run, temperature))

@@ -122,8 +122,12 @@ def predict(
         print_json({**obj, "acceptance_rates": "synthetic" if rates else "measured",
                     "synthetic_acceptance": list(rates) if rates else None, "throughput": THROUGHPUT_NOTE})
         return
+    _print_rows(rows, run, rp.draft)
+
+
+def _print_rows(rows: list[dict], run: int, draft: str | None) -> None:
     for r in rows:
-        typer.echo(_predict_line(r, run, rp.draft))
+        typer.echo(_predict_line(r, run, draft))
         if r["bias"] is not None:
             b = r["bias"]
             typer.echo(f"predicted bias of {r['acceptance']} ε = {r['epsilon']:g}: {b['bias']:.4f} per verified "
