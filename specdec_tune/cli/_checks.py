@@ -128,7 +128,7 @@ def check_model_names(*names: str) -> None:
 def check_workload(workload: str, split: str | None = None) -> int:
     """The workload resolves and every line parses (one line naming the file and line where not) and ``split``
     of it has prompts, before torch and the models load; returns its number of prompts."""
-    from specdec_tune.engine.workloads import load_workload
+    from specdec_tune.engine import load_workload
     from specdec_tune.core.splits import check_split_prompts
 
     prompts = load_workload(workload)

@@ -117,7 +117,7 @@ def _models(target: str, draft: str, tree: str | None, staged: str | None, threa
 def _decode_each(tgt, spec, items: list, config, *, seed: int, json_out: bool, target: str, choice,
                  rates: tuple[float, ...] | None) -> None:
     """Decode every prompt (after one warm-up) and print its text and measured line, or one JSON object each."""
-    from specdec_tune.profiler.runs import encode_prompt, measure_prompt, warm_up
+    from specdec_tune.profiler import encode_prompt, measure_prompt, warm_up
 
     acceptance = f" ({opt.synthetic_label(rates)})" if rates else ""
     encoded = [(p, encode_prompt(tgt, p.prompt, p.id)) for p in items]
@@ -183,7 +183,7 @@ def _check_tree(tree: str | None, staged: str | None, draft: str, threshold: flo
 
 
 def _collect_prompts(prompt: str | None, prompts: str | None) -> list:
-    from specdec_tune.engine.workloads import Prompt, load_workload
+    from specdec_tune.engine import Prompt, load_workload
 
     if (prompt is None) == (prompts is None):
         raise InputError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
@@ -203,7 +203,7 @@ def _load(name: str, device: str, dtype: str, forward: tuple[str, str]):  # noqa
 
 def _draft_spec(draft: str, target, device: str, dtype: str, forward: tuple[str, str]):  # noqa: ANN202 - a profiler DraftSpec
     from specdec_tune.engine import check_compatible
-    from specdec_tune.profiler.runs import DraftSpec
+    from specdec_tune.profiler import DraftSpec
 
     if draft == "none":
         return DraftSpec("none")

@@ -22,7 +22,7 @@ import torch
 
 from specdec_tune.db import TraceRow
 from specdec_tune.engine import CycleStats, DecodeConfig, GenerationResult, LoadedModel
-from specdec_tune.engine.drafters import probs_from_logits
+from specdec_tune.engine import probs_from_logits
 from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline
 from specdec_tune.profiler.runs import DraftSpec, decode_once
 

@@ -25,7 +25,7 @@ import torch
 from specdec_tune.db import Database, add_measured_run, get_run
 from specdec_tune.engine import DecodeConfig, LoadedModel, acceptance_per_position, check_compatible, load_model
 from specdec_tune.core.costs import check_price
-from specdec_tune.engine.workloads import load_workload
+from specdec_tune.engine import load_workload
 from specdec_tune.core.errors import InputError
 from specdec_tune.core.latency import LatencySamples, RequestLatency
 from specdec_tune.profiler.describe import tokenizer_hash

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec_tune.db import TimingRow
-from specdec_tune.engine.kvcache import forward_with_cache, make_cache
+from specdec_tune.engine import forward_with_cache, make_cache
 from specdec_tune.profiler.timers import Stopwatch, TimingSamples, synchronize
 
 

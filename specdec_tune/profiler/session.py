@@ -21,7 +21,7 @@ from specdec_tune.db import Database, DraftRecord, TimingRow, add_acceptance, ad
 from specdec_tune.db import add_timing_samples, create_run, finish_run, get_or_create_hardware
 from specdec_tune.db import add_bias_front, add_teacher_forced, get_or_create_model, get_or_create_workload
 from specdec_tune.engine import DecodeConfig, check_compatible, load_model, resolve_source
-from specdec_tune.engine.workloads import load_workload
+from specdec_tune.engine import load_workload
 from specdec_tune.core.errors import InputError
 from specdec_tune.profiler import acceptance as acc
 from specdec_tune.profiler import microbench as mb

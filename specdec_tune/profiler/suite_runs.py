@@ -39,7 +39,7 @@ from specdec_tune.engine import (
     resolve_source,
     speculative,
 )
-from specdec_tune.engine.workloads import load_workload
+from specdec_tune.engine import load_workload
 from specdec_tune.core.consistency import first_difference
 from specdec_tune.core.errors import InputError, ModelLoadError
 from specdec_tune.profiler.logit_margins import reference_margin
@@ -312,8 +312,7 @@ def environment_fingerprint(device: str = "cpu", backend: str = "engine", server
     import transformers
 
     from specdec_tune.db import git_revision, specdec_version
-    from specdec_tune.engine import lean_kernels
-    from specdec_tune.engine.loading import resolve_device
+    from specdec_tune.engine import lean_kernels_status, resolve_device
     from specdec_tune.profiler.describe import _cpu_name
     from specdec_tune.profiler.telemetry import open_monitor
 
@@ -335,7 +334,7 @@ def environment_fingerprint(device: str = "cpu", backend: str = "engine", server
         "cuda": torch.version.cuda, "driver": driver, "python": platform.python_version(),
         "backend": backend, "server": server, "hostname": platform.node() or None,
         # the lean forward's fused CPU kernels (engine.lean_kernels): a machine without a compiler runs slower
-        "lean_kernels": lean_kernels.status() if dev.type == "cpu" else None,
+        "lean_kernels": lean_kernels_status() if dev.type == "cpu" else None,
     }
 
 

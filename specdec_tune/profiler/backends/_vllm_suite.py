@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from specdec_tune.engine.loading import resolve_device
+from specdec_tune.engine import resolve_device
 from specdec_tune.core.errors import InputError
 from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.suite_runs import ArmSpec, PromptSample, ModelCache, arm_prompts, model_source
