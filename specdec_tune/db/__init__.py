@@ -11,7 +11,8 @@ return plain frozen dataclasses::
     finish_run(db, run_id, "completed")
 
 Public names only; the modules behind them are private (``_connection``: URLs, SQLite pragmas and
-:class:`Database`; ``_session``: ``session_scope``; ``_models``: the SQLAlchemy tables; ``_migrate`` and
+:class:`Database`; ``_session``: ``session_scope``; ``_models`` and ``_base``: the SQLAlchemy tables and
+their declarative base; ``_migrate`` and
 ``migrations/``: Alembic; ``_records``: the frozen dataclasses the helpers return; ``_catalog``: hardware,
 models and workloads; ``_writes`` and ``_reads``: a profile run's rows; ``_fronts``, ``_trees``, ``_regress``
 and ``_leases``: the bias front, token-tree traces, regression tables and study leases; ``_provenance``:

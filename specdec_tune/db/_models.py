@@ -117,7 +117,7 @@ class TimingSample(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("profile_runs.id", ondelete="CASCADE"))
     draft: Mapped[str | None] = mapped_column(String(512))  # None for target-only timings
-    kind: Mapped[str] = mapped_column(String(32))  # see queries.TIMING_KINDS
+    kind: Mapped[str] = mapped_column(String(32))  # see _records.TIMING_KINDS
     k: Mapped[int] = mapped_column(Integer)  # new tokens per forward
     batch_size: Mapped[int] = mapped_column(Integer)
     context_len: Mapped[int] = mapped_column(Integer)

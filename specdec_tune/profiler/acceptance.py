@@ -153,7 +153,7 @@ def bonus_continuations(
     A cycle that accepted all L drafted tokens ends with the target's bonus token, which the draft
     never predicted. One teacher-forced draft forward over the decoded text gives that prediction
     (its confidence and whether it equals the bonus token), so a greedy roll-out can be followed
-    past the cycle's end (``tuner.profile_data.position_traces``). The sequence's last cycle is
+    past the cycle's end (``tuner.model``'s ``position_traces``). The sequence's last cycle is
     skipped (nothing follows it).
 
     Returns:

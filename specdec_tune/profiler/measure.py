@@ -3,7 +3,7 @@
 Throughput is what a user sees: new tokens / wall seconds of whole decode calls (prefill included),
 summed over the prompts, after one untimed warm-up decode. The profiler measures and never predicts
 (docs/architecture.md, Rooms): the command that wants predicted next to measured asks ``tuner`` for the
-prediction and stores it beside this measurement (``tuner.validate``).
+prediction and stores it beside this measurement (``tuner.search``'s ``measure_predicted``).
 
 Several configurations of one run are measured together: the models are loaded once, and each repeat
 decodes every prompt with every configuration, the configurations taking turns prompt by prompt in a

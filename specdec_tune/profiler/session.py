@@ -282,11 +282,11 @@ class ProfileSession:
             tf = acc.teacher_forced(self.target.model, spec.model.model, self._outputs, s.temperature or 1.0)
         traces = self._greedy[name]
         summary = acc.summarize([c for t in traces for c in t.cycles], s.n_max)
-        # In-loop forward medians: what profile_data calibrates the micro-benchmarks with.
+        # In-loop forward medians: what tuner/model/_profile.py calibrates the micro-benchmarks with.
         bins = {**summary.confidence_bins, "tv_temperature": tf.temperature if tf else None,
                 "in_loop": in_loop_medians(self._timelines[name])}
         if spec.model is not None:
-            # Lets the greedy simulation follow a roll-out past a fully accepted cycle (profile_data).
+            # Lets the greedy simulation follow a roll-out past a fully accepted cycle (tuner/model/_greedy_sim.py).
             bins["continuations"] = [list(x) for x in acc.bonus_continuations(spec.model.model, traces, self.ids)]
         teacher = dict(teacher_forced_tokens=tf.tokens if tf else None,
                        greedy_agreement=tf.greedy_agreement if tf else None, one_minus_tv=tf.one_minus_tv if tf else None)

@@ -3,7 +3,8 @@
 The jobs live here: ``run_tune`` (profile, search, confirm, hold out, export), ``measure_predicted``
 (validate predictions against measurement) and the vLLM-measured tuning. Public names only; the
 modules behind them are private (``_space``, ``_optuna``, ``_server_best``, ``_study``, ``_lease``, ``_request``,
-``_prompts``, ``_memory``, ``_tune``, ``_measure``, ``_validate``, ``_server_tune``, ``_tree_space``).
+``_prompts``, ``_memory``, ``_tune``, ``_measure``, ``_confirm``, ``_objectives``, ``_validate``, ``_server_tune``,
+``_server_objective``, ``_tree_space``).
 """
 from __future__ import annotations
 
