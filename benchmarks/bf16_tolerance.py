@@ -24,7 +24,7 @@ from specdec_tune.cli import _options as opts
 from specdec_tune.core.consistency import MEASURED_MAX_ULPS, TOLERANCE_ULPS
 from specdec_tune.engine import load_model
 from specdec_tune.engine.workloads import load_workload
-from specdec_tune.profiler.consistency import rounding_spread
+from specdec_tune.profiler.logit_margins import rounding_spread
 from specdec_tune.profiler.runs import encode_prompt
 
 

@@ -6,7 +6,7 @@ Usage: OMP_NUM_THREADS=1 python benchmarks/llamacpp_acceptance.py [--target mini
 Needs scripts/setup_llamacpp.sh's build. For each (N, θ) it writes ``export --format llamacpp`` (GGUF
 files included), starts its launch.sh, decodes the workload's last prompts greedily, and reads
 llama-server's counters (/metrics). The same prompts then run in our engine twice: scheduled as
-llama-server does (profiler/llamacpp_parity.py: prefill token, n_remaining - 1 drafts, p_min over
+llama-server does (profiler/backends/_llamacpp_parity.py: prefill token, n_remaining - 1 drafts, p_min over
 the draft's top-10) and with the engine's own loop and θ rule. Counts, not timings: they do not
 depend on the machine's load. Prints per row drafts, draft tokens, accepted, acceptance rate
 (accepted / draft tokens), mean acceptance length (1 + accepted / drafts) and beta_i per position.
@@ -24,11 +24,11 @@ import typer
 from specdec_tune.cli import _options as opts
 from specdec_tune.engine import DecodeConfig, build_drafter, load_model, speculative
 from specdec_tune.engine.workloads import load_workload
-from specdec_tune.profiler.llamacpp import find_llamacpp
-from specdec_tune.profiler.llamacpp_parity import LlamacppDrafter, compare_prompt, engine_like_llamacpp
-from specdec_tune.profiler.llamacpp_server import LlamaServer, completions_with_counters
+from specdec_tune.profiler.backends._llamacpp import find_llamacpp
+from specdec_tune.profiler.backends._llamacpp_parity import LlamacppDrafter, compare_prompt, engine_like_llamacpp
+from specdec_tune.profiler.backends._llamacpp_server import LlamaServer, completions_with_counters
 from specdec_tune.profiler.runs import encode_prompt
-from specdec_tune.profiler.vllm_backend import SpecCounters, counters_from_steps
+from specdec_tune.profiler.backends._vllm import SpecCounters, counters_from_steps
 from specdec_tune.tuner.model import Candidate, TuningResult
 from specdec_tune.tuner.servers import write_exports
 

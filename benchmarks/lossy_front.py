@@ -36,6 +36,7 @@ from scipy import stats
 
 from _bench import held_out_pair, profile_run, write_results
 from specdec_tune.cli import _options as opts
+from specdec_tune.core.stats import bootstrap
 from specdec_tune.db import BiasFrontRow, load_bias_front, open_database
 from specdec_tune.engine import DecodeConfig
 from specdec_tune.profiler.runs import DraftSpec, decode_once
@@ -92,9 +93,7 @@ def quality(target, draft, prompts, temperature: float, eps: list[float], sample
 
 def paired_ci(diff: np.ndarray, seed: int = 0) -> tuple[float, float]:
     """95% percentile bootstrap CI of the mean of per-prompt differences."""
-    rng = np.random.default_rng(seed)
-    means = diff[rng.integers(0, len(diff), (4000, len(diff)))].mean(1)
-    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+    return bootstrap(lambda picked, _: diff[picked].mean(1), len(diff), resamples=4000, seed=seed).interval
 
 
 def main(

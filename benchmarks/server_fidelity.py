@@ -14,7 +14,7 @@
    The uncalibrated engine model's error against vLLM (batch size 1) is reported beside it: why the
    calibration is needed.
 
-Calibration and validation run in one interleaved session (``profiler.vllm_measure.measure_plan``):
+Calibration and validation run in one interleaved session (``profiler.backends._vllm_measure.measure_plan``):
 one engine per distinct configuration (vLLM fixes its speculative config at start), all held at
 once, and every pass goes round every (configuration, prompt set) job at every batch size. Measured
 in separate sessions, the machine's drift between them (a plain step of 12.1 ms in one, 9.1 ms in
@@ -139,7 +139,7 @@ def _measure(db, setup: Setup, ns: dict[str, list[int]], batch_sizes: list[int],
              max_engines: int) -> Session:
     """Profile with our engine, then vLLM on the calibration and validation plans in one interleaved session."""
     from specdec_tune.profiler import ProfileSettings, run_profile
-    from specdec_tune.profiler.vllm_measure import measure_plan
+    from specdec_tune.profiler.backends._vllm_measure import measure_plan
     from specdec_tune.tuner.model import NGRAM, Candidate
     from specdec_tune.tuner.servers import vllm_config
 

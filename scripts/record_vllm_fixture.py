@@ -1,6 +1,6 @@
 """Record real vLLM answers for the tests that run without vLLM (tests/data/vllm_recorded.json).
 
-Runs the bundled target in vLLM (through profiler.vllm_backend, as the tool does) with a draft-model
+Runs the bundled target in vLLM (through profiler.backends._vllm, as the tool does) with a draft-model
 and an n-gram configuration on the last prompts of the ``functions`` workload, keeps the worker's raw
 ``generate`` answers (outputs, per-request step records, counter deltas), and asks vLLM's own n-gram
 matcher for its proposals on random token sequences. Usage:
@@ -18,7 +18,7 @@ from pathlib import Path
 from specdec_tune.engine import load_model, zoo
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.profiler.runs import encode_prompt
-from specdec_tune.profiler.vllm_backend import VllmWorker, require_vllm_python
+from specdec_tune.profiler.backends._vllm import VllmWorker, require_vllm_python
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "vllm_recorded.json"
 MAX_TOKENS = 48

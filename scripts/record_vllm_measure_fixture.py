@@ -29,7 +29,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from specdec_tune.db import get_run, open_database
-    from specdec_tune.profiler.vllm_measure import measure_on_server
+    from specdec_tune.profiler.backends._vllm_measure import measure_on_server
     from specdec_tune.tuner.model import Candidate
     from specdec_tune.tuner.servers import vllm_config
 

@@ -10,13 +10,13 @@
 # Usage: bash scripts/setup_llamacpp.sh [HOME_DIR]      (--print-home: print the default HOME_DIR, exit)
 #   HOME_DIR defaults to <specdec-tune cache>/llamacpp/<version>-<cpu key> (specdec_tune/core/cache.py:
 #   $SPECDEC_CACHE_DIR, else $XDG_CACHE_HOME/specdec-tune, else ~/.cache/specdec-tune). The CPU key is
-#   the machine and a hash of its CPU flags (profiler/llamacpp.py cpu_key computes the same): the
+#   the machine and a hash of its CPU flags (profiler/backends/_llamacpp.py cpu_key computes the same): the
 #   build uses GGML_NATIVE (the host's instruction set), so two machines sharing a cache never share
 #   a binary. `export --format llamacpp` and the tests find that folder; SPECDEC_LLAMACPP_DIR overrides.
 #
 # HOME_DIR/llama.cpp          the vendored source (convert_hf_to_gguf.py, conversion/, gguf-py/); an export on a
 #                             machine this script never ran on fetches the converter's part alone into the same
-#                             folder (profiler/llamacpp_fetch.py), which step 1 completes to the full source
+#                             folder (profiler/backends/_llamacpp_fetch.py), which step 1 completes to the full source
 # HOME_DIR/bin/llama-server   the CPU server (static: no shared libraries to find)
 # HOME_DIR/pylib/py3.X        sentencepiece, for PYTHON (default: python3, i.e. the active venv)
 # HOME_DIR/gguf/              converted models, keyed by their content (written by specdec-tune)
@@ -31,7 +31,7 @@
 # total and the folder's size. JOBS (default 2) sets the build's parallelism.
 set -euo pipefail
 version="0.3.36"            # llama-cpp-python sdist
-sdist_sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"  # PyPI's file (llamacpp_fetch.py)
+sdist_sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"  # PyPI's file (profiler/backends/_llamacpp_fetch.py)
 llama_commit="0c1e57098"    # the llama.cpp commit it vendors
 jobs="${JOBS:-2}"
 python="${PYTHON:-python3}"
@@ -56,7 +56,7 @@ work=$(mktemp -d "$home/.setup.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
 # 1. The vendored source (needed by the build and by the converter). CMakeLists.txt: the converter fetched
-# alone by an export (profiler/llamacpp_fetch.py) is not enough to build.
+# alone by an export (profiler/backends/_llamacpp_fetch.py) is not enough to build.
 if [ "$force" = 1 ] || [ ! -f "$home/llama.cpp/convert_hf_to_gguf.py" ] || [ ! -f "$home/llama.cpp/CMakeLists.txt" ]; then
   sdist_dir="$cache/llamacpp/sdist"
   sdist="$sdist_dir/llama_cpp_python-$version.tar.gz"

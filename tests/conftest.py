@@ -83,7 +83,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def vllm_python():
     """The vLLM venv's Python (``SPECDEC_VLLM_PYTHON``); the test skips, saying why, without one."""
-    from specdec_tune.profiler.vllm_backend import resolve_vllm_python
+    from specdec_tune.profiler.backends._vllm import resolve_vllm_python
 
     try:
         python = resolve_vllm_python(None)
@@ -100,7 +100,7 @@ def vllm_python():
 @pytest.fixture(scope="session")
 def llamacpp_build():
     """llama.cpp built by scripts/setup_llamacpp.sh; the test skips, saying why, without it."""
-    from specdec_tune.profiler.llamacpp import LlamaCpp, llamacpp_home
+    from specdec_tune.profiler.backends._llamacpp import LlamaCpp, llamacpp_home
 
     found = LlamaCpp(llamacpp_home())
     missing = found.missing()
@@ -114,7 +114,7 @@ def llamacpp_build():
 def llamacpp_converter():
     """llama.cpp's GGUF converter (scripts/setup_llamacpp.sh, or fetched by an export); the test skips,
     saying why, without it. Exports need only this, not the server."""
-    from specdec_tune.profiler.llamacpp import LlamaCpp, llamacpp_home
+    from specdec_tune.profiler.backends._llamacpp import LlamaCpp, llamacpp_home
 
     found = LlamaCpp(llamacpp_home())
     missing = found.missing_converter()
@@ -129,7 +129,7 @@ def fresh_llamacpp(tmp_path, monkeypatch):
     """A fresh machine for llama.cpp (an empty cache, the converter's fetch on) whose fetch is served, without
     the network, by a stand-in pip and a local sdist of the real layout (tests/fake_llamacpp.py):
     ``(the stand-in's folder, the source to fetch from)``; ``llamacpp_fetch.default_source`` is that source."""
-    from specdec_tune.profiler import llamacpp_fetch
+    from specdec_tune.profiler.backends import _llamacpp_fetch as llamacpp_fetch
     from tests import fake_llamacpp
 
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))

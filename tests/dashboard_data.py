@@ -4,7 +4,7 @@ The database holds a real profile of the tiny test models (model draft + n-gram,
 the same flags as ``tests/test_cli_profile.py``) and two configurations measured with ``measure`` (each
 stored next to the tuner's prediction). The study storage holds Optuna studies in the shape
 ``specdec-tune tune`` writes: trials over (drafter, N, θ) whose values are the tuner's predictions for
-this run, and a ``result`` user attribute holding a :class:`~specdec_tune.tuner.configs.TuningResult`.
+this run, and a ``result`` user attribute holding a :class:`~specdec_tune.tuner.model.TuningResult`.
 Built once per test session (cached under pytest's base temp folder) and shared by the test modules.
 """
 from __future__ import annotations

@@ -9,8 +9,8 @@ import tarfile
 import textwrap
 from pathlib import Path
 
-from specdec_tune.profiler import llamacpp_fetch as fetch
-from specdec_tune.profiler.llamacpp_fetch import PipSource
+from specdec_tune.profiler.backends import _llamacpp_fetch as fetch
+from specdec_tune.profiler.backends._llamacpp_fetch import PipSource
 
 TOP = "llama_cpp_python-0.3.36"
 VENDOR = f"{TOP}/vendor/llama.cpp"

@@ -56,9 +56,13 @@ PLANTED = [
     ("tuner/search/planted.py", "from specdec_tune.training import card\n", "rooms"),  # tuner | training: apart
     ("core/stats.py", "from specdec_tune.engine import load_model\n", "shared"),
     ("dashboard/planted.py", "from specdec_tune.tuner.servers import SERVERS\n", "dashboard-reads"),
-    ("dashboard/planted.py", "from specdec_tune.db.engine import sqlite_path\n", "dashboard-public"),
-    ("tuner/search/planted.py", "from specdec_tune.profiler.session import run_profile\n", "tuner-drives-profiler"),
-    ("tuner/servers/planted.py", "from specdec_tune.engine import zoo\n", "tuner-drives-profiler"),
+    ("dashboard/planted.py", "from specdec_tune.db._connection import sqlite_path\n", "faces-db"),
+    ("tuner/search/planted.py", "from specdec_tune.profiler.session import run_profile\n", "faces-profiler"),
+    ("tuner/servers/planted.py", "from specdec_tune.engine import zoo\n", "tuner-runs-no-model"),
+    ("profiler/planted.py", "from specdec_tune.engine.workloads import load_workload\n", "faces-engine"),
+    ("cli/planted.py", "def f():\n    from specdec_tune.profiler.runs import encode_prompt\n", "faces-profiler"),
+    ("cli/planted.py", "from specdec_tune.dashboard.launch import serve\n", "faces-dashboard"),
+    ("cli/planted.py", "def f():\n    from specdec_tune.training.recipe import run_recipe\n", "faces-training"),
     ("tuner/search/planted.py", "from specdec_tune.tuner.servers._table import SERVERS\n", "private"),
 ]
 
@@ -83,3 +87,38 @@ def test_the_copy_without_a_plant_passes(tmp_path):
     """The planted runs check a copy of the package: the copy itself keeps every contract."""
     result = lint_imports(_package_copy(tmp_path))
     assert result.returncode == 0 and "0 broken" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_engine_face_loads_no_torch_for_the_checks_commands_make_first():
+    """Commands refuse a bad model name, workload or zoo entry before torch loads: the engine's face is lazy."""
+    code = ("import sys, specdec_tune.cli\n"
+            "from specdec_tune.engine import list_models, load_workload, read_manifest, resolve_source, resolve_workload\n"
+            "load_workload('functions'); list_models()\n"
+            "sys.exit(sorted({'torch', 'transformers'} & set(sys.modules)) or 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_engine_face_table_and_its_type_checking_imports_agree():
+    """``_HOME`` (what the lazy face loads) and the ``TYPE_CHECKING`` imports (what type checkers and
+    import-linter read) name the same public names from the same modules."""
+    import ast
+
+    import specdec_tune.engine as engine
+
+    tree = ast.parse((ROOT / "specdec_tune" / "engine" / "__init__.py").read_text(encoding="utf-8"))
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    imported = {(a.asname or a.name): f"{n.module.rsplit('.', 1)[1]}" + ("" if a.asname is None else f".{a.name}")
+                for n in block.body for a in n.names}
+    assert imported == engine._HOME
+
+
+@pytest.mark.parametrize("room", ["engine", "profiler", "profiler.backends", "db", "dashboard", "training",
+                                  "tuner.model", "tuner.servers", "tuner.search", "tuner.regress"])
+def test_every_name_on_a_face_is_there(room):
+    """Each room's ``__all__`` is its face: every name in it resolves."""
+    import importlib
+
+    face = importlib.import_module(f"specdec_tune.{room}")
+    missing = [name for name in face.__all__ if not hasattr(face, name)]
+    assert face.__all__ and not missing, missing

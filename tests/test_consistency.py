@@ -13,7 +13,7 @@ from specdec_tune.core.consistency import TOLERANCE_ULPS, first_difference, judg
 from specdec_tune.engine import DecodeConfig, load_model
 from specdec_tune.engine import decode as decode_module
 from specdec_tune.engine.workloads import load_workload
-from specdec_tune.profiler.consistency import check_outputs, rounding_spread
+from specdec_tune.profiler.logit_margins import check_outputs, rounding_spread
 from specdec_tune.profiler.runs import DraftSpec, decode_once, encode_prompt
 from specdec_tune.tuner.regress._compare import _correctness_cell
 

@@ -53,8 +53,8 @@ from specdec_tune.db import (
     session_scope,
     upgrade,
 )
-from specdec_tune.db.migrate import alembic_config
-from specdec_tune.db.models import Base
+from specdec_tune.db._migrate import alembic_config
+from specdec_tune.db._models import Base
 from specdec_tune.core.errors import InputError, NotFoundError, StorageError
 
 # ---------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from specdec_tune.db import (
     resolve_url,
     upgrade,
 )
-from specdec_tune.db import engine as engine_mod
+from specdec_tune.db import _connection as connection_mod
 from specdec_tune.core.errors import StorageError
 
 
@@ -190,12 +190,12 @@ def test_read_only_checks_use_os_access(tmp_path, monkeypatch):
     # Runs also as root (where chmod cannot make a file read-only): it checks the messages.
     path = tmp_path / "ro.db"
     _seed(f"sqlite:///{path}")
-    monkeypatch.setattr(engine_mod.os, "access", lambda p, mode: Path(p) != path)
+    monkeypatch.setattr(connection_mod.os, "access", lambda p, mode: Path(p) != path)
     with pytest.raises(
         StorageError, match=rf"{path} is read-only; specdec-tune needs write access"
     ):
         open_database(f"sqlite:///{path}")
-    monkeypatch.setattr(engine_mod.os, "access", lambda p, mode: Path(p) != tmp_path)
+    monkeypatch.setattr(connection_mod.os, "access", lambda p, mode: Path(p) != tmp_path)
     with pytest.raises(StorageError, match=rf"directory {tmp_path} is read-only"):
         open_database(f"sqlite:///{path}")
 

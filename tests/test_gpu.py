@@ -59,7 +59,7 @@ def test_bf16_rule_on_cuda_with_the_bundled_models():
     near-ties only; specdec_tune.core.consistency)."""
     from specdec_tune.engine import load_model
     from specdec_tune.engine.workloads import load_workload
-    from specdec_tune.profiler.consistency import check_outputs
+    from specdec_tune.profiler.logit_margins import check_outputs
     from specdec_tune.profiler.runs import DraftSpec, decode_once, encode_prompt
 
     target, draft = load_model("mini-target", "cuda", "bf16"), load_model("mini-draft-1l", "cuda", "bf16")

@@ -226,7 +226,7 @@ def test_0007_adds_the_operator_columns_keeps_older_rows_and_downgrades(tmp_path
     from alembic import command
 
     from specdec_tune.db import add_measured_run, upgrade
-    from specdec_tune.db.migrate import alembic_config
+    from specdec_tune.db._migrate import alembic_config
 
     url = f"sqlite:///{tmp_path / 'm.db'}"
     assert upgrade(url, "0004") == (None, "0004")

@@ -1,6 +1,6 @@
 """llama.cpp as a real consumer: ``export --format llamacpp`` writes GGUF files and a command line that
 ``llama-server`` runs as printed; its greedy outputs equal our engine's, and its draft counters equal
-ours once our loop schedules as llama-server does (profiler/llamacpp_parity.py has the three reasons,
+ours once our loop schedules as llama-server does (profiler/backends/_llamacpp_parity.py has the three reasons,
 read in llama.cpp 0c1e57098's source).
 
 Needs the build of ``scripts/setup_llamacpp.sh`` (``SPECDEC_LLAMACPP_DIR`` or the cache folder the
@@ -53,18 +53,18 @@ def export(tmp_path, llama, n: int, theta: float = 0.0):
 
 def serve(launch, llama):
     """The exported launch.sh, run as printed with llama-server on PATH."""
-    from specdec_tune.profiler.llamacpp_server import LlamaServer
+    from specdec_tune.profiler.backends._llamacpp_server import LlamaServer
 
     env = {**os.environ, "PATH": f"{llama.server.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     return LlamaServer(["sh", str(launch), "--threads", "1"], env=env, extra=("--metrics", "-np", "1"))
 
 
 def parity(models, prompts, served, n: int, theta: float, schedule: str = "llama-server"):
-    """Each prompt compared (profiler/llamacpp_parity.py): equal, or different only at a float32 tie.
+    """Each prompt compared (profiler/backends/_llamacpp_parity.py): equal, or different only at a float32 tie.
     ``schedule="own loop"`` is the planted bug: our ``speculative()`` as is (first token drafted,
     drafts up to the whole budget), which llama-server's counts must not match."""
     from specdec_tune.engine import DecodeConfig, speculative
-    from specdec_tune.profiler.llamacpp_parity import LlamacppDrafter, ParityRun, compare_prompt, engine_like_llamacpp
+    from specdec_tune.profiler.backends._llamacpp_parity import LlamacppDrafter, ParityRun, compare_prompt, engine_like_llamacpp
 
     target, draft = models
     done, counts = served
@@ -83,7 +83,7 @@ def parity(models, prompts, served, n: int, theta: float, schedule: str = "llama
 
 
 def serve_and_count(tmp_path, llama, prompts, n: int, theta: float = 0.0):
-    from specdec_tune.profiler.llamacpp_server import completions_with_counters
+    from specdec_tune.profiler.backends._llamacpp_server import completions_with_counters
 
     launch = export(tmp_path, llama, n, theta)
     with serve(launch, llama) as server:
@@ -114,7 +114,7 @@ def test_llamacpp_p_min_is_top_k_renormalized(tmp_path, llamacpp_build, models, 
     probability, :class:`LlamacppDrafter`) and differ from our rule 'before' (full-vocabulary
     probability) at the same θ: the exported θ drafts longer in llama.cpp than the engine predicts."""
     from specdec_tune.engine import build_drafter
-    from specdec_tune.profiler.llamacpp_parity import engine_like_llamacpp
+    from specdec_tune.profiler.backends._llamacpp_parity import engine_like_llamacpp
 
     n, theta = 6, 0.5
     launch, _, served = serve_and_count(tmp_path, llamacpp_build, prompts, n, theta)

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from specdec_tune.profiler.llamacpp import LlamaCpp, LlamacppError, find_llamacpp, llamacpp_home, require_converter
-from specdec_tune.profiler.llamacpp_fetch import FETCH_ENV, PipSource, sdist_file
+from specdec_tune.profiler.backends._llamacpp import LlamaCpp, LlamacppError, find_llamacpp, llamacpp_home, require_converter
+from specdec_tune.profiler.backends._llamacpp_fetch import FETCH_ENV, PipSource, sdist_file
 from tests import fake_llamacpp as fake
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from specdec_tune.core.errors import InputError
-from specdec_tune.profiler import _gguf_convert as shim
-from specdec_tune.profiler.llamacpp import ENV_VAR, LlamaCpp, llamacpp_home
-from specdec_tune.profiler.llamacpp_server import parse_metrics
-from specdec_tune.profiler.vllm_backend import SpecCounters
+from specdec_tune.profiler.backends import _gguf_convert as shim
+from specdec_tune.profiler.backends._llamacpp import ENV_VAR, LlamaCpp, llamacpp_home
+from specdec_tune.profiler.backends._llamacpp_server import parse_metrics
+from specdec_tune.profiler.backends._vllm import SpecCounters
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOO = ROOT / "specdec_tune" / "engine" / "zoo" / "models"

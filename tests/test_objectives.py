@@ -275,8 +275,8 @@ def test_tune_backend_vllm_picks_by_goodput_on_a_fake_server(tiny_model_dirs, tu
     import sys
 
     from specdec_tune.cli import main
-    from specdec_tune.profiler import vllm_measure
-    from specdec_tune.profiler.vllm_backend import VllmOutput
+    from specdec_tune.profiler.backends import _vllm_measure as vllm_measure
+    from specdec_tune.profiler.backends._vllm import VllmOutput
     from tests.test_vllm_measure import FakeWorker
 
     class Bursty(FakeWorker):

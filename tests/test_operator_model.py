@@ -21,7 +21,7 @@ from specdec_tune.tuner.model import (
     predict_latency,
     profiled_specs,
 )
-from specdec_tune.tuner.model import _latency
+from specdec_tune.tuner.model import _latency_prediction
 
 
 @pytest.fixture(scope="module")
@@ -73,16 +73,17 @@ def test_the_decomposition_check_has_power(profile, monkeypatch, plant):
     rp = load_run_profile(db, run_id)
     config = SpecConfig(3)
     if plant == "first cycle in the decode window":
-        original = _latency.simulate_config
-        monkeypatch.setattr(_latency, "simulate_config", lambda *a, **k: (lambda c: [c[0]] + c)(original(*a, **k)))
+        original = _latency_prediction.simulate_config
+        monkeypatch.setattr(_latency_prediction, "simulate_config",
+                            lambda *a, **k: (lambda c: [c[0]] + c)(original(*a, **k)))
     else:
-        original = _latency.timed_cycles
+        original = _latency_prediction.timed_cycles
 
         def twice(rp_, cycles, b, prompt):  # the latency side only: each cycle's overhead counted twice
             times, slopes = original(rp_, cycles, b, prompt)
             return [t + rp_.cycle_overhead_s for t in times], slopes
 
-        monkeypatch.setattr(_latency, "timed_cycles", twice)
+        monkeypatch.setattr(_latency_prediction, "timed_cycles", twice)
     assert _decomposed_seconds(rp, config) != pytest.approx(predict_config(rp, config).seconds, rel=1e-6)
 
 

@@ -13,6 +13,7 @@ from specdec_tune.profiler import acceptance as acc
 from specdec_tune.profiler import microbench as mb
 from specdec_tune.profiler.overhead import ForwardRecorder
 from specdec_tune.profiler.runs import DraftSpec, decode_once
+from specdec_tune.profiler import decode_passes
 from specdec_tune.profiler.session import ProfileSession, ProfileSettings
 from specdec_tune.tuner.model import (
     PromptInfo,
@@ -293,15 +294,15 @@ def test_interrupted_profile_keeps_its_samples_and_earlier_runs(tiny_model_dirs,
     first = ProfileSession(db, tiny_model_dirs["target"], ["ngram"], workload, settings).run()
 
     calls = []
-    real = ProfileSession._baseline_prompt
+    real = decode_passes._baseline_prompt
 
-    def stop_at_second_prompt(self, *args):
+    def stop_at_second_prompt(*args):
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(self, *args)
+        return real(*args)
 
-    monkeypatch.setattr(ProfileSession, "_baseline_prompt", stop_at_second_prompt)
+    monkeypatch.setattr(decode_passes, "_baseline_prompt", stop_at_second_prompt)
     settings = ProfileSettings(**{**TINY.__dict__, "max_prompts": 2})
     session = ProfileSession(db, tiny_model_dirs["target"], [tiny_model_dirs["draft"]], workload, settings)
     with pytest.raises(KeyboardInterrupt):

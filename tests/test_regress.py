@@ -205,7 +205,7 @@ def test_broken_suite_file_is_one_line_exit_2(tmp_path, capsys):
 @pytest.mark.slow
 def test_calibrate_stores_the_noise_floor_used_next_to_verdicts(tmp_path, capsys, tiny_model_dirs, workload):
     from specdec_tune.db import open_database
-    from specdec_tune.db.regress import latest_calibration, metric_trend
+    from specdec_tune.db import latest_calibration, metric_trend
 
     db = f"sqlite:///{tmp_path / 'r.db'}"
     t = tiny_model_dirs["target"]

@@ -1,11 +1,11 @@
-"""Revision 0004 (regression tables) and the db.regress readers the dashboard's trend page uses."""
+"""Revision 0004 (regression tables) and the db regression readers the dashboard's trend page uses."""
 from __future__ import annotations
 
 import sqlalchemy as sa
 
 from specdec_tune.db import open_database, upgrade
-from specdec_tune.db import regress as q
-from specdec_tune.db.migrate import alembic_config
+from specdec_tune.db import _regress as q
+from specdec_tune.db._migrate import alembic_config
 
 
 def test_0004_upgrades_from_0003_and_downgrades_cleanly(tmp_path):

@@ -12,9 +12,9 @@ import torch
 
 from specdec_tune.cli import main
 import specdec_tune.profiler as profiler
-from specdec_tune.profiler import suite_runs_vllm
-from specdec_tune.profiler.suite_runs_vllm import step_counts
-from specdec_tune.profiler.vllm_backend import VllmGenerateResult, VllmGroup, VllmOutput, counters_from_steps
+from specdec_tune.profiler.backends import _vllm_suite as suite_runs_vllm
+from specdec_tune.profiler.backends._vllm_suite import step_counts
+from specdec_tune.profiler.backends._vllm import VllmGenerateResult, VllmGroup, VllmOutput, counters_from_steps
 from specdec_tune.tuner.regress import FLAGGED
 from tests.fake_vllm import PausableFake
 

@@ -107,7 +107,7 @@ def test_recorded_vllm_run_out_of_sample():
     bounds have that power."""
     from dataclasses import replace
 
-    from specdec_tune.profiler.vllm_measure import ServerMeasurement
+    from specdec_tune.profiler.backends._vllm_measure import ServerMeasurement
     from specdec_tune.tuner.servers import points_of
 
     data = json.loads(RECORDED.read_text())
@@ -251,7 +251,7 @@ def test_server_steps_and_draft_tokens_from_the_engine_profile_equal_what_vllm_c
     import shutil
 
     from specdec_tune.db import list_runs, open_database
-    from specdec_tune.profiler.vllm_measure import ServerMeasurement
+    from specdec_tune.profiler.backends._vllm_measure import ServerMeasurement
     from specdec_tune.tuner.model import Candidate, Evaluator, predict_config, spec_config
     from specdec_tune.tuner.servers import acceptance_terms, points_of
 

@@ -127,7 +127,7 @@ def _check_servers(obj: dict, bests: dict, out: Path) -> None:
 def _check_not_written(obj: dict, out: Path, text: str) -> None:
     """llama.cpp's files are written where its converter is (built, or fetched by an earlier export; the
     tests never fetch it), GGUF files included; elsewhere its row says why, as the README does."""
-    from specdec_tune.profiler.llamacpp import LlamaCpp, llamacpp_home
+    from specdec_tune.profiler.backends._llamacpp import LlamaCpp, llamacpp_home
 
     converter = not LlamaCpp(llamacpp_home()).missing_converter()
     assert set(obj["not_written"]) == (set() if converter else {"llamacpp"}), obj["not_written"]

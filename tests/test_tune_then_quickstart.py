@@ -41,7 +41,7 @@ def tuned_then_profiled(tiny_model_dirs, tune_flags, tmp_path_factory):
                "x = [i for i in range(3)]", "return a + b", "self.x = x"]
     workload.write_text("".join(json.dumps({"id": str(i), "prompt": p}) + "\n" for i, p in enumerate(prompts)))
     db = f"sqlite:///{root / 'r.db'}"
-    reports, printed = [], tune_cli._print
+    reports, printed = [], tune_cli.print_report
 
     def keep(console, report) -> None:  # the report the text was printed from, for its --json form
         reports.append(report)
@@ -49,7 +49,7 @@ def tuned_then_profiled(tiny_model_dirs, tune_flags, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("COLUMNS", raising=False)  # piped: tables on one line each
-        mp.setattr(tune_cli, "_print", keep)
+        mp.setattr(tune_cli, "print_report", keep)
         code, tuned, err = _cli(["tune", "--target", tiny_model_dirs["target"], "--drafts",
                                  f"{tiny_model_dirs['draft']},ngram", "--workload", str(workload), "--db", db,
                                  *tune_flags, "--server", "any", "--trials", "20", "--export", str(root / "out")])

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from specdec_tune.core.errors import InputError, SpecdecError
-from specdec_tune.profiler.vllm_backend import (
+from specdec_tune.profiler.backends._vllm import (
     ENV_VAR,
     SpecCounters,
     VllmError,
@@ -26,7 +26,7 @@ from specdec_tune.profiler.vllm_backend import (
     require_vllm_python,
     resolve_vllm_python,
 )
-from specdec_tune.profiler.vllm_parity import engine_like_vllm, fresh_drafter, vllm_ngram_proposal
+from specdec_tune.profiler.backends._vllm_parity import engine_like_vllm, fresh_drafter, vllm_ngram_proposal
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "vllm_recorded.json").read_text())
 K = 3
@@ -178,7 +178,7 @@ def test_worker_that_dies_is_reported_with_its_log(tmp_path):
 @pytest.mark.parametrize("run", ["draft_model", "ngram"])
 def test_vllm_steps_as_cycles_give_the_counters_rates(run):
     from specdec_tune.engine import acceptance_per_position
-    from specdec_tune.profiler.vllm_parity import cycles_from_vllm
+    from specdec_tune.profiler.backends._vllm_parity import cycles_from_vllm
 
     res = parse_generate(RECORDED["runs"][run]["response"])
     cycles = cycles_from_vllm(res.outputs)

@@ -10,7 +10,7 @@ import torch
 from specdec_tune.cli import main
 from specdec_tune.engine import DecodeConfig, autoregressive, load_model
 from specdec_tune.profiler.bench import OURS, VLLM_METHODS, run_bench
-from specdec_tune.profiler.vllm_backend import SpecCounters, resolve_vllm_python
+from specdec_tune.profiler.backends._vllm import SpecCounters, resolve_vllm_python
 
 
 class FakePair:

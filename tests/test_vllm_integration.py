@@ -6,7 +6,7 @@ with that reason otherwise. One worker process serves both configurations. vLLM 
 (``enforce_eager``: no compilation, a start of ~15-30 s instead of ~1 min; outputs and counts do not
 depend on it).
 
-What "equal counts" means (profiler/vllm_parity.py has the reasons, read in vLLM 0.32.0's source):
+What "equal counts" means (profiler/backends/_vllm_parity.py has the reasons, read in vLLM 0.32.0's source):
 vLLM's first output token comes from the prefill undrafted and it drafts K tokens whatever is left
 of max_tokens, and its n-gram proposer continues the earliest occurrence of the matched suffix. Our
 engine is run with those three rules (``engine_like_vllm``, ``VllmNgramDrafter``); its counters must
@@ -20,7 +20,7 @@ import json
 import pytest
 import torch
 
-from specdec_tune.profiler.vllm_backend import SpecCounters, counters_from_steps
+from specdec_tune.profiler.backends._vllm import SpecCounters, counters_from_steps
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -30,7 +30,7 @@ HELD_OUT = 3  # the workload's last prompts: never in a profile of its first pro
 
 @pytest.fixture(scope="module")
 def worker(vllm_python):
-    from specdec_tune.profiler.vllm_backend import VllmWorker
+    from specdec_tune.profiler.backends._vllm import VllmWorker
 
     with VllmWorker(vllm_python) as w:
         yield w
@@ -76,7 +76,7 @@ def k_at(config: dict, batch: int) -> int:
 
 def _ours(models, prompts, kind: str, k: int, ngram: tuple[int, int] = (1, 3)):
     from specdec_tune.engine import DecodeConfig, autoregressive
-    from specdec_tune.profiler.vllm_parity import engine_like_vllm, fresh_drafter
+    from specdec_tune.profiler.backends._vllm_parity import engine_like_vllm, fresh_drafter
 
     target, draft = models
     total, outs, baseline = SpecCounters(), [], []

@@ -1,4 +1,4 @@
-"""``measure --backend vllm`` / ``profiler.vllm_measure``: groups, CIs, decode steps and storage on a
+"""``measure --backend vllm`` / ``profiler.backends._vllm_measure``: groups, CIs, decode steps and storage on a
 fake vLLM worker (no vLLM needed), and bad input (a missing vLLM, a server that fails to start,
 a batch size that does not divide the prompts, a configuration vLLM cannot run): one line, exit 2."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 from specdec_tune.cli import main
 from specdec_tune.db import list_measured, list_runs, open_database
 from specdec_tune.core.errors import InputError
-from specdec_tune.profiler import vllm_measure
-from specdec_tune.profiler.vllm_backend import SpecCounters, VllmError, VllmGenerateResult, VllmGroup, VllmOutput
-from specdec_tune.profiler.vllm_measure import ServerConfig, ServerMeasurement, measure_on_server
+from specdec_tune.profiler.backends import _vllm_measure as vllm_measure
+from specdec_tune.profiler.backends._vllm import SpecCounters, VllmError, VllmGenerateResult, VllmGroup, VllmOutput
+from specdec_tune.profiler.backends._vllm_measure import ServerConfig, ServerMeasurement, measure_on_server
 from tests.fake_vllm import PausableFake
 
 

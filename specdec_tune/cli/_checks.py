@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from specdec_tune.cli._options import DEFAULT_THRESHOLD_KIND, DEFAULT_THRESHOLD_STEP
 from specdec_tune.core.limits import MAX_SPECULATIVE_TOKENS
 from specdec_tune.core.schedules import ADAPTIVE_BOUNDS, SCHEDULES, THRESHOLD_KINDS
 from specdec_tune.core.errors import InputError
@@ -127,7 +128,7 @@ def check_model_names(*names: str) -> None:
 def check_workload(workload: str, split: str | None = None) -> int:
     """The workload resolves and every line parses (one line naming the file and line where not) and ``split``
     of it has prompts, before torch and the models load; returns its number of prompts."""
-    from specdec_tune.engine.workloads import load_workload
+    from specdec_tune.engine import load_workload
     from specdec_tune.core.splits import check_split_prompts
 
     prompts = load_workload(workload)
@@ -192,3 +193,23 @@ def run_id(db, text: str | int, flag: str = "--run") -> int:
         raise InputError(f"{flag} {LATEST}: no completed profile run is stored yet; run `specdec-tune profile` "
                          "(or `specdec-tune tune`) first")
     return newest[0].id
+
+
+def spec_config(n: int, threshold: float, schedule: str, batch_size: int, temperature: float,
+                kind: str = DEFAULT_THRESHOLD_KIND, step: float = DEFAULT_THRESHOLD_STEP, acceptance: str = "exact",
+                epsilon: float = 0.0, source: str = "auto"):
+    """The configuration ``predict`` and ``measure`` name with their flags, each flag checked (one line naming it)."""
+    from specdec_tune.tuner.model import SpecConfig
+
+    check_acceptance(acceptance, epsilon, temperature, source)
+    if not 0 <= n <= 64:
+        raise InputError(f"--num-speculative-tokens must be an integer in 0..64 (0 = plain decoding), got {n}")
+    check_threshold(threshold)
+    check_schedule(schedule)
+    check_threshold_kind(kind, step, threshold, schedule=schedule)
+    check_temperature(temperature)
+    if batch_size < 1:
+        raise InputError(f"--batch-size must be >= 1, got {batch_size}")
+    return SpecConfig(n, threshold, schedule, batch_size, "sampling" if temperature > 0 else "greedy",
+                      threshold_kind=kind, threshold_step=step, acceptance=acceptance, epsilon=epsilon,
+                      acceptance_source=source)

@@ -7,7 +7,7 @@ of ``tuner.servers`` reach it from here, as plain data and two functions.
 """
 from __future__ import annotations
 
-from specdec_tune.dashboard import app, wiring
+from specdec_tune import dashboard
 from specdec_tune.tuner import servers
 from specdec_tune.tuner.model import Candidate, TuningResult
 
@@ -16,19 +16,19 @@ def _unsupported(server: str, candidate: Candidate) -> str | None:
     return servers.expressible(servers.server_space(server), candidate)
 
 
-def _export_files(result: TuningResult) -> wiring.ExportFiles:
+def _export_files(result: TuningResult) -> dashboard.ExportFiles:
     files, left_out = servers.download_files(result, ["all"])
-    return wiring.ExportFiles(files, left_out)
+    return dashboard.ExportFiles(files, left_out)
 
 
-def server_room() -> wiring.ServerRoom:
+def server_room() -> dashboard.ServerRoom:
     """The dashboard's view of ``tuner.servers``: the capability table, its check and the exporters."""
-    facts = tuple(wiring.ServerFacts(name=s.name, title=s.title, version=s.version, capabilities=s.capabilities(),
-                                     notes=tuple(s.notes)) for s in servers.SERVERS.values())
-    return wiring.ServerRoom(servers=facts, unsupported=_unsupported, formats=tuple(servers.FORMATS),
-                             export_files=_export_files)
+    facts = tuple(dashboard.ServerFacts(name=s.name, title=s.title, version=s.version, capabilities=s.capabilities(),
+                                        notes=tuple(s.notes)) for s in servers.SERVERS.values())
+    return dashboard.ServerRoom(servers=facts, unsupported=_unsupported, formats=tuple(servers.FORMATS),
+                                export_files=_export_files)
 
 
 if __name__ == "__main__":
-    wiring.install(server_room())
-    app.main()
+    dashboard.install(server_room())
+    dashboard.show()

@@ -108,8 +108,7 @@ def bench(
     others = _parse_compare(compare)
     chk.parse_threads(threads)
     chk.check_model_names(target, draft)  # a mistyped name fails before torch and the models load
-    from specdec_tune.profiler import require_vllm_python
-    from specdec_tune.profiler.bench import HF_METHODS, OURS, VLLM_METHODS, run_bench
+    from specdec_tune.profiler import HF_METHODS, OURS, VLLM_METHODS, require_vllm_python, run_bench
 
     python = require_vllm_python(vllm_python) if "vllm" in others else None
     tgt, drf, ids, choice = _load(target, draft, workload, max_prompts, (device, dtype, forward, cuda_graphs), threads)
@@ -140,9 +139,8 @@ def bench(
 
 def _load(target: str, draft: str, workload: str, max_prompts: int, how: tuple[str, str, str, str], threads: str):
     """The pair loaded (names checked first), the prompts encoded, the thread count set and shown."""
-    from specdec_tune.engine import check_compatible, load_model
-    from specdec_tune.engine.workloads import load_workload
-    from specdec_tune.profiler.runs import encode_prompt
+    from specdec_tune.engine import check_compatible, load_model, load_workload
+    from specdec_tune.profiler import encode_prompt
 
     prompts = load_workload(workload)[:max_prompts]
     quiet_loading()
@@ -155,7 +153,7 @@ def _load(target: str, draft: str, workload: str, max_prompts: int, how: tuple[s
 
 def _print_result(out: Console, title: str, result) -> None:
     """The methods' table, their ratios with CIs, vLLM's own numbers and the greedy-output verdict."""
-    from specdec_tune.profiler.bench import RATIOS
+    from specdec_tune.profiler import RATIOS
     from specdec_tune.core.stats import ci_unavailable
 
     table = Table(title=title)
@@ -197,7 +195,7 @@ def _start_vllm(python, tgt, drf, ids, n: int, max_new_tokens: int, eager: bool,
     """Start vLLM's two engines (the tuner's vLLM export as the speculative config)."""
     import torch
 
-    from specdec_tune.profiler.vllm_bench import VllmPair
+    from specdec_tune.profiler import VllmPair
 
     longest = max(int(x.shape[0]) for x in ids) + max_new_tokens + n + 1
     limit = int(getattr(tgt.hf.config, "max_position_embeddings", 0) or longest)

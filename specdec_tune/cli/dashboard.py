@@ -32,8 +32,7 @@ def dashboard(
 ) -> None:
     """Open the results in a Streamlit dashboard (headless; prints the URL; Ctrl-C stops it)."""
     # Imported here so that `specdec-tune --help` does not pay for SQLAlchemy and Streamlit.
-    from specdec_tune.dashboard.launch import check_port, serve
-    from specdec_tune.dashboard.sources import check_sources, resolve_sources
+    from specdec_tune.dashboard import check_port, check_sources, resolve_sources, serve
 
     sources = resolve_sources(db, storage)
     check_port(host, port)

@@ -31,7 +31,7 @@ def check_out_folder(out: Path, flag: str = "--out") -> None:
         raise InputError(f"{flag} {out} exists and is not a folder; give a folder to write the files in")
     if not above.is_dir():
         raise InputError(f"{flag} {out} cannot be created: {above} is a file, not a folder; give another folder")
-    from specdec_tune.db.engine import pseudo_filesystem
+    from specdec_tune.db import pseudo_filesystem
 
     kernel = pseudo_filesystem(above)
     if kernel is not None:

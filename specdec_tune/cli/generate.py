@@ -71,7 +71,6 @@ def generate(
     json_out: bool = typer.Option(False, "--json", help="One JSON object per prompt on stdout."),
 ) -> None:
     """Generate text and print measured tokens/s, tokens per cycle τ and per-position acceptance α_i."""
-
     rates = _check(max_new_tokens, num_speculative_tokens, threshold, threshold_rule, schedule, temperature, threads,
                    synthetic_acceptance)
     opt.check_threshold_kind(threshold_kind, threshold_step, threshold, threshold_rule, schedule)
@@ -80,18 +79,9 @@ def generate(
     items = _collect_prompts(prompt, prompts)
     opt.check_model_names(target, draft)  # a mistyped name fails now, before torch and the models load
     from specdec_tune.engine import DecodeConfig
-    from specdec_tune.profiler.runs import encode_prompt, measure_prompt, warm_up
 
     quiet_loading()
-    how = (forward, cuda_graphs)  # --forward and --cuda-graphs: how every model of the command is loaded
-    tgt = _load(target, device, dtype, how)
-    spec = _draft_spec(draft, tgt, device, dtype, how)
-    if tree or staged:  # a tree of the draft, or the draft speculated by an inner drafter (profiler.runs)
-        spec = replace(spec, tree=tree or "",
-                       inner=_draft_spec(staged, tgt, device, dtype, how) if staged else None)
-    # The target's choice whatever the draft (none, ngram or a model): plain and speculative runs of one
-    # target take the same thread count, so their tokens/s compare.
-    choice = set_threads(threads, tgt)
+    tgt, spec, choice = _models(target, draft, tree, staged, threads, device, dtype, (forward, cuda_graphs))
     config = DecodeConfig(
         max_new_tokens=max_new_tokens,
         num_speculative_tokens=num_speculative_tokens,
@@ -107,6 +97,28 @@ def generate(
         synthetic_acceptance=rates,
         synthetic_seed=seed,
     )
+    _decode_each(tgt, spec, items, config, seed=seed, json_out=json_out, target=target, choice=choice, rates=rates)
+
+
+def _models(target: str, draft: str, tree: str | None, staged: str | None, threads: str, device: str, dtype: str,
+            how: tuple[str, str]):  # noqa: ANN202 - (an engine LoadedModel, a profiler DraftSpec, a ThreadChoice)
+    """The target, the draft (with its tree or inner drafter) and the thread choice; ``how``: (--forward,
+    --cuda-graphs), how every model of the command is loaded."""
+    tgt = _load(target, device, dtype, how)
+    spec = _draft_spec(draft, tgt, device, dtype, how)
+    if tree or staged:  # a tree of the draft, or the draft speculated by an inner drafter (profiler.runs)
+        spec = replace(spec, tree=tree or "",
+                       inner=_draft_spec(staged, tgt, device, dtype, how) if staged else None)
+    # The target's choice whatever the draft (none, ngram or a model): plain and speculative runs of one
+    # target take the same thread count, so their tokens/s compare.
+    return tgt, spec, set_threads(threads, tgt)
+
+
+def _decode_each(tgt, spec, items: list, config, *, seed: int, json_out: bool, target: str, choice,
+                 rates: tuple[float, ...] | None) -> None:
+    """Decode every prompt (after one warm-up) and print its text and measured line, or one JSON object each."""
+    from specdec_tune.profiler import encode_prompt, measure_prompt, warm_up
+
     acceptance = f" ({opt.synthetic_label(rates)})" if rates else ""
     encoded = [(p, encode_prompt(tgt, p.prompt, p.id)) for p in items]
     warm_up(tgt, spec, encoded[0][1], config)
@@ -171,7 +183,7 @@ def _check_tree(tree: str | None, staged: str | None, draft: str, threshold: flo
 
 
 def _collect_prompts(prompt: str | None, prompts: str | None) -> list:
-    from specdec_tune.engine.workloads import Prompt, load_workload
+    from specdec_tune.engine import Prompt, load_workload
 
     if (prompt is None) == (prompts is None):
         raise InputError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
@@ -191,7 +203,7 @@ def _load(name: str, device: str, dtype: str, forward: tuple[str, str]):  # noqa
 
 def _draft_spec(draft: str, target, device: str, dtype: str, forward: tuple[str, str]):  # noqa: ANN202 - a profiler DraftSpec
     from specdec_tune.engine import check_compatible
-    from specdec_tune.profiler.runs import DraftSpec
+    from specdec_tune.profiler import DraftSpec
 
     if draft == "none":
         return DraftSpec("none")

@@ -49,15 +49,15 @@ _Drafts = Annotated[str, typer.Option("--draft", help=(
 
 def profile_summary(db, run_id: int) -> dict:
     """Everything ``profile`` prints, read back from the database (measured and predicted, labelled)."""
-    from specdec_tune.db import get_run, list_measured, load_acceptance, load_bias_front
-    from specdec_tune.tuner.model import best_configs, best_n_per_batch_size, load_run_profile, predict_baseline
+    from specdec_tune.db import get_run, list_measured
+    from specdec_tune.tuner.model import load_run_profile, predict_baseline
 
     run = get_run(db, run_id)
     base_rp = load_run_profile(db, run_id, baseline_only=True)
     isolated = load_run_profile(db, run_id, baseline_only=True, calibrate=False)  # as measured, for display
     verify = {b: dict(curve) for b, curve in isolated.model.verify_s.items()}
     baseline = next((m for m in list_measured(db, run_id) if m.draft is None), None)
-    out = {
+    return {
         "run_id": run_id, "status": run.status, "target": run.target.name,
         "workload": run.workload.name if run.workload else None, "throughput": THROUGHPUT_NOTE,
         "prompts": len(run.settings.prompt_ids), "max_new_tokens": run.settings.max_new_tokens,
@@ -70,46 +70,51 @@ def profile_summary(db, run_id: int) -> dict:
             "predicted_label": "calibration identity (the model calibrated on this very run; not a validation)",
             "ar_overhead_ms": base_rp.model.ar_overhead_s * 1e3,
         },
-        "drafts": [],
+        "drafts": [_draft_summary(db, run_id, d.name) for d in run.drafts],
         "acceptance_rates": _acceptance_json(run.settings),
     }
-    for d in run.drafts:
-        rp = load_run_profile(db, run_id, d.name)
-        greedy = next(iter(load_acceptance(db, run_id, draft=d.name, mode="greedy")), None)
-        best = best_configs(rp, top=3) if rp.model.traces else []
-        per_batch = {}
-        if rp.model.traces and len(rp.model.verify_s) > 1:
-            schedule = best_n_per_batch_size(rp.model, sorted(rp.model.verify_s), range(1, rp.traced_n_max + 1))
-            per_batch = {str(b): n for b, n in schedule.items()}
-        out["drafts"].append({
-            "name": d.name,
-            "draft_step_ms": {str(b): s * 1e3 for b, s in rp.draft_step_raw_s.items()},
-            "cycle_overhead_ms": rp.engine_overhead_s * 1e3,
-            "draft_step_in_loop_ms": {"first": rp.first_draft_step_s.get(1, math.nan) * 1e3,
-                                      "later": (rp.model.draft_step_s.get(1, 0.0) - rp.forward_overhead_s) * 1e3}
-            if rp.calibrated and rp.draft_step_raw_s else None,
-            "per_forward_overhead_ms": rp.forward_overhead_s * 1e3,
-            "alpha": list(greedy.alpha) if greedy else [],
-            "beta": list(greedy.beta) if greedy else [],
-            "cycles": greedy.cycles if greedy else 0,
-            "greedy_agreement": greedy.greedy_agreement if greedy else None,
-            "one_minus_tv": greedy.one_minus_tv if greedy else None,
-            "best_n_per_batch_size": per_batch,
-            # the best speculative configuration's predicted speedup below 1: plain decoding is predicted faster
-            "plain_predicted_faster": bool(best) and best[0][1].speedup < 1,
-            "bias_front": [{"method": r.method, "epsilon": r.epsilon, "source": r.source, "rejection": r.rejection,
-                            "bias": r.bias, "pareto_bias": r.pareto_bias, "positions": r.positions,
-                            "label": "computed" if r.source == "theory" else "measured"}
-                           for r in load_bias_front(db, run_id, d.name)],
-            "best": [
-                {"num_speculative_tokens": c.num_speculative_tokens, "threshold": c.threshold,
-                 "tokens_per_s": p.tokens_per_s, "speedup": p.speedup, "source": p.source,
-                 "expected_tokens_per_cycle": p.expected_tokens_per_cycle,
-                 "label": "predicted, synthetic acceptance" if p.source == "synthetic" else "predicted"}
-                for c, p in best
-            ],
-        })
-    return out
+
+
+def _draft_summary(db, run_id: int, name: str) -> dict:
+    """One draft's part of :func:`profile_summary`: its timings, acceptance, lossy front and best configurations."""
+    from specdec_tune.db import load_acceptance, load_bias_front
+    from specdec_tune.tuner.model import best_configs, best_n_per_batch_size, load_run_profile
+
+    rp = load_run_profile(db, run_id, name)
+    greedy = next(iter(load_acceptance(db, run_id, draft=name, mode="greedy")), None)
+    best = best_configs(rp, top=3) if rp.model.traces else []
+    per_batch = {}
+    if rp.model.traces and len(rp.model.verify_s) > 1:
+        schedule = best_n_per_batch_size(rp.model, sorted(rp.model.verify_s), range(1, rp.traced_n_max + 1))
+        per_batch = {str(b): n for b, n in schedule.items()}
+    return {
+        "name": name,
+        "draft_step_ms": {str(b): s * 1e3 for b, s in rp.draft_step_raw_s.items()},
+        "cycle_overhead_ms": rp.engine_overhead_s * 1e3,
+        "draft_step_in_loop_ms": {"first": rp.first_draft_step_s.get(1, math.nan) * 1e3,
+                                  "later": (rp.model.draft_step_s.get(1, 0.0) - rp.forward_overhead_s) * 1e3}
+        if rp.calibrated and rp.draft_step_raw_s else None,
+        "per_forward_overhead_ms": rp.forward_overhead_s * 1e3,
+        "alpha": list(greedy.alpha) if greedy else [],
+        "beta": list(greedy.beta) if greedy else [],
+        "cycles": greedy.cycles if greedy else 0,
+        "greedy_agreement": greedy.greedy_agreement if greedy else None,
+        "one_minus_tv": greedy.one_minus_tv if greedy else None,
+        "best_n_per_batch_size": per_batch,
+        # the best speculative configuration's predicted speedup below 1: plain decoding is predicted faster
+        "plain_predicted_faster": bool(best) and best[0][1].speedup < 1,
+        "bias_front": [{"method": r.method, "epsilon": r.epsilon, "source": r.source, "rejection": r.rejection,
+                        "bias": r.bias, "pareto_bias": r.pareto_bias, "positions": r.positions,
+                        "label": "computed" if r.source == "theory" else "measured"}
+                       for r in load_bias_front(db, run_id, name)],
+        "best": [
+            {"num_speculative_tokens": c.num_speculative_tokens, "threshold": c.threshold,
+             "tokens_per_s": p.tokens_per_s, "speedup": p.speedup, "source": p.source,
+             "expected_tokens_per_cycle": p.expected_tokens_per_cycle,
+             "label": "predicted, synthetic acceptance" if p.source == "synthetic" else "predicted"}
+            for c, p in best
+        ],
+    }
 
 
 def _acceptance_json(settings: RunSettings) -> dict:
@@ -147,51 +152,56 @@ def _print_summary(out: Console, s: dict) -> None:
         f"{opt.format_rate(base['predicted_tokens_per_s'])} recomputed from the same run (a calibration identity, "
         "not a validation: use measure on held-out prompts for that)", highlight=False)
     for d in s["drafts"]:
-        table = Table(title=f"draft {d['name']}", show_header=True, title_justify="left")
-        table.add_column("quantity")
-        table.add_column("value", justify="right")
-        table.add_column("label")
-        ts = d["draft_step_ms"].get("1")
-        table.add_row("T_s, one draft forward", "–" if ts is None else f"{ts:.2f} ms", "measured")
-        table.add_row("c = T_s / T_v(1)", "–" if ts is None else f"{ts / curve['1']:.3f}", "measured")
-        if d["draft_step_in_loop_ms"]:
-            loop = d["draft_step_in_loop_ms"]
-            table.add_row("T_s in the loop: first / later forward of a cycle",
-                          f"{loop['first']:.2f} / {loop['later']:.2f} ms", "measured")
-        table.add_row("engine overhead per cycle / per draft forward",
-                      f"{d['cycle_overhead_ms']:.2f} / {d['per_forward_overhead_ms']:.3f} ms", "measured")
-        alphas = " ".join(opt.format_rate(a) for a in d["alpha"][:8])
-        predicted = "predicted, synthetic acceptance" if synthetic else "predicted"
-        table.add_row("α_1..α_8 (conditional, greedy)", alphas or "–",
-                      "counted under synthetic acceptance" if synthetic else "measured")
-        table.add_row("greedy agreement / 1 - TV (teacher-forced)",
-                      f"{opt.format_rate(d['greedy_agreement'])} / {opt.format_rate(d['one_minus_tv'])}",
-                      "measured (random weights: meaningless)" if synthetic else "measured")
-        for i, b in enumerate(d["best"]):
-            table.add_row(
-                f"{'best' if i == 0 else f'#{i + 1}'}: N = {b['num_speculative_tokens']}, θ = {b['threshold']:.1f}",
-                f"{b['tokens_per_s']:.1f} tokens/s, {b['speedup']:.2f}×, τ {b['expected_tokens_per_cycle']:.2f}",
-                predicted)
-        if _plain_faster(d):
-            table.add_row("verdict", f"plain decoding is predicted faster (the best above: "
-                          f"{d['best'][0]['speedup']:.2f}× plain decoding)", predicted)
-        for method in ("opt", "uno"):
-            pts = {(r["epsilon"], r["source"]): r for r in d["bias_front"] if r["method"] == method}
-            if pts:
-                table.add_row(f"Decoding-{method.upper()}: ε → rejection / bias per verified position",
-                              "; ".join(f"{e:g}: {t['rejection']:.3f}/{t['bias']:.3f}"
-                                        + (f" ({pts[e, 'measured']['rejection']:.3f}/{pts[e, 'measured']['bias']:.3f})"
-                                           if (e, "measured") in pts else "")
-                                        for (e, src), t in sorted(pts.items()) if src == "theory"),
-                              "computed (measured)")
-        if d["best_n_per_batch_size"]:
-            table.add_row("best N per batch size (θ = 0; 0 = do not speculate)",
-                          ", ".join(f"B={b}: {n}" for b, n in d["best_n_per_batch_size"].items()), predicted)
-        out.print(table)
+        out.print(_draft_table(d, curve, synthetic))
     if s["drafts"] and all(_plain_faster(d) for d in s["drafts"]):
         out.print("predicted: plain decoding is faster than every draft profiled here (each best speedup is below "
                   "1×); speculative decoding does not pay for this pair on this machine", highlight=False)
     out.print(f"throughput is {THROUGHPUT_NOTE}", highlight=False)
+
+
+def _draft_table(d: dict, curve: dict, synthetic: bool) -> Table:
+    """One draft's table of :func:`_print_summary` (``curve``: the target's T_v(k) in ms at B = 1)."""
+    table = Table(title=f"draft {d['name']}", show_header=True, title_justify="left")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    table.add_column("label")
+    ts = d["draft_step_ms"].get("1")
+    table.add_row("T_s, one draft forward", "–" if ts is None else f"{ts:.2f} ms", "measured")
+    table.add_row("c = T_s / T_v(1)", "–" if ts is None else f"{ts / curve['1']:.3f}", "measured")
+    if d["draft_step_in_loop_ms"]:
+        loop = d["draft_step_in_loop_ms"]
+        table.add_row("T_s in the loop: first / later forward of a cycle",
+                      f"{loop['first']:.2f} / {loop['later']:.2f} ms", "measured")
+    table.add_row("engine overhead per cycle / per draft forward",
+                  f"{d['cycle_overhead_ms']:.2f} / {d['per_forward_overhead_ms']:.3f} ms", "measured")
+    alphas = " ".join(opt.format_rate(a) for a in d["alpha"][:8])
+    predicted = "predicted, synthetic acceptance" if synthetic else "predicted"
+    table.add_row("α_1..α_8 (conditional, greedy)", alphas or "–",
+                  "counted under synthetic acceptance" if synthetic else "measured")
+    table.add_row("greedy agreement / 1 - TV (teacher-forced)",
+                  f"{opt.format_rate(d['greedy_agreement'])} / {opt.format_rate(d['one_minus_tv'])}",
+                  "measured (random weights: meaningless)" if synthetic else "measured")
+    for i, b in enumerate(d["best"]):
+        table.add_row(
+            f"{'best' if i == 0 else f'#{i + 1}'}: N = {b['num_speculative_tokens']}, θ = {b['threshold']:.1f}",
+            f"{b['tokens_per_s']:.1f} tokens/s, {b['speedup']:.2f}×, τ {b['expected_tokens_per_cycle']:.2f}",
+            predicted)
+    if _plain_faster(d):
+        table.add_row("verdict", f"plain decoding is predicted faster (the best above: "
+                      f"{d['best'][0]['speedup']:.2f}× plain decoding)", predicted)
+    for method in ("opt", "uno"):
+        pts = {(r["epsilon"], r["source"]): r for r in d["bias_front"] if r["method"] == method}
+        if pts:
+            table.add_row(f"Decoding-{method.upper()}: ε → rejection / bias per verified position",
+                          "; ".join(f"{e:g}: {t['rejection']:.3f}/{t['bias']:.3f}"
+                                    + (f" ({pts[e, 'measured']['rejection']:.3f}/{pts[e, 'measured']['bias']:.3f})"
+                                       if (e, "measured") in pts else "")
+                                    for (e, src), t in sorted(pts.items()) if src == "theory"),
+                          "computed (measured)")
+    if d["best_n_per_batch_size"]:
+        table.add_row("best N per batch size (θ = 0; 0 = do not speculate)",
+                      ", ".join(f"B={b}: {n}" for b, n in d["best_n_per_batch_size"].items()), predicted)
+    return table
 
 
 def kept_by_interrupt(db, newest: int, target: str) -> str:

@@ -21,7 +21,7 @@ _CONTEXT_TOKENS = 128
 def _measure_ms(models: list, new_tokens: tuple[int, ...], repeats: int, forward: str,
                 threads: str) -> tuple[dict[str, dict[str, float]], Any]:
     """Median ms per forward of ``new_tokens`` tokens after a 128-token KV cache for each model, measured
-    live the way the model card measures it (:func:`specdec_tune.training.assess.forward_samples`),
+    live the way the model card measures it (:func:`specdec_tune.training.forward_samples`),
     with the thread count ``bench`` and ``profile`` choose for the bundled target and its first draft
     (``--threads auto``: calibrated, never more than the idle CPUs; :mod:`specdec_tune.profiler.threads`).
 
@@ -34,7 +34,7 @@ def _measure_ms(models: list, new_tokens: tuple[int, ...], repeats: int, forward
     import transformers
 
     from specdec_tune.engine import load_model
-    from specdec_tune.training.assess import forward_samples
+    from specdec_tune.training import forward_samples
 
     transformers.utils.logging.disable_progress_bar()  # keep stderr for real messages
     loaded = {m.name: load_model(str(m.path), "cpu", "float32", forward) for m in models}
@@ -53,8 +53,7 @@ def _measure_ms(models: list, new_tokens: tuple[int, ...], repeats: int, forward
 
 def _workload_rows() -> list[dict[str, Any]]:
     """The bundled workloads: name, prompts, categories and file (the ``--workload`` names)."""
-    from specdec_tune.engine.workloads import load_workload, resolve_workload
-    from specdec_tune.engine.zoo import list_workloads
+    from specdec_tune.engine import list_workloads, load_workload, resolve_workload
 
     rows = []
     for name in list_workloads():
@@ -75,7 +74,7 @@ def zoo_list(
 ) -> None:
     """Show each bundled model (name, role, path, parameters, layers, ms per forward, measured with the
     thread count bench and profile use) and each bundled workload (name, prompts)."""
-    from specdec_tune.engine.zoo import list_models, read_manifest
+    from specdec_tune.engine import list_models, read_manifest
 
     parse_threads(threads)
     models = list_models()
@@ -130,7 +129,7 @@ def zoo_shapes(as_json: bool = typer.Option(False, "--json", help="Print a JSON 
     their parameters and the memory they need here."""
     import torch
 
-    from specdec_tune.engine.shapes import available_memory, get_shape, memory_needed, parameter_count, shape_names
+    from specdec_tune.engine import available_memory, get_shape, memory_needed, parameter_count, shape_names
 
     free = available_memory("cpu")
     rows = []
@@ -167,7 +166,7 @@ def zoo_train(
     """Rerun the zoo recipe (about 70 minutes on 2 CPU cores; --quick for a smoke run)."""
     if (out / "zoo.json").exists() and not force:
         raise InputError(f"--out {str(out)!r} already holds a zoo (zoo.json); pass --force to overwrite it")
-    from specdec_tune.training.recipe import run_recipe
+    from specdec_tune.training import run_recipe
 
     manifest = run_recipe(out, quick=quick, seed=seed)
     typer.echo(f"wrote {len(manifest['models'])} models and {len(manifest['workloads'])} workloads to {out}")
@@ -183,7 +182,7 @@ def zoo_refine(
     about 10 minutes), then re-measure the zoo and rewrite its card."""
     if not (out / "zoo.json").is_file():
         raise InputError(f"--out {str(out)!r} holds no zoo.json; build one with `specdec-tune zoo train`")
-    from specdec_tune.training.recipe import refine
+    from specdec_tune.training import refine
 
     refine(out, quick=quick, seed=seed)
     typer.echo(f"refined the drafts in {out / 'models'}; rewrote {out / 'zoo.json'} and {out / 'MODEL_CARD.md'}")
@@ -197,7 +196,7 @@ def zoo_evaluate(
     """Rerun only the recipe's final step (held-out quality, latency, card) on a built zoo."""
     if not (out / "zoo.json").is_file():
         raise InputError(f"--out {str(out)!r} holds no zoo.json; build one with `specdec-tune zoo train`")
-    from specdec_tune.training.recipe import reassess
+    from specdec_tune.training import reassess
 
     reassess(out, repeats=repeats)
     typer.echo(f"rewrote {out / 'zoo.json'} and {out / 'MODEL_CARD.md'}")

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec_tune.core.stats import CONFIDENCE, RESAMPLES, RateSamples, ci_unavailable
+from specdec_tune.core.stats import RESAMPLES, RateSamples, bootstrap, ci_unavailable
 
 QUANTILES = (0.5, 0.9, 0.99)  # p50 / p90 / p99, what every latency report shows
 
@@ -231,9 +231,9 @@ def _percentile_ci(medians: Sequence[float], prompts: int, q: float, resamples: 
     why = ci_unavailable(len(values), prompts)
     if why:
         return point, None, why
-    rng = np.random.default_rng(seed)
-    stat = np.quantile(values[rng.integers(0, len(values), size=(resamples, len(values)))], q, axis=1)
-    return point, _interval(stat), None
+    ci = bootstrap(lambda picked, _: np.quantile(values[picked], q, axis=1), len(values), resamples=resamples,
+                   seed=seed)
+    return point, ci.interval, None
 
 
 def _pooled_ci(per_prompt: Sequence[Sequence[float]], q: float, resamples: int,
@@ -247,16 +247,11 @@ def _pooled_ci(per_prompt: Sequence[Sequence[float]], q: float, resamples: int,
     why = ci_unavailable(len(clusters), len(per_prompt))
     if why:
         return point, None, why
-    rng = np.random.default_rng(seed)
-    stat = [float(np.quantile(np.concatenate([clusters[i] for i in rng.integers(0, len(clusters), len(clusters))]), q))
-            for _ in range(resamples)]
-    return point, _interval(np.asarray(stat)), None
 
+    def pooled(picked: np.ndarray, _) -> list[float]:
+        return [float(np.quantile(np.concatenate([clusters[i] for i in row]), q)) for row in picked]
 
-def _interval(stat: np.ndarray) -> tuple[float, float]:
-    alpha = (1.0 - CONFIDENCE) / 2
-    lo, hi = np.quantile(stat, [alpha, 1 - alpha])
-    return float(lo), float(hi)
+    return point, bootstrap(pooled, len(clusters), resamples=resamples, seed=seed).interval, None
 
 
 # Why a statistic has no value at all (no prompt had one).

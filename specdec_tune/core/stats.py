@@ -2,11 +2,15 @@
 
 Neither room may import the other (docs/architecture.md, Import contracts), so what both need
 lives here: no torch, no database, no timing. numpy only.
+
+:func:`bootstrap` is the one bootstrap routine: every CI the package prints (tokens/s, speedups, latency
+percentiles and gaps here and in ``core/latency.py``, the regression's speed ratios, the dashboard's
+trends) is a percentile bootstrap over prompts drawn with replacement, computed by it.
 """
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,27 +110,72 @@ def _as_samples(x: Any) -> RateSamples:
     return _as_samples(inner)
 
 
+# --------------------------------------------------------------------------- the bootstrap
+#
+# One routine serves every CI. The unit resampled is the prompt (a cluster: its repeats, requests or
+# gaps travel with it), because prompts differ far more from each other than one prompt's repeats do.
+# scipy.stats.bootstrap(method="percentile") draws the same indices from the same generator
+# (rng.integers(0, n, (B, n)), tests/test_stats.py checks it) but cannot express the throughput's second
+# level (each drawn prompt's repeats resampled too), and its interval comes from scipy.stats.quantile,
+# which differs from numpy's in the last bit; this routine keeps the stored CIs' numbers.
+
+#: ``statistic(picked, rng) -> [B]``: ``picked`` ``[B, n]`` holds the units each resample drew.
+Statistic = Callable[[np.ndarray, np.random.Generator], Any]
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """A statistic's bootstrap replicates and their percentile interval.
+
+    Attributes:
+        replicates: ``[B]`` the statistic on each resample.
+        low, high: the ``confidence`` percentile interval of the replicates.
+    """
+
+    replicates: np.ndarray
+    low: float
+    high: float
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return self.low, self.high
+
+
+def bootstrap(statistic: Statistic, units: int, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
+              seed: int = 0) -> Bootstrap:
+    """Percentile bootstrap over ``units`` units (prompts) drawn with replacement.
+
+    Args:
+        statistic: ``statistic(picked, rng)`` with ``picked`` ``[resamples, units]`` (the units each resample
+            drew) returns the ``[resamples]`` replicates; ``rng`` is the generator ``picked`` came from, for
+            a statistic that resamples inside each unit too (a throughput's repeats).
+        units: how many units there are (``picked`` indexes them).
+        confidence: the interval's coverage (0.95).
+        resamples: bootstrap resamples B.
+        seed: the resampling seed (the same data gives the same CI).
+    """
+    rng = np.random.default_rng(seed)
+    picked = rng.integers(0, units, size=(resamples, units))
+    replicates = np.asarray(statistic(picked, rng), dtype=float)
+    alpha = (1.0 - confidence) / 2
+    low, high = np.quantile(replicates, [alpha, 1.0 - alpha])
+    return Bootstrap(replicates, float(low), float(high))
+
+
 def _resampled_medians(values: np.ndarray, prompts: np.ndarray, repeats: np.ndarray) -> np.ndarray:
     """``[B, P]`` medians over resampled repeats of resampled prompts (``values`` is ``[P, R]``)."""
     picked = values[prompts[:, :, None], repeats]  # [B, P, R]
     return np.median(picked, axis=2)
 
 
-def _indices(p: int, r: int, resamples: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    prompts = rng.integers(0, p, size=(resamples, p))
-    repeats = rng.integers(0, r, size=(resamples, p, r))
-    return prompts, repeats
+def _repeats(prompts: np.ndarray, r: int, rng: np.random.Generator) -> np.ndarray:
+    """``[B, P, R]`` repeats drawn with replacement inside each drawn prompt (the second level)."""
+    return rng.integers(0, r, size=(*prompts.shape, r))
 
 
 def _arrays(s: RateSamples) -> tuple[np.ndarray, np.ndarray]:
     r = min(len(row) for row in s.seconds)  # a ragged set keeps the repeats every prompt has
     return (np.array([row[:r] for row in s.tokens], dtype=float), np.array([row[:r] for row in s.seconds], dtype=float))
-
-
-def _interval(stat: np.ndarray, confidence: float) -> tuple[float, float]:
-    alpha = (1.0 - confidence) / 2
-    lo, hi = np.quantile(stat, [alpha, 1.0 - alpha])
-    return float(lo), float(hi)
 
 
 def tokens_per_s_ci(samples: Any, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
@@ -146,10 +195,12 @@ def tokens_per_s_ci(samples: Any, *, confidence: float = CONFIDENCE, resamples: 
     if ci_unavailable(len(s.prompt_ids)):
         return None
     tokens, seconds = _arrays(s)
-    prompts, repeats = _indices(*seconds.shape, resamples, np.random.default_rng(seed))
-    tok = _resampled_medians(tokens, prompts, repeats).sum(axis=1)
-    sec = _resampled_medians(seconds, prompts, repeats).sum(axis=1)
-    return _interval(tok / sec, confidence)
+
+    def rate(prompts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        repeats = _repeats(prompts, seconds.shape[1], rng)
+        return _resampled_medians(tokens, prompts, repeats).sum(1) / _resampled_medians(seconds, prompts, repeats).sum(1)
+
+    return bootstrap(rate, len(s.prompt_ids), confidence=confidence, resamples=resamples, seed=seed).interval
 
 
 def speedup_ci(a: Any, b: Any, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
@@ -179,10 +230,14 @@ def speedup_ci(a: Any, b: Any, *, confidence: float = CONFIDENCE, resamples: int
     tb, xb = _arrays(sb)
     r = min(xa.shape[1], xb.shape[1])
     ta, xa, tb, xb = ta[:, :r], xa[:, :r], tb[:, :r], xb[:, :r]
-    prompts, repeats = _indices(len(sa.prompt_ids), r, resamples, np.random.default_rng(seed))
-    rate_a = _resampled_medians(ta, prompts, repeats).sum(1) / _resampled_medians(xa, prompts, repeats).sum(1)
-    rate_b = _resampled_medians(tb, prompts, repeats).sum(1) / _resampled_medians(xb, prompts, repeats).sum(1)
-    return _interval(rate_a / rate_b, confidence)
+
+    def ratio(prompts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        repeats = _repeats(prompts, r, rng)
+        rate_a = _resampled_medians(ta, prompts, repeats).sum(1) / _resampled_medians(xa, prompts, repeats).sum(1)
+        rate_b = _resampled_medians(tb, prompts, repeats).sum(1) / _resampled_medians(xb, prompts, repeats).sum(1)
+        return rate_a / rate_b
+
+    return bootstrap(ratio, len(sa.prompt_ids), confidence=confidence, resamples=resamples, seed=seed).interval
 
 
 def paired_speedup(a: Any, b: Any) -> float:

@@ -8,4 +8,22 @@ scripts (``app.py``, ``views/``); and the launcher (``launch``). Predictions com
 ``tuner.model``'s public names, never from a copy here; the server capability table and the
 exporters arrive through ``wiring``, installed by the ``specdec-tune dashboard`` entry script
 (docs/architecture.md, Import contracts).
+
+The names below are the dashboard's face, what the command line uses (the ``faces-dashboard`` import
+contract): the launcher, the sources check, the wiring records and :func:`show`, which draws the pages.
 """
+from __future__ import annotations
+
+from specdec_tune.dashboard.launch import check_port, serve
+from specdec_tune.dashboard.sources import check_sources, resolve_sources
+from specdec_tune.dashboard.wiring import ExportFiles, ServerFacts, ServerRoom, install
+
+__all__ = ["ExportFiles", "ServerFacts", "ServerRoom", "check_port", "check_sources", "install", "resolve_sources",
+           "serve", "show"]
+
+
+def show() -> None:
+    """Draw the dashboard's pages: the body of the Streamlit script (which installs the server room first)."""
+    from specdec_tune.dashboard import app
+
+    app.main()

@@ -1,7 +1,7 @@
 """Regression runs over time (``specdec-tune regress``): the Regression trends page and the verdicts
 the Overview lists.
 
-Reads the regression tables (schema revision 0004) through ``db.regress``. Per run and benchmark:
+Reads the regression tables (schema revision 0004) through the regression readers of ``db``. Per run and benchmark:
 tokens/s is the median over prompts of each prompt's new tokens ÷ its median decode seconds (the
 per-prompt rate ``regress`` compares), with a percentile-bootstrap 95% CI over prompts; τ is new
 tokens ÷ cycles; the model error is the stored ``model_error`` cell ((predicted − measured) ÷
@@ -15,6 +15,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from specdec_tune.core.stats import bootstrap
 from specdec_tune.db import Database, list_regress_runs, load_regress_benchmarks, load_regress_cells
 
 FLAGGED = ("regression", "suspicious", "fail")
@@ -85,13 +88,8 @@ def median_ci(values: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES, see
     """Percentile-bootstrap 95% CI of the median (``None`` below 3 values)."""
     if len(values) < 3:
         return None
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
     x = np.asarray(values, dtype=float)
-    medians = np.median(x[rng.integers(0, len(x), size=(resamples, len(x)))], axis=1)
-    low, high = np.percentile(medians, [2.5, 97.5])
-    return float(low), float(high)
+    return bootstrap(lambda picked, _: np.median(x[picked], axis=1), len(x), resamples=resamples, seed=seed).interval
 
 
 def _change(effect: float | None) -> float | None:

@@ -1,9 +1,11 @@
 """Engine: model loading, drafters, the pure verify step and the decode loops (no timing, no I/O).
 
-The public names below load their module on first use (PEP 562), so that ``import
-specdec_tune.engine.zoo`` or a check of a model name (:func:`resolve_source`) does not import torch
-and transformers: a command refuses bad input before it pays for them. Type checkers and the import
-contracts read the ``TYPE_CHECKING`` imports.
+Public names only: other rooms import them from here, never from a module behind this face (the
+``faces-engine`` import contract). The names load their module on first use (PEP 562), so that a check of a
+model name (:func:`resolve_source`), a workload (:func:`load_workload`) or the bundled zoo (:func:`list_models`)
+does not import torch and transformers: a command refuses bad input before it pays for them
+(``tests/test_architecture.py`` checks it). ``_HOME`` says which module defines each name; the
+``TYPE_CHECKING`` imports say the same for type checkers and import-linter (a test keeps the two equal).
 """
 from __future__ import annotations
 
@@ -12,12 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from specdec_tune.engine.decode import DecodeConfig, autoregressive, speculative
-    from specdec_tune.engine.drafters import ModelDrafter, NgramDrafter, build_drafter
+    from specdec_tune.engine.drafters import ModelDrafter, NgramDrafter, build_drafter, probs_from_logits
     from specdec_tune.engine.kvcache import PreallocatedCache, forward_with_cache, make_cache
     from specdec_tune.engine.lean import LeanCausalLM, lean_unsupported, wrap_forward
-    from specdec_tune.engine.loading import LoadedModel, check_compatible, load_model
+    from specdec_tune.engine.lean_kernels import status as lean_kernels_status
+    from specdec_tune.engine.loading import LoadedModel, check_compatible, load_model, resolve_device
     from specdec_tune.engine.lossy import bias_and_rejection, emitted_distribution, least_bias, pareto_bias
     from specdec_tune.engine.names import resolve_source
+    from specdec_tune.engine.shapes import available_memory, get_shape, memory_needed, parameter_count, shape_names
     from specdec_tune.engine.staged import StagedDrafter
     from specdec_tune.engine.tree import TokenTree
     from specdec_tune.engine.tree_decode import tree_speculative
@@ -25,28 +29,36 @@ if TYPE_CHECKING:
     from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult, VerifyResult
     from specdec_tune.engine.types import acceptance_counts, acceptance_per_position
     from specdec_tune.engine.verify import verify_greedy, verify_lossy, verify_sampling
+    from specdec_tune.engine.workloads import Prompt, load_workload, resolve_workload
+    from specdec_tune.engine.zoo import list_models, list_workloads, read_manifest
 
-_HOME = {  # public name -> the module that defines it
+_HOME = {  # public name -> the module that defines it ("module.attribute": the name there differs)
     "DecodeConfig": "decode", "autoregressive": "decode", "speculative": "decode",
-    "ModelDrafter": "drafters", "NgramDrafter": "drafters", "build_drafter": "drafters",
+    "ModelDrafter": "drafters", "NgramDrafter": "drafters", "build_drafter": "drafters", "probs_from_logits": "drafters",
     "PreallocatedCache": "kvcache", "forward_with_cache": "kvcache", "make_cache": "kvcache",
     "LeanCausalLM": "lean", "lean_unsupported": "lean", "wrap_forward": "lean",
-    "LoadedModel": "loading", "check_compatible": "loading", "load_model": "loading",
+    "lean_kernels_status": "lean_kernels.status",
+    "LoadedModel": "loading", "check_compatible": "loading", "load_model": "loading", "resolve_device": "loading",
     "resolve_source": "names",
+    "available_memory": "shapes", "get_shape": "shapes", "memory_needed": "shapes", "parameter_count": "shapes",
+    "shape_names": "shapes",
     "bias_and_rejection": "lossy", "emitted_distribution": "lossy", "least_bias": "lossy", "pareto_bias": "lossy",
     "StagedDrafter": "staged", "TokenTree": "tree", "tree_speculative": "tree_decode", "TreeDrafter": "tree_draft",
     "CycleStats": "types", "Draft": "types", "Drafter": "types", "GenerationResult": "types", "VerifyResult": "types",
     "acceptance_counts": "types", "acceptance_per_position": "types",
     "verify_greedy": "verify", "verify_lossy": "verify", "verify_sampling": "verify",
+    "Prompt": "workloads", "load_workload": "workloads", "resolve_workload": "workloads",
+    "list_models": "zoo", "list_workloads": "zoo", "read_manifest": "zoo",
 }
 __all__ = sorted(_HOME)
 
 
 def __getattr__(name: str) -> Any:
-    module = _HOME.get(name)
-    if module is None:
+    home = _HOME.get(name)
+    if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    module, _, attribute = home.partition(".")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), attribute or name)
     globals()[name] = value
     return value
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec_tune.db.records import TraceRow
+from specdec_tune.db import TraceRow
 from specdec_tune.engine import CycleStats, DecodeConfig, GenerationResult, LoadedModel
-from specdec_tune.engine.drafters import probs_from_logits
+from specdec_tune.engine import probs_from_logits
 from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline
 from specdec_tune.profiler.runs import DraftSpec, decode_once
 
@@ -153,7 +153,7 @@ def bonus_continuations(
     A cycle that accepted all L drafted tokens ends with the target's bonus token, which the draft
     never predicted. One teacher-forced draft forward over the decoded text gives that prediction
     (its confidence and whether it equals the bonus token), so a greedy roll-out can be followed
-    past the cycle's end (``tuner.profile_data.position_traces``). The sequence's last cycle is
+    past the cycle's end (``tuner.model``'s ``position_traces``). The sequence's last cycle is
     skipped (nothing follows it).
 
     Returns:

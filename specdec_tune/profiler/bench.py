@@ -26,10 +26,10 @@ import torch
 
 from specdec_tune.core.consistency import Consistency, overall
 from specdec_tune.engine import DecodeConfig, LoadedModel
-from specdec_tune.profiler.consistency import check_outputs
+from specdec_tune.profiler.logit_margins import check_outputs
 from specdec_tune.profiler.runs import DraftSpec, decode_once
 from specdec_tune.profiler.timers import Stopwatch, synchronize
-from specdec_tune.profiler.vllm_bench import VllmPair
+from specdec_tune.profiler.backends import VllmPair
 from specdec_tune.core.stats import RateSamples, speedup_ci
 
 HF_METHODS = ("hf_generate", "hf_assisted")

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from specdec_tune.engine import LoadedModel
-from specdec_tune.engine.workloads import resolve_workload
+from specdec_tune.engine import resolve_workload
 
 
 def _cpu_name() -> str:

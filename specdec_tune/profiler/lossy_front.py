@@ -20,10 +20,10 @@ from functools import partial
 
 import torch
 
-from specdec_tune.db.records import BiasFrontRow, TeacherForcedRow
+from specdec_tune.db import BiasFrontRow, TeacherForcedRow
 from specdec_tune.engine import DecodeConfig, LoadedModel, bias_and_rejection, build_drafter, pareto_bias, speculative
 from specdec_tune.engine import VerifyResult, verify_lossy
-from specdec_tune.engine.drafters import probs_from_logits
+from specdec_tune.engine import probs_from_logits
 
 EPSILONS = (0.0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3)  # the over-acceptance grid a profile stores (log-spaced:
 # on a 4,096-token vocabulary the additive ε is steep, docs/results.md, Lossy acceptance)

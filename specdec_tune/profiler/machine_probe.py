@@ -15,7 +15,7 @@ a model cannot move it. What can move it (torch, threads, device) is in the envi
 which already withholds a speed verdict when it changes.
 
 ``suite_runs`` times the probe right after each prompt's decodes, in every repeat; the comparison
-(``tuner._regress_compare``) divides the machine out of the absolute speed cells.
+(``tuner/regress/_compare.py``) divides the machine out of the absolute speed cells.
 """
 from __future__ import annotations
 

@@ -3,7 +3,14 @@
 Throughput is what a user sees: new tokens / wall seconds of whole decode calls (prefill included),
 summed over the prompts, after one untimed warm-up decode. The profiler measures and never predicts
 (docs/architecture.md, Rooms): the command that wants predicted next to measured asks ``tuner`` for the
-prediction and stores it beside this measurement (``tuner.validate``).
+prediction and stores it beside this measurement (``tuner.search``'s ``measure_predicted``).
+
+Several configurations of one run are measured together: the models are loaded once, and each repeat
+decodes every prompt with every configuration, the configurations taking turns prompt by prompt in a
+rotated order (:func:`_run_cases`), so a slow minute of a shared machine is spread over all configurations
+instead of landing on one: rankings and errors compare like with like (docs/architecture.md, Measurement
+rules). Each measurement stores its 95% CI, the raw per-prompt, per-repeat samples, every request's token
+arrivals and, with NVML, each pass's joules.
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ import torch
 from specdec_tune.db import Database, RunSettings, add_measured_run, get_run
 from specdec_tune.engine import DecodeConfig, LoadedModel, acceptance_per_position, check_compatible, load_model
 from specdec_tune.core.costs import check_price
-from specdec_tune.engine.workloads import load_workload
+from specdec_tune.engine import load_workload
 from specdec_tune.core.errors import InputError
 from specdec_tune.core.latency import LatencySamples, RequestLatency
 from specdec_tune.profiler.describe import tokenizer_hash
@@ -122,14 +129,10 @@ def measure_configs(
     gpu_price: float | None = None,
     peak_memory: bool = False,
 ) -> list[Measurement]:
-    """Measure several configurations of one run, interleaved, and store each measurement.
+    """Measure several configurations of one run, interleaved (the module docstring), and store each measurement.
 
-    The models are loaded once. Each repeat decodes every prompt with every configuration, the
-    configurations taking turns prompt by prompt in a rotated order (:func:`_run_cases`), so a slow
-    minute of a shared machine is spread over all configurations instead of landing on one: rankings
-    and errors compare like with like (docs/architecture.md, Measurement
-    rules). Plain decoding (``MeasureSpec("none", 0)``) can be one of them (a speedup and its paired CI
-    from the same passes). Each measurement stores its 95% CI and the raw per-prompt, per-repeat samples.
+    Plain decoding (``MeasureSpec("none", 0)``) can be one of them (a speedup and its paired CI from the
+    same passes).
 
     Args:
         db: the results database holding the run.
@@ -144,8 +147,6 @@ def measure_configs(
         threads: intra-op threads (None: the profile's, lowered to the CPUs idle now; :mod:`profiler.threads`).
         gpu_price: the device's dollars per hour (stored as $ per million tokens).
         peak_memory: also measure each configuration's peak memory in a fresh process (:mod:`profiler.memory`).
-
-    Each measurement also keeps every request's token arrivals and, with NVML, each pass's joules.
 
     Raises:
         NotFoundError: unknown run or draft.

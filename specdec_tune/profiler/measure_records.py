@@ -1,6 +1,6 @@
 """What a measurement is: the configuration asked for (:class:`MeasureSpec`) and what was measured
-(:class:`Measurement`), the record :mod:`profiler.measure` returns and ``tuner.validate`` puts beside
-its prediction.
+(:class:`Measurement`), the record :mod:`profiler.measure` returns and ``tuner.search``'s
+``measure_predicted`` puts beside its prediction.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class MeasureSpec:
 
 @dataclass
 class Measurement:
-    """A measured configuration (no prediction: see ``tuner.validate``)."""
+    """A measured configuration (no prediction: see ``tuner.search``'s ``measure_predicted``)."""
 
     run_id: int
     draft: str

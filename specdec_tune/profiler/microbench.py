@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec_tune.db.records import TimingRow
-from specdec_tune.engine.kvcache import forward_with_cache, make_cache
+from specdec_tune.db import TimingRow
+from specdec_tune.engine import forward_with_cache, make_cache
 from specdec_tune.profiler.timers import Stopwatch, TimingSamples, synchronize
 
 
@@ -31,7 +31,7 @@ class ForwardTiming:
     """Timed repeats of one forward shape.
 
     Attributes:
-        kind: ``draft_step``, ``verify`` or ``prefill`` (see ``db.records.TIMING_KINDS``).
+        kind: ``draft_step``, ``verify`` or ``prefill`` (see ``db.TIMING_KINDS``).
         k: new tokens per forward (1 for a draft step, N + 1 for a verify, prompt length for prefill).
         batch_size: sequences in the forward.
         context_len: tokens already in the KV cache before the forward.

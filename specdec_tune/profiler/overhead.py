@@ -221,6 +221,36 @@ class ForwardRecorder:
         return tl
 
 
+def _sorted_forwards(timelines: list[SequenceTimeline]) -> tuple[dict[int, list[float]], list[float], list[float],
+                                                                    dict[int, list[float]]]:
+    """Every timed forward of ``timelines`` in seconds, by what it was: (verifies by width k, target prefills,
+    draft prefills, one-token draft forwards by their position j in the cycle: 1 is right after a verify)."""
+    verify: dict[int, list[float]] = {}
+    target_prefill: list[float] = []
+    draft_prefill: list[float] = []
+    position: dict[int, list[float]] = {}
+    for tl in timelines:
+        forwards = sorted(tl.forwards, key=lambda f: f.start)
+        seen_target = seen_draft = False
+        previous = None
+        j = 0
+        for f in forwards:
+            if f.role == "target":
+                if seen_target:
+                    verify.setdefault(f.tokens, []).append(f.seconds)
+                else:
+                    target_prefill.append(f.seconds)
+                seen_target = True
+            elif not seen_draft:
+                draft_prefill.append(f.seconds)
+                seen_draft = True
+            elif previous == "target" or f.tokens == 1:
+                j = 1 if previous == "target" else j + 1
+                position.setdefault(j, []).append(f.seconds)
+            previous = f.role
+    return verify, target_prefill, draft_prefill, position
+
+
 def in_loop_medians(timelines: list[SequenceTimeline]) -> dict:
     """In-loop forward times (seconds), to which the micro-benchmarks are calibrated.
 
@@ -244,29 +274,7 @@ def in_loop_medians(timelines: list[SequenceTimeline]) -> dict:
     """
     import statistics
 
-    verify: dict[int, list[float]] = {}
-    target_prefill: list[float] = []
-    draft_prefill: list[float] = []
-    position: dict[int, list[float]] = {}  # j -> the j-th draft forward of a cycle (1: right after a verify)
-    for tl in timelines:
-        forwards = sorted(tl.forwards, key=lambda f: f.start)
-        seen_target = seen_draft = False
-        previous = None
-        j = 0
-        for f in forwards:
-            if f.role == "target":
-                if seen_target:
-                    verify.setdefault(f.tokens, []).append(f.seconds)
-                else:
-                    target_prefill.append(f.seconds)
-                seen_target = True
-            elif not seen_draft:
-                draft_prefill.append(f.seconds)
-                seen_draft = True
-            elif previous == "target" or f.tokens == 1:
-                j = 1 if previous == "target" else j + 1
-                position.setdefault(j, []).append(f.seconds)
-            previous = f.role
+    verify, target_prefill, draft_prefill, position = _sorted_forwards(timelines)
     first = position.get(1, [])
     rest = [t for j in sorted(position) if j > 1 for t in position[j]]  # every later one-token forward
     med = statistics.median

@@ -18,16 +18,17 @@ from dataclasses import asdict
 import torch
 
 from specdec_tune.db import Database, DraftRecord, TimingRow, add_acceptance, add_measured_run, add_telemetry
-from specdec_tune.db import add_timing_samples, add_traces, create_run, finish_run, get_or_create_hardware
+from specdec_tune.db import add_timing_samples, create_run, finish_run, get_or_create_hardware
 from specdec_tune.db import add_bias_front, add_teacher_forced, get_or_create_model, get_or_create_workload
 from specdec_tune.engine import DecodeConfig, check_compatible, load_model, resolve_source
-from specdec_tune.engine.workloads import load_workload
+from specdec_tune.engine import load_workload
 from specdec_tune.core.errors import InputError
 from specdec_tune.profiler import acceptance as acc
 from specdec_tune.profiler import microbench as mb
 from specdec_tune.profiler.describe import hardware_info, model_info, workload_info
 from specdec_tune.profiler.lossy_front import measured_front, teacher_forced_front
-from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline, in_loop_medians
+from specdec_tune.profiler.decode_passes import decode_passes
+from specdec_tune.profiler.overhead import in_loop_medians
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
 from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.settings import ProfileResult, ProfileSettings, Progress, StageLog, run_settings
@@ -44,22 +45,6 @@ __all__ = ["ProfileResult", "ProfileSession", "ProfileSettings", "Progress", "St
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _model_draft(spec: DraftSpec) -> torch.nn.Module | None:
-    return spec.model.model if spec.model is not None else None
-
-
-def _overhead_rows(name: str | None, timeline: SequenceTimeline) -> list[TimingRow]:
-    """Per-cycle overhead rows (k = L + 1) plus one per-sequence row (context_len = 0)."""
-    rows = [
-        TimingRow("overhead", k=c.drafted + 1, batch_size=1, context_len=max(c.context_len, 1),
-                  seconds=max(c.overhead_s, 0.0), draft=name)
-        for c in timeline.cycle_overheads()
-    ]
-    setup = max(timeline.first_cycle_s() + timeline.tail_s(), 0.0)
-    rows.append(TimingRow("overhead", k=1, batch_size=1, context_len=0, seconds=setup, draft=name))
-    return rows
 
 
 def _finish(db: Database, run_id: int, status: str) -> None:
@@ -199,9 +184,9 @@ class ProfileSession:
         trees = (self.tree_passes,) if self.settings.trees else ()
         for stage in (self.warm_up, self.bench_forwards, self.bench_prefill, self.decode_passes, *trees):
             stage()
-            add_timing_samples(self.db, self.run_id, self._probe_rows(3))
+            add_timing_samples(self.db, self.run_id, self.probe_rows(3))
 
-    def _probe_rows(self, runs: int = 1) -> list[TimingRow]:
+    def probe_rows(self, runs: int = 1) -> list[TimingRow]:
         """The machine probe's seconds now (``profiler.machine_probe``): how fast this machine was while
         the profile measured, so predictions can be rescaled to a machine that runs faster or slower."""
         return [TimingRow("machine_probe", self.probe.steps, 1, 0, self.probe.run()) for _ in range(runs)]
@@ -231,7 +216,7 @@ class ProfileSession:
             cases += mb.cached_cases(self.target.model, "verify", shapes, batch_size=b, source=self.source_ids,
                                      device=self.device)
         # T_v(k) at the other context lengths, a few k (B = 1): how a longer prompt slows a verify
-        # (per-request latency, tuner.model._latency); kept apart as kind verify_context.
+        # (per-request latency, tuner.model._latency_prediction); kept apart as kind verify_context.
         others = [c for c in self.context_lens if c != self.typical_context]
         ks = sorted({k for k in CONTEXT_KS if k <= s.k_max} | {s.k_max})
         if 1 in s.batch_sizes and others:
@@ -257,58 +242,11 @@ class ProfileSession:
                                        advance=self.progress.advance))
 
     def decode_passes(self) -> None:
-        """The plain baseline and every draft's passes, interleaved prompt by prompt.
-
-        Per prompt: plain greedy decoding, then per draft the greedy θ = 0, N = N_max pass, on the
-        first ``overhead_prompts`` prompts the small-N overhead passes, and with a temperature the
-        sampling pass. Interleaving puts every in-loop statistic (T_ar, in-loop forwards, overhead)
-        in the same stretch of time, so a slow minute of a shared machine does not skew one draft.
-        Samples and traces are stored after every prompt.
-        """
-        s = self.settings
-        small_ns = sorted({min(n, s.n_max) for n in s.overhead_ns} - {s.n_max}) or [1]
-        few = max(1, min(s.overhead_prompts, len(self.ids)))
-        sampling = s.temperature > 0
-        self.progress.stage("decoding: baseline, acceptance, overhead",
-                            len(self.ids) * (1 + len(self.drafts) * (1 + sampling)) + few * len(small_ns) * len(self.drafts))
-        eos = self.target.eos_token_id
-        plain = DecodeConfig(max_new_tokens=s.max_new_tokens, eos_token_id=eos)
-        synthetic = {"synthetic_acceptance": s.synthetic_acceptance, "synthetic_seed": s.seed}
-        greedy = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=s.n_max, eos_token_id=eos,
-                              **synthetic)
-        small = [DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=n, eos_token_id=eos, **synthetic)
-                 for n in small_ns]
-        sample = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=s.n_max,
-                              temperature=s.temperature or 1.0, eos_token_id=eos)
-        self._outputs: list[torch.Tensor] = []
-        self._infos: list[dict] = []
-        self._base_seconds = 0.0
-        self._greedy = {d.name: [] for d in self.drafts}
-        self._sampled = {d.name: [] for d in self.drafts}
-        self._timelines = {d.name: [] for d in self.drafts}
-        recorder = ForwardRecorder(self.device)
-        with recorder.attach(self.target.model, *(_model_draft(d) for d in self.drafts)):
-            for i, (p, ids) in enumerate(zip(self.prompts, self.ids)):
-                rows = self._baseline_prompt(recorder, p.id, ids, plain)
-                for spec in self.drafts:
-                    name = spec.name
-                    trace = acc.record_trace(self.target, spec, ids, greedy, i, seed=s.seed + i, recorder=recorder)
-                    self._greedy[name].append(trace)
-                    self._timelines[name].append(trace.timeline)
-                    rows += _overhead_rows(name, trace.timeline)
-                    add_traces(self.db, self.run_id, name, "greedy", 0.0, acc.trace_rows([trace]))
-                    self.progress.advance()
-                    for config in small if i < few else []:
-                        extra = acc.record_trace(self.target, spec, ids, config, i, seed=s.seed + i, recorder=recorder)
-                        self._timelines[name].append(extra.timeline)
-                        rows += _overhead_rows(name, extra.timeline)
-                        self.progress.advance()
-                    if sampling:
-                        st = acc.record_trace(self.target, spec, ids, sample, i, seed=s.seed + i)
-                        self._sampled[name].append(st)
-                        add_traces(self.db, self.run_id, name, "sampling", s.temperature, acc.trace_rows([st]))
-                        self.progress.advance()
-                add_timing_samples(self.db, self.run_id, rows + self._probe_rows())
+        """The plain baseline and every draft's passes, interleaved prompt by prompt (``profiler.decode_passes``),
+        then the per-draft summaries."""
+        passes = decode_passes(self)
+        self._outputs, self._infos, self._base_seconds = passes.outputs, passes.infos, passes.base_seconds
+        self._greedy, self._sampled, self._timelines = passes.greedy, passes.sampled, passes.timelines
         self._store_baseline()
         for spec in self.drafts:
             self._store_acceptance(spec)
@@ -316,23 +254,6 @@ class ProfileSession:
     def tree_passes(self) -> None:
         """Token-tree and staged-drafting data (``profile --trees``, :mod:`profiler.tree_profile`)."""
         tree_passes(self)
-
-    def _baseline_prompt(self, recorder: ForwardRecorder, prompt_id: str, ids: torch.Tensor, config: DecodeConfig) -> list[TimingRow]:
-        """Plain greedy decoding of one prompt with hooks: in-loop T_ar, per-token overhead, output."""
-        recorder.begin()
-        result = decode_once(self.target, DraftSpec("none"), ids, config)
-        timeline = recorder.finish()
-        self._base_seconds += timeline.wall_s
-        target = [f for f in timeline.forwards if f.role == "target"]
-        rows = [TimingRow("autoregressive", 1, 1, f.context_len, f.seconds) for f in target[1:]]
-        overhead, steps = timeline.autoregressive_overhead()
-        if steps:
-            rows.append(TimingRow("overhead", 1, 1, len(ids), max(overhead / steps, 0.0)))
-        self._outputs.append(torch.cat([ids, torch.tensor(result.token_ids, dtype=ids.dtype, device=ids.device)]))
-        self._infos.append({"id": prompt_id, "prompt_tokens": int(len(ids)), "new_tokens": result.new_tokens,
-                            "eos": result.finished_by_eos})
-        self.progress.advance()
-        return rows
 
     def _store_baseline(self) -> None:
         """The hooked baseline as a measured run (draft NULL; the profiler stores no prediction); its

@@ -39,10 +39,10 @@ from specdec_tune.engine import (
     resolve_source,
     speculative,
 )
-from specdec_tune.engine.workloads import load_workload
+from specdec_tune.engine import load_workload
 from specdec_tune.core.consistency import first_difference
 from specdec_tune.core.errors import InputError, ModelLoadError
-from specdec_tune.profiler.consistency import reference_margin
+from specdec_tune.profiler.logit_margins import reference_margin
 from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
 from specdec_tune.profiler.timers import Stopwatch, synchronize
@@ -92,7 +92,7 @@ class ArmSpec:
     dtype: str = "auto"
     forward: str = "auto"
     draft_delay_ms: float = 0.0
-    backend: str = "engine"  # engine | vllm (profiler.suite_runs_vllm)
+    backend: str = "engine"  # engine | vllm (profiler.backends._vllm_suite)
     server_config: dict[str, Any] | None = None  # vllm: the speculative_config the engine starts with
     per_batch_size: dict[int, int] | None = None  # a schedule checked under ``load`` (profiler.schedule_check)
     load: list[int] | None = None  # batch size per block of ``load_cycles`` cycles
@@ -311,9 +311,8 @@ def environment_fingerprint(device: str = "cpu", backend: str = "engine", server
 
     import transformers
 
-    from specdec_tune.db.provenance import git_revision, specdec_version
-    from specdec_tune.engine import lean_kernels
-    from specdec_tune.engine.loading import resolve_device
+    from specdec_tune.db import git_revision, specdec_version
+    from specdec_tune.engine import lean_kernels_status, resolve_device
     from specdec_tune.profiler.describe import _cpu_name
     from specdec_tune.profiler.telemetry import open_monitor
 
@@ -335,7 +334,7 @@ def environment_fingerprint(device: str = "cpu", backend: str = "engine", server
         "cuda": torch.version.cuda, "driver": driver, "python": platform.python_version(),
         "backend": backend, "server": server, "hostname": platform.node() or None,
         # the lean forward's fused CPU kernels (engine.lean_kernels): a machine without a compiler runs slower
-        "lean_kernels": lean_kernels.status() if dev.type == "cpu" else None,
+        "lean_kernels": lean_kernels_status() if dev.type == "cpu" else None,
     }
 
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
-from specdec_tune.db.records import TelemetryRow
+from specdec_tune.db import TelemetryRow
 
 
 @dataclass(frozen=True)

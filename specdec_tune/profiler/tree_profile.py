@@ -30,9 +30,8 @@ from typing import Any
 import torch
 
 from specdec_tune.db import TreeTraceRecord, add_timing_samples, add_tree_traces
-from specdec_tune.engine import DecodeConfig, ModelDrafter, NgramDrafter, TreeDrafter, speculative, tree_speculative
-from specdec_tune.engine.drafters import probs_from_logits
-from specdec_tune.engine.staged import StagedDrafter
+from specdec_tune.engine import DecodeConfig, ModelDrafter, NgramDrafter, StagedDrafter, TreeDrafter, probs_from_logits
+from specdec_tune.engine import speculative, tree_speculative
 from specdec_tune.profiler import microbench as mb
 from specdec_tune.profiler.overhead import ForwardRecorder
 from specdec_tune.profiler.runs import DraftSpec

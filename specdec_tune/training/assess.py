@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from specdec_tune.engine import forward_with_cache, make_cache, wrap_forward
-from specdec_tune.profiler.timers import Stopwatch
+from specdec_tune.profiler import Stopwatch
 from specdec_tune.training import card
 from specdec_tune.training.corpus import stdlib_root
 from specdec_tune.training.evaluate import agreement, eval_windows, held_out_loss, token_byte_lengths

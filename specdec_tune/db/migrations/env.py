@@ -1,6 +1,6 @@
 """Alembic environment of the results database.
 
-specdec-tune runs migrations in code (:mod:`specdec_tune.db.migrate`), passing an open connection in
+specdec-tune runs migrations in code (:mod:`specdec_tune.db._migrate`), passing an open connection in
 ``config.attributes["connection"]``; the whole upgrade then runs inside that connection's
 transaction. Running ``alembic`` by hand against ``sqlalchemy.url`` also works (for developers
 writing a new revision with ``alembic revision --autogenerate``).
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from alembic import context
 
-from specdec_tune.db.engine import make_engine
-from specdec_tune.db.models import Base
+from specdec_tune.db._connection import make_engine
+from specdec_tune.db._models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -8,7 +8,9 @@ calibration, ``_profile`` and ``_load``: profile assembly, ``_predict`` and ``_p
 predictions, ``_grid``: the N × θ ranking, ``_tv``: acceptance from the teacher-forced TV and lossy
 replay, ``_bias``: a lossy rule's bias, ``_chain``: acceptance sources and chains, ``_spec``: the model's
 records, ``_configs``: the configuration records every room exchanges, ``_decision``: what each server's
-file carries and the measured evidence behind it, ``_evaluator``: cached predictions of candidates).
+file carries and the measured evidence behind it, ``_evaluator``: cached predictions of candidates,
+``_latency_prediction``: predicted TTFT and TPOT, ``_memory``: predicted memory, ``_objective``: what ``tune``
+optimises).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from specdec_tune.tuner.model._decision import MIN_LOWER, ServerDecision, decide
 from specdec_tune.tuner.model._evaluator import Evaluator, Scored
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, simulate_prompt
 from specdec_tune.tuner.model._grid import THRESHOLD_GRID, best_configs
-from specdec_tune.tuner.model._latency import LatencyPrediction, predict_latency
+from specdec_tune.tuner.model._latency_prediction import LatencyPrediction, predict_latency
 from specdec_tune.tuner.model._memory import GIB, MemoryBreakdown, MemoryModel, ModelMemory
 from specdec_tune.tuner.model._objective import OBJECTIVES, UNITS, Objective, better, describe_side, direction
 from specdec_tune.tuner.model._objective import format_value, predicted_value

@@ -9,7 +9,7 @@ from typing import Any
 from specdec_tune.db import Database
 from specdec_tune.tuner.model._bias import bias_of
 from specdec_tune.tuner.model._configs import Candidate, spec_config
-from specdec_tune.tuner.model._latency import predict_latency
+from specdec_tune.tuner.model._latency_prediction import predict_latency
 from specdec_tune.tuner.model._load import load_run_profile, load_tree_data
 from specdec_tune.tuner.model._objective import Objective, predicted_value
 from specdec_tune.tuner.model._predict import predict_baseline, predict_config, profiled_specs

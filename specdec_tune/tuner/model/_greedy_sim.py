@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from specdec_tune.db.records import TraceRow
+from specdec_tune.db import TraceRow
 from specdec_tune.core.schedules import AdaptiveThreshold, heuristic_grows, next_num_speculative, threshold_cut
 from specdec_tune.tuner.model._replay import ReplayStats
 

@@ -284,6 +284,32 @@ def _traces(rows: Sequence[TraceRow]) -> tuple[Trace, ...]:
     return tuple(Trace(tr.confidences, tr.num_accepted, tr.token_probs, tr.target_probs) for tr in rows)
 
 
+def _fitted_times(run: RunRecord, draft: str | None, t: _Timings, infos: Sequence[PromptInfo],
+                  in_loop: dict | None) -> tuple[OverheadFit, _StepTimes, dict[int, float], list[float], list[float]]:
+    """The engine-overhead fit and the step times of ``draft`` (calibrated to the in-loop forwards unless
+    ``in_loop`` is None), the raw B = 1 draft steps, and the per-sequence and plain-loop overhead samples."""
+    cycles, sequence, plain = t.overheads(draft)
+    fit = fit_overhead(cycles)
+    times, raw = _step_times(run, draft, t, infos, fit)
+    if in_loop is not None and 1 in times.verify_s:
+        times = _calibrated(times, raw, fit, in_loop, t.plain_loop())
+    return fit, times, raw, sequence, plain
+
+
+def _model_profile(run: RunRecord, draft: str | None, times: _StepTimes, plain: list[float], traces: Sequence[TraceRow],
+                   sampling_traces: Sequence[TraceRow] | None, sampling_acceptance: float | None,
+                   teacher_forced: Sequence[TeacherForcedRow]) -> ModelProfile:
+    """What the throughput model reads of ``draft``: its step times, traces and acceptance sources."""
+    return ModelProfile(
+        draft_step_s=times.draft_step_s, verify_s={b: dict(sorted(c.items())) for b, c in times.verify_s.items()},
+        traces=_traces(traces), cycle_overhead_s=times.cycle_overhead_s, draft_warmup_s=times.draft_warmup_s,
+        ar_overhead_s=max(trimmed_mean(plain), 0.0) if plain else 0.0, sampling_acceptance=sampling_acceptance,
+        sampling_traces=_traces(sampling_traces) if sampling_traces else None, name=draft or "",
+        synthetic_acceptance=synthetic_rates(run.settings),
+        teacher_forced=tuple((r.one_minus_tv, r.top_q) for r in teacher_forced), lookup=draft == NGRAM,
+    )
+
+
 def build_run_profile(
     run: RunRecord,
     draft: str | None,
@@ -323,19 +349,8 @@ def build_run_profile(
     max_new, typical = run.settings.max_new_tokens, run.settings.typical_context
     infos = tuple(prompts) if prompts is not None else tuple(PromptInfo(t, max_new) for t in run.settings.prompt_tokens)
     t = _Timings(timings)
-    cycles, sequence, plain = t.overheads(draft)
-    fit = fit_overhead(cycles)
-    times, raw = _step_times(run, draft, t, infos, fit)
-    if calibrate and 1 in times.verify_s:
-        times = _calibrated(times, raw, fit, in_loop or {}, t.plain_loop())
-    model = ModelProfile(
-        draft_step_s=times.draft_step_s, verify_s={b: dict(sorted(c.items())) for b, c in times.verify_s.items()},
-        traces=_traces(traces), cycle_overhead_s=times.cycle_overhead_s, draft_warmup_s=times.draft_warmup_s,
-        ar_overhead_s=max(trimmed_mean(plain), 0.0) if plain else 0.0, sampling_acceptance=sampling_acceptance,
-        sampling_traces=_traces(sampling_traces) if sampling_traces else None, name=draft or "",
-        synthetic_acceptance=synthetic_rates(run.settings),
-        teacher_forced=tuple((r.one_minus_tv, r.top_q) for r in teacher_forced), lookup=draft == NGRAM,
-    )
+    fit, times, raw, sequence, plain = _fitted_times(run, draft, t, infos, (in_loop or {}) if calibrate else None)
+    model = _model_profile(run, draft, times, plain, traces, sampling_traces, sampling_acceptance, teacher_forced)
     positions = None  # synthetic acceptance is drawn per cycle, not per output position: no exact simulation
     if draft is not None and draft != NGRAM and traces and model.synthetic_acceptance is None:
         positions = _positions(traces, continuations, len(infos), run.settings.n_max)

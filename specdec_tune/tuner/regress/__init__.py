@@ -1,7 +1,7 @@
 """Nightly regression benchmarks that do not cry wolf: suites, statistics, comparisons, explanations,
 tuning drift and reports.
 
-Public names only; the modules behind them are private (``_suite``, ``_stats``, ``_compare``,
+Public names only; the modules behind them are private (``_suite``, ``_significance``, ``_compare``,
 ``_explain``, ``_run``, ``_calibrate``, ``_drift``, ``_report``).
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ from specdec_tune.tuner.regress._explain import SideTerms, explain
 from specdec_tune.tuner.regress._report import EXIT_MEANING, to_json, to_junit, to_markdown
 from specdec_tune.tuner.regress._run import EXIT_ERROR, EXIT_NO_VERDICT, EXIT_OK, EXIT_REGRESSION, RegressReport
 from specdec_tune.tuner.regress._run import arm_spec, resolve_config, run_regress
-from specdec_tune.tuner.regress._stats import align, bh_adjust, median_ratio, minimum_detectable_change, proportion_mdc
-from specdec_tune.tuner.regress._stats import speed_test, two_proportion
+from specdec_tune.tuner.regress._significance import align, bh_adjust, median_ratio, minimum_detectable_change, proportion_mdc
+from specdec_tune.tuner.regress._significance import speed_test, two_proportion
 from specdec_tune.tuner.regress._suite import Benchmark, Rules, Suite, default_suite_path, load_suite
 
 __all__ = [

@@ -17,11 +17,11 @@ import statistics
 from collections.abc import Callable
 
 from specdec_tune.db import Database
-from specdec_tune.db import regress as q
+from specdec_tune import db as q
 from specdec_tune.profiler import environment_fingerprint, measure_arms
 from specdec_tune.tuner.regress._compare import FLAGGED, compare_benchmark, decide
 from specdec_tune.tuner.regress._run import EXIT_OK, RegressReport, arm_spec, resolve_config, stored_cell, suite_backend
-from specdec_tune.tuner.regress._stats import minimum_detectable_change, proportion_mdc
+from specdec_tune.tuner.regress._significance import minimum_detectable_change, proportion_mdc
 from specdec_tune.tuner.regress._suite import Suite
 
 

@@ -26,8 +26,8 @@ from typing import Any
 from specdec_tune.core.consistency import Consistency, judge, overall
 from specdec_tune.db import CellVerdict
 from specdec_tune.tuner.regress._explain import explain, side_terms
-from specdec_tune.tuner.regress._stats import bh_adjust, median_ratio, minimum_detectable_change, proportion_mdc
-from specdec_tune.tuner.regress._stats import speed_test, two_proportion
+from specdec_tune.tuner.regress._significance import bh_adjust, median_ratio, minimum_detectable_change, proportion_mdc
+from specdec_tune.tuner.regress._significance import speed_test, two_proportion
 from specdec_tune.tuner.regress._suite import Rules
 
 SPEED_METRICS = ("speedup", "tokens_per_s", "latency")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from specdec_tune.db import CellVerdict, Database, RegressCellRecord
-from specdec_tune.db import regress as q
+from specdec_tune import db as q
 from specdec_tune.core.errors import InputError, NotFoundError
 from specdec_tune.profiler import ArmSpec, environment_fingerprint, measure_arms, model_identity
 from specdec_tune.tuner.regress._compare import FLAGGED, Cell, compare_benchmark, decide, explain_benchmark

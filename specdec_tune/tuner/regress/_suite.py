@@ -14,7 +14,7 @@ backend, repeats) and the rules a comparison applies. Example (TOML)::
     workload = "functions"
     num_speculative_tokens = 4
 
-The bundled default suite is ``tuner/suites/default.toml`` (:func:`default_suite_path`).
+The bundled default suite is ``tuner/regress/suites/default.toml`` (:func:`default_suite_path`).
 """
 from __future__ import annotations
 

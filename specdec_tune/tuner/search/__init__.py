@@ -2,17 +2,18 @@
 
 The jobs live here: ``run_tune`` (profile, search, confirm, hold out, export), ``measure_predicted``
 (validate predictions against measurement) and the vLLM-measured tuning. Public names only; the
-modules behind them are private (``_space``, ``_optuna``, ``_study``, ``_lease``, ``_request``, ``_prompts``, ``_memory``,
-``_tune``, ``_measure``, ``_validate``, ``_server_tune``, ``_tree_space``).
+modules behind them are private (``_space``, ``_optuna``, ``_server_best``, ``_study``, ``_lease``, ``_request``,
+``_prompts``, ``_memory``, ``_tune``, ``_measure``, ``_confirm``, ``_objectives``, ``_validate``, ``_server_tune``,
+``_server_objective``, ``_tree_space``).
 """
 from __future__ import annotations
 
 from specdec_tune.tuner.search._measure import Measured, completed_trials, measure_candidates, measured_speedup
-from specdec_tune.tuner.search._optuna import OBJECTIVES, SearchOutcome, best_per_server, brute_force, expressible_on
-from specdec_tune.tuner.search._optuna import per_batch_size, run_search
+from specdec_tune.tuner.search._optuna import OBJECTIVES, SearchOutcome, run_search
 from specdec_tune.tuner.search._lease import HEARTBEAT_S, STALE_S, StudyLease, study_subject
 from specdec_tune.tuner.search._prompts import PromptCounts, check_prompts
 from specdec_tune.tuner.search._request import TuneInterrupted, TuneReport, TuneRequest, find_profile
+from specdec_tune.tuner.search._server_best import best_per_server, brute_force, expressible_on, per_batch_size
 from specdec_tune.tuner.search._server_tune import CALIBRATION_NS, NGRAM_CALIBRATION_N, ServerTuneReport, close_calls
 from specdec_tune.tuner.search._server_tune import pick_among_tied, run_server_tune, schedule_from_measured
 from specdec_tune.tuner.search._space import ANY, N_LIMIT, THETA_GRID, SearchSpace, check_server, server_search_space

@@ -2,7 +2,7 @@
 measurement, the predicted value used to choose what to measure, and the per-batch-size guard.
 
 Measured (what decides): throughput is the group throughput; goodput counts the tokens of the requests
-whose TPOT and TTFT, from their token arrivals (``profiler.vllm_measure``: engine steps as a streaming
+whose TPOT and TTFT, from their token arrivals (``profiler.backends._vllm_measure``: engine steps as a streaming
 client sees them), meet the SLO, over the seconds of every group; cost is the price over the
 throughput; energy is NVML's joules of the calls (a GPU only). Each has a bootstrap 95% CI over
 groups and repeats (``specdec_tune.core.stats``).

@@ -15,7 +15,7 @@ import warnings
 from typing import Any
 
 from specdec_tune.db import default_storage_url, mask_url, sqlite_file
-from specdec_tune.db.engine import sqlite_file_problem
+from specdec_tune.db import sqlite_file_problem
 from specdec_tune.core.errors import InputError, StorageError
 
 OUR_TABLE = "profile_runs"  # a table only specdec-tune's results database has

@@ -36,7 +36,8 @@ from specdec_tune.tuner.search._objectives import pick_measured
 from specdec_tune.tuner.search._measure import completed_trials, heldout_notes, measured_speedup
 from specdec_tune.tuner.search._memory import memory_model
 from specdec_tune.tuner.search._prompts import check_prompts
-from specdec_tune.tuner.search._optuna import SearchOutcome, best_per_server, expressible_on, per_batch_size, run_search
+from specdec_tune.tuner.search._optuna import SearchOutcome, run_search
+from specdec_tune.tuner.search._server_best import best_per_server, expressible_on, per_batch_size
 from specdec_tune.tuner.search._lease import StudyLease, study_subject
 from specdec_tune.tuner.search._request import TuneInterrupted, TuneReport, TuneRequest, answers, find_profile
 from specdec_tune.tuner.search._request import profile_settings

@@ -153,6 +153,12 @@ def measure_predicted(
     measured = measure_configs(db, run_id, specs, split=split, temperature=temperature, max_prompts=max_prompts,
                                repeats=repeats, seed=seed, progress=progress, threads=threads, gpu_price=gpu_price,
                                peak_memory=peak_memory)
+    return _predictions(db, run, planned, trees, measured, peak_memory)
+
+
+def _predictions(db: Database, run: RunRecord, planned: list, trees: list, measured: list[Measurement],
+                 peak_memory: bool) -> list[Validated]:
+    """Each measured configuration with its prediction for the prompts it ran, made from the profile only."""
     mm = _memory(db, run, measured) if peak_memory else None
     specs = [_prompt_specs(run, m) for m in measured]
     raws = [_raw(rp, config, t, s) for (_, rp, config), t, s in zip(planned, trees, specs)]

@@ -3,8 +3,8 @@
 Public names only; the modules behind them are private (``_table``: the capability table, the one
 list of servers; ``_time_model`` and ``_calibration``: the server time model and its fit to server
 runs; ``_ship``: which configuration each server's files carry; ``_exports``, ``_schemas``, ``_readme``, ``_gguf``,
-``_write``: the exported files and writing them; ``_sources``: where an export's
-result comes from).
+``_write``: the exported files and writing them; ``_trtllm_fields``: TensorRT-LLM's own field names;
+``_paths``: the model paths an export names; ``_sources``: where an export's result comes from).
 """
 from __future__ import annotations
 

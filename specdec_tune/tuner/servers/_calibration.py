@@ -107,7 +107,7 @@ def acceptance_terms(evaluator: Evaluator, c: Candidate) -> tuple[float, float]:
     profile's traces (1, 0 for plain), counted the way the server counts them.
 
     - Steps: the engine's cycles per request, replayed from its traces, equal vLLM's decode steps
-      exactly (``profiler.vllm_parity``); the tokens per step are the tokens after the prefill's first
+      exactly (``profiler.backends._vllm_parity``); the tokens per step are the tokens after the prefill's first
       over those cycles. Not E[τ]: E[τ] counts the last cycle's accepted tokens past ``max_new_tokens``
       (vLLM's mean acceptance length does the same), so ``(max_new_tokens - 1) / E[τ]`` undercounts the
       steps (measured: by 3 % at N = 2 and 5 with 48 tokens, every prediction 3 % too fast).

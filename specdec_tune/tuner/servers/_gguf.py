@@ -3,11 +3,11 @@
 llama.cpp runs GGUF files, not Hugging Face folders, so ``export --format llamacpp`` writes
 ``llamacpp/target.gguf`` (and ``llamacpp/draft.gguf`` for a model draft) beside the flags that name
 them, converted by llama.cpp's own ``convert_hf_to_gguf.py`` (through the profiler:
-``profiler/llamacpp.py``) in float32, the precision the engine decodes in. ``llamacpp/gguf_sources.json``
+``profiler/backends/_llamacpp.py``) in float32, the precision the engine decodes in. ``llamacpp/gguf_sources.json``
 records which model each file came from, so the files can be made again by hand.
 
 Conversions run before anything is written (a refusal leaves ``--out`` untouched); the converter
-alone is needed, fetched where missing (``profiler/llamacpp_fetch.py``). A format named explicitly
+alone is needed, fetched where missing (``profiler/backends/_llamacpp_fetch.py``). A format named explicitly
 that cannot get its GGUF files (the converter missing and not fetched, a model that is not a local
 folder or a cached hub id) is an error; under ``all`` it is listed under "Formats not written" with
 the reason. A download (the dashboard's zip) carries the GGUF files only when they are already

@@ -169,7 +169,7 @@ _TRTLLM = ServerSpace(
 # "the argument has been removed"): --draft/--draft-n/--draft-max, --draft-min/--draft-n-min. The server
 # clears a draft shorter than n-min (common/speculative.cpp, draft-simple), so we pass
 # --spec-draft-n-min 0 (our engine verifies any draft). Its p-min compares the top probability after
-# the draft sampler's top-k 10 (profiler/llamacpp_parity.py).
+# the draft sampler's top-k 10 (profiler/backends/_llamacpp_parity.py).
 # Trees: llama-server verifies one chain; the llama-speculative example (examples/speculative/
 # speculative.cpp: up to -np draft branches, split where a draft probability exceeds --draft-p-split)
 # drafts a tree with the draft model, but it is not a server and the exports target llama-server.

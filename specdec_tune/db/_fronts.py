@@ -13,11 +13,11 @@ from collections.abc import Iterable
 
 from sqlalchemy import insert, select
 
-from specdec_tune.db import models as m
-from specdec_tune.db.engine import Database
-from specdec_tune.db.reads import require_run
-from specdec_tune.db.records import BiasFrontRow, TeacherForcedRow, field_values, record_from
-from specdec_tune.db.session import session_scope
+from specdec_tune.db import _models as m
+from specdec_tune.db._connection import Database
+from specdec_tune.db._reads import require_run
+from specdec_tune.db._records import BiasFrontRow, TeacherForcedRow, field_values, record_from
+from specdec_tune.db._session import session_scope
 from specdec_tune.core.errors import InputError
 
 FRONT_METHODS = ("exact", "opt", "uno")

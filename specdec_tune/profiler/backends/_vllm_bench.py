@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from specdec_tune.profiler.vllm_backend import SpecCounters, VllmOutput, VllmWorker, omp_bind_env
+from specdec_tune.profiler.backends._vllm import SpecCounters, VllmOutput, VllmWorker, omp_bind_env
 
 
 class VllmEngines:

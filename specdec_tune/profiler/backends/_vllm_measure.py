@@ -1,7 +1,7 @@
 """Measure configurations on vLLM itself (``measure --backend vllm``, ``tune --backend vllm``).
 
 The profile run supplies the target, the workload's prompts (the token ids our engine decodes) and
-``max_new_tokens``; vLLM runs them through ``profiler/_vllm_worker.py`` in its own venv. One worker
+``max_new_tokens``; vLLM runs them through ``profiler/backends/_vllm_worker.py`` in its own venv. One worker
 holds one engine (vLLM fixes its speculative config at start; the start's seconds are kept); all
 engines of a call are started first, each with an untimed warm-up request, then ``repeats`` passes
 go over every batch size and, inside it, over every configuration in a rotated order: prompts in
@@ -46,7 +46,7 @@ from specdec_tune.core.costs import check_price
 from specdec_tune.core.latency import LatencySamples, RequestLatency
 from specdec_tune.profiler.energy import EnergySamples, open_energy_meter, operator_columns
 from specdec_tune.profiler.settings import Progress
-from specdec_tune.profiler.vllm_backend import (
+from specdec_tune.profiler.backends._vllm import (
     SpecCounters,
     VllmWorker,
     omp_bind_env,

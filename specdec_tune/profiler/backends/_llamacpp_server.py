@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdec_tune.profiler.llamacpp import LlamacppError
-from specdec_tune.profiler.vllm_backend import SpecCounters
+from specdec_tune.profiler.backends._llamacpp import LlamacppError
+from specdec_tune.profiler.backends._vllm import SpecCounters
 
 START_TIMEOUT_S = 300.0
 CALL_TIMEOUT_S = 600.0

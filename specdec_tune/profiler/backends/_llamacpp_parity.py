@@ -17,7 +17,7 @@ loop, for three reasons read in llama.cpp 0c1e57098 (vendored by llama-cpp-pytho
    same θ llama.cpp therefore stops drafting later (or at the same place) than our engine.
    :class:`LlamacppDrafter` applies its rule. With θ = 0 (the default) the rules coincide.
 
-Counters (``/metrics``, see ``profiler/llamacpp_server.py``) are vLLM's: a *draft* is a verify step
+Counters (``/metrics``, see ``profiler/backends/_llamacpp_server.py``) are vLLM's: a *draft* is a verify step
 with at least one draft token; ``accepted_per_pos[i]`` counts drafts whose first i + 1 tokens were
 accepted. :func:`engine_like_llamacpp` reproduces 1-3 with our own loop and returns counters in
 those terms.
@@ -36,7 +36,7 @@ import torch
 
 from specdec_tune.engine import CycleStats, DecodeConfig, Draft, autoregressive, build_drafter, forward_with_cache
 from specdec_tune.engine import make_cache, speculative
-from specdec_tune.profiler.vllm_backend import SpecCounters, counters_from_steps
+from specdec_tune.profiler.backends._vllm import SpecCounters, counters_from_steps
 
 DRAFT_TOP_K = 10  # common/speculative.cpp: the draft-simple sampler's top_k
 TIE_GAP = 1e-4  # two logits closer than this (about 100 float32 ulps at |logit| ~ 10) may swap order

@@ -17,11 +17,11 @@ from typing import Any
 
 from sqlalchemy import select
 
-from specdec_tune.db import models as m
-from specdec_tune.db.engine import Database
-from specdec_tune.db.models import utcnow
-from specdec_tune.db.records import field_values, record_from
-from specdec_tune.db.session import session_scope
+from specdec_tune.db import _models as m
+from specdec_tune.db._connection import Database
+from specdec_tune.db._models import utcnow
+from specdec_tune.db._records import field_values, record_from
+from specdec_tune.db._session import session_scope
 from specdec_tune.core.errors import NotFoundError
 
 REGRESS_KINDS = ("run", "calibration")

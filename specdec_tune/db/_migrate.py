@@ -21,7 +21,7 @@ from sqlalchemy import Connection, Engine, inspect
 from sqlalchemy.exc import DatabaseError, OperationalError, SQLAlchemyError
 
 import specdec_tune.db.migrations as _migrations_pkg
-from specdec_tune.db.engine import WRITE_OPTION, describe_error, make_engine, mask_url, resolve_url
+from specdec_tune.db._connection import WRITE_OPTION, describe_error, make_engine, mask_url, resolve_url
 from specdec_tune.core.errors import StorageError
 
 # Arbitrary constant key for pg_advisory_xact_lock: serialises concurrent migrations of one server.
@@ -123,7 +123,7 @@ def upgrade_engine(
 
 def _check_foreign_tables(conn: Connection, url: str) -> None:
     """Refuse to add our schema to a database that holds another application's tables."""
-    from specdec_tune.db.models import Base
+    from specdec_tune.db._models import Base
 
     existing = set(inspect(conn).get_table_names())
     ours = set(Base.metadata.tables)
@@ -200,7 +200,7 @@ def current_revision(url: str | None = None) -> str | None:
 
     A SQLite file that does not exist yet is reported as empty and is not created.
     """
-    from specdec_tune.db.engine import sqlite_path
+    from specdec_tune.db._connection import sqlite_path
 
     resolved = resolve_url(url)
     engine = make_engine(resolved, read_only=True)

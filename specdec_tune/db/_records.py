@@ -12,7 +12,7 @@ import datetime as dt
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from specdec_tune.db.run_settings import RunSettings
+from specdec_tune.db._run_settings import RunSettings
 
 # Kinds of timing samples. draft_step: one draft forward producing one token (T_s); verify: one
 # target forward over k new tokens with a KV cache (T_v(k)); autoregressive: a plain decode step
@@ -258,7 +258,7 @@ class MeasuredRecord:
     ci_low: float | None = None  # 95% CI of measured_tokens_per_s (revision 0003; None before)
     ci_high: float | None = None
     samples: dict[str, Any] | None = None  # raw {"prompt_ids", "tokens", "seconds"} per repeat
-    # Revision 0005 (None before, and energy None on a CPU); see db.models.MeasuredRun.
+    # Revision 0005 (None before, and energy None on a CPU); see MeasuredRun in db/_models.py.
     ttft_p50_s: float | None = None
     tpot_p50_s: float | None = None
     tpot_p90_s: float | None = None

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Protocol
 
 from specdec_tune.core.cache import cache_dir
-from specdec_tune.profiler.llamacpp import LLAMA_CPP_COMMIT, SDIST_VERSION, LlamaCpp, LlamacppError
+from specdec_tune.profiler.backends._llamacpp import LLAMA_CPP_COMMIT, SDIST_VERSION, LlamaCpp, LlamacppError
 
 FETCH_ENV = "SPECDEC_LLAMACPP_FETCH"
 SDIST_NAME = f"llama_cpp_python-{SDIST_VERSION}.tar.gz"

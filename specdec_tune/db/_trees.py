@@ -9,11 +9,11 @@ from typing import Any
 
 from sqlalchemy import select
 
-from specdec_tune.db import models as m
-from specdec_tune.db.engine import Database
-from specdec_tune.db.queries import _bulk
-from specdec_tune.db.reads import require_run
-from specdec_tune.db.session import session_scope
+from specdec_tune.db import _models as m
+from specdec_tune.db._connection import Database
+from specdec_tune.db._writes import _bulk
+from specdec_tune.db._reads import require_run
+from specdec_tune.db._session import session_scope
 from specdec_tune.core.errors import InputError
 
 TREE_KINDS = ("ranks", "siblings", "staged", "overhead")

@@ -1,16 +1,16 @@
-"""Read helpers: each returns plain frozen dataclasses from :mod:`~specdec_tune.db.records`."""
+"""Read helpers: each returns plain frozen dataclasses from :mod:`~specdec_tune.db._records`."""
 
 from __future__ import annotations
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from specdec_tune.db import models as m
-from specdec_tune.db import records as rec
-from specdec_tune.db.engine import Database
-from specdec_tune.db.records import record_from
-from specdec_tune.db.run_settings import RunSettings
-from specdec_tune.db.session import session_scope
+from specdec_tune.db import _models as m
+from specdec_tune.db import _records as rec
+from specdec_tune.db._connection import Database
+from specdec_tune.db._records import record_from
+from specdec_tune.db._session import session_scope
+from specdec_tune.db._run_settings import RunSettings
 from specdec_tune.core.errors import InputError, NotFoundError
 
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from specdec_tune.db.engine import Database, describe_error
+from specdec_tune.db._connection import Database, describe_error
 from specdec_tune.core.errors import StorageError
 
 
@@ -22,7 +22,7 @@ def session_scope(db: Database, *, write: bool = False) -> Iterator[Session]:
     """Yield a session; commit when the block ends, roll back if it raises.
 
     Args:
-        db: An opened database (:func:`~specdec_tune.db.engine.open_database`).
+        db: An opened database (:func:`~specdec_tune.db._connection.open_database`).
         write: Take the write lock when the transaction starts (SQLite ``BEGIN IMMEDIATE``), so
             that concurrent writers wait for each other (busy timeout) instead of failing.
 

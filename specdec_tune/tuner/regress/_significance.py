@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from specdec_tune.core.stats import bootstrap
+
 #: z for a two-sided 1 % test and 80 % power: the minimum detectable change is (z_a + z_b)·SE.
 _Z_ALPHA, _Z_POWER = 2.5758, 0.8416
 
@@ -104,12 +106,13 @@ def speed_test(baseline: dict[str, float | Sequence[float]], current: dict[str, 
     fa, fb = xa.ravel(), xb.ravel()
     ratio = float(np.median(fb) / np.median(fa))
     p = 1.0 if np.allclose(np.sort(fa), np.sort(fb)) else stratified_u_pvalue(xa, xb)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(resamples, n))
-    boot = np.median(xb[idx].reshape(resamples, -1), axis=1) / np.median(xa[idx].reshape(resamples, -1), axis=1)
-    lo, hi = np.quantile(boot, [0.025, 0.975])
-    se = float(np.std(np.log(boot), ddof=1))
-    return SpeedTest(ratio, (float(lo), float(hi)), p, n, n, se)
+
+    def medians_ratio(picked: np.ndarray, _) -> np.ndarray:
+        return np.median(xb[picked].reshape(len(picked), -1), axis=1) / np.median(xa[picked].reshape(len(picked), -1), axis=1)
+
+    boot = bootstrap(medians_ratio, n, resamples=resamples, seed=seed)
+    se = float(np.std(np.log(boot.replicates), ddof=1))
+    return SpeedTest(ratio, boot.interval, p, n, n, se)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Run llama.cpp's ``convert_hf_to_gguf.py`` on a model whose byte-level BPE tokenizer it cannot name.
 
-This file is a standalone script (``profiler/llamacpp.py`` runs it as ``python _gguf_convert.py
+This file is a standalone script (``profiler/backends/_llamacpp.py`` runs it as ``python _gguf_convert.py
 LLAMA_CPP_DIR MODEL_DIR --outfile F --outtype f32``): it imports the converter's own modules
 (``conversion``, ``gguf``), which are not part of specdec-tune.
 
@@ -27,7 +27,7 @@ import runpy
 import sys
 from pathlib import Path
 
-# The script's own folder is profiler/, whose module names (timers, bench, measure, ...) must not
+# The script's own folder is profiler/backends/, whose module names (_vllm, _llamacpp, ...) must not
 # shadow anything the converter imports.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]

@@ -3,7 +3,7 @@
 Each helper runs in its own transaction and commits before it returns, so a profiler that stores
 samples batch by batch keeps every finished batch when it is interrupted (it then calls
 ``finish_run(db, run_id, "interrupted")``). Registration of hardware, models and workloads lives in
-:mod:`specdec_tune.db.catalog`, readers in :mod:`specdec_tune.db.reads`.
+:mod:`specdec_tune.db._catalog`, readers in :mod:`specdec_tune.db._reads`.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 
 from sqlalchemy import delete, insert
 
-from specdec_tune.db import models as m
-from specdec_tune.db.catalog import get_or_create_hardware, get_or_create_model, get_or_create_workload
-from specdec_tune.db.engine import Database
-from specdec_tune.db.provenance import git_revision as _git_revision
-from specdec_tune.db.provenance import specdec_version as _specdec_version
-from specdec_tune.db.records import (
+from specdec_tune.db import _models as m
+from specdec_tune.db._catalog import get_or_create_hardware, get_or_create_model, get_or_create_workload
+from specdec_tune.db._connection import Database
+from specdec_tune.db._provenance import git_revision as _git_revision
+from specdec_tune.db._provenance import specdec_version as _specdec_version
+from specdec_tune.db._records import (
     FINISHED_STATUSES,
     MODES,
     TIMING_KINDS,
@@ -29,15 +29,15 @@ from specdec_tune.db.records import (
     TimingRow,
     TraceRow,
 )
-from specdec_tune.db.reads import require_run
-from specdec_tune.db.run_settings import RunSettings
-from specdec_tune.db.session import session_scope
+from specdec_tune.db._reads import require_run
+from specdec_tune.db._session import session_scope
+from specdec_tune.db._run_settings import RunSettings
 from specdec_tune.core.errors import InputError, NotFoundError
 
 _CHUNK = 5000  # rows per executemany: bounded memory, still one transaction per call
 _Row = TypeVar("_Row", TimingRow, TraceRow, TelemetryRow)
 
-# Registration lives in db.catalog; these names stay importable from here.
+# Registration lives in _catalog.py; these names stay importable from here.
 __all__ = [
     "add_acceptance", "add_measured_run", "add_run_draft", "add_telemetry", "add_timing_samples", "add_traces",
     "create_run", "delete_run", "finish_run", "get_or_create_hardware", "get_or_create_model",

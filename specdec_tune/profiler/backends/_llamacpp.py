@@ -9,7 +9,7 @@ vendors ggml-org/llama.cpp@ :data:`LLAMA_CPP_COMMIT`) into a *home* folder and b
     HOME/pylib/py3.X/           the converter's one requirement our venv lacks (sentencepiece), per Python
 
 Exporting needs only the converter (``HOME/llama.cpp`` and ``HOME/pylib``), not the server: where it
-is missing, :func:`require_converter` fetches it alone into the same folder (``llamacpp_fetch.py``: a
+is missing, :func:`require_converter` fetches it alone into the same folder (``_llamacpp_fetch.py``: a
 77 MB download, not the server's 39-minute build), unless ``SPECDEC_LLAMACPP_FETCH=0``.
 
 HOME is ``$SPECDEC_LLAMACPP_DIR`` if set, else ``<cache>/llamacpp/<version>-<cpu key>``
@@ -39,7 +39,7 @@ from specdec_tune.core.cache import cache_dir
 from specdec_tune.core.errors import SpecdecError
 
 if TYPE_CHECKING:
-    from specdec_tune.profiler.llamacpp_fetch import Source
+    from specdec_tune.profiler.backends._llamacpp_fetch import Source
 
 SDIST_VERSION = "0.3.36"  # llama-cpp-python on PyPI
 LLAMA_CPP_COMMIT = "0c1e57098"  # the llama.cpp it vendors (its CHANGELOG.md)
@@ -132,14 +132,14 @@ def require_llamacpp(purpose: str) -> LlamaCpp:
 
 def require_converter(purpose: str, *, source: Source | None = None) -> LlamaCpp:
     """The installation at :func:`llamacpp_home` with its GGUF converter (the server may be absent):
-    a missing converter is fetched alone (``llamacpp_fetch``, from ``source``: the user's pip by
+    a missing converter is fetched alone (``_llamacpp_fetch``, from ``source``: the user's pip by
     default) unless ``SPECDEC_LLAMACPP_FETCH=0``.
 
     Raises:
         LlamacppError: the converter is missing and fetching it is turned off or failed (one line
             naming ``purpose``, why, and the way to install it).
     """
-    from specdec_tune.profiler.llamacpp_fetch import FETCH_ENV, fetch_allowed, fetch_converter
+    from specdec_tune.profiler.backends._llamacpp_fetch import FETCH_ENV, fetch_allowed, fetch_converter
 
     found = LlamaCpp(llamacpp_home())
     missing = found.missing_converter()

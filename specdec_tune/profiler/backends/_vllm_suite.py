@@ -22,11 +22,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from specdec_tune.engine.loading import resolve_device
+from specdec_tune.engine import resolve_device
 from specdec_tune.core.errors import InputError
 from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.suite_runs import ArmSpec, PromptSample, ModelCache, arm_prompts, model_source
-from specdec_tune.profiler.vllm_backend import VllmWorker, omp_bind_env, require_vllm_python
+from specdec_tune.profiler.backends._vllm import VllmWorker, omp_bind_env, require_vllm_python
 
 __all__ = ["measure_arms_vllm", "step_counts"]
 

@@ -248,8 +248,8 @@ def describe_error(url: str, exc: BaseException) -> str:
 class Database:
     """An opened results database: the engine plus a session factory.
 
-    Create with :func:`open_database`; use :func:`~specdec_tune.db.session.session_scope` or the
-    helpers in :mod:`specdec_tune.db.queries` to read and write.
+    Create with :func:`open_database`; use :func:`~specdec_tune.db._session.session_scope` or the
+    helpers in :mod:`specdec_tune.db._writes` to read and write.
     """
 
     url: str
@@ -289,7 +289,7 @@ def open_database(url: str | None = None, *, migrate: bool = True) -> Database:
         StorageError: The database cannot be opened, is not a database, is read-only, or is at a
             schema revision this version of specdec-tune does not know.
     """
-    from specdec_tune.db import migrate as _migrate  # import cycle: migrate uses make_engine
+    from specdec_tune.db import _migrate  # import cycle: migrate uses make_engine
 
     resolved = resolve_url(url)
     engine = make_engine(resolved)

