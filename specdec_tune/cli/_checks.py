@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import math
 
-from specdec_tune.core.limits import MAX_SPECULATIVE_TOKENS
+from specdec_tune.core.limits import check_num_speculative
 from specdec_tune.core.schedules import ADAPTIVE_BOUNDS, SCHEDULES, THRESHOLD_KINDS
 from specdec_tune.core.errors import InputError
 
 
 def check_num_speculative_tokens(n: int) -> int:
-    if not 1 <= n <= MAX_SPECULATIVE_TOKENS:
-        raise InputError(f"--num-speculative-tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, got {n}")
-    return n
+    return check_num_speculative(n, name="--num-speculative-tokens")
 
 
 def check_threshold(theta: float) -> float:

@@ -35,6 +35,7 @@ from specdec_tune.cli._options import (
 )
 from specdec_tune.cli._progress import Bar, progress_bar
 from specdec_tune.core.errors import InputError
+from specdec_tune.core.limits import MAX_SPECULATIVE_TOKENS
 from specdec_tune.core.stats import ci_unavailable
 
 _RunDraft = Annotated[str | None, typer.Option("--draft", help="Which of the run's drafts (default: its first).")]
@@ -55,26 +56,25 @@ def _spec_config(n: int, threshold: float, schedule: str, batch_size: int, tempe
 
     opt.check_acceptance(acceptance, epsilon, temperature, source)
 
-    if not 0 <= n <= 64:
-        raise InputError(f"--num-speculative-tokens must be an integer in 0..64 (0 = plain decoding), got {n}")
+    if not 0 <= n <= MAX_SPECULATIVE_TOKENS:
+        raise InputError(f"--num-speculative-tokens must be an integer in 0..{MAX_SPECULATIVE_TOKENS} (0 = plain decoding), got {n}")
     opt.check_threshold(threshold)
     opt.check_schedule(schedule)
     opt.check_threshold_kind(kind, step, threshold, schedule=schedule)
     opt.check_temperature(temperature)
     if batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {batch_size}")
-    return SpecConfig(n, threshold, schedule, batch_size, "sampling" if temperature > 0 else "greedy",
-                      threshold_kind=kind, threshold_step=step, acceptance=acceptance, epsilon=epsilon,
-                      acceptance_source=source)
+    return SpecConfig(n, threshold, schedule=schedule, threshold_kind=kind, threshold_step=step, acceptance=acceptance,
+                      epsilon=epsilon, batch_size=batch_size, mode="sampling" if temperature > 0 else "greedy", acceptance_source=source)
 
 
 def _bias_json(rp, config) -> dict | None:
     """A lossy configuration's bias per verified position (the stored front), or None for exact acceptance."""
-    if config.acceptance == "exact":
+    if config.spec.acceptance == "exact":
         return None
     from specdec_tune.tuner.model import bias_of
 
-    b = bias_of(rp.bias_front, config.acceptance, config.epsilon)
+    b = bias_of(rp.bias_front, config.spec.acceptance, config.spec.epsilon)
     return {"bias": b.bias, "rejection": b.rejection, "label": b.label, "measured_bias": b.measured_bias,
             "unit": "mean TV(emitted, target) per verified position"}
 
@@ -187,20 +187,20 @@ def _predict_row(rp, run: int, n: int | None, batch_size: int, config_at, max_pr
                 scored.append((config_at(m, batch_size), predict_config(rp, config_at(m, batch_size), max_prompts)))
             except SpecdecError:  # beyond what the run can predict (N_max, θ): not a candidate
                 continue
-        config, p = max(scored, key=lambda cp: (cp[1].tokens_per_s, -cp[0].num_speculative_tokens))
+        config, p = max(scored, key=lambda cp: (cp[1].tokens_per_s, -cp[0].spec.num_speculative_tokens))
     else:
         config = config_at(n, batch_size)
         p = predict_config(rp, config, max_prompts)
     return {
-        "run_id": run, "draft": rp.draft, "num_speculative_tokens": config.num_speculative_tokens, "best_n": chosen,
-        "threshold": config.threshold, "threshold_kind": config.threshold_kind,
-        "threshold_step": config.threshold_step if config.threshold_kind == "adaptive" else None,
-        "schedule": config.schedule, "batch_size": batch_size, "mode": config.mode,
+        "run_id": run, "draft": rp.draft, "num_speculative_tokens": config.spec.num_speculative_tokens, "best_n": chosen,
+        "threshold": config.spec.threshold, "threshold_kind": config.spec.threshold_kind,
+        "threshold_step": config.spec.threshold_step if config.spec.threshold_kind == "adaptive" else None,
+        "schedule": config.spec.schedule, "batch_size": batch_size, "mode": config.mode,
         "tokens_per_s": p.tokens_per_s, "speedup": p.speedup,
         "baseline_tokens_per_s": p.baseline_tokens_per_s, "decode_tokens_per_s": p.decode_tokens_per_s,
         "expected_tokens_per_cycle": p.expected_tokens_per_cycle, "expected_draft_length": p.expected_draft_length,
         "source": p.source, "interpolated_between": list(between) if between else None,
-        "acceptance": config.acceptance, "epsilon": config.epsilon, "acceptance_source": config.acceptance_source,
+        "acceptance": config.spec.acceptance, "epsilon": config.spec.epsilon, "acceptance_source": config.acceptance_source,
         "bias": _bias_json(rp, config),
     }
 
@@ -266,7 +266,7 @@ def measure(
                       opt.int_list(batch_sizes, "--batch-sizes"), vllm_python, json_out, gpu_price)
         return
     items = [(draft, config)] + ([("none", _spec_config(0, 0.0, "constant", 1, temperature))]
-                                 if config.num_speculative_tokens else [])
+                                 if config.spec.num_speculative_tokens else [])
     with progress_bar(console(stderr=True)) as bar:
         got = measure_predicted(database, run, items, split=split, temperature=temperature, max_prompts=max_prompts,
                                 repeats=repeats, seed=seed, progress=Bar(bar), threads=n_threads,
@@ -300,8 +300,8 @@ def _measured_json(v, plain, run: int, temperature: float) -> dict:
         "split": m.split or "profiled prompts", "in_sample": v.in_sample, "prompt_ids": m.prompt_ids,
         "ci95": list(m.ci95) if m.ci95 else None, "ci95_why": None if m.ci95 else ci_unavailable(m.prompts),
         "prediction_inside_ci": v.inside_ci,
-        "run_id": run, "draft": m.draft, "num_speculative_tokens": config.num_speculative_tokens,
-        "threshold": config.threshold, "threshold_kind": config.threshold_kind, "schedule": config.schedule,
+        "run_id": run, "draft": m.draft, "num_speculative_tokens": config.spec.num_speculative_tokens,
+        "threshold": config.spec.threshold, "threshold_kind": config.spec.threshold_kind, "schedule": config.spec.schedule,
         "batch_size": 1, "temperature": temperature,
         "tokens_per_s": m.tokens_per_s, "predicted_tokens_per_s": p.tokens_per_s if p else None,
         "relative_error": v.relative_error, "mean_tokens_per_cycle": m.mean_tokens_per_cycle,
@@ -374,13 +374,13 @@ def _measure_vllm(database, run: int, draft, config, temperature: float, split, 
 
     if temperature > 0:
         raise InputError("--backend vllm measures greedy decoding only (--temperature 0)")
-    if config.threshold > 0 or config.schedule != "constant" or config.threshold_kind != "per-token" \
-            or config.acceptance != "exact":
+    if config.spec.threshold > 0 or config.spec.schedule != "constant" or config.spec.threshold_kind != "per-token" \
+            or config.spec.acceptance != "exact":
         raise InputError("vLLM cannot run this configuration: it has no draft-confidence threshold (θ must be 0) "
                          "and a constant schedule only")
     require_vllm_python(vllm_python)
     r = get_run(database, run)
-    n = config.num_speculative_tokens
+    n = config.spec.num_speculative_tokens
     drafter = "none" if n == 0 or draft == "none" else r.resolve_draft(draft)
     cfg = vllm_config(r.target.name, Candidate(drafter, n if drafter != "none" else 0))
     with progress_bar(console(stderr=True)) as bar:

@@ -47,7 +47,7 @@ _Drafts = Annotated[str, typer.Option("--draft", help=(
 def profile_summary(db, run_id: int) -> dict:
     """Everything ``profile`` prints, read back from the database (measured and predicted, labelled)."""
     from specdec_tune.db import get_run, list_measured, load_acceptance, load_bias_front
-    from specdec_tune.tuner.model import best_configs, best_n_per_batch_size, load_run_profile, predict_baseline
+    from specdec_tune.tuner.model import best_configs, best_n_per_batch_size, load_run_profile, predict_baseline, replay_reach
 
     run = get_run(db, run_id)
     base_rp = load_run_profile(db, run_id, baseline_only=True)
@@ -76,8 +76,8 @@ def profile_summary(db, run_id: int) -> dict:
         best = best_configs(rp, top=3) if rp.model.traces else []
         per_batch = {}
         if rp.model.traces and len(rp.model.verify_s) > 1:
-            n_max = max(len(t.confidences) for t in rp.model.traces)  # what the traces can replay
-            schedule = best_n_per_batch_size(rp.model, sorted(rp.model.verify_s), range(1, n_max + 1))
+            reach = replay_reach(rp.model.traces)
+            schedule = best_n_per_batch_size(rp.model, sorted(rp.model.verify_s), range(1, reach + 1))
             per_batch = {str(b): n for b, n in schedule.items()}
         out["drafts"].append({
             "name": d.name,
@@ -100,7 +100,7 @@ def profile_summary(db, run_id: int) -> dict:
                             "label": "computed" if r.source == "theory" else "measured"}
                            for r in load_bias_front(db, run_id, d.name)],
             "best": [
-                {"num_speculative_tokens": c.num_speculative_tokens, "threshold": c.threshold,
+                {"num_speculative_tokens": c.spec.num_speculative_tokens, "threshold": c.spec.threshold,
                  "tokens_per_s": p.tokens_per_s, "speedup": p.speedup, "source": p.source,
                  "expected_tokens_per_cycle": p.expected_tokens_per_cycle,
                  "label": "predicted, synthetic acceptance" if p.source == "synthetic" else "predicted"}

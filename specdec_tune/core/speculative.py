@@ -132,6 +132,17 @@ class SpeculativeConfig:
         """Every field by name (the keys stored ``Candidate`` dicts always had)."""
         return asdict(self)
 
+    def to_row(self) -> dict[str, Any]:
+        """The keys of a ``measured_runs.config`` row, in the order rows always had them: not the drafter
+        (a column of its own) nor the n-gram sizes (rows never held them); a tree and an inner drafter
+        only where set."""
+        d = self.to_dict()
+        row = {k: d.pop(k) for k in ("num_speculative_tokens", "threshold", "schedule")}
+        for k in ("drafter", "ngram_max", "ngram_min"):
+            del d[k]
+        row.update((k, v) for k, v in d.items() if v or k not in ("tree", "staged"))
+        return row
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SpeculativeConfig:
         """Read any stored form: a ``to_dict`` (older ones lack later keys: their defaults), a

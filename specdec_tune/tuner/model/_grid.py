@@ -5,7 +5,7 @@ from collections.abc import Iterable
 
 from specdec_tune.core.errors import InputError
 from specdec_tune.tuner.model._predict import RunPrediction, predict_config
-from specdec_tune.tuner.model._profile import RunProfile
+from specdec_tune.tuner.model._profile import RunProfile, traced_n_max
 from specdec_tune.tuner.model._throughput import SpecConfig
 
 THRESHOLD_GRID = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
@@ -20,8 +20,7 @@ def best_configs(
     top: int = 3,
 ) -> list[tuple[SpecConfig, RunPrediction]]:
     """The ``top`` configurations by predicted end-to-end tokens/s over N × θ (best first)."""
-    n_max = int(rp.run.settings.get("n_max", 16))
-    ns = list(n_values) if n_values is not None else list(range(1, n_max + 1))
+    ns = list(n_values) if n_values is not None else list(range(1, traced_n_max(rp.run) + 1))
     thetas = list(thresholds) if not rp.is_ngram else [0.0]  # n-gram confidences are all 1
     scored = []
     for n in ns:

@@ -31,7 +31,7 @@ from specdec_tune.core.errors import InputError
 from specdec_tune.core.splits import split_prompts
 from specdec_tune.tuner.model._greedy_sim import SimulatedCycle, simulate_prompt, stats_from_cycles
 from specdec_tune.tuner.model._prefill import prefill_fits, prompt_prefill
-from specdec_tune.tuner.model._profile import RunProfile
+from specdec_tune.tuner.model._profile import RunProfile, traced_n_max
 from specdec_tune.tuner.model._replay import ReplayStats
 from specdec_tune.tuner.model._throughput import Prediction, SpecConfig, draft_seconds, verify_time
 from specdec_tune.tuner.model._throughput import predict as model_predict
@@ -152,7 +152,7 @@ def timed_cycles(rp: RunProfile, cycles: Sequence[SimulatedCycle], b: int, promp
 def replay_width(config: SpecConfig, tokens_per_cycle: float) -> int:
     """The verify width a replayed cycle is costed at for its context: the tokens it emits plus the
     rejected one, within N + 1."""
-    return max(1, min(config.num_speculative_tokens + 1, round(tokens_per_cycle) + 1))
+    return max(1, min(config.spec.num_speculative_tokens + 1, round(tokens_per_cycle) + 1))
 
 
 def _baseline(rp: RunProfile, specs: Sequence[PromptSpec], batch_size: int) -> RunPrediction:
@@ -201,13 +201,13 @@ def simulate_config(rp: RunProfile, config: SpecConfig, i: int) -> list[Simulate
     rule, schedule): the one simulation call of the throughput and the latency predictions."""
     assert rp.positions is not None
     return simulate_prompt(rp.positions[i], rp.prompts[i].new_tokens, rp.max_new_tokens,
-                           config.num_speculative_tokens, config.threshold, config.schedule, rp.tail_rate,
-                           config.threshold_rule, config.threshold_kind, config.threshold_step)
+                           config.spec.num_speculative_tokens, config.spec.threshold, config.spec.schedule, rp.tail_rate,
+                           config.spec.threshold_rule, config.spec.threshold_kind, config.spec.threshold_step)
 
 
 def _simulated(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) -> _Cycles:
     """Greedy with a model draft: every profiled prompt's cycles simulated exactly; the others pooled."""
-    n, b = config.num_speculative_tokens, config.batch_size
+    n, b = config.spec.num_speculative_tokens, config.batch_size
 
     def timed(i: int) -> tuple[list[SimulatedCycle], float, float]:
         """Prompt i's cycles, their seconds (each verify at its own context) and their extra seconds per
@@ -272,15 +272,15 @@ def _predict(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec], cy
     specs = _check_specs(rp, specs)
     b = config.batch_size
     base = _baseline(rp, specs, b)
-    if config.num_speculative_tokens == 0:
+    if config.spec.num_speculative_tokens == 0:
         return base
-    n = config.num_speculative_tokens
+    n = config.spec.num_speculative_tokens
     if rp.model.synthetic_acceptance is not None:  # given rates: any N whose verify forward was timed
         k_max = max(max(curve) for curve in rp.model.verify_s.values())
         if n + 1 > k_max:
             raise InputError(f"N={n} needs T_v({n + 1}); run {rp.run.id} timed k up to {k_max} (profile with --k-max)")
     else:
-        n_max = int(rp.run.settings.get("n_max", 0)) or max((len(t.confidences) for t in rp.model.traces), default=0)
+        n_max = traced_n_max(rp.run)
         if n > n_max:
             raise InputError(f"N={n} exceeds the run's N_max={n_max}; profile with a larger --n-max")
     tokens = sum(s.new_tokens for s in specs)
@@ -375,7 +375,7 @@ def predict_prompts(
     """
     specs = [p if isinstance(p, PromptSpec) else PromptSpec(int(p[0]), None if p[1] is None else int(p[1]))
              for p in prompts]
-    if config.num_speculative_tokens == 0:
+    if config.spec.num_speculative_tokens == 0:
         return _baseline(rp, _check_specs(rp, specs), config.batch_size)
     return _predict(rp, config, specs)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from specdec_tune.db import BiasFrontRow, RunRecord, TeacherForcedRow, TimingRow, TraceRow
 from specdec_tune.core.errors import InputError
+from specdec_tune.core.limits import MAX_SEARCHED_TOKENS
 from specdec_tune.core.stats import trimmed_mean
 from specdec_tune.tuner.model._calibration import OverheadFit, calibrate_b1, fit_overhead, interp
 from specdec_tune.tuner.model._configs import NGRAM
@@ -334,7 +335,7 @@ def build_run_profile(
     )
     positions = None  # synthetic acceptance is drawn per cycle, not per output position: no exact simulation
     if draft is not None and draft != NGRAM and traces and model.synthetic_acceptance is None:
-        positions = _positions(traces, continuations, len(infos), int(run.settings.get("n_max", 16)))
+        positions = _positions(traces, continuations, len(infos), traced_n_max(run))
     return RunProfile(
         run=run, draft=draft, model=model, draft_step_raw_s=raw, first_draft_step_s=times.first_draft_step_s,
         calibrated=times.calibrated, ar_forward_s=times.ar_forward_s, engine_overhead_s=fit.intercept_s,
@@ -347,6 +348,12 @@ def build_run_profile(
         sampling_trace_prompts=tuple(tr.prompt_index for tr in sampling_traces or ()),
         context_slope_s=t.context_slopes(typical), typical_context=typical,
     )
+
+
+def traced_n_max(run: RunRecord) -> int:
+    """N_max, the most tokens per cycle the run's greedy traces drafted (``profile --n-max``): the largest N
+    its profile predicts. A run that did not store it was traced at the default (``MAX_SEARCHED_TOKENS``)."""
+    return int(run.settings.get("n_max") or MAX_SEARCHED_TOKENS)
 
 
 def synthetic_rates(settings: dict) -> tuple[float, ...] | None:

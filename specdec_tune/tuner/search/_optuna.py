@@ -28,7 +28,7 @@ from typing import Any
 
 from specdec_tune.core.errors import InputError
 from specdec_tune.tuner.model import NGRAM, NONE, OBJECTIVES, Candidate, Evaluator, Scored, best_n_per_batch_size
-from specdec_tune.tuner.model import direction
+from specdec_tune.tuner.model import direction, replay_reach
 from specdec_tune.tuner.search._space import SearchSpace, make_candidate, server_search_space, unsupported
 from specdec_tune.tuner.search._tree_space import shape_candidate, shape_choices
 from specdec_tune.tuner.servers import SERVERS
@@ -394,9 +394,8 @@ def per_batch_size(evaluator: Evaluator, c: Candidate, batch_sizes: Sequence[int
     if outside:
         raise InputError(f"batch size(s) {outside} are outside the profile's measured {measured}; profile with "
                          f"--batch-sizes {','.join(str(b) for b in sorted(set(batch_sizes) | set(measured)))}")
-    traced = max((len(t.confidences) for t in rp.model.traces), default=n_max)
     mode = "sampling" if evaluator.mode == "sampling" else "greedy"
-    return best_n_per_batch_size(rp.model, list(batch_sizes), range(1, min(n_max, traced) + 1),
+    return best_n_per_batch_size(rp.model, list(batch_sizes), range(1, min(n_max, replay_reach(rp.model.traces)) + 1),
                                  threshold=c.threshold, mode=mode)
 
 

@@ -29,7 +29,7 @@ from specdec_tune.db import Database, get_run, list_models
 from specdec_tune.profiler import Progress, run_profile
 from specdec_tune.core.errors import InputError, NotFoundError
 from specdec_tune.tuner.model import NGRAM, Candidate, Evaluator, Scored, ServerDecision, TuningResult, bias_of, decide
-from specdec_tune.tuner.model import front_epsilons
+from specdec_tune.tuner.model import front_epsilons, traced_n_max
 from specdec_tune.tuner.search._confirm import confirm, server_decisions
 from specdec_tune.tuner.search._objectives import engine_reasons, mean_power_w, objective_report, objective_schedule
 from specdec_tune.tuner.search._objectives import pick_measured
@@ -40,7 +40,7 @@ from specdec_tune.tuner.search._optuna import SearchOutcome, best_per_server, ex
 from specdec_tune.tuner.search._lease import StudyLease, study_subject
 from specdec_tune.tuner.search._request import TuneInterrupted, TuneReport, TuneRequest, answers, find_profile
 from specdec_tune.tuner.search._request import profile_settings
-from specdec_tune.tuner.search._space import ANY, N_LIMIT, SearchSpace, server_search_space
+from specdec_tune.tuner.search._space import ANY, SearchSpace, server_search_space
 from specdec_tune.tuner.search._tree_space import tree_space_args
 from specdec_tune.tuner.search._study import bound_run, open_storage
 from specdec_tune.tuner.servers import SERVERS
@@ -113,7 +113,7 @@ def _search(db: Database, req: TuneRequest, storage_url: str, progress: Progress
     notes: list[str] = []
     run_id, profiled = _profile_run(db, req, storage, progress, notes)
     run = get_run(db, run_id)
-    n_max = min(req.n_max, int(run.settings.get("n_max", N_LIMIT)))
+    n_max = min(req.n_max, traced_n_max(run))
     max_context = max(run.settings.get("prompt_tokens", [0]) or [0]) + req.max_new_tokens
     objective = req.spec(mean_power_w(db, run_id))
     if "energy" in req.search_objectives:

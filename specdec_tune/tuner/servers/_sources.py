@@ -84,6 +84,7 @@ def result_from_run(db: Any, run_id: int, config: str | None = None) -> TuningRe
         InputError: a bad ``config``, or one the run cannot predict (N beyond its N_max).
     """
     from specdec_tune.db import get_run
+    from specdec_tune.core.limits import MAX_SEARCHED_TOKENS
     from specdec_tune.tuner.model import (
         SpecConfig,
         best_configs,
@@ -91,6 +92,7 @@ def result_from_run(db: Any, run_id: int, config: str | None = None) -> TuningRe
         load_run_profile,
         predict_baseline,
         predict_config,
+        replay_reach,
     )
 
     run = get_run(db, run_id)
@@ -103,7 +105,7 @@ def result_from_run(db: Any, run_id: int, config: str | None = None) -> TuningRe
         if not best:
             raise InputError(f"run {run_id} cannot predict any configuration for {drafts[0]!r}; give --config")
         sc = best[0][0]
-        cand = Candidate(drafts[0], sc.num_speculative_tokens, sc.threshold)
+        cand = Candidate(drafts[0], sc.spec.num_speculative_tokens, sc.spec.threshold)
     else:
         cand = parse_config(config, drafts[0] if drafts else NONE)
         if cand.drafter == NGRAM:
@@ -117,8 +119,8 @@ def result_from_run(db: Any, run_id: int, config: str | None = None) -> TuningRe
         pred = predict_config(rp, SpecConfig(cand.num_speculative_tokens, cand.threshold))
         base = predict_baseline(rp)
         sizes = sorted(rp.model.verify_s)
-        n_max = max((len(t.confidences) for t in rp.model.traces), default=cand.num_speculative_tokens)
-        per_b = (best_n_per_batch_size(rp.model, sizes, range(1, min(n_max, 16) + 1), threshold=cand.threshold)
+        reach = min(replay_reach(rp.model.traces), MAX_SEARCHED_TOKENS)
+        per_b = (best_n_per_batch_size(rp.model, sizes, range(1, reach + 1), threshold=cand.threshold)
                  if len(sizes) > 1 else {})
     hw = run.hardware
     return TuningResult(
