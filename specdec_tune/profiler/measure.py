@@ -264,8 +264,8 @@ def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: 
     short decode would not resolve. The machine probe runs :data:`PROBES_PER_REPEAT` times a repeat,
     between turns, and every configuration keeps each reading.
     """
-    first = cases[0].config.spec
-    label = (f"measure {cases[0].draft or 'plain'} N={first.num_speculative_tokens} θ={first.threshold}"
+    label = (f"measure {cases[0].draft or 'plain'} N={cases[0].config.spec.num_speculative_tokens} "
+             f"θ={cases[0].config.spec.threshold}"
              if len(cases) == 1 else f"measure {len(cases)} configurations")
     progress.stage(label, len(cases) * (len(ids) * repeats + 1))
     probe = MachineProbe(target.device)

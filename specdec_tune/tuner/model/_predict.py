@@ -200,9 +200,9 @@ def simulate_config(rp: RunProfile, config: SpecConfig, i: int) -> list[Simulate
     """Profiled prompt ``i``'s greedy cycles under ``config``, every rule of it (threshold kind, step and
     rule, schedule): the one simulation call of the throughput and the latency predictions."""
     assert rp.positions is not None
-    return simulate_prompt(rp.positions[i], rp.prompts[i].new_tokens, rp.max_new_tokens,
-                           config.spec.num_speculative_tokens, config.spec.threshold, config.spec.schedule, rp.tail_rate,
-                           config.spec.threshold_rule, config.spec.threshold_kind, config.spec.threshold_step)
+    c = config.spec
+    return simulate_prompt(rp.positions[i], rp.prompts[i].new_tokens, rp.max_new_tokens, c.num_speculative_tokens,
+                           c.threshold, c.schedule, rp.tail_rate, c.threshold_rule, c.threshold_kind, c.threshold_step)
 
 
 def _simulated(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) -> _Cycles:
