@@ -101,10 +101,10 @@ def speculative(
 
     How a draft is judged and how long each may be are objects chosen here, before the loop
     (``engine.verifiers``, ``engine.draft_budget``), so the loop never branches on the kind of decode.
-    A new drafter is a new ``drafter`` object, not a new parameter: one that needs the target's hidden
-    states (EAGLE-style feature heads) would be handed them by the target forward chosen here the same
-    way (a forward that keeps the fed positions' hidden states for the drafter to read when it is next
-    asked to ``propose``), leaving the loop and this signature as they are.
+    A new drafter is a new ``drafter`` object, not a new parameter. One that needs the target's hidden
+    states (EAGLE-style feature heads) would have the target forward picked here the same way (a forward
+    that also keeps the fed positions' hidden states for the drafter's next ``propose``): a choice inside
+    this function, not a parameter of it or of the loop.
 
     Args:
         model: the target causal LM.
