@@ -71,13 +71,13 @@ Steps = Annotated[str, typer.Option("--steps", help="The adaptive kind's steps, 
 
 def profile_ran(settings: RunSettings, draft: str, config: SpecConfig) -> bool:
     """Whether the profile itself decoded this configuration (so its timings came from that run)."""
-    if config.num_speculative_tokens == 0:
+    if config.spec.num_speculative_tokens == 0:
         return True  # the hooked plain baseline
-    if config.threshold != 0 or config.schedule != "constant" or config.mode != "greedy" \
-            or config.threshold_kind != "per-token":
+    if config.spec.threshold != 0 or config.spec.schedule != "constant" or config.mode != "greedy" \
+            or config.spec.threshold_kind != "per-token":
         return False
     n_max = settings.n_max
-    return config.num_speculative_tokens in {n_max, *(min(n, n_max) for n in settings.overhead_ns)}
+    return config.spec.num_speculative_tokens in {n_max, *(min(n, n_max) for n in settings.overhead_ns)}
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -65,7 +65,7 @@ def _measure(tgt, drf, prompts: list[tuple[str, torch.Tensor]], cfg: DecodeConfi
     def decode(method: str, ids: torch.Tensor) -> list[int]:
         if method == "plain":
             return autoregressive(tgt.model, ids, cfg).token_ids
-        drafter = build_drafter(drf.model, max_len=ids.shape[0] + cfg.max_new_tokens + cfg.num_speculative_tokens + 2)
+        drafter = build_drafter(drf.model, max_len=ids.shape[0] + cfg.room)
         return speculative(tgt.model, drafter, ids, cfg).token_ids
 
     arms = [(m, k) for m in ("plain", "speculative") for k in (True, False)]

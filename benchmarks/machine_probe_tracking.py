@@ -33,6 +33,7 @@ Out = Annotated[Path | None, typer.Option("--out", help="Write the analysis and 
 def measure(seconds: float) -> list[tuple[float, float, float, float]]:
     import torch
 
+    from specdec_tune.core.speculative import SpeculativeConfig
     from specdec_tune.engine import DecodeConfig
     from specdec_tune.engine.workloads import load_workload
     from specdec_tune.profiler.machine_probe import MachineProbe
@@ -43,7 +44,7 @@ def measure(seconds: float) -> list[tuple[float, float, float, float]]:
     models = ModelCache()
     target = models.get("mini-target", "cpu", "auto", "auto")
     draft = models.get("mini-draft-1l", "cpu", "auto", "auto")
-    arm = ArmSpec("x", "mini-target", "mini-draft-1l", "functions", 1)
+    arm = ArmSpec("x", "mini-target", SpeculativeConfig("mini-draft-1l"), "functions", 1)
     prompt = load_workload("functions")[0]
     ids = encode_prompt(target, prompt.prompt, prompt.id)
     cfg = DecodeConfig(max_new_tokens=48, num_speculative_tokens=4, eos_token_id=target.eos_token_id)

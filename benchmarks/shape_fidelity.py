@@ -78,7 +78,7 @@ def main(
     rows = []
     for v in got[:-1]:
         measured = paired_speedup(v.measurement, plain)
-        rows.append({"N": v.config.num_speculative_tokens, "predicted_speedup": v.prediction.speedup,
+        rows.append({"N": v.config.spec.num_speculative_tokens, "predicted_speedup": v.prediction.speedup,
                      "measured_speedup": measured, "measured_ci95": list(bounds(speedup_ci(v.measurement, plain))),
                      "speedup_error": v.prediction.speedup / measured - 1,
                      "predicted_tokens_per_s": v.prediction.tokens_per_s, "measured_tokens_per_s": v.measurement.tokens_per_s,

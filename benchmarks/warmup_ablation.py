@@ -68,7 +68,7 @@ def main(db: Db, run: RunId = 1) -> None:
                 p = predict_prompts(profile(m.draft, warm), config, specs).tokens_per_s / predicted_plain
                 errors[warm].append(abs(p / speedup - 1))
                 cells.append(f"{'with' if warm else 'without'} {p:.3f} ({(p / speedup - 1) * 100:+.1f}%)")
-            print(f"  {m.draft} N={config.num_speculative_tokens} θ={config.threshold:g}: measured {speedup:.3f}; "
+            print(f"  {m.draft} N={config.spec.num_speculative_tokens} θ={config.spec.threshold:g}: measured {speedup:.3f}; "
                   f"predicted {'; '.join(cells)}")
         print(f"  median |speedup error|: without the warm-up term {statistics.median(errors[False]) * 100:.1f}%, "
               f"with it {statistics.median(errors[True]) * 100:.1f}% ({len(errors[True])} configurations)")

@@ -199,7 +199,7 @@ def test_measure_configs_interleaved_store_each_with_its_prediction(profiled):
     before = len(list_measured(db, 1))
     items = [(None, SpecConfig(3, 0.0)), ("ngram", SpecConfig(2, 0.0)), (None, SpecConfig(1, 0.0))]
     got = measure_predicted(db, 1, items, repeats=2)
-    assert [(v.measurement.draft.endswith("draft"), v.config.num_speculative_tokens) for v in got] == [(True, 3), (False, 2), (True, 1)]
+    assert [(v.measurement.draft.endswith("draft"), v.config.spec.num_speculative_tokens) for v in got] == [(True, 3), (False, 2), (True, 1)]
     for v in got:
         m = v.measurement
         assert len(m.per_repeat_tokens_per_s) == 2 and m.tokens_per_s > 0
@@ -212,7 +212,7 @@ def test_measure_configs_interleaved_store_each_with_its_prediction(profiled):
     assert len(stored) == before + 3
     for v in got:
         row = stored[v.measurement.measured_id]
-        assert row.config["num_speculative_tokens"] == v.config.num_speculative_tokens
+        assert row.config["num_speculative_tokens"] == v.config.spec.num_speculative_tokens
         assert row.predicted_tokens_per_s == pytest.approx(v.prediction.tokens_per_s)
         assert row.config["prediction_source"] == v.prediction.source
         # the machine probe ran between turns (every configuration keeps each reading), and the

@@ -11,7 +11,7 @@ import torch
 from specdec_tune.cli import main
 from specdec_tune.core.consistency import TOLERANCE_ULPS, first_difference, judge, overall, tolerance, ulp
 from specdec_tune.engine import DecodeConfig, load_model
-from specdec_tune.engine import decode as decode_module
+from specdec_tune.engine import verifiers as verifiers_module
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.profiler.logit_margins import check_outputs, rounding_spread
 from specdec_tune.profiler.runs import DraftSpec, decode_once, encode_prompt
@@ -90,7 +90,7 @@ def test_bf16_speculative_against_target_only_with_the_rule(bf16_pair, monkeypat
     token of some prompts falls within the tolerance: measured 5 of 8 `differ` for accept-all)."""
     target, draft = bf16_pair
     if verifier != "correct":
-        monkeypatch.setattr(decode_module, "greedy_accept",
+        monkeypatch.setattr(verifiers_module, "greedy_accept",
                             _accept_all if "every" in verifier else _accept_one_more)
     cfg = DecodeConfig(max_new_tokens=32, num_speculative_tokens=4, eos_token_id=target.eos_token_id)
     statuses = []
@@ -159,7 +159,7 @@ def test_regress_in_bf16_flags_a_wrong_verifier(tmp_path, capsys, monkeypatch, v
     """`regress` (what the nightly workflow runs) in bf16 on the CPU: the correct engine passes the
     correctness cell (no baseline yet: exit 3); a wrong verifier fails it (exit 1)."""
     if verifier != "correct":
-        monkeypatch.setattr(decode_module, "greedy_accept", _accept_all)
+        monkeypatch.setattr(verifiers_module, "greedy_accept", _accept_all)
     code = main(["regress", "--suite", _bf16_suite(tmp_path / "s.toml", "functions"), "--db",
                  f"sqlite:///{tmp_path / 'r.db'}", "--json"])
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

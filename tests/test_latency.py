@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from specdec_tune.core.costs import usd_ci, usd_per_million_tokens
+from specdec_tune.core.speculative import PLAIN, SpeculativeConfig
 from specdec_tune.db import list_measured, open_database
 from specdec_tune.engine import DecodeConfig, LoadedModel
 from specdec_tune.core.latency import (
@@ -137,7 +138,7 @@ def test_measure_stores_latency_cost_and_no_energy_on_a_cpu(tiny_model_dirs, tmp
     workload = _workload(tmp_path)
     db = open_database(f"sqlite:///{tmp_path / 'r.db'}")
     run_id = ProfileSession(db, tiny_model_dirs["target"], [tiny_model_dirs["draft"]], workload, TINY).run().run_id
-    ms = measure_configs(db, run_id, [MeasureSpec(None, 3), MeasureSpec("none", 0)], repeats=2, split="all",
+    ms = measure_configs(db, run_id, [MeasureSpec(SpeculativeConfig(None, 3)), MeasureSpec(PLAIN)], repeats=2, split="all",
                          gpu_price=2.5)
     rows = {r.id: r for r in list_measured(db, run_id)}
     for m in ms:
@@ -181,7 +182,7 @@ def test_energy_per_token_is_the_counter_delta_of_each_pass(tiny_model_dirs, tmp
                             TINY).run().run_id
     fake = _fake_nvml(100.0)
     monkeypatch.setattr(measure_mod, "open_energy_meter", lambda device: energy_mod.EnergyMeter(fake, 0))
-    (m,) = measure_configs(db, run_id, [MeasureSpec(None, 3)], repeats=3, split="all")
+    (m,) = measure_configs(db, run_id, [MeasureSpec(SpeculativeConfig(None, 3))], repeats=3, split="all")
     pass_seconds = sum(sum(row[r] for row in m.samples.seconds) for r in range(3))
     pass_tokens = sum(sum(row[r] for row in m.samples.tokens) for r in range(3))
     assert m.energy is not None and len(m.energy.joules) == 3

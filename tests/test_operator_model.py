@@ -58,10 +58,10 @@ def test_latency_adds_up_to_the_predicted_seconds(profile, config):
     """TTFT + TPOT·(n - 1) of every request sums to the end-to-end prediction's seconds (another code
     path, :mod:`tuner.model._predict`): the latency split loses and invents no time."""
     db, run_id, _ = profile
-    rp = load_run_profile(db, run_id, baseline_only=config.num_speculative_tokens == 0)
+    rp = load_run_profile(db, run_id, baseline_only=config.spec.num_speculative_tokens == 0)
     assert _decomposed_seconds(rp, config) == pytest.approx(predict_config(rp, config).seconds, rel=1e-9) \
-        if config.num_speculative_tokens else True
-    if config.num_speculative_tokens == 0:
+        if config.spec.num_speculative_tokens else True
+    if config.spec.num_speculative_tokens == 0:
         from specdec_tune.tuner.model import predict_baseline
 
         assert _decomposed_seconds(rp, config) == pytest.approx(predict_baseline(rp).seconds, rel=1e-9)

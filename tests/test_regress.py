@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specdec_tune.cli import main
+from specdec_tune.core.speculative import SpeculativeConfig
 from specdec_tune.profiler.suite_runs import ArmSpec, measure_arms
 from specdec_tune.tuner.regress import FLAGGED, Rules, compare_benchmark, decide
 
@@ -149,8 +150,8 @@ def test_ten_aa_comparisons_raise_no_false_alarm(tiny_model_dirs, workload):
     import random
 
     t = tiny_model_dirs["target"]
-    arm = ArmSpec(key="a", target=t, draft=t, workload=workload, prompts=8, max_new_tokens=24,
-                  num_speculative_tokens=4, repeats=12)
+    arm = ArmSpec(key="a", target=t, spec=SpeculativeConfig(t, 4), workload=workload, prompts=8, max_new_tokens=24,
+                  repeats=12)
     pool = [s.to_json() for s in measure_arms([arm])["a"]]
 
     def run(k: int) -> list[dict]:

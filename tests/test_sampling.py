@@ -18,7 +18,7 @@ import pytest
 import torch
 from scipy import stats
 
-from specdec_tune.engine import DecodeConfig, ModelDrafter, speculative
+from specdec_tune.engine import DecodeConfig, ModelDrafter, SamplingVerifier, speculative
 from specdec_tune.engine.drafters import probs_from_logits
 from specdec_tune.engine.types import Draft, VerifyResult
 from tests.stub_models import Bigram, constant
@@ -103,7 +103,8 @@ def sample_pairs(target, draft, prompt, *, n: int, theta: float, verify_fn=None,
         for _ in range(SAMPLES):
             drafter = drafter_cls(draft, 32, temperature=TEMP, threshold=theta, generator=gen, threshold_kind=kind,
                                   threshold_step=step)
-            out = speculative(target, drafter, prompt, cfg, gen, verify_fn=verify_fn).token_ids
+            verifier = None if verify_fn is None else SamplingVerifier(TEMP, verify_fn)
+            out = speculative(target, drafter, prompt, cfg, gen, verifier=verifier).token_ids
             counts[out[0], out[1]] += 1
     return counts
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import specdec_tune.engine.decode as decode
+import specdec_tune.engine.draft_budget as draft_budget
 from specdec_tune.engine import DecodeConfig, ModelDrafter, NgramDrafter, speculative
 from specdec_tune.tuner.model import ModelProfile, SpecConfig, Trace, predict
 from tests.stub_models import Bigram
@@ -125,7 +125,7 @@ def test_heuristic_replay_predicts_engine_ngram(ngram_case, monkeypatch):
     assert res["L=0"] > 0.2  # the case the rule is about
     e_tau, e_len = errors(res)
     assert e_tau < 0.05 and e_len < 0.10, res
-    monkeypatch.setattr(decode, "next_num_speculative", old_engine_rule)
+    monkeypatch.setattr(draft_budget, "next_num_speculative", old_engine_rule)
     old = compare(target, make, items, 0.0, 0.0, 48)
     print(f"ngram, old engine rule: {old}")
     o_tau, o_len = errors(old)
@@ -140,7 +140,7 @@ def test_heuristic_replay_predicts_engine_sampling_threshold(sampling_case, monk
     assert res["L=0"] > 0.15
     e_tau, e_len = errors(res)
     assert e_tau < 0.03 and e_len < 0.08, res
-    monkeypatch.setattr(decode, "next_num_speculative", old_engine_rule)
+    monkeypatch.setattr(draft_budget, "next_num_speculative", old_engine_rule)
     old = compare(target, make, items, THETA, 1.0, 60)
     print(f"sampling θ={THETA}, old engine rule: {old}")
     o_tau, o_len = errors(old)

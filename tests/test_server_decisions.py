@@ -70,15 +70,15 @@ def _fake_measure(calls: list, factors=FACTORS, noise: float = 0.04):
     """A stand-in for ``measure_predicted``: per prompt and pass, seconds = the prompt's base seconds × a
     pass factor (shared by every configuration: interleaved) × noise ÷ the configuration's speed factor."""
     def measure(db, run_id, items, *, split, max_prompts, repeats, **_):
-        calls.append((split, [(d, c.num_speculative_tokens, c.threshold, c.schedule) for d, c in items]))
+        calls.append((split, [(d, c.spec.num_speculative_tokens, c.spec.threshold, c.spec.schedule) for d, c in items]))
         rng = np.random.default_rng(len(calls))
         prompts, col = max_prompts, 0 if split == "tune" else 1
         base = rng.uniform(0.3, 0.8, size=prompts)
         passes = rng.uniform(0.9, 1.1, size=repeats)
         out = []
         for draft, config in items:
-            c = PLAIN if config.num_speculative_tokens == 0 else Candidate(
-                draft, config.num_speculative_tokens, config.threshold, config.threshold_rule, config.schedule)
+            c = PLAIN if config.spec.num_speculative_tokens == 0 else Candidate(
+                draft, config.spec.num_speculative_tokens, config.spec.threshold, config.spec.threshold_rule, config.spec.schedule)
             f = factors[c][col]
             secs = base[:, None] * passes[None, :] * rng.normal(1, noise, size=(prompts, repeats)) / f
             samples = RateSamples(tuple(f"{split}{i}" for i in range(prompts)),

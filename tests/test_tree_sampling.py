@@ -23,7 +23,7 @@ import torch
 
 from specdec_tune.engine import DecodeConfig, ModelDrafter, NgramDrafter, speculative
 from specdec_tune.engine.staged import StagedDrafter
-from specdec_tune.engine.tree_decode import tree_speculative
+from specdec_tune.engine.tree_decode import TreeSamplingVerifier, tree_speculative
 from specdec_tune.engine.tree_draft import TreeDrafter
 from specdec_tune.engine.tree_verify import TreeVerdict, verify_tree_sampling
 from specdec_tune.engine.types import Draft
@@ -74,7 +74,8 @@ def tree_pairs(target, draft, prompt, tree: str, depth: int, verify_fn=None) -> 
     with torch.no_grad():
         for _ in range(SAMPLES):
             drafter = TreeDrafter(draft, 32, spec, rank_accept=(0.5, 0.3, 0.2), temperature=TEMP, generator=gen)
-            res = tree_speculative(target, drafter, prompt, cfg, gen, verify_fn=verify_fn)
+            verifier = None if verify_fn is None else TreeSamplingVerifier(TEMP, verify_fn)
+            res = tree_speculative(target, drafter, prompt, cfg, gen, verifier=verifier)
             counts[res.token_ids[0], res.token_ids[1]] += 1
             multi += any(r > 0 for c in res.cycles for r in c.path_ranks)
     assert multi > 0, f"{tree}: no run accepted a sibling other than the first"

@@ -110,7 +110,7 @@ def _ours(bundled, kind: str, like_vllm: bool = True) -> tuple[SpecCounters, lis
             run = engine_like_vllm(target.model, drafter, prompt, RECORDED["max_tokens"], K, target.eos_token_id)
             c, out = run.counters(K), run.token_ids
         else:  # our loop as it is: drafts the first token, never drafts past max_tokens
-            res = speculative(target.model, drafter, prompt, DecodeConfig(RECORDED["max_tokens"], K, eos_token_id=target.eos_token_id))
+            res = speculative(target.model, drafter, prompt, DecodeConfig(RECORDED["max_tokens"], num_speculative_tokens=K, eos_token_id=target.eos_token_id))
             c = counters_from_steps([x.accepted for x in res.cycles], [x.drafted for x in res.cycles], K)
             out = res.token_ids
         total = c if total is None else total + c

@@ -5,15 +5,13 @@ from __future__ import annotations
 import math
 
 from specdec_tune.cli._options import DEFAULT_THRESHOLD_KIND, DEFAULT_THRESHOLD_STEP
-from specdec_tune.core.limits import MAX_SPECULATIVE_TOKENS
+from specdec_tune.core.limits import MAX_SPECULATIVE_TOKENS, check_num_speculative
 from specdec_tune.core.schedules import ADAPTIVE_BOUNDS, SCHEDULES, THRESHOLD_KINDS
 from specdec_tune.core.errors import InputError
 
 
 def check_num_speculative_tokens(n: int) -> int:
-    if not 1 <= n <= MAX_SPECULATIVE_TOKENS:
-        raise InputError(f"--num-speculative-tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, got {n}")
-    return n
+    return check_num_speculative(n, name="--num-speculative-tokens")
 
 
 def check_threshold(theta: float) -> float:
@@ -202,14 +200,15 @@ def spec_config(n: int, threshold: float, schedule: str, batch_size: int, temper
     from specdec_tune.tuner.model import SpecConfig
 
     check_acceptance(acceptance, epsilon, temperature, source)
-    if not 0 <= n <= 64:
-        raise InputError(f"--num-speculative-tokens must be an integer in 0..64 (0 = plain decoding), got {n}")
+    if not 0 <= n <= MAX_SPECULATIVE_TOKENS:
+        raise InputError(f"--num-speculative-tokens must be an integer in 0..{MAX_SPECULATIVE_TOKENS} (0 = plain "
+                         f"decoding), got {n}")
     check_threshold(threshold)
     check_schedule(schedule)
     check_threshold_kind(kind, step, threshold, schedule=schedule)
     check_temperature(temperature)
     if batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {batch_size}")
-    return SpecConfig(n, threshold, schedule, batch_size, "sampling" if temperature > 0 else "greedy",
-                      threshold_kind=kind, threshold_step=step, acceptance=acceptance, epsilon=epsilon,
+    return SpecConfig(n, threshold, schedule=schedule, threshold_kind=kind, threshold_step=step, acceptance=acceptance,
+                      epsilon=epsilon, batch_size=batch_size, mode="sampling" if temperature > 0 else "greedy",
                       acceptance_source=source)

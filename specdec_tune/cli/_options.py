@@ -16,6 +16,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from specdec_tune.core.limits import MAX_SPECULATIVE_TOKENS
+
 # The CLI's defaults, one name each. A benchmark script uses the name where its option means the same.
 DEFAULT_DEVICE = "auto"
 DEFAULT_DTYPE = "auto"
@@ -63,7 +65,8 @@ WorkloadOption = Annotated[str, typer.Option("--workload", help=WORKLOAD_HELP)]
 MaxNewTokensOption = Annotated[int, typer.Option("--max-new-tokens", help=MAX_NEW_TOKENS_HELP)]
 RepeatsOption = Annotated[int, typer.Option("--repeats", help=REPEATS_HELP)]
 NumSpeculativeTokensOption = Annotated[
-    int, typer.Option("--num-speculative-tokens", "-N", help="N: most tokens drafted per cycle (1..64).")
+    int, typer.Option("--num-speculative-tokens", "-N",
+                      help=f"N: most tokens drafted per cycle (1..{MAX_SPECULATIVE_TOKENS}).")
 ]
 DeviceOption = Annotated[str, typer.Option("--device", help="auto | cpu | cuda")]
 DtypeOption = Annotated[

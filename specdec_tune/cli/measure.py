@@ -99,7 +99,7 @@ def measure(
                       opt.int_list(batch_sizes, "--batch-sizes"), vllm_python, json_out, gpu_price)
         return
     items = [(draft, config)] + ([("none", opt.spec_config(0, 0.0, "constant", 1, temperature))]
-                                 if config.num_speculative_tokens else [])
+                                 if config.spec.num_speculative_tokens else [])
     with progress_bar(console(stderr=True)) as bar:
         got = measure_predicted(database, run, items, split=split, temperature=temperature, max_prompts=max_prompts,
                                 repeats=repeats, seed=seed, progress=Bar(bar), threads=n_threads,
@@ -138,8 +138,8 @@ def _measured_json(v, plain, run: int, temperature: float) -> dict:
         "split": m.split or "profiled prompts", "in_sample": v.in_sample, "prompt_ids": m.prompt_ids,
         "ci95": list(m.ci95) if m.ci95 else None, "ci95_why": None if m.ci95 else ci_unavailable(m.prompts),
         "prediction_inside_ci": v.inside_ci,
-        "run_id": run, "draft": m.draft, "num_speculative_tokens": config.num_speculative_tokens,
-        "threshold": config.threshold, "threshold_kind": config.threshold_kind, "schedule": config.schedule,
+        "run_id": run, "draft": m.draft, "num_speculative_tokens": config.spec.num_speculative_tokens,
+        "threshold": config.spec.threshold, "threshold_kind": config.spec.threshold_kind, "schedule": config.spec.schedule,
         "batch_size": 1, "temperature": temperature,
         "tokens_per_s": m.tokens_per_s, "predicted_tokens_per_s": p.tokens_per_s if p else None,
         "relative_error": v.relative_error, "mean_tokens_per_cycle": m.mean_tokens_per_cycle,
@@ -212,13 +212,13 @@ def _measure_vllm(database, run: int, draft, config, temperature: float, split, 
 
     if temperature > 0:
         raise InputError("--backend vllm measures greedy decoding only (--temperature 0)")
-    if config.threshold > 0 or config.schedule != "constant" or config.threshold_kind != "per-token" \
-            or config.acceptance != "exact":
+    if config.spec.threshold > 0 or config.spec.schedule != "constant" or config.spec.threshold_kind != "per-token" \
+            or config.spec.acceptance != "exact":
         raise InputError("vLLM cannot run this configuration: it has no draft-confidence threshold (θ must be 0) "
                          "and a constant schedule only")
     require_vllm_python(vllm_python)
     r = get_run(database, run)
-    n = config.num_speculative_tokens
+    n = config.spec.num_speculative_tokens
     drafter = "none" if n == 0 or draft == "none" else r.resolve_draft(draft)
     cfg = vllm_config(r.target.name, Candidate(drafter, n if drafter != "none" else 0))
     with progress_bar(console(stderr=True)) as bar:

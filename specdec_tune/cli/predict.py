@@ -34,11 +34,11 @@ _Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 def _bias_json(rp, config) -> dict | None:
     """A lossy configuration's bias per verified position (the stored front), or None for exact acceptance."""
-    if config.acceptance == "exact":
+    if config.spec.acceptance == "exact":
         return None
     from specdec_tune.tuner.model import bias_of
 
-    b = bias_of(rp.bias_front, config.acceptance, config.epsilon)
+    b = bias_of(rp.bias_front, config.spec.acceptance, config.spec.epsilon)
     return {"bias": b.bias, "rejection": b.rejection, "label": b.label, "measured_bias": b.measured_bias,
             "unit": "mean TV(emitted, target) per verified position"}
 
@@ -155,20 +155,20 @@ def _predict_row(rp, run: int, n: int | None, batch_size: int, config_at, max_pr
                 scored.append((config_at(m, batch_size), predict_config(rp, config_at(m, batch_size), max_prompts)))
             except SpecdecError:  # beyond what the run can predict (N_max, θ): not a candidate
                 continue
-        config, p = max(scored, key=lambda cp: (cp[1].tokens_per_s, -cp[0].num_speculative_tokens))
+        config, p = max(scored, key=lambda cp: (cp[1].tokens_per_s, -cp[0].spec.num_speculative_tokens))
     else:
         config = config_at(n, batch_size)
         p = predict_config(rp, config, max_prompts)
     return {
-        "run_id": run, "draft": rp.draft, "num_speculative_tokens": config.num_speculative_tokens, "best_n": chosen,
-        "threshold": config.threshold, "threshold_kind": config.threshold_kind,
-        "threshold_step": config.threshold_step if config.threshold_kind == "adaptive" else None,
-        "schedule": config.schedule, "batch_size": batch_size, "mode": config.mode,
+        "run_id": run, "draft": rp.draft, "num_speculative_tokens": config.spec.num_speculative_tokens, "best_n": chosen,
+        "threshold": config.spec.threshold, "threshold_kind": config.spec.threshold_kind,
+        "threshold_step": config.spec.threshold_step if config.spec.threshold_kind == "adaptive" else None,
+        "schedule": config.spec.schedule, "batch_size": batch_size, "mode": config.mode,
         "tokens_per_s": p.tokens_per_s, "speedup": p.speedup,
         "baseline_tokens_per_s": p.baseline_tokens_per_s, "decode_tokens_per_s": p.decode_tokens_per_s,
         "expected_tokens_per_cycle": p.expected_tokens_per_cycle, "expected_draft_length": p.expected_draft_length,
         "source": p.source, "interpolated_between": list(between) if between else None,
-        "acceptance": config.acceptance, "epsilon": config.epsilon, "acceptance_source": config.acceptance_source,
+        "acceptance": config.spec.acceptance, "epsilon": config.spec.epsilon, "acceptance_source": config.acceptance_source,
         "bias": _bias_json(rp, config),
     }
 

@@ -108,7 +108,7 @@ def _draft_summary(db, run_id: int, name: str) -> dict:
                         "label": "computed" if r.source == "theory" else "measured"}
                        for r in load_bias_front(db, run_id, name)],
         "best": [
-            {"num_speculative_tokens": c.num_speculative_tokens, "threshold": c.threshold,
+            {"num_speculative_tokens": c.spec.num_speculative_tokens, "threshold": c.spec.threshold,
              "tokens_per_s": p.tokens_per_s, "speedup": p.speedup, "source": p.source,
              "expected_tokens_per_cycle": p.expected_tokens_per_cycle,
              "label": "predicted, synthetic acceptance" if p.source == "synthetic" else "predicted"}

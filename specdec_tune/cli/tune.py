@@ -37,6 +37,7 @@ from specdec_tune.cli._options import (
 from specdec_tune.cli._progress import LazyBar
 from specdec_tune.cli._tune_report import print_report, report_json
 from specdec_tune.core.errors import InputError
+from specdec_tune.core.limits import MAX_SEARCHED_TOKENS
 
 _Storage = Annotated[str | None, typer.Option("--storage", metavar="URL", help=(
     "Optuna storage URL (default: a SQLite file beside --db; PostgreSQL for teams). Never the --db database."))]
@@ -82,7 +83,7 @@ def tune(
         "Study name (default: derived from the inputs and the profile run, so the same command resumes the same "
         "study). One process at a time works on a study; a second is refused, naming the first.")),
     storage: _Storage = None,
-    n_max: int = typer.Option(16, "--n-max", help="Largest N searched (1..16)."),
+    n_max: int = typer.Option(MAX_SEARCHED_TOKENS, "--n-max", help=f"Largest N searched (1..{MAX_SEARCHED_TOKENS})."),
     max_prompts: int = typer.Option(TUNE_MAX_PROMPTS, "--max-prompts", help="Tuning prompts profiled."),
     max_new_tokens: _MaxNewTokens = TUNE_MAX_NEW_TOKENS,
     profile_repeats: int = typer.Option(10, "--profile-repeats", help="Timed repeats per micro-benchmark of the profile."),

@@ -1,12 +1,18 @@
 """The engine's limits, in one place, for every room that checks or predicts against them: the most
-tokens a cycle may draft, the ``--cuda-graphs`` modes (the engine, and the profile settings that validate
-them before torch loads), the widest graphed forward and the KV-cache length a graph slot holds (the
+tokens a cycle may draft (the one bound on N, :func:`check_num_speculative`) and the most ``tune``
+searches, the ``--cuda-graphs`` modes (the engine, and the profile settings that validate them before
+torch loads), the widest graphed forward and the KV-cache length a graph slot holds (the
 engine that allocates slots, ``engine/cuda_graphs.py``, and the memory model that predicts them,
 ``tuner/model/_memory.py`` and ``tuner/search/_memory.py``). Pure Python (docs/architecture.md, Rooms:
 the core imports no room)."""
 from __future__ import annotations
 
+from specdec_tune.core.errors import InputError
+
 MAX_SPECULATIVE_TOKENS = 64  # the most tokens one cycle may draft (the engine's and the CLI's limit)
+# The largest N ``tune`` searches (``tune --n-max``), and the N_max a profile traces by default
+# (``profile --n-max``): the model predicts only what the traces reach.
+MAX_SEARCHED_TOKENS = 16
 
 GRAPH_MODES = ("auto", "on", "off")  # --cuda-graphs
 MAX_GRAPH_TOKENS = 64  # verify forwards of up to N + 1 = 64 tokens are graphed; longer ones run eagerly
@@ -16,3 +22,11 @@ MIN_SLOT_LEN = 256  # a slot's length: the cache's, rounded up to a power of two
 def slot_length(max_len: int) -> int:
     """The buffer length of a slot serving a cache of ``max_len`` positions."""
     return max(MIN_SLOT_LEN, 1 << max(0, int(max_len) - 1).bit_length())
+
+
+def check_num_speculative(n: object, low: int = 1, high: int = MAX_SPECULATIVE_TOKENS,
+                          name: str = "num_speculative_tokens") -> int:
+    """``n`` if it is a whole number in ``low..high`` (the one bound on N), else :class:`InputError` naming it."""
+    if isinstance(n, bool) or not isinstance(n, int) or not low <= n <= high:
+        raise InputError(f"{name} must be an integer in {low}..{high}, got {n!r}")
+    return n

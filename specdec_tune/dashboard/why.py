@@ -109,10 +109,11 @@ def budget(rp: RunProfile, config: SpecConfig, p: RunPrediction,
         draft_s = p.expected_draft_forwards * draft_step_time(rp.model, config.batch_size)
     verify = max(p.cycle_time_s - draft_s - overhead, 0.0)
     name = rp.draft or "none"
+    spec = config.spec
     label = "plain decoding" if p.source == "baseline" else (
-        f"{short_name(name)} N={config.num_speculative_tokens}" + (f" θ={config.threshold:g}" if config.threshold else ""))
+        f"{short_name(name)} N={spec.num_speculative_tokens}" + (f" θ={spec.threshold:g}" if spec.threshold else ""))
     return CycleBudget(
-        draft=name, label=label, num_speculative_tokens=config.num_speculative_tokens, threshold=config.threshold,
+        draft=name, label=label, num_speculative_tokens=spec.num_speculative_tokens, threshold=spec.threshold,
         draft_ms=draft_s * 1e3, verify_ms=verify * 1e3, overhead_ms=overhead * 1e3,
         tokens_per_cycle=p.expected_tokens_per_cycle, draft_length=p.expected_draft_length,
         tokens_per_s=p.tokens_per_s, source=p.source,
@@ -159,7 +160,7 @@ def _measured_points(records: Sequence[MeasuredRecord], draft: str, batch_size: 
 def heat_map(rp: RunProfile, scored: Sequence[tuple[SpecConfig, RunPrediction]], ns: Sequence[int],
              thresholds: Sequence[float], measured: tuple[MeasuredPoint, ...] = ()) -> HeatMap:
     """Arrange ``best_configs`` output on the (θ, N) grid (cells the model cannot predict stay ``None``)."""
-    cells = {(c.num_speculative_tokens, c.threshold): p.tokens_per_s for c, p in scored}
+    cells = {(c.spec.num_speculative_tokens, c.spec.threshold): p.tokens_per_s for c, p in scored}
     return HeatMap(draft=rp.draft or "none", ns=tuple(ns), thresholds=tuple(thresholds),
                    tokens_per_s=tuple(tuple(cells.get((n, t)) for n in ns) for t in thresholds), measured=measured)
 
@@ -177,8 +178,7 @@ def load_why(db: Database, run_id: int, drafts: Sequence[str] | None = None, bat
     """
     run = get_run(db, run_id)
     names = list(drafts) if drafts is not None else run.draft_names
-    n_max = run.settings.n_max
-    ns = list(range(1, n_max + 1))
+    ns = list(range(1, run.settings.n_max + 1))
     records = list_measured(db, run_id)
     base_rp = load_run_profile(db, run_id, baseline_only=True)
     base_pred = predict_baseline(base_rp, batch_size)

@@ -18,6 +18,7 @@ from typing import Any, get_args
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from specdec_tune.core.errors import StorageError
+from specdec_tune.core.limits import MAX_SEARCHED_TOKENS
 
 
 class RunSettings(BaseModel):
@@ -34,7 +35,7 @@ class RunSettings(BaseModel):
     temperature: float = 0.0  # of the sampling pass (0: greedy only)
     batch_sizes: tuple[int, ...] = (1,)  # the B of every T_v(B, k) and T_s(B) timed
     k_max: int = 17  # the widest verify forward timed: T_v(k) for k = 1..k_max
-    n_max: int = 16  # the N the acceptance traces were recorded at: the largest N they replay
+    n_max: int = MAX_SEARCHED_TOKENS  # the N the acceptance traces were recorded at: the largest N they replay
     repeats: int = 20
     warmup: int = 3
     prefill_repeats: int = 3

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from specdec_tune.engine.decode import DecodeConfig, autoregressive, speculative
+    from specdec_tune.engine.draft_budget import DraftBudget, LoadBudget, ScheduleBudget, choose_budget
     from specdec_tune.engine.drafters import ModelDrafter, NgramDrafter, build_drafter, probs_from_logits
     from specdec_tune.engine.kvcache import PreallocatedCache, forward_with_cache, make_cache
     from specdec_tune.engine.lean import LeanCausalLM, lean_unsupported, wrap_forward
@@ -24,16 +25,19 @@ if TYPE_CHECKING:
     from specdec_tune.engine.shapes import available_memory, get_shape, memory_needed, parameter_count, shape_names
     from specdec_tune.engine.staged import StagedDrafter
     from specdec_tune.engine.tree import TokenTree
-    from specdec_tune.engine.tree_decode import tree_speculative
+    from specdec_tune.engine.tree_decode import TreeSamplingVerifier, tree_speculative
     from specdec_tune.engine.tree_draft import TreeDrafter
     from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult, VerifyResult
     from specdec_tune.engine.types import acceptance_counts, acceptance_per_position
+    from specdec_tune.engine.verifiers import GreedyVerifier, SamplingVerifier, Verifier, choose_verifier
     from specdec_tune.engine.verify import verify_greedy, verify_lossy, verify_sampling
     from specdec_tune.engine.workloads import Prompt, load_workload, resolve_workload
     from specdec_tune.engine.zoo import list_models, list_workloads, read_manifest
 
 _HOME = {  # public name -> the module that defines it ("module.attribute": the name there differs)
     "DecodeConfig": "decode", "autoregressive": "decode", "speculative": "decode",
+    "DraftBudget": "draft_budget", "LoadBudget": "draft_budget", "ScheduleBudget": "draft_budget",
+    "choose_budget": "draft_budget",
     "ModelDrafter": "drafters", "NgramDrafter": "drafters", "build_drafter": "drafters", "probs_from_logits": "drafters",
     "PreallocatedCache": "kvcache", "forward_with_cache": "kvcache", "make_cache": "kvcache",
     "LeanCausalLM": "lean", "lean_unsupported": "lean", "wrap_forward": "lean",
@@ -43,9 +47,12 @@ _HOME = {  # public name -> the module that defines it ("module.attribute": the 
     "available_memory": "shapes", "get_shape": "shapes", "memory_needed": "shapes", "parameter_count": "shapes",
     "shape_names": "shapes",
     "bias_and_rejection": "lossy", "emitted_distribution": "lossy", "least_bias": "lossy", "pareto_bias": "lossy",
-    "StagedDrafter": "staged", "TokenTree": "tree", "tree_speculative": "tree_decode", "TreeDrafter": "tree_draft",
+    "StagedDrafter": "staged", "TokenTree": "tree", "tree_speculative": "tree_decode",
+    "TreeSamplingVerifier": "tree_decode", "TreeDrafter": "tree_draft",
     "CycleStats": "types", "Draft": "types", "Drafter": "types", "GenerationResult": "types", "VerifyResult": "types",
     "acceptance_counts": "types", "acceptance_per_position": "types",
+    "GreedyVerifier": "verifiers", "SamplingVerifier": "verifiers", "Verifier": "verifiers",
+    "choose_verifier": "verifiers",
     "verify_greedy": "verify", "verify_lossy": "verify", "verify_sampling": "verify",
     "Prompt": "workloads", "load_workload": "workloads", "resolve_workload": "workloads",
     "list_models": "zoo", "list_workloads": "zoo", "read_manifest": "zoo",

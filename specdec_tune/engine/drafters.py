@@ -7,11 +7,14 @@ plus the last draft token when every draft token was accepted), then one token p
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from specdec_tune.core.schedules import stops_before
+from specdec_tune.core.speculative import SpeculativeConfig, with_fields
 from specdec_tune.engine.kvcache import forward_with_cache, make_cache
 from specdec_tune.engine.types import Draft
-from specdec_tune.core.schedules import AdaptiveThreshold, check_threshold_kind, stops_before
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -39,26 +42,18 @@ class ModelDrafter:
     position: the top probability (rule before), the proposed token's probability (rule hf).
     """
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        max_len: int,
-        *,
-        temperature: float = 0.0,
-        threshold: float = 0.0,
-        generator: torch.Generator | None = None,
-        threshold_rule: str = "before",
-        threshold_kind: str = "per-token",
-        threshold_step: float = 0.05,
-    ) -> None:
-        check_threshold_kind(threshold_kind, threshold_rule)
+    def __init__(self, model: torch.nn.Module, max_len: int, spec: SpeculativeConfig | None = None, *,
+                 temperature: float = 0.0, generator: torch.Generator | None = None, **speculative: Any) -> None:
+        """``spec`` (or its θ fields by name: ``threshold``, ``threshold_rule``, ``threshold_kind``,
+        ``threshold_step``) sets the stop rule; ``max_len`` is the longest context the cache holds."""
+        spec = with_fields(spec, speculative, "ModelDrafter")
         self.model = model
         self.cache = make_cache(model, max_len)
         self.temperature = temperature
-        self.threshold = threshold
-        self.threshold_rule = threshold_rule
-        self.threshold_kind = threshold_kind
-        self.adaptive = AdaptiveThreshold(threshold, threshold_step) if threshold_kind == "adaptive" else None
+        self.threshold = spec.threshold
+        self.threshold_rule = spec.threshold_rule
+        self.threshold_kind = spec.threshold_kind
+        self.adaptive = spec.adaptive
         self._levels = self.adaptive.levels() if self.adaptive else ()
         self._level = self.adaptive.start_index if self.adaptive else 0
         self.generator = generator
@@ -204,19 +199,16 @@ class NgramDrafter:
 
 def build_drafter(
     draft_model: torch.nn.Module | None,
+    spec: SpeculativeConfig | None = None,
     *,
     max_len: int,
     temperature: float = 0.0,
-    threshold: float = 0.0,
     generator: torch.Generator | None = None,
-    ngram_max: int = 3,
-    ngram_min: int = 1,
-    threshold_rule: str = "before",
-    threshold_kind: str = "per-token",
-    threshold_step: float = 0.05,
+    **speculative: Any,
 ) -> ModelDrafter | NgramDrafter:
-    """A fresh drafter for one sequence: a draft model's, or n-gram lookup when ``draft_model`` is None."""
+    """A fresh drafter for one sequence: a draft model's (θ from ``spec``), or n-gram lookup (``spec``'s
+    n-gram sizes) when ``draft_model`` is None. ``spec``'s fields may be given by name instead."""
+    spec = with_fields(spec, speculative, "build_drafter")
     if draft_model is None:
-        return NgramDrafter(ngram_max=ngram_max, ngram_min=ngram_min)
-    return ModelDrafter(draft_model, max_len, temperature=temperature, threshold=threshold, generator=generator,
-                        threshold_rule=threshold_rule, threshold_kind=threshold_kind, threshold_step=threshold_step)
+        return NgramDrafter(ngram_max=spec.ngram_max, ngram_min=spec.ngram_min)
+    return ModelDrafter(draft_model, max_len, spec, temperature=temperature, generator=generator)

@@ -28,18 +28,11 @@ from __future__ import annotations
 
 import torch
 
-METHODS = ("exact", "opt", "uno")  # exact: today's rule (opt at ε = 0); opt: Decoding-OPT; uno: Decoding-UNO
+from specdec_tune.core.speculative import ACCEPTANCE_RULES
 
-
-def check_acceptance(method: str, epsilon: float) -> str:
-    """``method`` if it is an acceptance rule and ``epsilon`` fits it, else ``ValueError`` naming the bad value."""
-    if method not in METHODS:
-        raise ValueError(f"acceptance must be one of {', '.join(METHODS)}, got {method!r}")
-    if not 0.0 <= epsilon <= 1.0:
-        raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
-    if method == "exact" and epsilon != 0:
-        raise ValueError(f"the exact acceptance has no over-acceptance; epsilon must be 0, got {epsilon}")
-    return method
+# The acceptance rules and their check belong to the speculative configuration (core/speculative.py):
+# exact (OPT at ε = 0), Decoding-OPT, Decoding-UNO.
+METHODS = ACCEPTANCE_RULES
 
 
 def acceptance_prob(p: torch.Tensor, q: torch.Tensor, epsilon: float) -> torch.Tensor:

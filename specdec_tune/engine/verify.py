@@ -23,7 +23,8 @@ import random
 
 import torch
 
-from specdec_tune.engine.lossy import acceptance_prob, check_acceptance, resample_distribution
+from specdec_tune.core.speculative import check_acceptance
+from specdec_tune.engine.lossy import acceptance_prob, resample_distribution
 from specdec_tune.engine.types import VerifyResult
 
 

@@ -21,7 +21,8 @@ from functools import partial
 import torch
 
 from specdec_tune.db import BiasFrontRow, TeacherForcedRow
-from specdec_tune.engine import DecodeConfig, LoadedModel, bias_and_rejection, build_drafter, pareto_bias, speculative
+from specdec_tune.engine import DecodeConfig, LoadedModel, SamplingVerifier, bias_and_rejection, build_drafter, pareto_bias
+from specdec_tune.engine import speculative
 from specdec_tune.engine import VerifyResult, verify_lossy
 from specdec_tune.engine import probs_from_logits
 
@@ -121,9 +122,10 @@ def measured_front(target: LoadedModel, draft: LoadedModel, prompts: Sequence[to
             with torch.inference_mode():
                 for i, ids in enumerate(prompts):
                     gen = torch.Generator(device=target.device).manual_seed(seed + i)
-                    drafter = build_drafter(draft.model, max_len=ids.shape[0] + cfg.max_new_tokens + cfg.num_speculative_tokens + 2,
-                                            temperature=cfg.temperature, generator=gen)
-                    speculative(target.model, drafter, ids, cfg, gen, verify_fn=_recording(sums, eps, method))
+                    drafter = build_drafter(draft.model, max_len=ids.shape[0] + cfg.room, temperature=cfg.temperature,
+                                            generator=gen)
+                    recording = SamplingVerifier(cfg.temperature, _recording(sums, eps, method))
+                    speculative(target.model, drafter, ids, cfg, gen, verifier=recording)
             if sums.positions:
                 rows.append(BiasFrontRow(method, eps, "measured", sums.rejection / sums.positions,
                                          sums.bias / sums.positions, sums.positions, None, name, cfg.temperature))

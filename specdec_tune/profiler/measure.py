@@ -131,7 +131,7 @@ def measure_configs(
 ) -> list[Measurement]:
     """Measure several configurations of one run, interleaved (the module docstring), and store each measurement.
 
-    Plain decoding (``MeasureSpec("none", 0)``) can be one of them (a speedup and its paired CI from the
+    Plain decoding (``MeasureSpec(PLAIN)``) can be one of them (a speedup and its paired CI from the
     same passes).
 
     Args:
@@ -155,9 +155,9 @@ def measure_configs(
     run = get_run(db, run_id)
     _check(run, items, repeats, temperature, gpu_price)
     settings = run.settings
-    planned = [(None if item.is_plain else run.resolve_draft(item.draft), item) for item in items]
-    inners = [item.staged if item.staged == NGRAM else run.resolve_draft(item.staged)
-              for _, item in planned if item.staged and not item.is_plain]
+    planned = [(None if item.is_plain else run.resolve_draft(item.spec.drafter), item) for item in items]
+    inners = [item.spec.staged if item.spec.staged == NGRAM else run.resolve_draft(item.spec.staged)
+              for _, item in planned if item.spec.staged]
     split, prompts = chosen_prompts(run, split, max_prompts)
     target, specs, choice = _load_models(run, [name for name, _ in planned] + inners, threads)
     wanted, ids = [p.id for p in prompts], [encode_prompt(target, p.prompt, p.id) for p in prompts]
@@ -170,20 +170,19 @@ def measure_configs(
     _warn_if_graphs_changed(target, settings.cuda_graphs_used)
     ctx = _Context(temperature, repeats, split, wanted, [pid in set(settings.prompt_ids) for pid in wanted],
                    [int(x.shape[0]) for x in ids], choice, gpu_price)
-    return [_store(db, run_id, case, ctx, peak_for_run(run, _source(case), case.config.num_speculative_tokens * (
-        not case.config.is_plain), prompts[0].prompt, max_new, choice.threads) if peak_memory else None)
-        for case in cases]
+    return [_store(db, run_id, case, ctx, peak_for_run(run, _source(case), case.config.spec.num_speculative_tokens,
+                                                      prompts[0].prompt, max_new, choice.threads) if peak_memory else None)
+            for case in cases]
 
 
 def _drafter(specs: dict[str | None, DraftSpec], name: str | None, config: MeasureSpec) -> DraftSpec:
     """The loaded drafter of ``name``, drafting ``config``'s tree or staged by its inner drafter."""
-    spec = specs[name]
-    if config.is_plain or not (config.tree or config.staged):
+    spec, tree, staged = specs[name], config.spec.tree, config.spec.staged
+    if not (tree or staged):
         return spec
     if spec.model is None:
-        raise InputError(f"{config.tree and 'token trees' or 'staged drafting'} need a draft model, not {name!r}")
-    return replace(spec, tree=config.tree, rank_accept=tuple(config.rank_accept),
-                   inner=specs[config.staged] if config.staged else None)
+        raise InputError(f"{tree and 'token trees' or 'staged drafting'} need a draft model, not {name!r}")
+    return replace(spec, tree=tree, rank_accept=tuple(config.rank_accept), inner=specs[staged] if staged else None)
 
 
 def _metered(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: list[torch.Tensor], repeats: int,
@@ -243,15 +242,12 @@ def _load_models(run, drafts: list[str | None],
 
 def _decode_config(config: MeasureSpec, max_new: int, temperature: float, target: LoadedModel,
                    synthetic: tuple[float, ...] | None, seed: int) -> DecodeConfig:
-    """The engine's settings for one configuration; a run profiled with synthetic acceptance is measured
-    with the same rates (its models' weights are random)."""
-    return DecodeConfig(max_new_tokens=max_new, num_speculative_tokens=max(config.num_speculative_tokens, 1),
-                        threshold=config.threshold, schedule=config.schedule, temperature=temperature,
-                        eos_token_id=target.eos_token_id, threshold_rule=config.threshold_rule,
-                        threshold_kind=config.threshold_kind, threshold_step=config.threshold_step,
-                        acceptance=config.acceptance if not config.is_plain else "exact",
-                        epsilon=config.epsilon if not config.is_plain else 0.0,
-                        synthetic_acceptance=tuple(synthetic) if synthetic else None, synthetic_seed=seed)
+    """The engine's settings for one configuration (plain decoding: the engine's default, which
+    ``autoregressive`` does not read); a run profiled with synthetic acceptance is measured with the same
+    rates (its models' weights are random)."""
+    return DecodeConfig(max_new, None if config.is_plain else config.spec, temperature=temperature,
+                        eos_token_id=target.eos_token_id, synthetic_acceptance=tuple(synthetic) if synthetic else None,
+                        synthetic_seed=seed)
 
 
 PROBES_PER_REPEAT = 4  # machine probes (20-40 ms each) spread over one repeat of the prompt set
@@ -268,7 +264,8 @@ def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: 
     short decode would not resolve. The machine probe runs :data:`PROBES_PER_REPEAT` times a repeat,
     between turns, and every configuration keeps each reading.
     """
-    label = (f"measure {cases[0].draft or 'plain'} N={cases[0].config.num_speculative_tokens} θ={cases[0].config.threshold}"
+    label = (f"measure {cases[0].draft or 'plain'} N={cases[0].config.spec.num_speculative_tokens} "
+             f"θ={cases[0].config.spec.threshold}"
              if len(cases) == 1 else f"measure {len(cases)} configurations")
     progress.stage(label, len(cases) * (len(ids) * repeats + 1))
     probe = MachineProbe(target.device)
@@ -347,17 +344,9 @@ def _store(db: Database, run_id: int, case: _Case, ctx: _Context, peak=None) -> 
     operator = operator_columns(result.latency, result.energy, result.gpu_price, result.tokens_per_s)
     if peak is not None:
         operator["peak_memory_bytes"] = peak.bytes
-    config = case.config
-    n = 0 if config.is_plain else config.num_speculative_tokens
     result.measured_id = add_measured_run(
         db, run_id, draft=case.draft,
-        config={"num_speculative_tokens": n, "threshold": config.threshold if n else 0.0,
-                "schedule": config.schedule if n else "constant", "threshold_rule": config.threshold_rule,
-                "threshold_kind": config.threshold_kind if n else "per-token", "threshold_step": config.threshold_step,
-                "acceptance": config.acceptance if n else "exact", "epsilon": config.epsilon if n else 0.0,
-                **({"tree": config.tree} if n and config.tree else {}),
-                **({"staged": config.staged} if n and config.staged else {}),
-                "batch_size": 1, "temperature": ctx.temperature,
+        config={**case.config.spec.to_row(), "batch_size": 1, "temperature": ctx.temperature,
                 "max_new_tokens": case.decode.max_new_tokens, "prompts": len(case.times), "repeats": ctx.repeats,
                 "split": ctx.split or "profiled prompts", "prompt_ids": list(ctx.prompt_ids),
                 "prompt_tokens": list(ctx.lengths),

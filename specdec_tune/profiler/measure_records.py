@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec_tune.core.costs import usd_per_million_tokens
+from specdec_tune.core.speculative import NONE, SpeculativeConfig
 from specdec_tune.core.latency import LatencySamples, latency_summary
 from specdec_tune.profiler.energy import EnergySamples
 from specdec_tune.core.stats import RateSamples
 
 __all__ = ["PLAIN", "MeasureSpec", "Measurement"]
 
-PLAIN = "none"  # MeasureSpec.draft for plain decoding (or N = 0)
+PLAIN = NONE  # the drafter of plain decoding
 
 
 @dataclass(frozen=True)
@@ -23,37 +24,17 @@ class MeasureSpec:
     """One configuration to measure (batch size 1: the engine decodes one sequence).
 
     Attributes:
-        draft: one of the run's drafts (``None``: its first), or ``"none"`` for plain decoding.
-        num_speculative_tokens: N; 0 is plain decoding whatever ``draft`` says.
-        threshold: θ (drafting stops when the draft's top probability is below it).
-        schedule: ``constant`` or ``heuristic``.
-        threshold_rule: ``before`` (exact) or ``hf`` (transformers' rule).
-        threshold_kind: ``per-token``, ``cumulative`` or ``adaptive`` (``specdec_tune.core.schedules``).
-        threshold_step: the adaptive kind's step.
-        acceptance: ``exact``, ``opt`` or ``uno`` (``engine.lossy``; sampling only).
-        epsilon: the lossy rules' over-acceptance ε.
-        tree: a token tree of depth N (``specdec_tune.core.trees``); ``""``: a chain.
-        staged: the inner drafter speculating the draft (``ngram`` or another of the run's drafts).
+        spec: what to speculate (``spec.drafter``: one of the run's drafts, ``None`` for its first;
+            plain decoding is :data:`~specdec_tune.core.speculative.PLAIN`).
         rank_accept: per-rank acceptance that shapes a ``sequoia`` tree (the tuner's, from the profile).
     """
 
-    draft: str | None
-    num_speculative_tokens: int
-    threshold: float = 0.0
-    schedule: str = "constant"
-    threshold_rule: str = "before"
-    threshold_kind: str = "per-token"
-    threshold_step: float = 0.05
-    acceptance: str = "exact"
-    epsilon: float = 0.0
-    tree: str = ""
-    staged: str = ""
+    spec: SpeculativeConfig
     rank_accept: tuple[float, ...] = ()
 
     @property
     def is_plain(self) -> bool:
-        """Plain (autoregressive) decoding: N = 0 or draft ``"none"``."""
-        return self.num_speculative_tokens == 0 or self.draft == PLAIN
+        return self.spec.is_plain
 
 
 @dataclass

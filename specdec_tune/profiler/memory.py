@@ -121,13 +121,15 @@ def _trim() -> None:
 def _decode(args: dict, models: tuple) -> int:
     import torch
 
+    from specdec_tune.core.speculative import SpeculativeConfig
     from specdec_tune.engine import DecodeConfig
     from specdec_tune.profiler.runs import DraftSpec, decode_once
 
     target, draft, ids = models
-    plain = args["draft"] in (None, "none") or args["n"] == 0
-    spec = DraftSpec("none") if plain else DraftSpec("ngram") if args["draft"] == "ngram" else DraftSpec("model", draft)
-    config = DecodeConfig(max_new_tokens=args["max_new_tokens"], num_speculative_tokens=max(args["n"], 1))
+    # draft None or "none", or N = 0: plain decoding
+    wanted = SpeculativeConfig.from_dict({"drafter": args["draft"] or "none", "num_speculative_tokens": args["n"]})
+    spec = DraftSpec("none") if wanted.is_plain else DraftSpec("ngram") if wanted.is_ngram else DraftSpec("model", draft)
+    config = DecodeConfig(args["max_new_tokens"], None if wanted.is_plain else wanted)
     with torch.inference_mode():
         return len(decode_once(target, spec, ids, config).token_ids)
 

@@ -114,16 +114,9 @@ def decode_once(
             return autoregressive(target.model, prompt_ids, config, generator, on_cycle=on_cycle)
         if draft.tree or draft.inner is not None:
             return _tree_or_staged(target, draft, prompt_ids, config, generator, on_cycle)
-        drafter = build_drafter(
-            draft.model.model if draft.model is not None else None,
-            max_len=prompt_ids.shape[0] + config.max_new_tokens + config.num_speculative_tokens + 2,
-            temperature=config.temperature,
-            threshold=config.threshold,
-            generator=generator,
-            threshold_rule=config.threshold_rule,
-            threshold_kind=config.threshold_kind,
-            threshold_step=config.threshold_step,
-        )
+        drafter = build_drafter(draft.model.model if draft.model is not None else None, config.spec,
+                                max_len=prompt_ids.shape[0] + config.room, temperature=config.temperature,
+                                generator=generator)
         return speculative(target.model, drafter, prompt_ids, config, generator, on_cycle=on_cycle)
 
 
@@ -133,8 +126,8 @@ def _tree_or_staged(target: LoadedModel, draft: DraftSpec, prompt_ids: torch.Ten
     if draft.model is None:
         raise InputError("token trees and staged drafting need a draft model")
     spec = parse_tree(draft.tree)
-    max_len = prompt_ids.shape[0] + config.max_new_tokens + (spec.nodes(config.num_speculative_tokens) if spec else
-                                                             config.num_speculative_tokens) + 2
+    n = config.spec.num_speculative_tokens
+    max_len = prompt_ids.shape[0] + config.room + (spec.nodes(n) - n if spec else 0)
     t = config.temperature
     if spec is not None:
         drafter = TreeDrafter(draft.model.model, max_len, spec, rank_accept=draft.rank_accept, temperature=t,
@@ -213,19 +206,7 @@ def measure_prompt(
 
 def warm_up(target: LoadedModel, draft: DraftSpec, prompt_ids: torch.Tensor, config: DecodeConfig) -> float:
     """One short untimed decode (allocation, kernel selection); returns its seconds for reporting."""
-    short = DecodeConfig(
-        max_new_tokens=min(8, config.max_new_tokens),
-        num_speculative_tokens=config.num_speculative_tokens,
-        threshold=config.threshold,
-        schedule=config.schedule,
-        temperature=config.temperature,
-        eos_token_id=None,
-        threshold_rule=config.threshold_rule,
-        threshold_kind=config.threshold_kind,
-        threshold_step=config.threshold_step,
-        acceptance=config.acceptance,
-        epsilon=config.epsilon,
-    )
+    short = DecodeConfig(min(8, config.max_new_tokens), config.spec, temperature=config.temperature)
     watch = Stopwatch(target.device)
     watch.start()
     decode_once(target, draft, prompt_ids, short, seed=0)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from specdec_tune.engine import DecodeConfig, LoadedModel, build_drafter, speculative
+from specdec_tune.engine import DecodeConfig, LoadedModel, build_drafter, choose_budget, speculative
 
 
 def schedule_n(schedule: Mapping[int, int], batch_size: int) -> int:
@@ -79,10 +79,10 @@ class ResumeCheck:
 
 def _decode(target: LoadedModel, draft: LoadedModel | None, ids: torch.Tensor, config: DecodeConfig,
             n_for_cycle: Callable[[int], int] | None = None):
-    drafter = build_drafter(draft.model if draft is not None else None,
-                            max_len=ids.shape[0] + config.max_new_tokens + config.num_speculative_tokens + 2)
+    drafter = build_drafter(draft.model if draft is not None else None, max_len=ids.shape[0] + config.room)
+    budget = None if n_for_cycle is None else choose_budget(config.spec, n_for_cycle)
     with torch.inference_mode():
-        return speculative(target.model, drafter, ids, config, n_for_cycle=n_for_cycle)
+        return speculative(target.model, drafter, ids, config, budget=budget)
 
 
 def resume_check(target: LoadedModel, draft: LoadedModel | None, ids: torch.Tensor, config: DecodeConfig,
@@ -101,7 +101,7 @@ def resume_check(target: LoadedModel, draft: LoadedModel | None, ids: torch.Tens
     if rest < 1 or not after:
         return ResumeCheck(resume, len(off), list(result.token_ids))
     prefix = torch.tensor(result.token_ids[:emitted], dtype=ids.dtype, device=ids.device)
-    fresh_config = DecodeConfig(max_new_tokens=rest, num_speculative_tokens=config.num_speculative_tokens,
+    fresh_config = DecodeConfig(rest, num_speculative_tokens=config.spec.num_speculative_tokens,
                                 eos_token_id=config.eos_token_id)
     fresh = _decode(target, draft, torch.cat([ids, prefix]), fresh_config,
                     lambda i: n_for_cycle(resume + i)).cycles[:len(after)]

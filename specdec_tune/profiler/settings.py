@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from specdec_tune.core.errors import InputError
-from specdec_tune.core.limits import GRAPH_MODES
+from specdec_tune.core.limits import GRAPH_MODES, MAX_SPECULATIVE_TOKENS
 from specdec_tune.core.splits import check_split
 from specdec_tune.db import RunSettings
 
@@ -47,7 +47,7 @@ class ProfileSettings:
         object.__setattr__(self, "split", check_split(self.split))
         checks = [
             (self.k_max >= 2, f"--k-max must be >= 2, got {self.k_max}"),
-            (1 <= self.n_max <= 64, f"--n-max must be in 1..64, got {self.n_max}"),
+            (1 <= self.n_max <= MAX_SPECULATIVE_TOKENS, f"--n-max must be in 1..{MAX_SPECULATIVE_TOKENS}, got {self.n_max}"),
             (self.repeats >= 1, f"--repeats must be >= 1, got {self.repeats}"),
             (self.warmup >= 0, f"--warmup must be >= 0, got {self.warmup}"),
             (self.max_prompts >= 1, f"--max-prompts must be >= 1, got {self.max_prompts}"),

@@ -42,6 +42,7 @@ from specdec_tune.engine import (
 from specdec_tune.engine import load_workload
 from specdec_tune.core.consistency import first_difference
 from specdec_tune.core.errors import InputError, ModelLoadError
+from specdec_tune.core.speculative import SpeculativeConfig
 from specdec_tune.profiler.logit_margins import reference_margin
 from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
@@ -74,18 +75,15 @@ class TimedDrafter:
 
 @dataclass(frozen=True)
 class ArmSpec:
-    """One arm: what to decode. ``draft`` is a model name/path, ``ngram`` or ``none`` (plain)."""
+    """One arm: what to decode. ``spec.drafter`` is a model name/path, ``ngram`` or ``none`` (plain)."""
 
     key: str
     target: str
-    draft: str
+    spec: SpeculativeConfig
     workload: str
     prompts: int
     prompt_offset: int = 0
     max_new_tokens: int = 48
-    num_speculative_tokens: int = 4
-    threshold: float = 0.0
-    schedule: str = "constant"
     temperature: float = 0.0
     repeats: int = 3
     device: str = "cpu"
@@ -100,7 +98,7 @@ class ArmSpec:
 
     @property
     def plain(self) -> bool:
-        return self.draft == "none" or self.num_speculative_tokens == 0
+        return self.spec.is_plain
 
 
 @dataclass
@@ -185,11 +183,8 @@ def timed_decode(target: LoadedModel, arm: ArmSpec, draft_model: LoadedModel | N
             result = decode_once(target, DraftSpec("none"), ids, cfg, seed)
             return result, watch.stop(), 0.0
         watch.start()
-        inner = build_drafter(
-            draft_model.model if draft_model is not None else None,
-            max_len=ids.shape[0] + cfg.max_new_tokens + cfg.num_speculative_tokens + 2,
-            temperature=cfg.temperature, threshold=cfg.threshold, generator=generator,
-        )
+        inner = build_drafter(draft_model.model if draft_model is not None else None, cfg.spec,
+                              max_len=ids.shape[0] + cfg.room, temperature=cfg.temperature, generator=generator)
         drafter = TimedDrafter(inner, arm.draft_delay_ms / 1000.0)
         result = speculative(target.model, drafter, ids, cfg, generator)
         return result, watch.stop(), drafter.seconds
@@ -243,13 +238,12 @@ class _Plan:
 def _plan(arm: ArmSpec, models: ModelCache) -> _Plan:
     target = models.get(arm.target, arm.device, arm.dtype, arm.forward)
     draft_model = None
-    if not arm.plain and arm.draft != NGRAM:
-        draft_model = models.get(arm.draft, arm.device, arm.dtype, arm.forward)
+    if not arm.plain and arm.spec.drafter != NGRAM:
+        draft_model = models.get(str(arm.spec.drafter), arm.device, arm.dtype, arm.forward)
         check_compatible(target, draft_model)
     prompts, ids = arm_prompts(arm, target)
     try:
-        cfg = DecodeConfig(max_new_tokens=arm.max_new_tokens, num_speculative_tokens=max(1, arm.num_speculative_tokens),
-                           threshold=arm.threshold, schedule=arm.schedule, temperature=arm.temperature,
+        cfg = DecodeConfig(arm.max_new_tokens, None if arm.plain else arm.spec, temperature=arm.temperature,
                            eos_token_id=target.eos_token_id)
     except ValueError as exc:
         raise InputError(f"benchmark {arm.key!r}: {exc}") from None
@@ -281,7 +275,7 @@ def _measure_prompt(plan: _Plan, x: torch.Tensor, s: PromptSample, repeat: int, 
         cyc = result.cycles
         s.cycles, s.drafted = len(cyc), sum(c.drafted for c in cyc)
         s.draft_forwards = sum(c.draft_forwards for c in cyc)
-        s.reached, s.accepted = acceptance_counts(cyc, arm.num_speculative_tokens if not arm.plain else 0)
+        s.reached, s.accepted = acceptance_counts(cyc, arm.spec.num_speculative_tokens)
         s.traces = [[list(c.confidences), int(c.accepted)] for c in cyc]
         if arm.load and arm.per_batch_size and not arm.plain:
             from specdec_tune.profiler.schedule_check import load_plan, resume_check

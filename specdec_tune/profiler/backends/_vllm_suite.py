@@ -101,7 +101,7 @@ def _check_arms(arms: list[ArmSpec]) -> None:
     if not arms:
         raise InputError("no benchmark to measure")
     for arm in arms:
-        if arm.temperature > 0 or arm.threshold > 0 or arm.schedule != "constant":
+        if arm.temperature > 0 or arm.spec.threshold > 0 or arm.spec.schedule != "constant":
             raise InputError(f"benchmark {arm.key!r}: the vllm backend runs greedy decoding with θ = 0 and a constant "
                              "N (vLLM's draft-model and n-gram methods have no confidence threshold)")
         if not arm.plain and arm.server_config is None:
@@ -144,7 +144,7 @@ def _measure_prompt(arm: ArmSpec, spec_w, plain, x: list[int], s: PromptSample, 
     if repeat == 0:
         s.new_tokens, s.token_ids = len(out.token_ids), list(out.token_ids)
         acc, drafted = list(out.steps_accepted or []), list(out.steps_drafted or [])
-        positions = 0 if arm.plain else arm.num_speculative_tokens
+        positions = arm.spec.num_speculative_tokens
         s.cycles, s.drafted = len(acc), sum(drafted)
         s.reached, s.accepted = step_counts(acc, drafted, positions)
         s.traces = [[[1.0] * d, a] for a, d in zip(acc, drafted)]

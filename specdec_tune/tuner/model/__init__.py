@@ -32,7 +32,7 @@ from specdec_tune.tuner.model._predict import PromptSpec, RunPrediction, predict
 from specdec_tune.tuner.model._predict import at_machine_speed, machine_speed, predict_prompts, profiled_specs, split_specs
 from specdec_tune.tuner.model._profile import PromptInfo, RunProfile, build_run_profile, resolve_draft, run_drafts
 from specdec_tune.tuner.model._profile import synthetic_rates, with_synthetic_acceptance
-from specdec_tune.tuner.model._replay import ReplayStats, Trace, heuristic_stationary, replay
+from specdec_tune.tuner.model._replay import ReplayStats, Trace, heuristic_stationary, replay, replay_reach
 from specdec_tune.tuner.model._throughput import ModelProfile, Prediction, SpecConfig, alphas_from_traces
 from specdec_tune.tuner.model._throughput import baseline_tokens_per_s, best_n_per_batch_size
 from specdec_tune.tuner.model._throughput import closed_form_tokens_per_cycle, draft_step_time, predict, rank_configs
@@ -50,7 +50,8 @@ __all__ = [
     "ServerDecision", "SpecConfig", "Trace", "TuningResult", "alphas_from_traces", "at_machine_speed", "baseline_tokens_per_s", "best_configs",
     "best_n_per_batch_size", "build_run_profile", "closed_form_tokens_per_cycle", "decide", "decisions", "draft_step_time", "fit_overhead",
     "heuristic_stationary", "machine_speed", "load_run_profile", "position_traces", "predict", "predict_baseline", "predict_config",
-    "predict_latency", "predict_prompts", "profiled_specs", "rank_configs", "relative_error", "replay", "resolve_draft",
+    "predict_latency", "predict_prompts", "profiled_specs", "rank_configs", "relative_error", "replay", "replay_reach",
+    "resolve_draft",
     "run_drafts", "simulate_prompt", "spec_config", "split_specs", "synthetic_rates", "tokens_per_cycle_per_position",
     "verify_time", "with_synthetic_acceptance",
     "RANKS", "StagedStats", "TreeCycle", "TreeData", "TreePlan", "expected_tau", "load_tree_data", "predict_tree_prompts",

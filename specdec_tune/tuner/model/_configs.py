@@ -1,20 +1,22 @@
 """The configuration a tuning produces, as the search, the exporters and the dashboard exchange it.
 
-One data contract per boundary (docs/architecture.md, Style): :class:`Candidate` is a point of the search space
-(what a trial proposes, what a server may or may not express); :class:`TuningResult` is a finished
-tuning (the winner, its measured numbers and where they came from), stored as JSON in the Optuna
-study's user attributes and read back by ``export`` and the dashboard.
+One data contract per boundary (docs/architecture.md, Style): :data:`Candidate` is a point of the search
+space (what a trial proposes, what a server may or may not express: the speculative configuration itself);
+:class:`TuningResult` is a finished tuning (the winner, its measured numbers and where they came from),
+stored as JSON in the Optuna study's user attributes and read back by ``export`` and the dashboard.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from specdec_tune.core.schedules import THRESHOLD_RULES
+from specdec_tune.core.speculative import NGRAM, NONE, SpeculativeConfig
 from specdec_tune.tuner.model._throughput import SpecConfig
 
-NONE = "none"  # plain decoding (no drafter)
-NGRAM = "ngram"  # prompt lookup
-THRESHOLD_RULES = ("before", "hf")
+__all__ = ["NGRAM", "NONE", "SEARCH_BASIS", "THRESHOLD_RULES", "Candidate", "TuningResult", "predicted_basis",
+           "spec_config"]
+
 # A configuration's predicted tokens/s differs with the prompts it is predicted for and the machine speed it
 # is stated at; every printed prediction names both (its "basis"), so two figures for one configuration
 # that differ say why.
@@ -30,81 +32,9 @@ def predicted_basis(heldout: bool, speed_source: str | None = None) -> str:
     return f"{prompts}, rescaled to the machine speed measured by {speed_source}"
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One speculative-decoding configuration.
-
-    Attributes:
-        drafter: a draft model (bundled name, local path or hub id), ``"ngram"`` or ``"none"``.
-        num_speculative_tokens: N, the most tokens drafted per cycle (0 with ``drafter="none"``).
-        threshold: θ; 0 disables it.
-        threshold_rule: ``"before"`` (stop before a position whose top draft probability is below θ;
-            llama.cpp ``p-min``) or ``"hf"`` (HF ``assistant_confidence_threshold``: the token below θ
-            is proposed, then drafting stops).
-        schedule: ``"constant"`` or ``"heuristic"`` (HF's ``num_assistant_tokens_schedule``).
-        ngram_max: prompt-lookup longest n-gram (n-gram drafter only).
-        ngram_min: prompt-lookup shortest n-gram (n-gram drafter only).
-        threshold_kind: ``"per-token"``, ``"cumulative"`` or ``"adaptive"`` (``specdec_tune.core.schedules``).
-        threshold_step: the adaptive kind's step (how far one verdict moves θ).
-        acceptance: ``"exact"``, ``"opt"`` (Decoding-OPT) or ``"uno"`` (Decoding-UNO): sampling only
-            (``engine.lossy``).
-        epsilon: the lossy rules' over-acceptance ε.
-        tree: a token tree of depth N (``specdec_tune.core.trees``: ``chains:M``, ``topk:b1-b2``,
-            ``sequoia:B``, ``eagle:K:B``); ``""`` drafts a chain.
-        staged: the inner drafter that speculates the draft model's own decoding (``ngram`` or a
-            smaller model draft of the profile); ``""``: the draft decodes alone.
-    """
-
-    drafter: str
-    num_speculative_tokens: int
-    threshold: float = 0.0
-    threshold_rule: str = "before"
-    schedule: str = "constant"
-    ngram_max: int = 3
-    ngram_min: int = 1
-    threshold_kind: str = "per-token"
-    threshold_step: float = 0.05
-    acceptance: str = "exact"
-    epsilon: float = 0.0
-    tree: str = ""
-    staged: str = ""
-
-    @property
-    def is_plain(self) -> bool:
-        return self.drafter == NONE or self.num_speculative_tokens == 0
-
-    @property
-    def is_ngram(self) -> bool:
-        return self.drafter == NGRAM
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Candidate:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
-
-    def label(self) -> str:
-        """Short human label, e.g. ``mini-draft-1l N=4 θ=0.3``."""
-        if self.is_plain:
-            return "plain decoding"
-        parts = [self.drafter, f"N={self.num_speculative_tokens}"]
-        if self.is_ngram:
-            parts.append(f"ngram {self.ngram_min}..{self.ngram_max}")
-        if self.threshold_kind == "adaptive":
-            parts.append(f"adaptive θ from {self.threshold:g} step {self.threshold_step:g}")
-        elif self.threshold > 0:
-            kind = " cumulative" if self.threshold_kind == "cumulative" else ""
-            parts.append(f"θ={self.threshold:g}{kind}" + (" (hf rule)" if self.threshold_rule == "hf" else ""))
-        if self.schedule != "constant":
-            parts.append(self.schedule)
-        if self.acceptance != "exact":
-            parts.append(f"{self.acceptance.upper()} ε={self.epsilon:g}")
-        if self.tree:
-            parts.append(f"tree {self.tree}")
-        if self.staged:
-            parts.append(f"staged by {self.staged}")
-        return " ".join(parts)
+# A point of the search space is a speculative configuration: the one record (core/speculative.py), by
+# the name the search, the exporters and the dashboard know it by. Its dict is what studies store.
+Candidate = SpeculativeConfig
 
 
 @dataclass
@@ -165,11 +95,6 @@ class TuningResult:
 
 
 def spec_config(c: Candidate, mode: str = "greedy", batch_size: int = 1) -> SpecConfig:
-    """The model's :class:`SpecConfig` for a candidate (plain decoding: N = 0, no θ, constant)."""
-    n = 0 if c.is_plain else c.num_speculative_tokens
-    rule = c.threshold_rule if n and c.threshold > 0 else "before"
-    kind = c.threshold_kind if n else "per-token"
-    lossy = n and c.acceptance != "exact"
-    return SpecConfig(n, c.threshold if n else 0.0, c.schedule if n else "constant", batch_size, mode,  # type: ignore[arg-type]
-                      threshold_rule=rule, threshold_kind=kind, threshold_step=c.threshold_step,  # type: ignore[arg-type]
-                      acceptance=c.acceptance if lossy else "exact", epsilon=c.epsilon if lossy else 0.0)  # type: ignore[arg-type]
+    """The model's :class:`SpecConfig` for a candidate (θ's rule is moot, and stated ``before``, at θ = 0)."""
+    spec = c if c.threshold > 0 or c.threshold_rule == "before" else replace(c, threshold_rule="before")
+    return SpecConfig(spec=spec, batch_size=batch_size, mode=mode)

@@ -35,6 +35,7 @@ from specdec_tune.tuner.model._prefill import prefill_fits, prompt_prefill
 from specdec_tune.tuner.model._predict import PromptSpec, _check_specs, context_cost, context_slope, plain_step_s
 from specdec_tune.tuner.model._predict import replay_width, simulate_config, timed_cycles
 from specdec_tune.tuner.model._profile import RunProfile
+from specdec_tune.tuner.model._replay import replay_reach
 from specdec_tune.tuner.model._throughput import SpecConfig, Trace, predict
 
 
@@ -122,8 +123,8 @@ def _replayed(rp: RunProfile, config: SpecConfig, i: int) -> _Request:
     longer N would cut there anyway."""
     model = _prompt_model(rp, i)
     traces = model.sampling_traces if config.mode == "sampling" and model.sampling_traces else model.traces
-    longest = max((len(t.confidences) for t in traces), default=0)
-    if 0 < longest < config.num_speculative_tokens:
+    longest = replay_reach(traces)
+    if 0 < longest < config.spec.num_speculative_tokens:
         config = replace(config, num_speculative_tokens=longest)
     p = predict(model, config)
     n_tokens, prompt = rp.prompts[i].new_tokens, rp.prompts[i].prompt_tokens
@@ -147,7 +148,7 @@ def _requests(rp: RunProfile, config: SpecConfig) -> tuple[list[_Request], str]:
     if not rp.prompts:
         raise InputError(f"run {rp.run.id} has no profiled prompts")
     count = range(len(rp.prompts))
-    if config.num_speculative_tokens == 0:
+    if config.spec.num_speculative_tokens == 0:
         return [_plain(rp, config.batch_size, i) for i in count], "baseline"
     if rp.draft is None:
         raise InputError("a draft is needed to predict speculative decoding")
@@ -160,7 +161,7 @@ def _prefill_s(rp: RunProfile, config: SpecConfig, spec: PromptSpec, fits) -> fl
     """Prefill and set-up before the first cycle, as the end-to-end prediction counts them (:mod:`._predict`)."""
     b = config.batch_size
     target, draft = prompt_prefill(rp, spec.profiled_index, spec.prompt_tokens, fits)
-    if config.num_speculative_tokens == 0:
+    if config.spec.num_speculative_tokens == 0:
         return target * b
     raw_step = rp.first_draft_step_s.get(b, 0.0)  # the draft's first forward is its prefill
     return (target + draft - raw_step) * b + rp.sequence_overhead_s - rp.cycle_overhead_s

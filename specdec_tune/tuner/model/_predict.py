@@ -152,7 +152,7 @@ def timed_cycles(rp: RunProfile, cycles: Sequence[SimulatedCycle], b: int, promp
 def replay_width(config: SpecConfig, tokens_per_cycle: float) -> int:
     """The verify width a replayed cycle is costed at for its context: the tokens it emits plus the
     rejected one, within N + 1."""
-    return max(1, min(config.num_speculative_tokens + 1, round(tokens_per_cycle) + 1))
+    return max(1, min(config.spec.num_speculative_tokens + 1, round(tokens_per_cycle) + 1))
 
 
 def _baseline(rp: RunProfile, specs: Sequence[PromptSpec], batch_size: int) -> RunPrediction:
@@ -200,14 +200,14 @@ def simulate_config(rp: RunProfile, config: SpecConfig, i: int) -> list[Simulate
     """Profiled prompt ``i``'s greedy cycles under ``config``, every rule of it (threshold kind, step and
     rule, schedule): the one simulation call of the throughput and the latency predictions."""
     assert rp.positions is not None
-    return simulate_prompt(rp.positions[i], rp.prompts[i].new_tokens, rp.max_new_tokens,
-                           config.num_speculative_tokens, config.threshold, config.schedule, rp.tail_rate,
-                           config.threshold_rule, config.threshold_kind, config.threshold_step)
+    c = config.spec
+    return simulate_prompt(rp.positions[i], rp.prompts[i].new_tokens, rp.max_new_tokens, c.num_speculative_tokens,
+                           c.threshold, c.schedule, rp.tail_rate, c.threshold_rule, c.threshold_kind, c.threshold_step)
 
 
 def _simulated(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) -> _Cycles:
     """Greedy with a model draft: every profiled prompt's cycles simulated exactly; the others pooled."""
-    n, b = config.num_speculative_tokens, config.batch_size
+    n, b = config.spec.num_speculative_tokens, config.batch_size
 
     def timed(i: int) -> tuple[list[SimulatedCycle], float, float]:
         """Prompt i's cycles, their seconds (each verify at its own context) and their extra seconds per
@@ -272,9 +272,9 @@ def _predict(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec], cy
     specs = _check_specs(rp, specs)
     b = config.batch_size
     base = _baseline(rp, specs, b)
-    if config.num_speculative_tokens == 0:
+    if config.spec.num_speculative_tokens == 0:
         return base
-    n = config.num_speculative_tokens
+    n = config.spec.num_speculative_tokens
     if rp.model.synthetic_acceptance is not None:  # given rates: any N whose verify forward was timed
         k_max = max(max(curve) for curve in rp.model.verify_s.values())
         if n + 1 > k_max:
@@ -375,7 +375,7 @@ def predict_prompts(
     """
     specs = [p if isinstance(p, PromptSpec) else PromptSpec(int(p[0]), None if p[1] is None else int(p[1]))
              for p in prompts]
-    if config.num_speculative_tokens == 0:
+    if config.spec.num_speculative_tokens == 0:
         return _baseline(rp, _check_specs(rp, specs), config.batch_size)
     return _predict(rp, config, specs)
 

@@ -27,6 +27,7 @@ from specdec_tune.core.stats import trimmed_mean
 from specdec_tune.tuner.model._calibration import OverheadFit, calibrate_b1, fit_overhead, interp
 from specdec_tune.tuner.model._configs import NGRAM
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces
+from specdec_tune.tuner.model._replay import replay_reach
 from specdec_tune.tuner.model._throughput import ModelProfile, Trace
 
 
@@ -99,7 +100,7 @@ class RunProfile:
     def traced_n_max(self) -> int:
         """The largest N the greedy traces replay: their longest recorded cycle, at most the N_max they were
         recorded at (``run.settings.n_max``, which stands in where no cycle was recorded)."""
-        return max((len(t.confidences) for t in self.model.traces), default=self.run.settings.n_max)
+        return replay_reach(self.model.traces) or self.run.settings.n_max
 
     def context_cost(self, k: int, context: float) -> float:
         """Seconds a verify of ``k`` tokens at ``context`` costs more than at the typical context (the

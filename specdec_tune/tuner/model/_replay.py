@@ -161,6 +161,12 @@ def lookup_cycles(traces: Sequence[Trace], n: int) -> tuple[Trace, ...]:
     return tuple(out)
 
 
+def replay_reach(traces: Sequence[Trace]) -> int:
+    """The largest N the traces can replay: their longest recorded draft (0 without traces). Replay cannot
+    invent outcomes that were never recorded (:func:`replay`)."""
+    return max((len(t.confidences) for t in traces), default=0)
+
+
 def replay(traces: Sequence[Trace], n: int, threshold: float = 0.0, rule: str = "before",
            kind: str = "per-token") -> ReplayStats:
     """Replay recorded θ = 0 traces under any N and threshold θ (docs/architecture.md, The throughput model).
@@ -182,7 +188,7 @@ def replay(traces: Sequence[Trace], n: int, threshold: float = 0.0, rule: str = 
     """
     if not traces:
         raise InputError("replay needs at least one trace; the profile has none")
-    n_max = max(len(t.confidences) for t in traces)
+    n_max = replay_reach(traces)
     if n > n_max:
         raise InputError(f"N={n} exceeds the traces' N_max={n_max}; record traces with a larger N")
     if n < 0:

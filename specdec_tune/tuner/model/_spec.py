@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from specdec_tune.core.errors import InputError
-from specdec_tune.core.schedules import AdaptiveThreshold, check_threshold_kind
+from specdec_tune.core.speculative import SpeculativeConfig, with_fields
 from specdec_tune.tuner.model._replay import Trace
 
 
@@ -84,82 +84,51 @@ class ModelProfile:
             raise InputError(f"synthetic_acceptance={rates!r} must be rates in [0, 1]")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class SpecConfig:
-    """One speculative decoding configuration.
+    """One configuration to predict: what to speculate, at a batch size, in a decoding mode.
+
+    The speculative fields live in ``spec`` (:class:`~specdec_tune.core.speculative.SpeculativeConfig`,
+    validated there; N = 0 is plain decoding). As a shorthand, N and θ may lead positionally and any other
+    field of ``spec`` be given by name: ``SpecConfig(4, 0.3, schedule="heuristic", batch_size=8)``.
 
     Attributes:
-        num_speculative_tokens: N >= 0, the most tokens drafted per cycle; 0 means plain decoding.
-        threshold: θ in [0, 1); drafting stops at the first token whose draft confidence is below θ.
-        schedule: 'constant' (N every cycle) or 'heuristic' (N_cur += 2 after a fully accepted
-            draft, else N_cur -= 1, kept in 1..N).
+        spec: what to speculate (the model reads N, θ and its rule and kind, the schedule, the acceptance).
         batch_size: B >= 1 sequences decoded together.
-        mode: 'greedy' or 'sampling'.
-        threshold_rule: 'before' (the engine's default: the position whose top draft probability is
-            below θ is not drafted) or 'hf' (transformers' rule: that token is proposed, then drafting
-            stops); see ``specdec_tune.core.schedules.threshold_cut``.
-        threshold_kind: 'per-token', 'cumulative' (the drafted prefix's probability times the top
-            probability is compared with θ) or 'adaptive' (θ is the start of a level that moves by
-            ``threshold_step`` after each cycle); ``specdec_tune.core.schedules``.
-        threshold_step: the adaptive kind's step.
-        acceptance: 'exact', 'opt' (Decoding-OPT) or 'uno' (Decoding-UNO), sampling only; the two
-            lossy rules share their speed (``engine.lossy``).
-        epsilon: their over-acceptance ε.
+        mode: 'greedy' or 'sampling' (the lossy acceptances need sampling).
         acceptance_source: sampling mode's acceptance: 'traces' (recorded sampling cycles), 'tv' (the
             teacher-forced 1 - TV per position) or 'auto' (traces when recorded, else a mean 1 - TV).
     """
 
-    num_speculative_tokens: int
-    threshold: float = 0.0
-    schedule: Literal["constant", "heuristic"] = "constant"
-    batch_size: int = 1
-    mode: Literal["greedy", "sampling"] = "greedy"
-    threshold_rule: Literal["before", "hf"] = "before"
-    threshold_kind: Literal["per-token", "cumulative", "adaptive"] = "per-token"
-    threshold_step: float = 0.05
-    acceptance: Literal["exact", "opt", "uno"] = "exact"
-    epsilon: float = 0.0
-    acceptance_source: Literal["auto", "traces", "tv"] = "auto"
+    spec: SpeculativeConfig
+    batch_size: int
+    mode: Literal["greedy", "sampling"]
+    acceptance_source: Literal["auto", "traces", "tv"]
 
-    def __post_init__(self) -> None:
-        n = self.num_speculative_tokens
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise InputError(f"num_speculative_tokens={n!r} must be an int >= 0")
-        if not (isinstance(self.threshold, (int, float)) and 0.0 <= self.threshold < 1.0):
-            raise InputError(f"threshold={self.threshold!r} must lie in [0, 1)")
-        if self.schedule not in ("constant", "heuristic"):
-            raise InputError(f"schedule={self.schedule!r} must be 'constant' or 'heuristic'")
+    def __init__(self, num_speculative_tokens: int | None = None, threshold: float | None = None, *,
+                 spec: SpeculativeConfig | None = None, batch_size: int = 1, mode: str = "greedy",
+                 acceptance_source: str = "auto", **speculative: Any) -> None:
+        lead = {"num_speculative_tokens": num_speculative_tokens, "threshold": threshold}
+        changes = {**{k: v for k, v in lead.items() if v is not None}, **speculative}
+        values = {"spec": with_fields(spec, changes, "SpecConfig"), "batch_size": batch_size, "mode": mode,
+                  "acceptance_source": acceptance_source}
+        for name, value in values.items():
+            object.__setattr__(self, name, value)  # frozen: set once, here
+        self._check()
+
+    def _check(self) -> None:
         b = self.batch_size
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
             raise InputError(f"batch_size={b!r} must be an int >= 1")
         if self.mode not in ("greedy", "sampling"):
             raise InputError(f"mode={self.mode!r} must be 'greedy' or 'sampling'")
-        if self.threshold_rule not in ("before", "hf"):
-            raise InputError(f"threshold_rule={self.threshold_rule!r} must be 'before' or 'hf'")
-        try:
-            check_threshold_kind(self.threshold_kind, self.threshold_rule)
-            if self.threshold_kind == "adaptive":
-                AdaptiveThreshold(self.threshold, self.threshold_step)
-        except ValueError as exc:
-            raise InputError(str(exc)) from None
-        if self.acceptance not in ("exact", "opt", "uno") or not 0.0 <= self.epsilon <= 1.0 \
-                or (self.acceptance == "exact" and self.epsilon != 0):
-            raise InputError(f"acceptance={self.acceptance!r} with epsilon={self.epsilon!r}: valid are exact (epsilon 0), "
-                             "opt and uno (epsilon in [0, 1])")
-        if self.acceptance != "exact" and self.mode != "sampling":
-            raise InputError(f"acceptance={self.acceptance!r} is a sampling rule; mode must be 'sampling'")
+        if self.spec.acceptance != "exact" and self.mode != "sampling":
+            raise InputError(f"acceptance={self.spec.acceptance!r} is a sampling rule; mode must be 'sampling'")
         if self.acceptance_source not in ("auto", "traces", "tv"):
             raise InputError(f"acceptance_source={self.acceptance_source!r} must be auto, traces or tv")
-        if self.threshold_kind == "adaptive" and self.schedule != "constant":
+        if self.spec.threshold_kind == "adaptive" and self.spec.schedule != "constant":
             raise InputError("the adaptive threshold kind is modelled with the constant schedule only, "
-                             f"got schedule={self.schedule!r}")
-
-    @property
-    def adaptive(self) -> AdaptiveThreshold | None:
-        """The adaptive kind's lattice (``None`` for the other kinds)."""
-        if self.threshold_kind != "adaptive":
-            return None
-        return AdaptiveThreshold(self.threshold, self.threshold_step)
+                             f"got schedule={self.spec.schedule!r}")
 
 
 @dataclass(frozen=True)

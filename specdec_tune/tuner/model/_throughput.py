@@ -178,7 +178,7 @@ def predict(profile: ModelProfile, config: SpecConfig) -> Prediction:
     """
     b = config.batch_size
     base = baseline_tokens_per_s(profile, b)
-    n = config.num_speculative_tokens
+    n = config.spec.num_speculative_tokens
     if n == 0:
         step = b / base
         return Prediction(base, 1.0, base, 1.0, 0.0, 0.0, step, (), "baseline")

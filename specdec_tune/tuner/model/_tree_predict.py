@@ -182,7 +182,7 @@ def staged_overhead(rp: RunProfile, plan: TreePlan, proposed: float) -> float:
 
 def _staged(rp: RunProfile, data: TreeData, plan: TreePlan, config: SpecConfig, specs: Sequence[PromptSpec],
             tokens: int) -> _Cycles:
-    n = config.num_speculative_tokens
+    n = config.spec.num_speculative_tokens
     if config.mode == "greedy" and rp.positions is not None:
         def simulate(i: int) -> list:
             return simulate_prompt(rp.positions[i], rp.prompts[i].new_tokens, rp.max_new_tokens, n, 0.0)
@@ -216,19 +216,20 @@ def predict_tree_prompts(rp: RunProfile, data: TreeData, config: SpecConfig, pla
     Raises:
         InputError: θ, a schedule, a batch size the tree loop does not run, or missing data.
     """
-    if config.threshold > 0 or config.schedule != "constant" or config.batch_size != 1:
+    if config.spec.threshold > 0 or config.spec.schedule != "constant" or config.batch_size != 1:
         raise InputError("trees and staged drafting run θ = 0, the constant schedule and batch size 1")
     if (plan.tree is None) == (plan.staged is None):
         raise InputError("a tree plan needs a tree or a staged drafter (one of them)")
     specs = list(prompts) if prompts is not None else profiled_specs(rp)
     k_max = max(rp.model.verify_s[1]) if 1 in rp.model.verify_s else 1
-    nodes = plan.tree.nodes(config.num_speculative_tokens) if plan.tree is not None else config.num_speculative_tokens
+    n = config.spec.num_speculative_tokens
+    nodes = plan.tree.nodes(n) if plan.tree is not None else n
     if nodes + 1 > k_max:
         raise InputError(f"a tree of {nodes} nodes needs T_v({nodes + 1}); the profile measured k <= {k_max} "
                          f"(profile with a larger --k-max)")
 
     def cycles(rp_: RunProfile, config_: SpecConfig, specs_: Sequence[PromptSpec], tokens: int) -> _Cycles:
-        n = config_.num_speculative_tokens
+        n = config_.spec.num_speculative_tokens
         if plan.staged is not None:
             return _staged(rp_, data, plan, config_, specs_, tokens)
         if config_.mode == "greedy":

@@ -101,18 +101,20 @@ def _exported(b: Benchmark) -> dict[str, Any]:
 
 def arm_spec(cfg: Mapping[str, Any], key: str) -> ArmSpec:
     """What the profiler measures for one benchmark configuration (``key`` names it in the samples)."""
+    from specdec_tune.core.speculative import SpeculativeConfig
+
     backend = cfg.get("backend", "engine")
+    spec = SpeculativeConfig.from_dict(cfg)  # the benchmark's draft, N, θ and schedule
     server_config = None
-    if backend == "vllm" and cfg["draft"] != "none" and int(cfg["num_speculative_tokens"]) > 0:
+    if backend == "vllm" and not spec.is_plain:
         from specdec_tune.tuner.model import Candidate
         from specdec_tune.tuner.servers import vllm_config
 
-        server_config = vllm_config(cfg["target"], Candidate(cfg["draft"], int(cfg["num_speculative_tokens"]))
+        server_config = vllm_config(cfg["target"], Candidate(spec.drafter, spec.num_speculative_tokens)
                                     ).speculative_config
-    return ArmSpec(key=key, target=cfg["target"], draft=cfg["draft"], workload=cfg["workload"], prompts=cfg["prompts"],
+    return ArmSpec(key=key, target=cfg["target"], spec=spec, workload=cfg["workload"], prompts=cfg["prompts"],
                    prompt_offset=cfg["prompt_offset"], max_new_tokens=cfg["max_new_tokens"],
-                   num_speculative_tokens=int(cfg["num_speculative_tokens"]), threshold=cfg["threshold"],
-                   schedule=cfg["schedule"], temperature=cfg["temperature"], repeats=cfg["repeats"],
+                   temperature=cfg["temperature"], repeats=cfg["repeats"],
                    device=cfg["device"], dtype=cfg["dtype"], forward=cfg["forward"], draft_delay_ms=cfg["draft_delay_ms"],
                    backend=backend, server_config=server_config,
                    per_batch_size={int(k): int(v) for k, v in (cfg.get("per_batch_size") or {}).items()} or None,
@@ -192,12 +194,12 @@ def _model_error(db: Database, cfg: Mapping[str, Any], samples: list[dict]) -> C
         import statistics
 
         from specdec_tune.core.errors import SpecdecError
+        from specdec_tune.core.speculative import SpeculativeConfig
         from specdec_tune.tuner.model import SpecConfig, load_run_profile, predict_config
 
         try:
             rp = load_run_profile(db, int(cfg["profile_run"]), None if cfg["draft"] == "none" else cfg["draft"])
-            sc = SpecConfig(num_speculative_tokens=int(cfg["num_speculative_tokens"]), threshold=cfg["threshold"],
-                            schedule=cfg["schedule"], mode="greedy" if cfg["temperature"] == 0 else "sampling")
+            sc = SpecConfig(spec=SpeculativeConfig.from_dict(cfg), mode="greedy" if cfg["temperature"] == 0 else "sampling")
             predicted = predict_config(rp, sc).tokens_per_s
         except SpecdecError as exc:
             return f"no prediction from profile run {cfg['profile_run']}: {exc}"

@@ -26,6 +26,7 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from specdec_tune.core.errors import InputError
+from specdec_tune.core.limits import MAX_SPECULATIVE_TOKENS
 
 #: Fingerprint fields whose change makes a baseline's timings incomparable (speed verdicts need the
 #: same machine and thread count). Software versions are recorded and reported as "what changed"
@@ -77,7 +78,7 @@ class Benchmark(BaseModel):
     prompts: int = Field(12, ge=1, le=1000, description="first prompts of the workload")
     prompt_offset: int = Field(0, ge=0)
     max_new_tokens: int = Field(48, ge=1, le=4096)
-    num_speculative_tokens: int | None = Field(None, ge=0, le=64)
+    num_speculative_tokens: int | None = Field(None, ge=0, le=MAX_SPECULATIVE_TOKENS)
     threshold: float = Field(0.0, ge=0.0, lt=1.0)
     schedule: Literal["constant", "heuristic"] = "constant"
     temperature: float = Field(0.0, ge=0.0, le=10.0)

@@ -20,12 +20,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from specdec_tune.core.errors import InputError
+from specdec_tune.core.limits import MAX_SEARCHED_TOKENS
 from specdec_tune.tuner.model import NGRAM, NONE, Candidate
 from specdec_tune.tuner.servers import SERVERS, expressible, server_space
 from specdec_tune.tuner.search._tree_space import expressible_shapes, shaped_candidates
 
 ANY = "any"
-N_LIMIT = 16
+N_LIMIT = MAX_SEARCHED_TOKENS  # the largest N searched (core/limits.py)
 THETA_STEP = 0.05
 THETA_MAX = 0.95
 THETA_GRID = tuple(round(i * THETA_STEP, 2) for i in range(int(round(THETA_MAX / THETA_STEP)) + 1))
@@ -172,7 +173,7 @@ def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ng
     Args:
         server: a server name or ``any``.
         model_drafts: the draft models profiled (names as stored in the run).
-        n_max: largest N the profile can predict (capped at 16).
+        n_max: largest N the profile can predict (capped at ``N_LIMIT``).
         ngram: whether n-gram lookup was profiled.
         kinds: the threshold kinds asked (``tune --threshold-kinds``); the server keeps those it can express.
         epsilons: over-acceptance ε asked (``tune --max-bias``); kept where the server runs Decoding-OPT.
@@ -183,7 +184,7 @@ def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ng
     check_server(server)
     n_max = min(int(n_max), N_LIMIT)
     if n_max < 1:
-        raise InputError(f"the profile's N_max is {n_max}; profile with --n-max 16")
+        raise InputError(f"the profile's N_max is {n_max}; profile with --n-max {N_LIMIT}")
     probe = model_drafts[0] if model_drafts else _PROBE_DRAFT
     ok = lambda c: unsupported(server, c) is None  # noqa: E731
     drafters = [d for d in model_drafts if ok(Candidate(d, 1))]

@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 
 from specdec_tune.db import Database, RunRecord, get_run, set_prediction
 from specdec_tune.core.errors import InputError
+from specdec_tune.core.speculative import NONE, PLAIN
 from specdec_tune.profiler import (
-    PLAIN,
     Measurement,
     MeasureSpec,
     Progress,
@@ -146,10 +146,7 @@ def measure_predicted(
     planned = [_plan(db, run, draft, config, mode) for draft, config in items]
     shapes = list(shapes) if shapes is not None else [("", "")] * len(items)
     trees = [None if plain else _tree_plan(db, run, rp, c, shape) for (plain, rp, c), shape in zip(planned, shapes)]
-    specs = [MeasureSpec(PLAIN if plain else rp.draft, c.num_speculative_tokens, c.threshold, c.schedule,
-                         c.threshold_rule, c.threshold_kind, c.threshold_step, c.acceptance, c.epsilon,
-                         *_tree_fields(t, shape))
-             for (plain, rp, c), t, shape in zip(planned, trees, shapes)]
+    specs = [_measure_spec(plain, rp, c, t, shape) for (plain, rp, c), t, shape in zip(planned, trees, shapes)]
     measured = measure_configs(db, run_id, specs, split=split, temperature=temperature, max_prompts=max_prompts,
                                repeats=repeats, seed=seed, progress=progress, threads=threads, gpu_price=gpu_price,
                                peak_memory=peak_memory)
@@ -206,7 +203,7 @@ def _predicted(db: Database, m: Measurement, rp: RunProfile, config: SpecConfig,
     latency = predict_latency(rp, config, specs).scaled(factor) if tree is None else None
     memory = None
     if mm is not None and m.peak_memory is not None:
-        c = Candidate("none" if config.num_speculative_tokens == 0 else m.draft, config.num_speculative_tokens)
+        c = Candidate(m.draft, config.spec.num_speculative_tokens)  # N = 0: plain decoding, whatever m.draft
         memory = mm.breakdown(c, 1, m.peak_memory.prompt_tokens + m.peak_memory.new_tokens, m.peak_memory.prompt_tokens)
     _store_prediction(db, m, prediction, latency, memory, source)
     return Validated(m, prediction, config, in_sample=m.in_sample, latency=latency, memory=memory, speed_source=source)
@@ -224,7 +221,7 @@ def _plan(db: Database, run: RunRecord, draft: str | None, config: SpecConfig,
     """(plain decoding?, the draft's profile, the configuration as measured); fails before anything runs."""
     if config.batch_size != 1:
         raise InputError(f"measure decodes one sequence at a time; --batch-size must be 1, got {config.batch_size}")
-    plain = config.num_speculative_tokens == 0 or draft == PLAIN
+    plain = config.spec.is_plain or draft == NONE
     name = run.resolve_draft(None if plain else draft)
     config = replace(config, batch_size=1, mode=mode) if not plain else SpecConfig(0, mode=mode)  # type: ignore[arg-type]
     rp = load_run_profile(db, run.id, name)
@@ -247,11 +244,17 @@ def _tree_plan(db: Database, run: RunRecord, rp: RunProfile, config: SpecConfig,
     return plan, data
 
 
-def _tree_fields(t: tuple[TreePlan, TreeData] | None, shape: tuple[str, str]) -> tuple[str, str, tuple[float, ...]]:
-    """MeasureSpec's tree, staged and rank_accept of one item (the measured tree is the predicted one)."""
-    if t is None:
-        return "", "", ()
-    return shape[0], shape[1], t[1].rank_accept if t[0].tree is not None and t[0].tree.kind == "sequoia" else ()
+def _measure_spec(plain: bool, rp: RunProfile, config: SpecConfig, t: tuple[TreePlan, TreeData] | None,
+                  shape: tuple[str, str]) -> MeasureSpec:
+    """What the profiler measures for one item: its configuration with the profile's draft, and the item's
+    tree or inner drafter (the measured tree is the predicted one; a Sequoia tree is shaped by the
+    profile's per-rank acceptance)."""
+    if plain:
+        return MeasureSpec(PLAIN)
+    tree, staged = shape if t is not None else ("", "")
+    sequoia = t is not None and t[0].tree is not None and t[0].tree.kind == "sequoia"
+    return MeasureSpec(replace(config.spec, drafter=rp.draft, tree=tree, staged=staged),
+                       t[1].rank_accept if sequoia and t is not None else ())
 
 
 def _store_prediction(db: Database, m: Measurement, prediction: RunPrediction, latency: LatencyPrediction | None,

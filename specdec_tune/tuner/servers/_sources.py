@@ -11,6 +11,7 @@ from typing import Any
 
 from specdec_tune.db import mask_url, sqlite_file
 from specdec_tune.core.errors import InputError, StorageError
+from specdec_tune.core.limits import MAX_SEARCHED_TOKENS, MAX_SPECULATIVE_TOKENS
 from specdec_tune.tuner.model import NGRAM, NONE, Candidate, TuningResult
 
 RESULT_KEY = "result"
@@ -53,7 +54,7 @@ def parse_config(text: str, default_drafter: str) -> Candidate:
     """``N,θ[,drafter]`` -> a candidate (``0`` or drafter ``none``: plain decoding).
 
     Raises:
-        InputError: not two or three fields, N not an int in 0..64, θ not in [0, 1).
+        InputError: not two or three fields, N not an int in 0..``MAX_SPECULATIVE_TOKENS``, θ not in [0, 1).
     """
     parts = [p.strip() for p in text.split(",")]
     if len(parts) not in (2, 3) or not all(parts):
@@ -63,8 +64,8 @@ def parse_config(text: str, default_drafter: str) -> Candidate:
         theta = float(parts[1])
     except ValueError:
         raise InputError(f"--config {text!r}: N must be an integer and θ a number") from None
-    if not 0 <= n <= 64:
-        raise InputError(f"--config {text!r}: N must be in 0..64")
+    if not 0 <= n <= MAX_SPECULATIVE_TOKENS:
+        raise InputError(f"--config {text!r}: N must be in 0..{MAX_SPECULATIVE_TOKENS}")
     if not (math.isfinite(theta) and 0.0 <= theta < 1.0):
         raise InputError(f"--config {text!r}: θ must be in [0, 1)")
     drafter = parts[2] if len(parts) == 3 else default_drafter
@@ -91,6 +92,7 @@ def result_from_run(db: Any, run_id: int, config: str | None = None) -> TuningRe
         load_run_profile,
         predict_baseline,
         predict_config,
+        replay_reach,
     )
 
     run = get_run(db, run_id)
@@ -103,7 +105,7 @@ def result_from_run(db: Any, run_id: int, config: str | None = None) -> TuningRe
         if not best:
             raise InputError(f"run {run_id} cannot predict any configuration for {drafts[0]!r}; give --config")
         sc = best[0][0]
-        cand = Candidate(drafts[0], sc.num_speculative_tokens, sc.threshold)
+        cand = Candidate(drafts[0], sc.spec.num_speculative_tokens, sc.spec.threshold)
     else:
         cand = parse_config(config, drafts[0] if drafts else NONE)
         if cand.drafter == NGRAM:
@@ -117,7 +119,7 @@ def result_from_run(db: Any, run_id: int, config: str | None = None) -> TuningRe
         pred = predict_config(rp, SpecConfig(cand.num_speculative_tokens, cand.threshold))
         base = predict_baseline(rp)
         sizes = sorted(rp.model.verify_s)
-        per_b = (best_n_per_batch_size(rp.model, sizes, range(1, min(rp.traced_n_max, 16) + 1),
+        per_b = (best_n_per_batch_size(rp.model, sizes, range(1, min(rp.traced_n_max, MAX_SEARCHED_TOKENS) + 1),
                                        threshold=cand.threshold)
                  if len(sizes) > 1 else {})
     hw = run.hardware
