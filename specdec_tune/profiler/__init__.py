@@ -14,6 +14,8 @@ from specdec_tune.profiler.backends import LlamacppError, ServerConfig, ServerGr
 from specdec_tune.profiler.backends import cached_gguf, copy_gguf, find_llamacpp, gguf_for_model, local_model_dir
 from specdec_tune.profiler.backends import VllmPair, measure_arms_vllm, measure_on_server, require_vllm_python
 from specdec_tune.profiler.backends import server_version
+from specdec_tune.profiler.batch_measure import batches_of, measure_batches
+from specdec_tune.profiler.batch_runs import BatchClock, MeasuredBatch, decode_batch, measure_batch
 from specdec_tune.profiler.bench import HF_METHODS, OURS, RATIOS, VLLM_METHODS, run_bench
 from specdec_tune.profiler.measure import chosen_prompts, default_split, measure_configs
 from specdec_tune.profiler.measure_records import PLAIN, Measurement, MeasureSpec
@@ -35,4 +37,5 @@ __all__ = [
     "server_version",
     "DraftSpec", "Stopwatch", "VllmPair", "encode_prompt", "measure_prompt", "warm_up",
     "HF_METHODS", "OURS", "RATIOS", "VLLM_METHODS", "run_bench",
+    "BatchClock", "MeasuredBatch", "batches_of", "decode_batch", "measure_batch", "measure_batches",
 ]  # fmt: skip

@@ -2,7 +2,8 @@
 
 Public names only; the modules behind them are private (``_throughput``: the analytic model,
 ``_replay``: trace replay, ``_greedy_sim``: exact greedy simulation, ``_tree`` and ``_tree_predict``:
-token trees and staged drafting, ``_batch_theory``: batch speculative decoding's rejections (seed
+token trees and staged drafting, ``_batch``: batches as the batched engine decodes them (ragged rows,
+lock-step cycles, a shrinking batch), ``_batch_theory``: batch speculative decoding's rejections (seed
 003), ``_calibration``: in-loop
 calibration, ``_profile`` and ``_load``: profile assembly, ``_predict`` and ``_prefill``: end-to-end
 predictions, ``_grid``: the N × θ ranking, ``_tv``: acceptance from the teacher-forced TV and lossy
@@ -14,6 +15,7 @@ optimises).
 """
 from __future__ import annotations
 
+from specdec_tune.tuner.model._batch import batch_cycles, batch_groups, lockstep_seconds, predict_batch_size, predict_batches
 from specdec_tune.tuner.model._batch_theory import all_rejected, batch_rejection_limit, batch_rejections, sibling_acceptance
 from specdec_tune.tuner.model._bias import BiasPrediction, bias_of, front_epsilons
 from specdec_tune.tuner.model._calibration import OverheadFit, fit_overhead
@@ -57,4 +59,5 @@ __all__ = [
     "RANKS", "StagedStats", "TreeCycle", "TreeData", "TreePlan", "expected_tau", "load_tree_data", "predict_tree_prompts",
     "simulate_tree", "tree_overhead", "tree_plan", "width_time",
     "SEARCH_BASIS", "predicted_basis",
+    "batch_cycles", "batch_groups", "lockstep_seconds", "predict_batch_size", "predict_batches",
 ]  # fmt: skip

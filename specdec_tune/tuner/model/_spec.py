@@ -45,6 +45,9 @@ class ModelProfile:
             (:func:`tuner.model._throughput.draft_seconds`). Empty: every forward costs T_s.
         lookup: the greedy traces are n-gram lookup cycles: a cycle cut to N goes on along its matched
             stretch (:func:`tuner.model._replay.lookup_cycles`), not stops.
+        batch_graph_sizes: the batch sizes the engine captured CUDA graphs at (``core.limits``); a batch in
+            between runs padded to the next, so T_v(B, k) and T_s(B) are read at the padded size (a step
+            function of B). Empty: forwards run at their own B (a CPU, graphs off).
     """
 
     draft_step_s: Mapping[int, float]
@@ -59,6 +62,7 @@ class ModelProfile:
     synthetic_acceptance: tuple[float, ...] | None = None
     draft_warmup_s: tuple[float, ...] = ()
     lookup: bool = False
+    batch_graph_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if any(not math.isfinite(e) for e in self.draft_warmup_s):
