@@ -93,3 +93,42 @@ def test_more_batch_than_prompts_is_refused_before_anything_runs(profiled, capsy
     assert code == 2 and err.strip().startswith("error:") and "batch size 8 needs at least 8 prompts" in err
     assert len(err.strip().splitlines()) == 1
     assert len(list_measured(open_database(url), run_id)) == before
+
+
+def test_each_band_is_measured_at_its_batch_size_or_says_why_not(profiled, tiny_model_dirs):
+    """The bands of a schedule: B = 2 measured held out against plain decoding at B = 2 (2 batches of the 5
+    held-out prompts, a paired CI), B = 4 not (one batch cannot give a CI), and the B = 1 rule decides each."""
+    from specdec_tune.tuner.model import Candidate, decide_bands
+    from specdec_tune.tuner.search._bands import band_evidence
+
+    url, run_id = profiled
+    c = Candidate(tiny_model_dirs["draft"], 3)
+    schedule = {1: 3, 2: 2, 4: 1}
+    evidence = band_evidence(open_database(url), run_id, {c: schedule}, heldout_prompts=5, temperature=0.0,
+                             repeats=2, seed=0, progress=None)[c]
+    two, four = evidence[2], evidence[4]
+    assert two.batches == 2 and two.heldout and two.ci is not None and two.ci[0] <= two.speedup <= two.ci[1]
+    assert four.speedup is None and "make 1 batch of 4" in four.why and "--heldout-prompts 8" in four.why
+    ruled, reasons = decide_bands(c, schedule, evidence)
+    assert ruled[1] == 3 and ruled[4] == 0
+    assert "at B=2 (2 batches of 2 held-out prompts)" in reasons[2] and "95% CI" in reasons[2]
+    assert ruled[2] == (2 if two.ci[0] >= 1 else 0)
+    stored = [m for m in list_measured(open_database(url), run_id) if m.config.get("batch_size") == 2
+              and m.config.get("split") == "holdout" and m.config.get("num_speculative_tokens") == 2]
+    assert stored and stored[-1].config["batches"] == [["p1", "p3"], ["p5", "p7"]]
+
+
+def test_bands_ship_only_with_measured_evidence():
+    """The B = 1 rule per band: a CI lower bound >= 1 ships the band's N; below 1, or no CI, speculates 0 there
+    and at every larger batch size, each with its reason; a band the model already turned off is left at 0."""
+    from specdec_tune.tuner.model import BandEvidence, Candidate, decide_bands
+
+    c = Candidate("draft", 4)
+    good, weak = BandEvidence(1.3, (1.1, 1.5), True, 4), BandEvidence(1.1, (0.95, 1.3), True, 4)
+    ruled, why = decide_bands(c, {1: 4, 4: 3, 16: 2, 64: 1}, {4: good, 16: weak, 64: good})
+    assert ruled == {1: 4, 4: 3, 16: 0, 64: 0}
+    assert why[4].startswith("N=3: at B=4") and "lower bound is below 1" in why[16] and "turned off from B=16" in why[64]
+    ruled, why = decide_bands(c, {1: 4, 4: 0, 16: 2}, {})
+    assert ruled == {1: 4, 4: 0, 16: 0} and "does not pay at B=4" in why[4] and "not measured at B=16" in why[16]
+    tuning = BandEvidence(1.5, (1.3, 1.7), False, 4)
+    assert decide_bands(c, {1: 4, 4: 2}, {4: tuning})[0] == {1: 4, 4: 0}  # tuning prompts are no evidence

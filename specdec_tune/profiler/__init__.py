@@ -16,6 +16,7 @@ from specdec_tune.profiler.backends import VllmPair, measure_arms_vllm, measure_
 from specdec_tune.profiler.backends import server_version
 from specdec_tune.profiler.batch_measure import batches_of, measure_batches
 from specdec_tune.profiler.batch_runs import BatchClock, MeasuredBatch, decode_batch, measure_batch
+from specdec_tune.profiler.bench_batches import BatchBench, run_bench_batches
 from specdec_tune.profiler.bench import HF_METHODS, OURS, RATIOS, VLLM_METHODS, run_bench
 from specdec_tune.profiler.measure import chosen_prompts, default_split, measure_configs
 from specdec_tune.profiler.measure_records import PLAIN, Measurement, MeasureSpec
@@ -37,5 +38,5 @@ __all__ = [
     "server_version",
     "DraftSpec", "Stopwatch", "VllmPair", "encode_prompt", "measure_prompt", "warm_up",
     "HF_METHODS", "OURS", "RATIOS", "VLLM_METHODS", "run_bench",
-    "BatchClock", "MeasuredBatch", "batches_of", "decode_batch", "measure_batch", "measure_batches",
+    "BatchBench", "run_bench_batches", "BatchClock", "MeasuredBatch", "batches_of", "decode_batch", "measure_batch", "measure_batches",
 ]  # fmt: skip

@@ -21,7 +21,7 @@ from specdec_tune.tuner.model._bias import BiasPrediction, bias_of, front_epsilo
 from specdec_tune.tuner.model._calibration import OverheadFit, fit_overhead
 from specdec_tune.tuner.model._configs import NGRAM, NONE, THRESHOLD_RULES, Candidate, TuningResult, spec_config
 from specdec_tune.tuner.model._configs import SEARCH_BASIS, predicted_basis
-from specdec_tune.tuner.model._decision import MIN_LOWER, ServerDecision, decide, decisions
+from specdec_tune.tuner.model._decision import MIN_LOWER, BandEvidence, ServerDecision, decide, decide_bands, decisions
 from specdec_tune.tuner.model._evaluator import Evaluator, Scored
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, simulate_prompt
 from specdec_tune.tuner.model._grid import THRESHOLD_GRID, best_configs
@@ -59,5 +59,5 @@ __all__ = [
     "RANKS", "StagedStats", "TreeCycle", "TreeData", "TreePlan", "expected_tau", "load_tree_data", "predict_tree_prompts",
     "simulate_tree", "tree_overhead", "tree_plan", "width_time",
     "SEARCH_BASIS", "predicted_basis",
-    "batch_cycles", "batch_groups", "lockstep_seconds", "predict_batch_size", "predict_batches",
+    "BandEvidence", "decide_bands", "batch_cycles", "batch_groups", "lockstep_seconds", "predict_batch_size", "predict_batches",
 ]  # fmt: skip
