@@ -34,6 +34,11 @@ from specdec_tune.engine import lean_kernels
 from specdec_tune.engine.lean import _GQA_ARG, PACKED_MAX_TOKENS, PACKED_MIN_TOKENS, LeanCausalLM, _packed_linear
 from specdec_tune.engine.lean import _rms_norm, _rotate, lean_unsupported
 
+# Widths up to this run the fused attention kernel row by row, each over its own length; wider forwards
+# (prefills) run SDPA. Measured on the bundled target, rows at 150..450 cached tokens, B = 1, 4, 16: the kernel
+# was faster at W = 5, 8, 12 and slower at W = 17 (docs/results.md, Batched decoding).
+KERNEL_MAX_WIDTH = 12
+
 
 class RaggedCache:
     """Per-layer key/value buffers of a batch of rows, each row with its own length (module docstring)."""
@@ -120,7 +125,7 @@ def forward_ragged(model: torch.nn.Module, ids: torch.Tensor, cache: RaggedCache
     starts = torch.tensor(cache.lengths, dtype=torch.long, device=ids.device)
     pick = torch.tensor([max(w - 1, 0) for w in widths], dtype=torch.long, device=ids.device) if last else None
     if isinstance(model, LeanCausalLM):
-        logits = _lean_forward(model, ids, cache, starts, end, pick)
+        logits = _lean_forward(model, ids, cache, starts, end, pick, widths)
     else:
         logits = model.forward_ragged(ids, cache, starts, pick)
     cache.advance(widths)
@@ -128,9 +133,11 @@ def forward_ragged(model: torch.nn.Module, ids: torch.Tensor, cache: RaggedCache
 
 
 def _lean_forward(lean: LeanCausalLM, ids: torch.Tensor, cache: RaggedCache, starts: torch.Tensor, end: int,
-                  pick: torch.Tensor | None) -> torch.Tensor:
+                  pick: torch.Tensor | None, widths: Sequence[int]) -> torch.Tensor:
     """The CUDA-graph replay where the model replays graphs (``engine.batch_graphs``), else the eager ragged
-    forward (on the graphs' slot where one was bound)."""
+    forward (on the graphs' slot where one was bound). A prefill (every row's cache empty) runs row by row at
+    each row's own length, as vLLM's varlen attention does without padding: right-padding prompts of
+    different lengths to the longest would compute the padding (up to half the work on the bundled prompts)."""
     from specdec_tune.engine.batch_graphs import runner_for
 
     runner = runner_for(lean)
@@ -142,7 +149,17 @@ def _lean_forward(lean: LeanCausalLM, ids: torch.Tensor, cache: RaggedCache, sta
         like = lean._embed
         cache.allocate(lean.num_kv_heads, lean.head_dim, lean.head_dim, like.dtype, like.device)
     with torch.no_grad():
+        if pick is not None and ids.shape[0] > 1 and max(cache.lengths) == 0:
+            return torch.cat([_row(lean, ids[r:r + 1, :max(w, 1)], cache, r) for r, w in enumerate(widths)])
         return ragged_body(lean, ids, starts, cache.keys, cache.values, end, pick, host_starts=cache.lengths)
+
+
+def _row(lean: LeanCausalLM, ids: torch.Tensor, cache: RaggedCache, r: int) -> torch.Tensor:
+    """Row ``r``'s prefill alone (``[1, T_r]`` from position 0, on its own rows of the buffers); ``[1, vocab]``."""
+    width = ids.shape[1]
+    zero = torch.zeros(1, dtype=torch.long, device=ids.device)
+    return ragged_body(lean, ids, zero, [k[r:r + 1] for k in cache.keys], [v[r:r + 1] for v in cache.values],
+                       width, zero + width - 1, host_starts=[0])
 
 
 def ragged_body(lean: LeanCausalLM, ids: torch.Tensor, starts: torch.Tensor, keys: Sequence[torch.Tensor],
@@ -221,19 +238,26 @@ def _attention(lean: LeanCausalLM, q, k, v, kbuf: torch.Tensor, vbuf: torch.Tens
     """Rotate q and k, write k and v at each row's positions, attend per row; ``[B, W, heads × head_dim]``."""
     batch, width, _ = q.shape
     hq, hkv, d = lean.num_heads, lean.num_kv_heads, lean.head_dim
-    if kern is not None:  # each row over its own length only (measured faster than masked SDPA at W = 1..5)
+    causal = False
+    if kern is not None:
         q = kern.ragged_rope_cache(q, k, v, where.table[0], where.table[1], kbuf, vbuf, where.starts)
-        return kern.ragged_attention(q, kbuf, vbuf, where.starts, lean.scaling)
-    cos, sin = where.rotary
-    q = _rotate(q.reshape(batch, width, hq, d).transpose(1, 2), cos, sin)
-    k = _rotate(k.reshape(batch, width, hkv, d).transpose(1, 2), cos, sin)
-    kbuf[where.rows, :, where.pos] = k.transpose(1, 2)  # [B, W, heads, D] at each row's own positions
-    vbuf[where.rows, :, where.pos] = v.reshape(batch, width, hkv, d)
-    kk, vv = kbuf[:batch, :, :where.span], vbuf[:batch, :, :where.span]
+        if width <= KERNEL_MAX_WIDTH:  # each row over its own length only
+            return kern.ragged_attention(q, kbuf, vbuf, where.starts, lean.scaling)
+        end = max(where.starts) + width
+        causal = end == width  # a prefill: SDPA's own causal kernel, no mask
+        mask = None if causal else (torch.arange(end, device=q.device)[None, None, :] <= where.pos[:, :, None])[:, None]
+    else:
+        cos, sin = where.rotary
+        q = _rotate(q.reshape(batch, width, hq, d).transpose(1, 2), cos, sin)
+        k = _rotate(k.reshape(batch, width, hkv, d).transpose(1, 2), cos, sin)
+        kbuf[where.rows, :, where.pos] = k.transpose(1, 2)  # [B, W, heads, D] at each row's own positions
+        vbuf[where.rows, :, where.pos] = v.reshape(batch, width, hkv, d)
+        end, mask = where.span, where.mask
+    kk, vv = kbuf[:batch, :, :end], vbuf[:batch, :, :end]
     gqa = {"enable_gqa": True} if hq != hkv and _GQA_ARG else {}
     if hq != hkv and not gqa:
         kk, vv = kk.repeat_interleave(hq // hkv, dim=1), vv.repeat_interleave(hq // hkv, dim=1)
-    att = F.scaled_dot_product_attention(q, kk, vv, attn_mask=where.mask, scale=lean.scaling, **gqa)
+    att = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=causal, scale=lean.scaling, **gqa)
     return att.transpose(1, 2).reshape(batch, width, hq * d)
 
 

@@ -11,8 +11,8 @@ each modelled here:
 - **Ragged ends.** Each row accepts its own prefix, so rows need different numbers of cycles; the batch
   keeps running until its longest row is done, with A_t, the rows still live at cycle t, falling (a row
   that finished leaves and nobody takes its place).
-- **Prefill.** One forward over the batch's prompts, right-padded to the longest: B prefills at the
-  longest prompt's length (target, and the draft's first proposal).
+- **Prefill.** Row by row at each row's own length (the engine does not pad prompts: ``engine.ragged``), the
+  target's and the draft's (its first proposal), then every cycle steps the whole batch.
 
 A row's cycles are its own greedy simulation where the profile ran its prompt (exact: in the batch each
 row drafts and accepts what it would alone), else, for a prompt the profile did not run, the simulated
@@ -115,10 +115,11 @@ def plain_seconds(rp: RunProfile, rows: Sequence[int]) -> float:
 
 
 def _prefill_s(rp: RunProfile, group: Sequence[PromptSpec], draft: bool) -> float:
-    """The batch's prefills: B prompts right-padded to the longest (target; the draft's first proposal)."""
-    longest = max(s.prompt_tokens for s in group)
-    target, draft_s = prompt_prefill(rp, None, longest, prefill_fits(rp))
-    return len(group) * (target + (draft_s if draft else 0.0))
+    """The batch's prefills: each row's own, as the engine runs them row by row (target; the draft's first
+    proposal): a profiled prompt's measured prefill, another's from the line in the prompt length."""
+    fits = prefill_fits(rp)
+    rows = [prompt_prefill(rp, s.profiled_index, s.prompt_tokens, fits) for s in group]
+    return sum(t + (d if draft else 0.0) for t, d in rows)
 
 
 def predict_batches(rp: RunProfile, config: SpecConfig, groups: Sequence[Sequence[PromptSpec]], *,
