@@ -6,7 +6,7 @@ from pathlib import Path
 
 from specdec_tune.engine.workloads import load_workload
 
-LARGE = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads" / "functions-240.jsonl"
+LARGE = Path(__file__).resolve().parents[2] / "benchmarks" / "workloads" / "functions-240.jsonl"
 
 
 def test_the_larger_set_extends_the_bundled_one():

@@ -38,7 +38,7 @@ def test_bench_hf_forward_gives_the_same_outputs(tiny_model_dirs, tmp_path, caps
 def test_forward_lean_refuses_a_model_it_cannot_run(tmp_path, capsys):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from tests.tiny import CORPUS, tiny_tokenizer
+    from tests.support.tiny import CORPUS, tiny_tokenizer
 
     tok = tiny_tokenizer(CORPUS, vocab=280)
     folder = tmp_path / "gpt2"
@@ -62,7 +62,7 @@ def test_bench_hides_only_the_warning_transformers_raises_against_its_own_assist
     import logging
 
     from specdec_tune.profiler.bench import configure_assistant
-    from tests.tiny import tiny_llama
+    from tests.support.tiny import tiny_llama
 
     class _Draft:  # what configure_assistant reads of a LoadedModel
         hf = tiny_llama(seed=1)

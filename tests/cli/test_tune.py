@@ -9,7 +9,7 @@ import pytest
 from specdec_tune.cli import main
 from specdec_tune.db import list_measured, list_runs, open_database
 from specdec_tune.tuner.model import Candidate, ServerDecision
-from tests.readme_check import mismatches, read_files, read_readme, readme_section
+from tests.support.readme_check import mismatches, read_files, read_readme, readme_section
 
 KEYS = ("drafter", "num_speculative_tokens", "threshold", "schedule", "server", "measured_tokens_per_s",
         "predicted_tokens_per_s", "baseline_tokens_per_s", "speedup", "speedup_ci", "heldout", "study", "exports")
@@ -98,7 +98,7 @@ def test_tune_json_contract_resume_and_export(tiny_model_dirs, workload, tmp_pat
 
 def _check_servers(obj: dict, bests: dict, out: Path) -> None:
     """Every server: its best predicted inside its own space was measured on the tuning prompts (whether the
-    study visited it or not: ``tests/test_tune_search.py`` shows a case it did not); its pick was measured
+    study visited it or not: ``tests/tuner/search/test_optuna.py`` shows a case it did not); its pick was measured
     held out against plain decoding with a CI; its file carries the pick only when the CI's lower bound is
     >= 1; the README states the files' configuration and numbers."""
 

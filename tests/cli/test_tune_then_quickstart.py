@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from specdec_tune.cli import main
-from tests import dashboard_data
-from tests.readme_check import TITLES, readme_section
+from tests.support import dashboard_data
+from tests.support.readme_check import TITLES, readme_section
 
 
 def _cli(args: list[str]) -> tuple[int, str, str]:

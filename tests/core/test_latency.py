@@ -25,7 +25,7 @@ from specdec_tune.core.latency import (
 )
 from specdec_tune.profiler.runs import DraftSpec, measure_prompt
 from specdec_tune.core.stats import RateSamples
-from tests.tiny import tiny_llama
+from tests.support.tiny import tiny_llama
 
 VOCAB = 48
 
@@ -132,7 +132,7 @@ def test_arrivals_follow_the_cycles(pair, kind):
 @pytest.mark.slow
 def test_measure_stores_latency_cost_and_no_energy_on_a_cpu(tiny_model_dirs, tmp_path):
     from specdec_tune.profiler import MeasureSpec, measure_configs
-    from tests.test_profiler import TINY
+    from tests.profiler.test_session import TINY
     from specdec_tune.profiler.session import ProfileSession
 
     workload = _workload(tmp_path)
@@ -175,7 +175,7 @@ def test_energy_per_token_is_the_counter_delta_of_each_pass(tiny_model_dirs, tmp
     from specdec_tune.profiler import energy as energy_mod
     from specdec_tune.profiler import measure as measure_mod
     from specdec_tune.profiler.session import ProfileSession
-    from tests.test_profiler import TINY
+    from tests.profiler.test_session import TINY
 
     db = open_database(f"sqlite:///{tmp_path / 'r.db'}")
     run_id = ProfileSession(db, tiny_model_dirs["target"], [tiny_model_dirs["draft"]], _workload(tmp_path),

@@ -16,7 +16,7 @@ from specdec_tune.engine.drafters import NgramDrafter
 from specdec_tune.engine.verifiers import SyntheticVerifier
 from specdec_tune.profiler import ArmSpec, MeasureSpec
 from specdec_tune.tuner.model import Candidate, SpecConfig, Trace, replay_reach, spec_config
-from tests.stub_models import Bigram
+from tests.support.stub_models import Bigram
 
 # The keys a stored Candidate dict has always had, in order (study user attributes, reports, the dashboard).
 CANDIDATE_KEYS = ["drafter", "num_speculative_tokens", "threshold", "threshold_rule", "schedule", "ngram_max",

@@ -15,7 +15,7 @@ from specdec_tune.core.stats import RESAMPLES, bootstrap
 from specdec_tune.dashboard.trends import BOOTSTRAP_RESAMPLES, median_ci
 from specdec_tune.tuner.regress import align, speed_test
 
-PACKAGE = Path(__file__).resolve().parents[1] / "specdec_tune"
+PACKAGE = Path(__file__).resolve().parents[2] / "specdec_tune"
 
 
 def test_bootstrap_draws_what_scipy_draws_and_gives_its_percentile_interval():

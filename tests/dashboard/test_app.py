@@ -9,7 +9,7 @@ from specdec_tune.dashboard import ui
 from specdec_tune.dashboard.app import HERE
 from specdec_tune.dashboard.profile_info import load_profile_info
 from specdec_tune.db import open_database
-from tests import dashboard_data
+from tests.support import dashboard_data
 
 APP = str(APP_SCRIPT)  # the script `specdec-tune dashboard` runs: the dashboard with its server room wired in
 PAGES = {

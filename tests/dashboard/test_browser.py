@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests import dashboard_data
+from tests.support import dashboard_data
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 DRIVER = shutil.which("chromedriver")

@@ -12,7 +12,7 @@ from specdec_tune.cli import main
 from specdec_tune.dashboard.launch import check_port, url_for
 from specdec_tune.db import current_revision, get_run, head_revision, known_revisions, open_database, upgrade
 from specdec_tune.core.errors import InputError
-from tests.dashboard_data import RunningDashboard, free_port
+from tests.support.dashboard_data import RunningDashboard, free_port
 
 
 def one_line_error(capsys, args: list[str]) -> str:

@@ -22,8 +22,8 @@ from specdec_tune.dashboard.study_reader import read_trials
 from specdec_tune.dashboard.ui import filter_runs
 from specdec_tune.dashboard.why import load_why
 from specdec_tune.db import MeasuredRecord, list_measured, list_runs, load_acceptance, load_timings, open_database
-from tests import dashboard_data
-from tests.fake_llamacpp import calls as fake_calls
+from tests.support import dashboard_data
+from tests.support.fake_llamacpp import calls as fake_calls
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest  # streamlit is a required dependency: 
 from specdec_tune.cli.dashboard import APP_SCRIPT
 from specdec_tune.dashboard.app import HERE
 from specdec_tune.db import sqlite_file
-from tests import dashboard_data
+from tests.support import dashboard_data
 
 
 @pytest.fixture(scope="module")

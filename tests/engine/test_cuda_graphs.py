@@ -8,7 +8,7 @@ import torch
 
 from specdec_tune.engine import DecodeConfig, ModelDrafter, autoregressive, make_cache, speculative, wrap_forward
 from specdec_tune.engine.cuda_graphs import GraphCache, GraphRunner, slot_length
-from tests.tiny import tiny_llama
+from tests.support.tiny import tiny_llama
 
 
 def _static(model: torch.nn.Module) -> torch.nn.Module:

@@ -16,7 +16,7 @@ from specdec_tune.engine import (
     speculative,
 )
 from specdec_tune.engine.kvcache import forward_with_cache
-from tests.tiny import tiny_llama
+from tests.support.tiny import tiny_llama
 
 VOCAB = 48
 PROMPTS = [torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (1, 7, 23)]

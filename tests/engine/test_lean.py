@@ -11,7 +11,7 @@ from specdec_tune.engine import DecodeConfig, autoregressive, build_drafter, lea
 from specdec_tune.engine.kvcache import make_cache
 from specdec_tune.engine.lean import LeanCausalLM, hf_model, lean_unsupported, wrap_forward
 from specdec_tune.profiler.overhead import ForwardRecorder
-from tests.tiny import tiny_llama
+from tests.support.tiny import tiny_llama
 
 _SMALL = dict(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2)

@@ -8,7 +8,7 @@ import torch
 from specdec_tune.engine import DecodeConfig, ModelDrafter, speculative
 from specdec_tune.engine.lossy import bias_and_rejection, emitted_distribution, least_bias, pareto_bias
 from specdec_tune.engine.verify import verify_lossy, verify_sampling
-from tests.test_sampling import SAMPLES, TEMP, VOCAB, chi2_pvalue, pair  # noqa: F401 - pair is a fixture
+from tests.engine.test_sampling import SAMPLES, TEMP, VOCAB, chi2_pvalue, pair  # noqa: F401 - pair is a fixture
 
 
 def _random_pq(seed: int, rows: int = 64, vocab: int = 9) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,7 +21,7 @@ from scipy import stats
 from specdec_tune.engine import DecodeConfig, ModelDrafter, SamplingVerifier, speculative
 from specdec_tune.engine.drafters import probs_from_logits
 from specdec_tune.engine.types import Draft, VerifyResult
-from tests.stub_models import Bigram, constant
+from tests.support.stub_models import Bigram, constant
 
 VOCAB = 6
 TEMP = 1.0
@@ -135,7 +135,7 @@ DRAFT_ROWS = [
 
 @pytest.fixture(scope="module")
 def pair():
-    """Bigram target and draft (``tests.stub_models``): the engine's whole loop at microseconds a forward."""
+    """Bigram target and draft (``tests.support.stub_models``): the engine's whole loop at microseconds a forward."""
     g = torch.Generator().manual_seed(7)
     target = Bigram(torch.randn(VOCAB, VOCAB, generator=g, dtype=torch.float64) * 1.2)
     draft = Bigram(torch.tensor(DRAFT_ROWS, dtype=torch.float64).log())

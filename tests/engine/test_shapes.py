@@ -187,7 +187,7 @@ def test_profile_measure_predict_with_synthetic_acceptance(tiny_shapes, tmp_path
     assert main(["predict", "--run", str(run), "-N", "2", "--threshold", "0.3", "--db", db]) == 2
     assert "θ must be 0" in capsys.readouterr().err
     from specdec_tune.dashboard.overview import run_label
-    from tests.test_dashboard_app import render
+    from tests.dashboard.test_app import render
 
     assert run_label(get_run(database, run)).endswith("(completed, synthetic acceptance)")
     for page in ("profile", "why"):

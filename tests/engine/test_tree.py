@@ -17,7 +17,7 @@ from specdec_tune.engine.tree_decode import tree_speculative
 from specdec_tune.engine.tree_draft import TreeDrafter
 from specdec_tune.core.errors import InputError
 from specdec_tune.core.trees import TreeShape, chains_shape, expected_accepted, parse_tree, sequoia_tree, topk_shape
-from tests.tiny import tiny_llama
+from tests.support.tiny import tiny_llama
 
 VOCAB = 64
 

@@ -1,7 +1,7 @@
 """Sampling with several drafts is exact: token trees (M >= 2 drafts per node) and staged drafting emit
 the target's distribution.
 
-The machinery is ``tests/test_sampling.py``'s: bigram target and draft (the engine's whole loop at
+The machinery is ``tests/engine/test_sampling.py``'s: bigram target and draft (the engine's whole loop at
 microseconds a forward), the exact joint law of the first two emitted tokens, and a chi-square test
 over many runs. Each variant has shown power: the same statistic rejects planted wrong rules, each a
 mistake a multi-draft implementation can make:
@@ -28,8 +28,8 @@ from specdec_tune.engine.tree_draft import TreeDrafter
 from specdec_tune.engine.tree_verify import TreeVerdict, verify_tree_sampling
 from specdec_tune.engine.types import Draft
 from specdec_tune.core.trees import parse_tree
-from tests.stub_models import Bigram
-from tests.test_sampling import DRAFT_ROWS, TEMP, VOCAB, chi2_pvalue, pair, target_joint  # noqa: F401 (pair: the fixture)
+from tests.support.stub_models import Bigram
+from tests.engine.test_sampling import DRAFT_ROWS, TEMP, VOCAB, chi2_pvalue, pair, target_joint  # noqa: F401 (pair: the fixture)
 
 SAMPLES = 1500
 

@@ -10,8 +10,8 @@ import torch
 from specdec_tune.engine import DecodeConfig, autoregressive
 from specdec_tune.engine.drafters import ModelDrafter
 from specdec_tune.profiler import schedule_check as sc
-from tests.test_latency import _loaded
-from tests.tiny import tiny_llama
+from tests.core.test_latency import _loaded
+from tests.support.tiny import tiny_llama
 
 VOCAB = 48
 

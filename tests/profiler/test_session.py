@@ -25,7 +25,7 @@ from specdec_tune.tuner.model import (
     predict_config,
     simulate_prompt,
 )
-from tests.tiny import tiny_llama
+from tests.support.tiny import tiny_llama
 
 VOCAB = 48
 

@@ -1,4 +1,4 @@
-"""NVML telemetry with a fake NVML library (tests/fake_nvml.py): the null monitor, energy as the delta
+"""NVML telemetry with a fake NVML library (tests/support/fake_nvml.py): the null monitor, energy as the delta
 of the energy counter, and samples taken by a separate process, never by a thread of the decoding one
 (docs/architecture.md, Measurement rules). Whether that keeps the decode loop's speed is a timing:
 ``benchmarks/telemetry_overhead.py`` measures it (docs/results.md, Telemetry overhead)."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specdec_tune.profiler.telemetry import NullMonitor, NvmlMonitor, open_monitor
-from tests import fake_nvml
+from tests.support import fake_nvml
 
 
 def test_null_monitor_without_gpu_or_nvml(monkeypatch):
@@ -66,7 +66,7 @@ def test_energy_is_the_counter_delta_and_samples_come_from_the_sampler(monkeypat
 
 def test_a_missing_reading_is_none_not_a_crash(monkeypatch, tmp_path):
     fake = tmp_path / "nvml_no_util.py"
-    fake.write_text("from tests.fake_nvml import *\n"
+    fake.write_text("from tests.support.fake_nvml import *\n"
                     "def nvmlDeviceGetUtilizationRates(handle):\n    raise NVMLError('Not Supported')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import nvml_no_util

@@ -1,4 +1,4 @@
-"""A process of tests/test_concurrency.py's insert race: open the database, wait at the barrier, insert one
+"""A process of tests/tuner/search/test_lease.py's insert race: open the database, wait at the barrier, insert one
 lease (kept apart from the test module so that a spawned process imports no more than the database)."""
 from __future__ import annotations
 

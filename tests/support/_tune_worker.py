@@ -1,6 +1,6 @@
-"""A search worker run in a subprocess by tests/test_tune_search.py (kill -9, two workers on one study).
+"""A search worker run in a subprocess by tests/tuner/search/test_optuna.py (kill -9, two workers on one study).
 
-Usage: python -m tests._tune_worker DB_URL RUN_ID STORAGE_URL STUDY TRIALS LOG [SLEEP_S] [SERVER]
+Usage: python -m tests.support._tune_worker DB_URL RUN_ID STORAGE_URL STUDY TRIALS LOG [SLEEP_S] [SERVER]
 Each completed trial's number is appended to LOG (flushed) after Optuna has stored it.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A results database and a study storage filled by the project's own code, for the dashboard tests.
 
 The database holds a real profile of the tiny test models (model draft + n-gram, batch sizes 1 and 2,
-the same flags as ``tests/test_cli_profile.py``) and two configurations measured with ``measure`` (each
+the same flags as ``tests/cli/test_profile.py``) and two configurations measured with ``measure`` (each
 stored next to the tuner's prediction). The study storage holds Optuna studies in the shape
 ``specdec-tune tune`` writes: trials over (drafter, N, θ) whose values are the tuner's predictions for
 this run, and a ``result`` user attribute holding a :class:`~specdec_tune.tuner.model.TuningResult`.

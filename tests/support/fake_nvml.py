@@ -1,6 +1,6 @@
 """A fake NVML binding with the names and units of ``pynvml`` (nvidia-ml-py), for CPU tests.
 
-Importable by name (``tests.fake_nvml``), so the telemetry's sampling process imports it too. Its
+Importable by name (``tests.support.fake_nvml``), so the telemetry's sampling process imports it too. Its
 behaviour comes from environment variables, which that process inherits:
 
 - ``FAKE_NVML_CALL_MS``: every device query takes this long *holding the GIL* (libc ``usleep``

@@ -409,7 +409,7 @@ def test_quick_recipe_end_to_end(tmp_path: Path) -> None:
 def test_on_policy_data_is_training_prompts_plus_the_targets_greedy_text() -> None:
     from specdec_tune.engine import DecodeConfig, autoregressive
     from specdec_tune.training.onpolicy import OnPolicyPlan, greedy_continuations
-    from tests.tiny import tiny_llama
+    from tests.support.tiny import tiny_llama
 
     target = tiny_llama(vocab=40, layers=2, seed=3, dtype=torch.float32, sharpness=3.0)
     stream = torch.randint(0, 40, (500,), generator=torch.Generator().manual_seed(0), dtype=torch.int32)

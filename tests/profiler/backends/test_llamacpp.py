@@ -18,7 +18,7 @@ from specdec_tune.profiler.backends._llamacpp import ENV_VAR, LlamaCpp, llamacpp
 from specdec_tune.profiler.backends._llamacpp_server import parse_metrics
 from specdec_tune.profiler.backends._vllm import SpecCounters
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 ZOO = ROOT / "specdec_tune" / "engine" / "zoo" / "models"
 
 
@@ -90,7 +90,7 @@ def test_the_converter_alone_writes_the_exports_gguf_files(llamacpp_converter, t
     llama.cpp section agrees with the flags."""
     from specdec_tune.tuner.model import Candidate, TuningResult
     from specdec_tune.tuner.servers import write_formats
-    from tests.readme_check import mismatches
+    from tests.support.readme_check import mismatches
 
     r = TuningResult(candidate=Candidate("draft", 3, 0.2), server="llamacpp", target="target", workload="w",
                      target_path=tiny_model_dirs["target"], draft_path=tiny_model_dirs["draft"])

@@ -9,7 +9,7 @@ import pytest
 
 from specdec_tune.profiler.backends._llamacpp import LlamaCpp, LlamacppError, find_llamacpp, llamacpp_home, require_converter
 from specdec_tune.profiler.backends._llamacpp_fetch import FETCH_ENV, PipSource, sdist_file
-from tests import fake_llamacpp as fake
+from tests.support import fake_llamacpp as fake
 
 
 

@@ -28,7 +28,7 @@ from specdec_tune.profiler.backends._vllm import (
 )
 from specdec_tune.profiler.backends._vllm_parity import engine_like_vllm, fresh_drafter, vllm_ngram_proposal
 
-RECORDED = json.loads((Path(__file__).parent / "data" / "vllm_recorded.json").read_text())
+RECORDED = json.loads((Path(__file__).resolve().parents[2] / "data" / "vllm_recorded.json").read_text())
 K = 3
 
 

@@ -16,7 +16,7 @@ from specdec_tune.core.errors import InputError
 from specdec_tune.profiler.backends import _vllm_measure as vllm_measure
 from specdec_tune.profiler.backends._vllm import SpecCounters, VllmError, VllmGenerateResult, VllmGroup, VllmOutput
 from specdec_tune.profiler.backends._vllm_measure import ServerConfig, ServerMeasurement, measure_on_server
-from tests.fake_vllm import PausableFake
+from tests.support.fake_vllm import PausableFake
 
 
 class FakeWorker(PausableFake):

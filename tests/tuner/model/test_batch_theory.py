@@ -17,7 +17,7 @@ from specdec_tune.engine.tree_decode import tree_speculative
 from specdec_tune.engine.tree_draft import TreeDrafter
 from specdec_tune.core.trees import parse_tree
 from specdec_tune.tuner.model import _batch_theory, batch_rejection_limit, batch_rejections
-from tests.stub_models import Bigram
+from tests.support.stub_models import Bigram
 
 VOCAB, TOKENS, DEPTH, RUNS = 6, 24, 3, 1000
 

@@ -2,7 +2,7 @@
 speedup's 95% CI lower bound is at least 1; the README states what the files carry.
 
 The measurement is replaced by a synthetic one (each configuration a known speed factor over plain decoding,
-per-prompt and per-pass noise), so the confirmation logic runs in milliseconds; `tests/test_tune_cli.py`
+per-prompt and per-pass noise), so the confirmation logic runs in milliseconds; `tests/cli/test_tune.py`
 runs the same path on real tiny models.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from specdec_tune.core.stats import RateSamples
 from specdec_tune.tuner.model import NGRAM, Candidate, Scored, ServerDecision, TuningResult, decide, decisions
 from specdec_tune.tuner.search import _confirm
 from specdec_tune.tuner.servers import write_exports
-from tests.readme_check import mismatches, read_files, readme_section
+from tests.support.readme_check import mismatches, read_files, readme_section
 
 HEUR = Candidate("mini-draft-2l", 6, schedule="heuristic")  # HF only (heuristic schedule)
 THETA = Candidate("mini-draft-1l", 6, 0.3)  # llama.cpp only (θ, rule before)

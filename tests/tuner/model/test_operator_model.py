@@ -29,7 +29,7 @@ def profile(tiny_model_dirs, tmp_path_factory):
     import json
 
     from specdec_tune.profiler.session import ProfileSession
-    from tests.test_profiler import TINY
+    from tests.profiler.test_session import TINY
 
     root = tmp_path_factory.mktemp("opmodel")
     path = root / "w.jsonl"

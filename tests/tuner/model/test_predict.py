@@ -24,8 +24,8 @@ import torch
 import specdec_tune.engine.draft_budget as draft_budget
 from specdec_tune.engine import DecodeConfig, ModelDrafter, NgramDrafter, speculative
 from specdec_tune.tuner.model import ModelProfile, SpecConfig, Trace, predict
-from tests.stub_models import Bigram
-from tests.tiny import tiny_llama
+from tests.support.stub_models import Bigram
+from tests.support.tiny import tiny_llama
 
 VOCAB = 48
 N_MAX = 6
@@ -98,7 +98,7 @@ def ngram_case():
 
 @pytest.fixture(scope="module")
 def sampling_case():
-    """Bigram target and draft (``tests.stub_models``): thousands of sampled cycles in seconds, so the
+    """Bigram target and draft (``tests.support.stub_models``): thousands of sampled cycles in seconds, so the
     sampling noise stays well below the gap between the two rules."""
     g = torch.Generator().manual_seed(11)
     # A random bigram target and a sharper, noisy copy as draft: top draft probabilities straddle θ,

@@ -15,7 +15,7 @@ from specdec_tune.tuner.model import Candidate, TreeData, TuningResult, expected
 from specdec_tune.tuner.model._tree import _static_depth
 from specdec_tune.tuner.search import server_search_space, shape_candidate
 from specdec_tune.tuner.servers import SERVERS, expressible, project, render_exports
-from tests.test_tree import VOCAB, noisy_pair  # noqa: F401  (the fixture)
+from tests.engine.test_tree import VOCAB, noisy_pair  # noqa: F401  (the fixture)
 
 STATIC = ["chains:2", "topk:2-2", "sequoia:8", "topk:3-1-2"]
 
@@ -143,7 +143,7 @@ def test_profile_with_trees_stores_tree_data_and_the_evaluator_predicts_trees(ti
     from specdec_tune.db import load_timings, load_tree_traces, open_database
     from specdec_tune.profiler.session import ProfileSession
     from specdec_tune.tuner.model import Evaluator, load_tree_data
-    from tests.test_profiler import TINY
+    from tests.profiler.test_session import TINY
 
     path = tmp_path / "w.jsonl"
     path.write_text("\n".join(json.dumps({"id": f"p{i}", "prompt": t}) for i, t in

@@ -16,7 +16,7 @@ from specdec_tune.tuner.model import (
     replay,
     tv_stats,
 )
-from tests.stub_models import Bigram
+from tests.support.stub_models import Bigram
 
 VOCAB = 12
 N_MAX = 8

@@ -16,7 +16,7 @@ from specdec_tune.profiler.backends import _vllm_suite as suite_runs_vllm
 from specdec_tune.profiler.backends._vllm_suite import step_counts
 from specdec_tune.profiler.backends._vllm import VllmGenerateResult, VllmGroup, VllmOutput, counters_from_steps
 from specdec_tune.tuner.regress import FLAGGED
-from tests.fake_vllm import PausableFake
+from tests.support.fake_vllm import PausableFake
 
 PROMPTS = ["def add(a, b):", "class Point:", "for i in range(10):", "def __init__(self, x, y):",
            "print(i, i * i)", "return a + b", "self.x = x", "self.y = y"]

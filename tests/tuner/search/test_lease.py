@@ -2,7 +2,7 @@
 second one asking for the same study is refused in one line naming the first, other studies work side
 by side, a study holds the trials of one profile run only, a killed holder's lease is taken over, and
 two ``profile`` processes store two runs. The processes are real (``python -m specdec_tune.cli``); where
-one must be at a given point while another starts, it waits there on a FIFO (``tests/pause.py``)."""
+one must be at a given point while another starts, it waits there on a FIFO (``tests/support/pause.py``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,11 +22,11 @@ from specdec_tune.db import release_lease, renew_lease, take_over_lease
 from specdec_tune.core.errors import BusyError, InputError
 from specdec_tune.tuner.search import StudyLease, TuneRequest, open_storage, run_tune
 from specdec_tune.tuner.search._lease import host, pid_scope
-from tests._lease_worker import insert_at_barrier
-from tests.pause import Pause
-from tests.test_db import new_url  # noqa: F401 - the backends fixture (SQLite; PostgreSQL where there is one)
+from tests.support._lease_worker import insert_at_barrier
+from tests.support.pause import Pause
+from tests.db.test_contract import new_url  # noqa: F401 - the backends fixture (SQLite; PostgreSQL where there is one)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 PROFILE_FLAGS = ("--device", "cpu", "--repeats", "2", "--k-max", "3", "--n-max", "4", "--max-prompts", "2",
                  "--max-new-tokens", "8", "--context-lens", "8,16", "--threads", "1")
 

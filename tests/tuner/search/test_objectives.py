@@ -227,7 +227,7 @@ def test_tune_energy_end_to_end_with_a_fake_nvml(tiny_model_dirs, tmp_path, tune
     from specdec_tune.profiler import energy as energy_mod
     from specdec_tune.profiler import measure as measure_mod
     from specdec_tune.tuner.search import _tune
-    from tests.test_latency import _fake_nvml
+    from tests.core.test_latency import _fake_nvml
 
     fake = _fake_nvml(100.0)
     monkeypatch.setattr(_tune, "_gpu", lambda device: True)  # the refusal on a CPU is tested above
@@ -277,7 +277,7 @@ def test_tune_backend_vllm_picks_by_goodput_on_a_fake_server(tiny_model_dirs, tu
     from specdec_tune.cli import main
     from specdec_tune.profiler.backends import _vllm_measure as vllm_measure
     from specdec_tune.profiler.backends._vllm import VllmOutput
-    from tests.test_vllm_measure import FakeWorker
+    from tests.profiler.backends.test_vllm_measure import FakeWorker
 
     class Bursty(FakeWorker):
         def generate(self, prompts, max_tokens, concurrency=1, ignore_eos=False):

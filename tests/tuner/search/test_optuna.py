@@ -24,7 +24,7 @@ from specdec_tune.tuner.search import (
 )
 from specdec_tune.tuner.servers import SERVERS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +187,7 @@ def test_resume_and_interrupt_keep_completed_trials(profile_db, tmp_path):
 
 def _worker(url, run_id, storage, study, trials, log, pause=0.0):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "tests._tune_worker", url, str(run_id), storage, study,
+    return subprocess.Popen([sys.executable, "-m", "tests.support._tune_worker", url, str(run_id), storage, study,
                              str(trials), str(log), str(pause)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 

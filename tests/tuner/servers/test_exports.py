@@ -12,7 +12,7 @@ from specdec_tune.core.errors import InputError
 from specdec_tune.tuner.model import NGRAM, Candidate, TuningResult
 from specdec_tune.tuner.servers import FORMATS, batch_ranges, build_exports, render_exports, write_exports
 from specdec_tune.tuner.servers import _schemas as sch
-from tests.readme_check import mismatches, readme_section
+from tests.support.readme_check import mismatches, readme_section
 
 DRAFT_PATH = "/models/draft-1l"
 TARGET_PATH = "/models/target"

@@ -1,6 +1,6 @@
 """Portable exports: ``--model-root`` makes every exported file name the serving host's copies of the
 models, and each ``launch.sh`` reads ``TARGET_MODEL`` / ``DRAFT_MODEL``. The files are read as their
-servers read them (tests/readme_check.py) and the launch scripts are run by ``sh`` with the servers
+servers read them (tests/support/readme_check.py) and the launch scripts are run by ``sh`` with the servers
 replaced by stubs that print the arguments they were given."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import yaml
 
 from specdec_tune.tuner.model import NGRAM, Candidate, TuningResult
 from specdec_tune.tuner.servers import render_exports, write_exports
-from tests.readme_check import mismatches, read_files
+from tests.support.readme_check import mismatches, read_files
 
 ROOT = "/srv/models"
 FORMATS = ["vllm", "sglang", "trtllm", "hf"]  # llama.cpp needs its converter: rendered below instead

@@ -1,6 +1,6 @@
 """SGLang's own argument parser reads ``export --format sglang`` as meant.
 
-``tests/sglang_args.py`` runs in the SGLang side venv (``scripts/setup_sglang_env.sh``: sglang 0.5.23
+``tests/support/sglang_args.py`` runs in the SGLang side venv (``scripts/setup_sglang_env.sh``: sglang 0.5.23
 without its CUDA dependencies) and feeds each exported command line to
 ``sglang.srt.server_args.prepare_server_args``, what ``python -m sglang.launch_server`` calls. Every
 speculative field of the export (our schema's fields) must arrive with the value we wrote, under its
@@ -21,7 +21,7 @@ from specdec_tune.tuner.servers import SglangSpeculativeArgs, render_exports
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TARGET, DRAFT = "/models/mini-target", "/models/mini-draft-1l"
 CANDIDATES = {"standalone": Candidate("mini-draft-1l", 5), "ngram": Candidate(NGRAM, 3, ngram_max=3, ngram_min=3)}
 
@@ -90,7 +90,7 @@ def parsed(sglang_python) -> dict:
         cases[(name, None)] = (flags, meant)
         cases.update({(name, kind): (plant(flags, kind), meant) for kind in PLANTS})
     argvs = [["--model-path", TARGET, *flags] for flags, _ in cases.values()]
-    proc = subprocess.run([sglang_python, str(ROOT / "tests" / "sglang_args.py")], input=json.dumps(argvs),
+    proc = subprocess.run([sglang_python, str(ROOT / "tests" / "support" / "sglang_args.py")], input=json.dumps(argvs),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return {key: (res, meant) for (key, (_, meant)), res in zip(cases.items(), json.loads(proc.stdout))}

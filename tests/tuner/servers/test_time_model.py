@@ -93,7 +93,7 @@ def test_round_trips_through_json():
     assert again.predict(4, "model", MAX_NEW, 2.5, 3) == pytest.approx(model.predict(4, "model", MAX_NEW, 2.5, 3))
 
 
-RECORDED = Path(__file__).parent / "data" / "vllm_recorded_measure.json"  # committed with the tests
+RECORDED = Path(__file__).resolve().parents[2] / "data" / "vllm_recorded_measure.json"  # committed with the tests
 
 
 def test_recorded_vllm_run_out_of_sample():
@@ -239,7 +239,7 @@ def test_a_tie_is_decided_by_the_model_where_it_interpolates():
 
 # The profile and vLLM measurements of benchmarks/server_fidelity.py's committed run (docs/results.md,
 # vLLM server fidelity), kept as test data.
-FIDELITY = Path(__file__).resolve().parent / "data" / "server_fidelity_vllm_cpu"
+FIDELITY = Path(__file__).resolve().parents[2] / "data" / "server_fidelity_vllm_cpu"
 
 
 def test_server_steps_and_draft_tokens_from_the_engine_profile_equal_what_vllm_counted(tmp_path):
