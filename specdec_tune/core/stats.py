@@ -41,7 +41,7 @@ CONFIDENCE = 0.95
 RESAMPLES = 4000
 # A CI over prompts needs two prompts at least. From one prompt the spread between prompts, most of a rate's
 # uncertainty, is unknown: resampling its repeats alone gives an interval that covers the truth far less often
-# than it claims (tests/profiler/test_session.py, test_ci_covers_the_true_rate_about_95_percent_of_the_time).
+# than it claims (tests/core/test_stats.py, test_ci_covers_the_true_rate_about_95_percent_of_the_time).
 MIN_CI_PROMPTS = 2
 
 

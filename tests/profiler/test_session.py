@@ -344,32 +344,7 @@ def test_build_profile_without_timings_is_refused(tiny_model_dirs, workload, tmp
         build_run_profile(run, "ngram", [], [], prompts=[PromptInfo(5, 8)])
 
 
-# --------------------------------------------------------------------------- prompt split, held-out predictions
-
-
-@pytest.mark.parametrize("name", ["functions", "docstrings", "tables"])
-def test_split_is_deterministic_disjoint_and_covers_the_workload(name):
-    from specdec_tune.engine.workloads import load_workload
-    from specdec_tune.core.splits import split_prompts
-
-    prompts = load_workload(name)
-    tune, hold = split_prompts(prompts, "tune"), split_prompts(prompts, "holdout")
-    assert [p.id for p in tune] == [p.id for p in split_prompts(load_workload(name), "tune")]  # deterministic
-    assert not {p.id for p in tune} & {p.id for p in hold}
-    assert sorted(p.id for p in tune + hold) == sorted(p.id for p in prompts)
-    assert len(tune) == len(hold) == 20 and split_prompts(prompts, "all") == prompts
-    assert [p.id for p in tune] == [p.id for p in prompts if prompts.index(p) % 2 == 0]  # workload order kept
-    assert split_prompts(prompts, "5:9") == prompts[5:9]
-
-
-@pytest.mark.parametrize("bad", ["50:10", "bogus", "", "1:1", "a:b", "0:41", ":3"])
-def test_bad_split_is_an_input_error(bad):
-    from specdec_tune.engine.workloads import load_workload
-    from specdec_tune.core.errors import InputError
-    from specdec_tune.core.splits import split_prompts
-
-    with pytest.raises(InputError, match="split"):
-        split_prompts(load_workload("functions"), bad)
+# --------------------------------------------------------------------------- held-out predictions
 
 
 def test_held_out_prediction_uses_no_held_out_timing(tiny_model_dirs, workload, tmp_path):
@@ -424,66 +399,3 @@ def test_single_profiled_prompt_pooled_equals_exact(tiny_model_dirs, workload, t
         assert not pooled.in_sample and exact.in_sample
         assert pooled.tokens_per_s == pytest.approx(exact.tokens_per_s, rel=1e-9)
         assert pooled.expected_tokens_per_cycle == pytest.approx(exact.expected_tokens_per_cycle, rel=1e-9)
-
-
-# --------------------------------------------------------------------------- confidence intervals
-
-
-def test_ci_of_constant_samples_has_zero_width():
-    from specdec_tune.core.stats import RateSamples, tokens_per_s_ci
-
-    s = RateSamples(("a", "b"), ((64, 64, 64), (64, 64, 64)), ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)))
-    assert s.tokens_per_s == 128.0 and tokens_per_s_ci(s) == (128.0, 128.0)
-    assert tokens_per_s_ci(s.to_json()) == (128.0, 128.0)  # the stored form reads back
-
-
-def test_no_ci_from_one_prompt():
-    """One prompt says nothing about the spread between prompts: no CI (was a zero-width interval at the
-    point estimate with one repeat, and an interval of the repeats' noise alone with several), however
-    many repeats; a speedup's CI likewise."""
-    from specdec_tune.core.stats import RateSamples, ci_unavailable, speedup_ci, tokens_per_s_ci
-
-    one = RateSamples(("a",), ((10,),), ((0.25,),))
-    noisy = RateSamples(("a",), ((10, 10, 10),), ((0.25, 0.3, 0.2),))
-    assert one.tokens_per_s == 40.0 and tokens_per_s_ci(one) is None and tokens_per_s_ci(noisy) is None
-    assert speedup_ci(noisy, one) is None and tokens_per_s_ci(one.to_json()) is None
-    assert ci_unavailable(1) == "no 95% CI from 1 prompt: a CI over prompts needs >= 2" and ci_unavailable(2) is None
-
-
-def test_ci_covers_the_true_rate_about_95_percent_of_the_time():
-    """Prompts with different speeds drawn from a known population: the interval must cover the true
-    tokens/s (64 / E[seconds]) near its nominal rate. A CI that resampled only the repeats (ignoring
-    which prompts were drawn) would cover far less often, so this has power."""
-    import numpy as np
-
-    from specdec_tune.core.stats import RateSamples, tokens_per_s_ci
-
-    rng = np.random.default_rng(1)
-    truth = 64 / 2.0  # seconds ~ Gamma(shape 8, scale 0.25): mean 2.0
-    covered, narrow_covered, sims = 0, 0, 200
-    for k in range(sims):
-        base = rng.gamma(8.0, 0.25, size=20)
-        secs = tuple(tuple(b * (1 + 0.01 * rng.standard_normal(3))) for b in base)
-        s = RateSamples(tuple(map(str, range(20))), tuple((64.0,) * 3 for _ in range(20)), secs)
-        lo, hi = tokens_per_s_ci(s, resamples=1000, seed=k)
-        covered += lo <= truth <= hi
-        # the wrong interval: repeats resampled within fixed prompts only
-        reps = np.array(secs)[:, rng.integers(0, 3, size=(1000, 3))].mean(axis=2)  # [20, 1000]
-        rates = 64 * 20 / reps.sum(axis=0)
-        narrow_covered += np.quantile(rates, 0.025) <= truth <= np.quantile(rates, 0.975)
-    assert 0.88 <= covered / sims <= 0.99
-    assert narrow_covered / sims < 0.5
-
-
-def test_speedup_ci_is_paired():
-    from specdec_tune.core.stats import RateSamples, speedup_ci, tokens_per_s_ci
-
-    base_secs = ((1.0, 1.1), (3.0, 2.9), (0.5, 0.6), (2.0, 2.2))
-    ids, tokens = ("a", "b", "c", "d"), tuple((64.0, 64.0) for _ in range(4))
-    base = RateSamples(ids, tokens, base_secs)
-    fast = RateSamples(ids, tokens, tuple(tuple(x / 2 for x in row) for row in base_secs))
-    lo, hi = tokens_per_s_ci(base)
-    assert hi / lo > 1.3  # prompts differ a lot ...
-    assert speedup_ci(fast, base) == pytest.approx((2.0, 2.0))  # ... but the pairing cancels it
-    with pytest.raises(ValueError, match="same prompts"):
-        speedup_ci(fast, RateSamples(("x", "b", "c", "d"), tokens, base_secs))
