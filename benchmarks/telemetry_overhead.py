@@ -23,7 +23,7 @@ from scipy import stats
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support.fake_nvml, run from anywhere
 from specdec_tune.cli import _options as opts  # noqa: E402
 from specdec_tune.profiler.telemetry import NvmlMonitor  # noqa: E402
-from tests import fake_nvml  # noqa: E402
+from tests.support import fake_nvml  # noqa: E402
 
 
 def _ci(ratios: list[float]) -> list[float]:
