@@ -14,7 +14,7 @@ from specdec_tune.engine.batch_decode import batch_autoregressive, batch_specula
 from specdec_tune.engine.batch_drafters import BatchModelDrafter, build_batch_drafter
 from specdec_tune.engine.lean import wrap_forward
 from specdec_tune.engine.ragged import RaggedCache, forward_ragged, make_ragged_cache
-from tests.tiny import tiny_llama
+from tests.support.tiny import tiny_llama
 
 VOCAB = 48
 LENGTHS = (1, 7, 23, 4, 12)

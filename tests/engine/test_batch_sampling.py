@@ -18,7 +18,7 @@ from specdec_tune.engine import batch_decode
 from specdec_tune.engine.batch_decode import DecodeConfig, batch_speculative
 from specdec_tune.engine.batch_drafters import BatchModelDrafter
 from specdec_tune.engine.types import VerifyResult
-from tests.stub_batch import RaggedBigram
+from tests.support.stub_batch import RaggedBigram
 
 VOCAB = 6
 TEMP = 1.0

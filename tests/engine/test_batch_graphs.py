@@ -14,7 +14,7 @@ from specdec_tune.engine.batch_decode import batch_autoregressive, batch_specula
 from specdec_tune.engine.batch_drafters import build_batch_drafter
 from specdec_tune.engine.batch_graphs import BatchGraphRunner, runner_for
 from specdec_tune.engine.lean import wrap_forward
-from tests.tiny import tiny_llama
+from tests.support.tiny import tiny_llama
 
 VOCAB = 48
 PROMPTS = [torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (1, 7, 23, 4, 9)]

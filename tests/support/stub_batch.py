@@ -1,10 +1,10 @@
-"""The bigram stub (``tests.stub_models``) with the batched engine's ``forward_ragged``: a batch's whole loop
+"""The bigram stub (``tests.support.stub_models``) with the batched engine's ``forward_ragged``: a batch's whole loop
 (ragged drafts, per-row verdicts, rows leaving) at microseconds a forward, for distribution tests."""
 from __future__ import annotations
 
 import torch
 
-from tests.stub_models import Bigram
+from tests.support.stub_models import Bigram
 
 
 class RaggedBigram(Bigram):
