@@ -132,3 +132,26 @@ def test_bands_ship_only_with_measured_evidence():
     assert ruled == {1: 4, 4: 0, 16: 0} and "does not pay at B=4" in why[4] and "not measured at B=16" in why[16]
     tuning = BandEvidence(1.5, (1.3, 1.7), False, 4)
     assert decide_bands(c, {1: 4, 4: 2}, {4: tuning})[0] == {1: 4, 4: 0}  # tuning prompts are no evidence
+
+
+def test_tune_decides_every_speculating_servers_bands_from_one_measurement(profiled, tiny_model_dirs):
+    """``measured_schedules``: the winner's schedule and each speculating server's are decided band by band from
+    one measurement per (configuration, batch size), plain decoding once; a server that ships plain decoding
+    is left as it was."""
+    from specdec_tune.tuner.model import Candidate, ServerDecision
+    from specdec_tune.tuner.search._bands import measured_schedules
+
+    url, run_id = profiled
+    db = open_database(url)
+    c = Candidate(tiny_model_dirs["draft"], 3)
+    schedule = {1: 3, 2: 2, 4: 1}
+    decided = {"vllm": ServerDecision("vllm", c, "speculate", "measured", per_batch_size=dict(schedule)),
+               "hf": ServerDecision("hf", c, "plain", "CI below 1", per_batch_size=dict(schedule))}
+    before = len(list_measured(db, run_id))
+    out, own, reasons = measured_schedules(db, run_id, c, schedule, decided, heldout_prompts=5, temperature=0.0,
+                                           repeats=1, seed=0, progress=None)
+    new = list_measured(db, run_id)[before:]
+    assert sorted((m.config["batch_size"], m.config["num_speculative_tokens"]) for m in new) == [(2, 0), (2, 2)]
+    assert out["vllm"].per_batch_size == own and own[4] == 0 and own[2] in (0, 2) and own[1] == 3
+    assert out["vllm"].per_batch_size_reasons == reasons and "at B=2 (2 batches of 2 held-out prompts)" in reasons[2]
+    assert out["hf"] == decided["hf"]
