@@ -48,6 +48,7 @@ def main(db: Db = "sqlite:///batch_fidelity.db", run: Run = None, target: str = 
          batch_sizes: str = "1,2,4,8,16", ns: str = "1,2,3,4,5,6", n_max: int = 6, profile_max_prompts: int = 24,
          max_prompts: int = 48, repeats: int = 2, threads: int = 1, out: str | None = None) -> None:
     """Profile (or reuse --run), measure every N at every batch size held out, write the validation table."""
+    args = dict(locals())  # the command's arguments, for the JSON (before any other local exists)
     started = time.perf_counter()
     database = open_database(db)
     sizes = [int(b) for b in batch_sizes.split(",")]
@@ -71,7 +72,7 @@ def main(db: Db = "sqlite:///batch_fidelity.db", run: Run = None, target: str = 
     print(text)
     name = workload.rsplit("/", 1)[-1].removesuffix(".jsonl")
     write_results(out, f"batch_fidelity_cpu_{name}", text, {"run_id": run, "rows": rows, "summary": summary,
-                                                            "goal": GOAL, "args": dict(locals())})
+                                                            "goal": GOAL, "args": args})
 
 
 def _rows(database, run: int, got: list, b: int) -> list[dict]:
