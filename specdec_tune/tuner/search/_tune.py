@@ -364,8 +364,7 @@ def _server_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
     return result, _report(s, result, confirmation, [], notes, sr.to_dict())
 
 
-BANDS_SOURCE = ("each band measured held out on our engine against plain decoding at its batch size; B=1 takes the "
-                "configuration's N")
+BANDS_SOURCE = "each band measured held out on our engine against plain decoding at its batch size"
 _VLLM_HELDOUT = "the held-out prompts measured, by the server model calibrated on vLLM"
 _VLLM_TUNING = "the server model calibrated on vLLM, at the profile's prompt lengths"
 

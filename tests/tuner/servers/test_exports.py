@@ -429,7 +429,8 @@ def test_cli_export_from_a_study(tmp_path, capsys):
 def test_the_readme_carries_each_bands_measured_reason(tmp_path):
     """A schedule whose bands ``tune`` measured on the batched engine (issue 38): the README names the source and
     gives every band its reason with the measured numbers, the band without a CI at 0 and saying why."""
-    source = "each band measured held out on our engine against plain decoding at its batch size"
+    from specdec_tune.tuner.search._tune import BANDS_SOURCE as source  # what tune writes
+
     why = {4: "N=3: at B=4 (4 batches of 4 held-out prompts): 1.21× over plain decoding (95% CI 1.08–1.35)",
            16: "0: predicted N=2, not measured at B=16 (16 held-out prompts make 1 batch of 16; a CI needs 2 "
                "(--heldout-prompts 32)); a band ships only with a measured CI"}
@@ -438,5 +439,6 @@ def test_the_readme_carries_each_bands_measured_reason(tmp_path):
     write_exports(r, ["vllm"], tmp_path / "out")
     section = readme_section((tmp_path / "out" / "README.md").read_text(), "vllm")
     assert f"- N per batch size ({source};" in section and "B=4: 3, B=16: 0" in section
+    assert section.count("B=1 takes the configuration's N") == 1
     for b, text in why.items():
         assert f"  - B={b}: {text}" in section
