@@ -117,16 +117,17 @@ def _report(got: list, run: int, temperature: float, json_out: bool) -> None:
 
 
 def _speedup(v, plain) -> dict | None:
-    """The measured speedup over plain decoding (pass by pass, with the paired 95% CI) and the predicted one."""
+    """The measured speedup over plain decoding with its paired 95% CI (one estimator: the CI contains the
+    point, ``stats.speedup_estimate``) and the predicted one."""
     if plain is None:
         return None
-    from specdec_tune.core.stats import paired_speedup, speedup_ci
+    from specdec_tune.core.stats import speedup_estimate
 
-    measured = paired_speedup(v.measurement, plain.measurement)
+    est = speedup_estimate(v.measurement, plain.measurement)
+    measured, ci = est.value, est.ci
     predicted = v.prediction.speedup if v.prediction else None
-    ci = speedup_ci(v.measurement, plain.measurement)
     return {"measured": measured, "ci95": None if ci is None else list(ci),
-            "ci95_why": ci_unavailable(v.measurement.prompts) if ci is None else None, "predicted": predicted,
+            "ci95_why": est.why, "predicted": predicted,
             "relative_error": None if predicted is None else predicted / measured - 1,
             "plain_tokens_per_s": plain.measurement.tokens_per_s, "plain_measured_id": plain.measurement.measured_id}
 
