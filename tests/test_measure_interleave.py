@@ -40,7 +40,8 @@ def _run(monkeypatch, configs: int, prompts: int, repeats: int, meter=None):
     ids = [torch.tensor([i]) for i in range(prompts)]
     config = SimpleNamespace(spec=SimpleNamespace(num_speculative_tokens=2, threshold=0.0))
     cases = [measure_mod._Case(f"c{c}", config, SimpleNamespace(model=None, inner=None, key=f"c{c}"), None,
-                               [[] for _ in ids], [[] for _ in ids], arrivals=[[] for _ in ids]) for c in range(configs)]
+                               [[] for _ in ids], [[] for _ in ids], arrivals=[[] for _ in ids])
+             for c in range(configs)]
     target = SimpleNamespace(device=torch.device("cpu"), model=None)
     monkeypatch.setattr(passes, "_models", lambda target, cases: {})
     passes.run_cases(target, cases, [f"p{i}" for i in range(prompts)], ids, repeats, 0, Progress(), meter)

@@ -93,7 +93,7 @@ def test_speedup_cancels_a_pass_the_whole_machine_ran_slower():
     plain = RateSamples(ids, ((10, 10, 10), (10, 10, 10)), ((2.0, 6.0, 2.0), (2.0, 6.0, 2.0)))
     assert speedup_estimate(spec, plain).value == pytest.approx(2.0)
     uneven = RateSamples(ids, ((10, 10, 10), (10, 10, 10)), ((2.0, 2.0, 2.0), (2.0, 2.0, 2.0)))
-    assert speedup_estimate(spec, uneven).value == pytest.approx(2.0)  # the slow pass is one of three: the median drops it
+    assert speedup_estimate(spec, uneven).value == pytest.approx(2.0)  # one slow pass of three: the median drops it
     with pytest.raises(ValueError):
         speedup_estimate(spec, RateSamples(("x", "y"), plain.tokens, plain.seconds))
 

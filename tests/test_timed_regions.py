@@ -169,3 +169,29 @@ def test_measure_makes_every_graph_before_it_times(tiny_model_dirs, tmp_path, mo
     keys = {k for s in draft.model.cuda_graph_runner.slots for k in s.graphs}
     assert (2, 1) in keys and (11, 11) in {k for s in target.model.cuda_graph_runner.slots for k in s.graphs}
     assert all(len(t) == 1 for case in cases for t in case.times)
+
+
+@pytest.mark.slow
+def test_bench_and_regress_warm_every_prompt_and_report_clean_timed_decodes(tiny_model_dirs, tmp_path, monkeypatch):
+    """``bench`` and ``regress`` (suite runs) check their timed decodes too, say so, and warm up so that
+    nothing needs a re-run: ``regress`` used to warm up on its first prompt only (R1 for the others)."""
+    from specdec_tune.engine import load_model
+    from specdec_tune.profiler import OURS, ArmSpec, measure_arms, run_bench
+    from specdec_tune.profiler.runs import encode_prompt
+
+    spy = Spy(monkeypatch)
+    workload = _workload(tmp_path, tiny_model_dirs["target"])
+    target = load_model(tiny_model_dirs["target"], "cpu", "float32", "lean")
+    draft = load_model(tiny_model_dirs["draft"], "cpu", "float32", "lean")
+    ids = [encode_prompt(target, json.loads(line)["prompt"]) for line in open(workload)][:2]
+    result = run_bench(target, draft, ids, num_speculative_tokens=3, max_new_tokens=8, methods=OURS)
+    report = result.to_json()["timed_regions"]
+    assert (report["regions"], report["reruns"], report["unclean"]) == (4, 0, 0)
+    assert set(report["watched"]) == {"target", "draft"}
+
+    arm = ArmSpec(key="a", target=tiny_model_dirs["target"], spec=SpeculativeConfig(tiny_model_dirs["draft"], 3),
+                  workload=workload, prompts=2, max_new_tokens=8, repeats=1, forward="lean")
+    before = spy.made
+    samples = measure_arms([arm])["a"]
+    assert spy.made > before  # the arm's own models made their graphs (in the warm-up)
+    assert [(s.regions, s.reruns, s.unclean, s.graphs_watched) for s in samples] == [(2, 0, 0, True)] * 2

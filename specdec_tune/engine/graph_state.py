@@ -15,8 +15,8 @@ from specdec_tune.core.limits import MAX_GRAPH_TOKENS
 
 @dataclass(frozen=True)
 class GraphCounters:
-    """What a runner (:class:`~specdec_tune.engine.cuda_graphs.GraphRunner`) has made so far (a snapshot): a timed region between two equal snapshots
-    ran no capture and allocated no key/value slot.
+    """What a runner (:class:`~specdec_tune.engine.cuda_graphs.GraphRunner`) has made so far (a snapshot):
+    a timed region between two equal snapshots ran no capture and allocated no key/value slot.
 
     Attributes:
         made: graphs made (captured on CUDA, their static inputs on the CPU) or attempted.

@@ -7,8 +7,8 @@ engine can replay made: ``profiler.measure_passes``); methods are interleaved pr
 drift of the machine hits all four alike); each timed call is one whole generation, prefill
 included, measured with one synchronisation at its end, checked for a graph capture or new KV slot
 inside (re-run when one happened, ``profiler.clean``) with the garbage collector off; tokens/s = new
-tokens / seconds summed over prompts. HF assisted generation is configured through the *assistant's* ``generation_config``
-(``num_assistant_tokens``, ``num_assistant_tokens_schedule="constant"``,
+tokens / seconds summed over prompts. HF assisted generation is configured through the *assistant's*
+``generation_config`` (``num_assistant_tokens``, ``num_assistant_tokens_schedule="constant"``,
 ``assistant_confidence_threshold=0``), which is where transformers 5 reads them.
 
 vLLM: each call is one ``LLM.generate`` of one prompt (batch 1), timed inside the worker process

@@ -1,13 +1,14 @@
 """Measure configurations end to end on a profiled run's prompts and store what was measured.
 
-Throughput is what a user sees: new tokens / wall seconds of whole decode calls (prefill included),
-summed over the prompts, after an untimed warm-up (:mod:`profiler.measure_passes`: the protocol). The profiler measures and never predicts
-(docs/architecture.md, Rooms): the command that wants predicted next to measured asks ``tuner`` for the
-prediction and stores it beside this measurement (``tuner.search``'s ``measure_predicted``).
+Throughput is what a user sees: new tokens / wall seconds of whole decode calls (prefill included), summed
+over the prompts, after an untimed warm-up (the protocol: :mod:`profiler.measure_passes`). The profiler
+measures and never predicts (docs/architecture.md, Rooms): the command that wants predicted next to measured
+asks ``tuner`` for the prediction and stores it beside this measurement (``tuner.search``'s
+``measure_predicted``).
 
 Several configurations of one run are measured together: the models are loaded once, and each repeat
 decodes every prompt with every configuration, the configurations taking turns prompt by prompt in a
-rotated order (:func:`_run_cases`), so a slow minute of a shared machine is spread over all configurations
+rotated order (``profiler.measure_passes.run_cases``), so a slow minute of a shared machine is spread over all configurations
 instead of landing on one: rankings and errors compare like with like (docs/architecture.md, Measurement
 rules). Every timed decode is checked for graph captures and new KV slots inside it (re-run when any, and
 the counts stored), with the garbage collector off. Each measurement stores its 95% CI, the raw per-prompt,
@@ -70,7 +71,8 @@ def _warn_if_graphs_changed(target: LoadedModel, profiled: str | None, drafts: d
     them) times another forward than the prediction describes: say so, for the target and each draft model
     (engine/cuda_graphs.py). A profile older than the drafts' record has none to compare."""
     pairs = [("the target", target.cuda_graphs, profiled)]
-    pairs += [(f"draft {name!r}", d.cuda_graphs, (profiled_drafts or {}).get(name)) for name, d in (drafts or {}).items()]
+    then = profiled_drafts or {}
+    pairs += [(f"draft {name!r}", d.cuda_graphs, then.get(name)) for name, d in (drafts or {}).items()]
     for who, now, then in pairs:
         if then is not None and now is not None and now != then:
             print(f"warning: {who} ran with CUDA graphs {now!r}, the profile with {then!r}; the prediction "

@@ -192,7 +192,8 @@ class ProfileSession:
 
     def _models(self) -> dict:
         """The run's models by name (the target's ``target``), as the engine runs them."""
-        return {"target": self.target.model, **{d.model.name: d.model.model for d in self.drafts if d.model is not None}}
+        drafts = {d.model.name: d.model.model for d in self.drafts if d.model is not None}
+        return {"target": self.target.model, **drafts}
 
     def _store_graph_state(self, quiet: bool = False) -> None:
         """After the run: the CUDA-graph state (a capture can fail late) and counters of the target and of

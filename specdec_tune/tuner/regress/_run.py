@@ -173,8 +173,8 @@ def _timed_regions(current: Mapping[str, list[dict]]) -> str | None:
     samples = [s for rows in current.values() for s in rows if "regions" in s]
     if not samples:
         return None
-    return describe_timed_regions({k: sum(int(s.get(k) or 0) for s in samples) for k in ("regions", "reruns", "unclean")}
-                                  | {"watched": any(s.get("graphs_watched") for s in samples)})
+    counts = {k: sum(int(s.get(k) or 0) for s in samples) for k in ("regions", "reruns", "unclean")}
+    return describe_timed_regions(counts | {"watched": any(s.get("graphs_watched") for s in samples)})
 
 
 def _flag_history(db: Database, suite: str, before: int, persist: int) -> dict[tuple[str, str], int]:
