@@ -89,6 +89,19 @@ def test_counters_count_on_the_cpu_and_prepare_makes_the_drafts_catch_up(lean):
     assert graph_counters(torch.nn.Linear(1, 1)) is None  # an eager model has no counters
 
 
+def test_measure_warns_when_a_drafts_graph_state_differs_from_the_profile(capsys):
+    """R11: on the H100 the 1-layer draft's capture failed and it ran eagerly, 30× slower in the loop than
+    isolated, unflagged: measure compared the target's state only."""
+    from specdec_tune.profiler.measure import _warn_if_graphs_changed
+
+    on = SimpleNamespace(cuda_graphs="on")
+    _warn_if_graphs_changed(on, "on", {"d1": on}, {"d1": "on"})
+    _warn_if_graphs_changed(on, "on", {"d1": on}, {})  # a profile older than the drafts' record: nothing to compare
+    assert capsys.readouterr().err == ""
+    _warn_if_graphs_changed(on, "on", {"d1": SimpleNamespace(cuda_graphs="failed (RuntimeError: x)")}, {"d1": "on"})
+    assert "draft 'd1' ran with CUDA graphs 'failed (RuntimeError: x)', the profile with 'on'" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------- the timed-region check
 
 

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from specdec_tune.db import Database, RunSettings, add_measured_run, get_run
-from specdec_tune.engine import DecodeConfig, LoadedModel, acceptance_per_position, check_compatible, load_model
+from specdec_tune.engine import DecodeConfig, LoadedModel, acceptance_per_position, check_compatible, graph_counters
+from specdec_tune.engine import load_model
 from specdec_tune.core.costs import check_price
 from specdec_tune.engine import load_workload
 from specdec_tune.core.errors import InputError
@@ -85,8 +86,6 @@ def graph_states(target: LoadedModel, specs: dict[str | None, DraftSpec]) -> dic
     drafts = {name: d.model for name, d in specs.items() if name is not None and d.model is not None}
     counters = {"target": target.model}
     counters.update({name: m.model for name, m in drafts.items()})
-    from specdec_tune.engine import graph_counters
-
     return {"target": target.cuda_graphs, "drafts": {name: m.cuda_graphs for name, m in drafts.items()},
             "counters": {name: c.to_json() for name, m in counters.items() if (c := graph_counters(m)) is not None}}
 
