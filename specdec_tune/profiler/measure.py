@@ -105,6 +105,7 @@ class _Case:
     arrivals: list[list[RequestLatency]] = field(default_factory=list)  # [prompt][repeat]
     joules: list[float] = field(default_factory=list)  # [metered pass] energy (GPU with NVML only)
     joule_tokens: list[float] = field(default_factory=list)  # [metered pass] new tokens
+    joule_seconds: list[float] = field(default_factory=list)  # [metered pass] wall seconds
     regions: Any = None  # profiler.clean.TimedRegions: its timed decodes' check
 
 
@@ -315,7 +316,8 @@ def _measurement(run_id: int, case: _Case, ctx: _Context) -> Measurement:
     alpha, _ = acceptance_per_position(cycles) if cycles else ([], [])
     latency = LatencySamples(tuple(ctx.prompt_ids), tuple(tuple(row) for row in case.arrivals)) \
         if all(case.arrivals) else None
-    energy = EnergySamples(tuple(case.joules), tuple(case.joule_tokens)) if case.joules else None
+    energy = EnergySamples(tuple(case.joules), tuple(case.joule_tokens), tuple(case.joule_seconds)) \
+        if case.joules else None
     return Measurement(
         run_id=run_id, draft=case.draft or PLAIN, config=case.config, temperature=ctx.temperature,
         tokens_per_s=samples.tokens_per_s, seconds=sum(statistics.median(t) for t in case.times),

@@ -32,6 +32,7 @@ from specdec_tune.profiler.energy import EnergyMeter
 from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.runs import decode_once, measure_prompt, warm_up
 from specdec_tune.profiler.settings import Progress
+from specdec_tune.profiler.timers import synchronize
 
 PROBES_PER_REPEAT = 4  # machine probes (20-40 ms each) spread over one repeat of the prompt set
 ENERGY_PASSES = 2  # metered passes per configuration (two: a spread between passes)
@@ -129,9 +130,12 @@ def _metered_passes(target, cases: list, ids: list[torch.Tensor], seed: int, met
     for p in range(ENERGY_PASSES):
         shift = p % len(cases)
         for case in cases[shift:] + cases[:shift]:
-            joules0, tokens = meter.read(), 0
+            synchronize(target.device)
+            joules0, tokens, start = meter.read(), 0, time.perf_counter()
             for i, x in enumerate(ids):
                 tokens += len(decode_once(target, case.spec, x, case.decode, seed=seed + i).token_ids)
-                progress.advance()
+            synchronize(target.device)
+            case.joule_seconds.append(time.perf_counter() - start)
             case.joules.append(meter.read() - joules0)
             case.joule_tokens.append(float(tokens))
+            progress.advance(len(ids))
