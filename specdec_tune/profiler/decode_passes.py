@@ -25,7 +25,7 @@ from specdec_tune.core.limits import slot_length
 from specdec_tune.db import TimingRow, add_timing_samples, add_traces
 from specdec_tune.engine import DecodeConfig, decode_keys, graph_counters, prepare_graphs
 from specdec_tune.profiler import acceptance as acc
-from specdec_tune.profiler.clean import quiet_gc
+from specdec_tune.profiler.clean import TimedRegions, quiet_gc
 from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline
 from specdec_tune.profiler.runs import DraftSpec, decode_once
 
@@ -85,6 +85,9 @@ def decode_passes(session: Any) -> DecodePasses:
                           temperature=s.temperature or 1.0, eos_token_id=eos)
     out = DecodePasses(greedy={d.name: [] for d in session.drafts}, sampled={d.name: [] for d in session.drafts},
                        timelines={d.name: [] for d in session.drafts})
+    if getattr(session, "regions", None) is None:  # a session not started by run(): checked all the same
+        session.regions = TimedRegions({"target": session.target.model,
+                                        **{d.name: d.model.model for d in session.drafts if d.model is not None}})
     warm_classes(session, [plain, greedy, *small] + ([sample] if sampling else []))
     recorder = ForwardRecorder(session.device)
     with recorder.attach(session.target.model, *(_model_draft(d) for d in session.drafts)), quiet_gc():
