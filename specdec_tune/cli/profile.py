@@ -72,6 +72,9 @@ def profile_summary(db, run_id: int) -> dict:
         },
         "drafts": [_draft_summary(db, run_id, d.name) for d in run.drafts],
         "acceptance_rates": _acceptance_json(run.settings),
+        "timed_regions": run.settings.timed_regions,
+        "cuda_graphs": {"target": run.settings.cuda_graphs_used, "drafts": dict(run.settings.draft_cuda_graphs),
+                        "counters": dict(run.settings.graph_counters), "read": "after the run"},
     }
 
 
@@ -151,6 +154,13 @@ def _print_summary(out: Console, s: dict) -> None:
         + f"; baseline {opt.format_rate(base['measured_tokens_per_s'])} tokens/s measured, "
         f"{opt.format_rate(base['predicted_tokens_per_s'])} recomputed from the same run (a calibration identity, "
         "not a validation: use measure on held-out prompts for that)", highlight=False)
+    from specdec_tune.profiler import describe_timed_regions
+
+    out.print(describe_timed_regions(s.get("timed_regions")), highlight=False, markup=False)
+    graphs = s.get("cuda_graphs") or {}
+    if graphs.get("target") is not None:
+        drafts = "".join(f", draft {name} {state}" for name, state in graphs["drafts"].items())
+        out.print(f"CUDA graphs after the run: target {graphs['target']}{drafts}", highlight=False, markup=False)
     for d in s["drafts"]:
         out.print(_draft_table(d, curve, synthetic))
     if s["drafts"] and all(_plain_faster(d) for d in s["drafts"]):

@@ -30,7 +30,7 @@ from specdec_tune.db._migrate import current_revision, head_revision, known_revi
 from specdec_tune.db._provenance import git_revision, specdec_version
 from specdec_tune.db._writes import add_acceptance, add_measured_run, add_run_draft, add_telemetry, add_timing_samples
 from specdec_tune.db._writes import add_traces, create_run, delete_run, finish_run, get_or_create_hardware
-from specdec_tune.db._writes import get_or_create_model, get_or_create_workload, set_prediction
+from specdec_tune.db._writes import get_or_create_model, get_or_create_workload, set_prediction, update_run_settings
 from specdec_tune.db._reads import get_run, list_measured, list_models, list_runs, load_acceptance, load_telemetry
 from specdec_tune.db._reads import load_timings, load_traces
 from specdec_tune.db._records import FINISHED_STATUSES, MODES, RUN_STATUSES, TIMING_KINDS, AcceptanceRecord, DraftRecord
@@ -53,7 +53,7 @@ __all__ = [
     "get_or_create_hardware", "get_or_create_model", "get_or_create_workload", "get_run",
     "head_revision", "known_revisions", "list_measured", "list_models", "list_runs",
     "load_acceptance", "load_telemetry", "load_timings", "load_traces", "mask_url",
-    "open_database", "resolve_url", "session_scope", "upgrade",
+    "open_database", "resolve_url", "session_scope", "update_run_settings", "upgrade",
     "CalibrationRecord", "CellVerdict", "RegressBenchmarkRecord", "RegressCellRecord", "RegressRunRecord", "add_calibration",
     "add_regress_benchmark", "add_regress_cells", "create_regress_run", "finish_regress_run", "get_regress_run",
     "latest_calibration", "list_regress_runs", "load_regress_benchmarks", "load_regress_cells", "metric_trend",

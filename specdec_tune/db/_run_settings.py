@@ -53,7 +53,11 @@ class RunSettings(BaseModel):
 
     # -- recorded by the run
     lean_kernels: str | None = None  # the lean forward's kernels (engine.lean_kernels), None before recorded
-    cuda_graphs_used: str | None = None  # whether the target ran CUDA graphs (on | off), None before recorded
+    # whether the target ran CUDA graphs (on | off | failed (why)), read after the run; None before recorded
+    cuda_graphs_used: str | None = None
+    draft_cuda_graphs: dict[str, str | None] = {}  # draft model name -> its CUDA-graph state after the run
+    graph_counters: dict[str, dict[str, Any]] = {}  # model -> its graph runner's counters after the run
+    timed_regions: dict[str, Any] | None = None  # the timed regions' check (profiler.clean), None before recorded
     draft_forwards: dict[str, str] = {}  # draft model name -> its forward (lean | hf)
     target: str | None = None  # the target as named on the command line
     drafts: tuple[str, ...] = ()  # the drafts as named on the command line

@@ -134,6 +134,19 @@ def finish_run(
             run.notes = notes
 
 
+def update_run_settings(db: Database, run_id: int, values: Mapping[str, Any]) -> None:
+    """Merge ``values`` into a run's stored settings (validated as :class:`RunSettings`): what a run records
+    about itself once it has measured, such as every model's CUDA-graph state after the run.
+
+    Raises:
+        NotFoundError: No such run.
+        StorageError: a value of the wrong type for its field.
+    """
+    with session_scope(db, write=True) as s:
+        run = require_run(s, db, run_id)
+        run.settings = RunSettings.from_json({**(run.settings or {}), **values}, where=f"run {run_id}").to_json()
+
+
 def delete_run(db: Database, run_id: int) -> None:
     """Delete a run and everything recorded under it (samples, traces, measurements, telemetry)."""
     with session_scope(db, write=True) as s:

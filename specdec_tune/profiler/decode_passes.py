@@ -8,6 +8,11 @@ overhead), and with a temperature the sampling pass. Interleaving puts every in-
 in-loop forwards, overhead) in the same stretch of time, so a slow minute of a shared machine does not skew
 one draft. Samples and traces are stored after every prompt; what the per-draft summaries need comes back
 as :class:`DecodePasses`.
+
+Every decode is a timed region (its hooks time its forwards, and its wall time is the baseline's): with CUDA
+graphs, an untimed warm-up first decodes the longest prompt of every slot length with every pass's settings
+and makes every graph those decodes can replay (:func:`warm_classes`); each decode is then checked for a
+graph or slot made inside and re-run when one was (:mod:`profiler.clean`), with the garbage collector off.
 """
 from __future__ import annotations
 
@@ -16,9 +21,11 @@ from typing import Any
 
 import torch
 
+from specdec_tune.core.limits import slot_length
 from specdec_tune.db import TimingRow, add_timing_samples, add_traces
-from specdec_tune.engine import DecodeConfig
+from specdec_tune.engine import DecodeConfig, decode_keys, graph_counters, prepare_graphs
 from specdec_tune.profiler import acceptance as acc
+from specdec_tune.profiler.clean import TimedRegions, quiet_gc
 from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline
 from specdec_tune.profiler.runs import DraftSpec, decode_once
 
@@ -78,8 +85,12 @@ def decode_passes(session: Any) -> DecodePasses:
                           temperature=s.temperature or 1.0, eos_token_id=eos)
     out = DecodePasses(greedy={d.name: [] for d in session.drafts}, sampled={d.name: [] for d in session.drafts},
                        timelines={d.name: [] for d in session.drafts})
+    if getattr(session, "regions", None) is None:  # a session not started by run(): checked all the same
+        session.regions = TimedRegions({"target": session.target.model,
+                                        **{d.name: d.model.model for d in session.drafts if d.model is not None}})
+    warm_classes(session, [plain, greedy, *small] + ([sample] if sampling else []))
     recorder = ForwardRecorder(session.device)
-    with recorder.attach(session.target.model, *(_model_draft(d) for d in session.drafts)):
+    with recorder.attach(session.target.model, *(_model_draft(d) for d in session.drafts)), quiet_gc():
         for i, (p, ids) in enumerate(zip(session.prompts, session.ids)):
             rows = _baseline_prompt(session, out, recorder, p.id, ids, plain)
             for spec in session.drafts:
@@ -89,25 +100,55 @@ def decode_passes(session: Any) -> DecodePasses:
     return out
 
 
+def warm_classes(session: Any, configs: list[DecodeConfig]) -> int:
+    """With CUDA graphs: per pass setting, one untimed decode of the longest prompt of each slot length its
+    prompts need (a cache takes a slot of its own length, ``engine.cuda_graphs``), plain decoding and every
+    drafter, then every graph a decode at N_max can replay made on those slots; returns how many graphs were
+    made. Eager models: nothing (a CPU pays no capture or slot)."""
+    models = [session.target.model] + [d.model.model for d in session.drafts if d.model is not None]
+    if all(graph_counters(m) is None for m in models):
+        return 0
+    for i, config in enumerate(configs):
+        room = config.plain_room if i == 0 else config.room  # configs[0] is plain decoding
+        longest: dict[int, Any] = {}
+        for ids in session.ids:
+            cls = slot_length(len(ids) + room)
+            if cls not in longest or len(ids) > len(longest[cls]):
+                longest[cls] = ids
+        for ids in longest.values():
+            for spec in [DraftSpec("none")] if i == 0 else session.drafts:
+                decode_once(session.target, spec, ids, config, seed=session.settings.seed)
+    n = session.settings.n_max
+    made = prepare_graphs(session.target.model, decode_keys(n, draft=False))
+    return made + sum(prepare_graphs(m, decode_keys(n, draft=True)) for m in models[1:])
+
+
 def _draft_passes(session: Any, out: DecodePasses, recorder: ForwardRecorder, spec: DraftSpec,
                   prompt: tuple[int, torch.Tensor], greedy: DecodeConfig, small: list[DecodeConfig],
                   sample: DecodeConfig | None) -> list[TimingRow]:
     """One draft's passes over prompt ``prompt = (i, ids)``: greedy, the small-N ones, sampling; its traces
     are stored, its overhead rows returned."""
     s, name, (i, ids) = session.settings, spec.name, prompt
-    trace = acc.record_trace(session.target, spec, ids, greedy, i, seed=s.seed + i, recorder=recorder)
+    timed = session.regions.run
+
+    def traced(config: DecodeConfig, hooked: bool = True):
+        return timed(lambda: acc.record_trace(session.target, spec, ids, config, i, seed=s.seed + i,
+                                              recorder=recorder if hooked else None),
+                     f"{name} N={config.spec.num_speculative_tokens} prompt {i}")
+
+    trace = traced(greedy)
     out.greedy[name].append(trace)
     out.timelines[name].append(trace.timeline)
     rows = overhead_rows(name, trace.timeline)
     add_traces(session.db, session.run_id, name, "greedy", 0.0, acc.trace_rows([trace]))
     session.progress.advance()
     for config in small:
-        extra = acc.record_trace(session.target, spec, ids, config, i, seed=s.seed + i, recorder=recorder)
+        extra = traced(config)
         out.timelines[name].append(extra.timeline)
         rows += overhead_rows(name, extra.timeline)
         session.progress.advance()
     if sample is not None:
-        st = acc.record_trace(session.target, spec, ids, sample, i, seed=s.seed + i)
+        st = traced(sample, hooked=False)
         out.sampled[name].append(st)
         add_traces(session.db, session.run_id, name, "sampling", s.temperature, acc.trace_rows([st]))
         session.progress.advance()
@@ -117,9 +158,12 @@ def _draft_passes(session: Any, out: DecodePasses, recorder: ForwardRecorder, sp
 def _baseline_prompt(session: Any, out: DecodePasses, recorder: ForwardRecorder, prompt_id: str, ids: torch.Tensor,
                      config: DecodeConfig) -> list[TimingRow]:
     """Plain greedy decoding of one prompt with hooks: in-loop T_ar, per-token overhead, output."""
-    recorder.begin()
-    result = decode_once(session.target, DraftSpec("none"), ids, config)
-    timeline = recorder.finish()
+    def hooked():
+        recorder.begin()
+        decoded = decode_once(session.target, DraftSpec("none"), ids, config)
+        return decoded, recorder.finish()
+
+    result, timeline = session.regions.run(hooked, f"plain prompt {prompt_id}")
     out.base_seconds += timeline.wall_s
     target = [f for f in timeline.forwards if f.role == "target"]
     rows = [TimingRow("autoregressive", 1, 1, f.context_len, f.seconds) for f in target[1:]]

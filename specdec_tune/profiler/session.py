@@ -9,6 +9,11 @@ the first prompts (to separate per-cycle from per-forward overhead) and with ``t
 sampling pass; then the teacher-forced agreement and the per-draft summaries; last, with ``trees``,
 the token-tree and staged-drafting stage (:mod:`profiler.tree_profile`). A
 ``KeyboardInterrupt`` marks the run ``interrupted``, any other error ``failed``; both re-raise.
+
+Every timed forward of the micro-benchmarks and every decode of the decoding stage is a timed region
+checked for a CUDA-graph capture or a new KV slot inside (re-run when one happened; :mod:`profiler.clean`);
+after the run, finished or not, the run's settings record that check and the CUDA-graph state and counters
+of the target and of every draft model (a capture can fail late, and a draft's state counts as much).
 """
 from __future__ import annotations
 
@@ -20,11 +25,13 @@ import torch
 from specdec_tune.db import Database, DraftRecord, TimingRow, add_acceptance, add_measured_run, add_telemetry
 from specdec_tune.db import add_timing_samples, create_run, finish_run, get_or_create_hardware
 from specdec_tune.db import add_bias_front, add_teacher_forced, get_or_create_model, get_or_create_workload
-from specdec_tune.engine import DecodeConfig, check_compatible, load_model, resolve_source
+from specdec_tune.db import update_run_settings
+from specdec_tune.engine import DecodeConfig, check_compatible, graph_counters, load_model, resolve_source
 from specdec_tune.engine import load_workload
 from specdec_tune.core.errors import InputError
 from specdec_tune.profiler import acceptance as acc
 from specdec_tune.profiler import microbench as mb
+from specdec_tune.profiler.clean import TimedRegions
 from specdec_tune.profiler.describe import hardware_info, model_info, workload_info
 from specdec_tune.profiler.lossy_front import measured_front, teacher_forced_front
 from specdec_tune.profiler.decode_passes import decode_passes
@@ -147,6 +154,7 @@ class ProfileSession:
         self.probe = MachineProbe(self.device)
         self.probe.run()  # warm-up
         monitor = open_monitor(self.device)
+        self.regions = TimedRegions(self._models())
         self.run_id = self._create(monitor)
         pause_point("profile-run")  # tests of two processes: both runs are open here at once
         summary: dict = {}
@@ -154,13 +162,16 @@ class ProfileSession:
         try:
             self._stages()
             summary = self._store_telemetry(monitor)
+            self._store_graph_state()
             finish_run(self.db, self.run_id, "completed")
         except KeyboardInterrupt:
             self._store_telemetry(monitor, quiet=True)
+            self._store_graph_state(quiet=True)
             _finish(self.db, self.run_id, "interrupted")
             raise
         except BaseException:
             self._store_telemetry(monitor, quiet=True)
+            self._store_graph_state(quiet=True)
             _finish(self.db, self.run_id, "failed")
             raise
         return ProfileResult(self.run_id, self.target_name, self.draft_names, asdict(self.settings), summary,
@@ -178,6 +189,24 @@ class ProfileSession:
             if not quiet:
                 raise
             return {}
+
+    def _models(self) -> dict:
+        """The run's models by name (the target's ``target``), as the engine runs them."""
+        drafts = {d.model.name: d.model.model for d in self.drafts if d.model is not None}
+        return {"target": self.target.model, **drafts}
+
+    def _store_graph_state(self, quiet: bool = False) -> None:
+        """After the run: the CUDA-graph state (a capture can fail late) and counters of the target and of
+        every draft model, and the timed regions' check, into the run's settings."""
+        try:
+            counters = {name: c.to_json() for name, m in self._models().items() if (c := graph_counters(m)) is not None}
+            update_run_settings(self.db, self.run_id, {
+                "cuda_graphs_used": self.target.cuda_graphs, "graph_counters": counters,
+                "draft_cuda_graphs": {d.model.name: d.model.cuda_graphs for d in self.drafts if d.model is not None},
+                "timed_regions": self.regions.report()})
+        except Exception:
+            if not quiet:
+                raise
 
     # -- stages
     def _stages(self) -> None:
@@ -229,7 +258,7 @@ class ProfileSession:
                                          source=self.source_ids, draft=spec.model.name, device=self.device)
         self.progress.stage("forwards T_v(k), T_s", s.warmup + s.repeats)
         self._store(mb.run_interleaved(cases, warmup=s.warmup, repeats=s.repeats, device=self.device, seed=s.seed,
-                                       advance=self.progress.advance))
+                                       advance=self.progress.advance, regions=self.regions))
 
     def bench_prefill(self) -> None:
         """Prefill of every prompt by the target and each model draft, interleaved rounds."""
@@ -239,7 +268,7 @@ class ProfileSession:
             cases += mb.prefill_cases(spec.model.model, self.ids, drop_last=False, draft=spec.model.name)
         self.progress.stage("prefill", 1 + s.prefill_repeats)
         self._store(mb.run_interleaved(cases, warmup=1, repeats=s.prefill_repeats, device=self.device, seed=s.seed,
-                                       advance=self.progress.advance))
+                                       advance=self.progress.advance, regions=self.regions))
 
     def decode_passes(self) -> None:
         """The plain baseline and every draft's passes, interleaved prompt by prompt (``profiler.decode_passes``),

@@ -102,7 +102,7 @@ def measure_predicted(
     split: str | None = _DEFAULT,
     temperature: float = 0.0,
     max_prompts: int | None = None,
-    repeats: int = 3,
+    repeats: int | None = None,
     seed: int = 0,
     progress: Progress | None = None,
     threads: int | None = None,
@@ -122,7 +122,7 @@ def measure_predicted(
             on ``tune``, else the run's own prompts.
         temperature: 0 = greedy.
         max_prompts: the first prompts of the split only.
-        repeats: interleaved passes.
+        repeats: interleaved passes (None: the profiler's default for the run's device, 3 or 5 on a GPU).
         seed: sampling seed.
         progress: progress sink.
         threads: intra-op threads (None: the profile's, lowered to the CPUs idle now).
