@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from specdec_tune.core.pass_design import small_ns
 from specdec_tune.db import TimingRow, add_timing_samples, add_traces
 from specdec_tune.engine import DecodeConfig
 from specdec_tune.profiler import acceptance as acc
@@ -62,18 +63,18 @@ def overhead_rows(name: str | None, timeline: SequenceTimeline) -> list[TimingRo
 def decode_passes(session: Any) -> DecodePasses:
     """Run the stage for a :class:`ProfileSession` (the module docstring); store as it goes."""
     s = session.settings
-    small_ns = sorted({min(n, s.n_max) for n in s.overhead_ns} - {s.n_max}) or [1]
+    ns = small_ns(s.n_max, s.overhead_ns)
     few = max(1, min(s.overhead_prompts, len(session.ids)))
     sampling = s.temperature > 0
     session.progress.stage("decoding: baseline, acceptance, overhead", len(session.ids) * (
-        1 + len(session.drafts) * (1 + sampling)) + few * len(small_ns) * len(session.drafts))
+        1 + len(session.drafts) * (1 + sampling)) + few * len(ns) * len(session.drafts))
     eos = session.target.eos_token_id
     plain = DecodeConfig(max_new_tokens=s.max_new_tokens, eos_token_id=eos)
     synthetic = {"synthetic_acceptance": s.synthetic_acceptance, "synthetic_seed": s.seed}
     greedy = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=s.n_max, eos_token_id=eos,
                           **synthetic)
     small = [DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=n, eos_token_id=eos, **synthetic)
-             for n in small_ns]
+             for n in ns]
     sample = DecodeConfig(max_new_tokens=s.max_new_tokens, num_speculative_tokens=s.n_max,
                           temperature=s.temperature or 1.0, eos_token_id=eos)
     out = DecodePasses(greedy={d.name: [] for d in session.drafts}, sampled={d.name: [] for d in session.drafts},

@@ -27,7 +27,7 @@ import torch
 
 from specdec_tune.engine import CycleStats
 from specdec_tune.profiler.timers import synchronize
-from specdec_tune.core.stats import trimmed_mean
+from specdec_tune.core.stats import robust_mean, trimmed_mean
 
 
 @dataclass(frozen=True)
@@ -269,8 +269,10 @@ def in_loop_medians(timelines: list[SequenceTimeline]) -> dict:
         "draft_first_s" / "draft_first_mean_s": each cycle's first draft forward, "draft_rest_s" /
         "draft_rest_mean_s": the other one-token draft forwards, "draft_first_n", "draft_rest_n",
         "target_prefill_s": [...], "draft_prefill_s": [...], "draft_position_mean_s" /
-        "draft_position_n": {j: trimmed mean / count of the j-th draft forward of a cycle}}`` (prefills
-        per timeline, in order).
+        "draft_position_n": {j: trimmed mean / count of the j-th draft forward of a cycle},
+        "verify_robust_s", "draft_first_robust_s", "draft_rest_robust_s", "draft_position_robust_s": the
+        same as robust means
+        (:func:`robust_mean`: one-off costs left out)}`` (prefills per timeline, in order).
     """
     import statistics
 
@@ -289,6 +291,11 @@ def in_loop_medians(timelines: list[SequenceTimeline]) -> dict:
         "draft_first_n": len(first),
         "draft_rest_n": len(rest),
         "draft_position_mean_s": {j: trimmed_mean(v) for j, v in sorted(position.items())},
+        # robust means (one-off costs such as a graph capture left out): what the calibration reads
+        "verify_robust_s": {k: robust_mean(v) for k, v in sorted(verify.items())},
+        "draft_first_robust_s": robust_mean(first) if first else None,
+        "draft_rest_robust_s": robust_mean(rest) if rest else None,
+        "draft_position_robust_s": {j: robust_mean(v) for j, v in sorted(position.items())},
         "draft_position_n": {j: len(v) for j, v in sorted(position.items())},
         "target_prefill_s": target_prefill,
         "draft_prefill_s": draft_prefill,

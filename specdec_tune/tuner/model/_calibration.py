@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from specdec_tune.core.stats import trimmed_mean
@@ -72,7 +72,14 @@ def interp(points: dict[int, float], context: int) -> float:
     return points[lo] + (points[hi] - points[lo]) * (context - lo) / (hi - lo)
 
 
-MIN_IN_LOOP_SAMPLES = 8  # an in-loop verify median from fewer forwards is too noisy to calibrate with
+MIN_IN_LOOP_SAMPLES = 8  # an in-loop mean at a width the profile designed, from fewer forwards, is too noisy
+# A width the profile's passes did not design (core.pass_design.steady_widths) is seen only in the cycles
+# cut by the end of a sequence: a handful of forwards, where one capture or stall is an eighth of the mean.
+# Such a width anchors the calibration only when it was seen this often anyway.
+MIN_UNDESIGNED_SAMPLES = 30
+# In-loop ÷ isolated outside this band is not the loop's caching or overlap but something the loop paid
+# once (captures, an eager fallback, a poisoned sample): the ratio is clamped to it, with a warning.
+RATIO_BOUNDS = (0.5, 2.0)
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,40 @@ class Calibration:
     ar_forward_s: float | None
     applied: bool
     draft_warmup_s: tuple[float, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+def _in_loop_mean(in_loop: dict, name: str):
+    """An in-loop mean by name: the robust one (one-off costs left out) where the profile stored it, else the
+    trimmed one, else the median (profiles stored before either)."""
+    for key in (f"{name}_robust_s", f"{name}_mean_s", f"{name}_s"):
+        if in_loop.get(key) is not None:
+            return in_loop[key]
+    return None
+
+
+def anchor_ratios(verify: dict[int, float], in_loop: dict, designed: Collection[int]) -> tuple[dict[int, float], list[str]]:
+    """k -> in-loop ÷ isolated T_v(k) at the widths that anchor the calibration, and warnings.
+
+    A width anchors where the profile designed it (``designed``, its passes' steady widths) and measured it at
+    least :data:`MIN_IN_LOOP_SAMPLES` times, or, designed or not, at least :data:`MIN_UNDESIGNED_SAMPLES` times.
+    A ratio outside :data:`RATIO_BOUNDS` is clamped to the band and warned about.
+    """
+    counts = {int(k): int(n) for k, n in in_loop.get("verify_n", {}).items()}
+    ratios: dict[int, float] = {}
+    warnings = []
+    lo, hi = RATIO_BOUNDS
+    for k, v in (_in_loop_mean(in_loop, "verify") or {}).items():
+        k, n = int(k), counts.get(int(k), 0)
+        if not verify.get(k) or not ((k in designed and n >= MIN_IN_LOOP_SAMPLES) or n >= MIN_UNDESIGNED_SAMPLES):
+            continue
+        r = float(v) / verify[k]
+        if not lo <= r <= hi:
+            warnings.append(f"in-loop T_v({k}) is {r:.2f}× the isolated one over {n} forwards (outside "
+                            f"{lo:g}-{hi:g}×: one-off costs inside the loop?); calibrated at {min(max(r, lo), hi):g}×")
+            r = min(max(r, lo), hi)
+        ratios[k] = r
+    return ratios, warnings
 
 
 def calibrate_b1(
@@ -96,26 +137,22 @@ def calibrate_b1(
     prefill_draft: tuple[float, ...],
     in_loop: dict,
     ar_loop: Sequence[float],
+    designed: Collection[int] = (),
 ) -> Calibration:
     """Scale the isolated micro-benchmarks to the forwards hooked inside the decode loop.
 
     A forward costs more or less inside the loop than alone (which weights and KV entries are still
     in the CPU caches depends on what ran just before: a verify after k - 1 draft forwards finds less
-    of the target cached than after one), so the loop's own mean times are the truth for the shapes
-    it ran: T_v(k) at the anchors k that the N_max and small-N passes verified often, T_ar from the
-    plain decoding loop (for the baseline), the draft's first and later forwards of a cycle, each
+    of the target cached than after one; on a GPU the host's launches overlap the work queued before),
+    so the loop's own mean times are the truth for the shapes it ran often: T_v(k) at the anchors
+    (:func:`anchor_ratios`: the steady widths ``designed`` by the profile's passes, robust means), T_ar
+    from the plain decoding loop (for the baseline), the draft's first and later forwards of a cycle, each
     prefill. Between anchors T_v(k) is interpolated linearly in k from the in-loop values (an isolated
     curve's shape is noisier than the line between in-loop anchors); outside them the
     micro-benchmark is scaled by the nearest anchor's in-loop/isolated ratio. Prefills are scaled by
     the median ratio.
     """
-    ratios: dict[int, float] = {}
-    counts = {int(k): int(n) for k, n in in_loop.get("verify_n", {}).items()}
-    loop_verify = in_loop.get("verify_mean_s") or in_loop.get("verify_s", {})  # means: expected cost
-    for k, v in loop_verify.items():
-        k = int(k)
-        if counts.get(k, 0) >= MIN_IN_LOOP_SAMPLES and verify.get(k):
-            ratios[k] = float(v) / verify[k]
+    ratios, warnings = anchor_ratios(verify, in_loop, designed)
     ar_forward = trimmed_mean(ar_loop) if ar_loop else None
     if not ratios and ar_forward is not None and verify.get(1):
         # Target only: the plain loop's one-token forwards are the only in-loop verify-like samples.
@@ -132,8 +169,7 @@ def calibrate_b1(
         pairs = [a / b for a, b in zip(loop[: len(micro)], micro) if b > 0]
         return tuple(t * statistics.median(pairs) for t in micro) if pairs else micro
 
-    first = in_loop.get("draft_first_mean_s", in_loop.get("draft_first_s"))
-    rest = in_loop.get("draft_rest_mean_s", in_loop.get("draft_rest_s"))
+    first, rest = _in_loop_mean(in_loop, "draft_first"), _in_loop_mean(in_loop, "draft_rest")
     if draft_step is not None and (first is None) != (rest is None):
         first = rest = first if first is not None else rest
     warmup = draft_warmup(in_loop, rest) if draft_step is not None and rest is not None else ()
@@ -146,6 +182,7 @@ def calibrate_b1(
         ar_forward_s=ar_forward,
         applied=bool(ratios) or first is not None,
         draft_warmup_s=warmup,
+        warnings=tuple(warnings),
     )
 
 
@@ -158,7 +195,7 @@ def draft_warmup(in_loop: dict, rest: float) -> tuple[float, ...]:
     the late, warm forwards), for the contiguous positions j = 2, 3, ... measured at least
     :data:`MIN_IN_LOOP_SAMPLES` times. Empty for a profile without positions (before they were kept).
     """
-    means = {int(j): float(t) for j, t in (in_loop.get("draft_position_mean_s") or {}).items()}
+    means = {int(j): float(t) for j, t in (_in_loop_mean(in_loop, "draft_position") or {}).items()}
     counts = {int(j): int(n) for j, n in (in_loop.get("draft_position_n") or {}).items()}
     out = []
     j = 2

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from specdec_tune.db import BiasFrontRow, RunRecord, RunSettings, TeacherForcedRow, TimingRow, TraceRow
 from specdec_tune.core.errors import InputError
+from specdec_tune.core.pass_design import steady_widths
 from specdec_tune.core.stats import trimmed_mean
 from specdec_tune.tuner.model._calibration import OverheadFit, calibrate_b1, fit_overhead, interp
 from specdec_tune.tuner.model._configs import NGRAM
@@ -95,6 +96,8 @@ class RunProfile:
     # not measured (runs profiled before it), then latency is predicted at the typical context throughout.
     context_slope_s: dict[int, float] = field(default_factory=dict)
     typical_context: int = 0
+    # What the calibration found suspicious (an in-loop ÷ isolated ratio clamped, _calibration.anchor_ratios).
+    calibration_warnings: tuple[str, ...] = ()
 
     @property
     def traced_n_max(self) -> int:
@@ -233,15 +236,18 @@ class _StepTimes:
     calibrated: bool = False
     ar_forward_s: float | None = None
     draft_warmup_s: tuple[float, ...] = ()
+    warnings: tuple[str, ...] = ()
 
 
 def _calibrated(times: _StepTimes, raw: dict[int, float], fit: OverheadFit, in_loop: dict,
-                plain_loop: Sequence[float]) -> _StepTimes:
-    """B = 1 terms scaled to the forwards hooked inside the decode loop (:func:`calibrate_b1`)."""
+                plain_loop: Sequence[float], settings: RunSettings) -> _StepTimes:
+    """B = 1 terms scaled to the forwards hooked inside the decode loop (:func:`calibrate_b1`), anchored at
+    the verify widths the profile's passes designed (``core.pass_design.steady_widths``)."""
     cal = calibrate_b1(times.verify_s[1], raw.get(1), times.prefill_target_s, times.prefill_draft_s, in_loop,
-                       plain_loop)
+                       plain_loop, steady_widths(settings.n_max, settings.overhead_ns))
     out = replace(times, verify_s={**times.verify_s, 1: cal.verify_s}, prefill_target_s=cal.prefill_target_s,
-                  prefill_draft_s=cal.prefill_draft_s, calibrated=cal.applied, ar_forward_s=cal.ar_forward_s)
+                  prefill_draft_s=cal.prefill_draft_s, calibrated=cal.applied, ar_forward_s=cal.ar_forward_s,
+                  warnings=cal.warnings)
     if cal.draft_rest_s is None or 1 not in raw:
         return out
     # The colder first forward of every cycle costs its excess once per cycle.
@@ -293,7 +299,7 @@ def _fitted_times(run: RunRecord, draft: str | None, t: _Timings, infos: Sequenc
     fit = fit_overhead(cycles)
     times, raw = _step_times(run, draft, t, infos, fit)
     if in_loop is not None and 1 in times.verify_s:
-        times = _calibrated(times, raw, fit, in_loop, t.plain_loop())
+        times = _calibrated(times, raw, fit, in_loop, t.plain_loop(), run.settings)
     return fit, times, raw, sequence, plain
 
 
@@ -365,7 +371,7 @@ def build_run_profile(
         max_new_tokens=max_new, machine_probe_s=t.probe(), bias_front=tuple(bias_front),
         trace_prompts=tuple(tr.prompt_index for tr in traces),
         sampling_trace_prompts=tuple(tr.prompt_index for tr in sampling_traces or ()),
-        context_slope_s=t.context_slopes(typical), typical_context=typical,
+        context_slope_s=t.context_slopes(typical), typical_context=typical, calibration_warnings=times.warnings,
     )
 
 
