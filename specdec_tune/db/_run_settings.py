@@ -50,6 +50,12 @@ class RunSettings(BaseModel):
     synthetic_acceptance: tuple[float, ...] | None = None  # given α_i instead of the target's verdicts
     front_prompts: int = 0  # prompts of the measured lossy front (runs before it measured none)
     trees: bool = False  # token-tree and staged-drafting data recorded (profile --trees)
+    # The θ > 0 pass (per draft, θ = threshold_pass at N = threshold_pass_n on the first threshold_prompts
+    # prompts): what a checked draft forward costs beyond θ = 0's (runs before it ran none: 0 prompts).
+    threshold_pass: float = 0.0
+    threshold_pass_n: int = 4
+    threshold_prompts: int = 0
+    hook_tax_prompts: int = 0  # prompts each pass design decoded unhooked too, for the hooks' cost (0: none)
 
     # -- recorded by the run
     lean_kernels: str | None = None  # the lean forward's kernels (engine.lean_kernels), None before recorded
