@@ -138,6 +138,7 @@ def calibrate_b1(
     in_loop: dict,
     ar_loop: Sequence[float],
     designed: Collection[int] = (),
+    prompt_tokens: Sequence[int] = (),
 ) -> Calibration:
     """Scale the isolated micro-benchmarks to the forwards hooked inside the decode loop.
 
@@ -149,8 +150,9 @@ def calibrate_b1(
     from the plain decoding loop (for the baseline), the draft's first and later forwards of a cycle, each
     prefill. Between anchors T_v(k) is interpolated linearly in k from the in-loop values (an isolated
     curve's shape is noisier than the line between in-loop anchors); outside them the
-    micro-benchmark is scaled by the nearest anchor's in-loop/isolated ratio. Prefills are scaled by
-    the median ratio.
+    micro-benchmark is scaled by the nearest anchor's in-loop/isolated ratio. Prefills (the micro-benchmark
+    of each prompt, ``prompt_tokens`` long) are scaled by the median ratio of each in-loop prefill to the
+    micro-benchmark of a prompt of its length.
     """
     ratios, warnings = anchor_ratios(verify, in_loop, designed)
     ar_forward = trimmed_mean(ar_loop) if ar_loop else None
@@ -165,8 +167,9 @@ def calibrate_b1(
         for k, t in verify.items()
     } if ratios else dict(verify)
 
-    def scaled(micro: tuple[float, ...], loop: Sequence[float]) -> tuple[float, ...]:
-        pairs = [a / b for a, b in zip(loop[: len(micro)], micro) if b > 0]
+    def scaled(micro: tuple[float, ...], role: str, lengths: Sequence[int]) -> tuple[float, ...]:
+        pairs = _prefill_ratios(micro, lengths, in_loop.get(f"{role}_prefill_s", []),
+                                in_loop.get(f"{role}_prefill_tokens"))
         return tuple(t * statistics.median(pairs) for t in micro) if pairs else micro
 
     first, rest = _in_loop_mean(in_loop, "draft_first"), _in_loop_mean(in_loop, "draft_rest")
@@ -175,8 +178,8 @@ def calibrate_b1(
     warmup = draft_warmup(in_loop, rest) if draft_step is not None and rest is not None else ()
     return Calibration(
         verify_s=out_verify,
-        prefill_target_s=scaled(prefill_target, in_loop.get("target_prefill_s", [])),
-        prefill_draft_s=scaled(prefill_draft, in_loop.get("draft_prefill_s", [])),
+        prefill_target_s=scaled(prefill_target, "target", [n - 1 for n in prompt_tokens]),
+        prefill_draft_s=scaled(prefill_draft, "draft", prompt_tokens),
         draft_first_s=float(first) if first is not None else None,
         draft_rest_s=float(rest) if rest is not None else None,
         ar_forward_s=ar_forward,
@@ -184,6 +187,19 @@ def calibrate_b1(
         draft_warmup_s=warmup,
         warnings=tuple(warnings),
     )
+
+
+def _prefill_ratios(micro: Sequence[float], lengths: Sequence[int], loop: Sequence[float],
+                    loop_tokens: Sequence[int] | None) -> list[float]:
+    """In-loop ÷ micro-benchmark of each in-loop prefill, against the micro-benchmark of a prompt of its length.
+
+    The in-loop prefills come one per decoding pass, and the first prompts run several passes (the small-N
+    ones), so pairing them with the prompts in order compared prompts of different lengths. Profiles stored
+    before the lengths were kept (no ``loop_tokens``) pair them in order, as they always did."""
+    if loop_tokens is None:
+        return [a / b for a, b in zip(loop[: len(micro)], micro) if b > 0]
+    by_length = {int(n): t for n, t in zip(lengths, micro) if t > 0}
+    return [a / by_length[int(n)] for a, n in zip(loop, loop_tokens) if int(n) in by_length]
 
 
 def draft_warmup(in_loop: dict, rest: float) -> tuple[float, ...]:
