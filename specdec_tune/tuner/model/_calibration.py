@@ -5,7 +5,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specdec_tune.core.stats import trimmed_mean
 
@@ -95,6 +95,8 @@ class Calibration:
     applied: bool
     draft_warmup_s: tuple[float, ...] = ()
     warnings: tuple[str, ...] = ()
+    # in-loop ÷ isolated as measured: "verify" the largest at the anchors, "draft_step" the later draft forward's
+    loop_ratios: dict[str, float] = field(default_factory=dict)
 
 
 def _in_loop_mean(in_loop: dict, name: str):
@@ -106,8 +108,10 @@ def _in_loop_mean(in_loop: dict, name: str):
     return None
 
 
-def anchor_ratios(verify: dict[int, float], in_loop: dict, designed: Collection[int]) -> tuple[dict[int, float], list[str]]:
-    """k -> in-loop ÷ isolated T_v(k) at the widths that anchor the calibration, and warnings.
+def anchor_ratios(verify: dict[int, float], in_loop: dict,
+                  designed: Collection[int]) -> tuple[dict[int, float], list[str], dict[int, float]]:
+    """k -> in-loop ÷ isolated T_v(k) at the widths that anchor the calibration, warnings, and the ratios as
+    measured (before clamping).
 
     A width anchors where the profile designed it (``designed``, its passes' steady widths) and measured it at
     least :data:`MIN_IN_LOOP_SAMPLES` times, or, designed or not, at least :data:`MIN_UNDESIGNED_SAMPLES` times.
@@ -115,19 +119,20 @@ def anchor_ratios(verify: dict[int, float], in_loop: dict, designed: Collection[
     """
     counts = {int(k): int(n) for k, n in in_loop.get("verify_n", {}).items()}
     ratios: dict[int, float] = {}
+    raw: dict[int, float] = {}
     warnings = []
     lo, hi = RATIO_BOUNDS
     for k, v in (_in_loop_mean(in_loop, "verify") or {}).items():
         k, n = int(k), counts.get(int(k), 0)
         if not verify.get(k) or not ((k in designed and n >= MIN_IN_LOOP_SAMPLES) or n >= MIN_UNDESIGNED_SAMPLES):
             continue
-        r = float(v) / verify[k]
+        r = raw[k] = float(v) / verify[k]
         if not lo <= r <= hi:
             warnings.append(f"in-loop T_v({k}) is {r:.2f}× the isolated one over {n} forwards (outside "
                             f"{lo:g}-{hi:g}×: one-off costs inside the loop?); calibrated at {min(max(r, lo), hi):g}×")
             r = min(max(r, lo), hi)
         ratios[k] = r
-    return ratios, warnings
+    return ratios, warnings, raw
 
 
 def calibrate_b1(
@@ -154,7 +159,7 @@ def calibrate_b1(
     of each prompt, ``prompt_tokens`` long) are scaled by the median ratio of each in-loop prefill to the
     micro-benchmark of a prompt of its length.
     """
-    ratios, warnings = anchor_ratios(verify, in_loop, designed)
+    ratios, warnings, raw = anchor_ratios(verify, in_loop, designed)
     ar_forward = trimmed_mean(ar_loop) if ar_loop else None
     if not ratios and ar_forward is not None and verify.get(1):
         # Target only: the plain loop's one-token forwards are the only in-loop verify-like samples.
@@ -176,6 +181,9 @@ def calibrate_b1(
     if draft_step is not None and (first is None) != (rest is None):
         first = rest = first if first is not None else rest
     warmup = draft_warmup(in_loop, rest) if draft_step is not None and rest is not None else ()
+    loop_ratios = {"verify": max(raw.values())} if raw else {}
+    if draft_step and rest is not None:
+        loop_ratios["draft_step"] = float(rest) / draft_step
     return Calibration(
         verify_s=out_verify,
         prefill_target_s=scaled(prefill_target, "target", [n - 1 for n in prompt_tokens]),
@@ -186,6 +194,7 @@ def calibrate_b1(
         applied=bool(ratios) or first is not None,
         draft_warmup_s=warmup,
         warnings=tuple(warnings),
+        loop_ratios=loop_ratios,
     )
 
 

@@ -91,6 +91,7 @@ class RunProfile:
     ar_forward_s: float | None = None
     engine_overhead_s: float = 0.0
     machine_probe_s: float | None = None
+    machine_probe_cv: float | None = None  # the probe's coefficient of variation over the run (its noise)
     bias_front: tuple[BiasFrontRow, ...] = ()
     trace_prompts: tuple[int | None, ...] = ()
     sampling_trace_prompts: tuple[int | None, ...] = ()
@@ -98,8 +99,10 @@ class RunProfile:
     # not measured (runs profiled before it), then latency is predicted at the typical context throughout.
     context_slope_s: dict[int, float] = field(default_factory=dict)
     typical_context: int = 0
-    # What the calibration found suspicious (an in-loop ÷ isolated ratio clamped, _calibration.anchor_ratios).
+    # What the calibration found suspicious (an in-loop ÷ isolated ratio clamped, _calibration.anchor_ratios),
+    # and in-loop ÷ isolated as measured ("verify": the largest at the anchors; "draft_step": a later draft forward).
     calibration_warnings: tuple[str, ...] = ()
+    loop_ratios: dict[str, float] = field(default_factory=dict)
     # What the profiler's hooks added per hooked forward, taken off the in-loop terms (_loop_costs.hook_tax):
     # in the draft's θ = 0 passes and in plain decoding; 0 where it did not stand clear of the noise.
     hook_tax_s: float = 0.0
@@ -157,6 +160,7 @@ class _StepTimes:
     ar_forward_s: float | None = None
     draft_warmup_s: tuple[float, ...] = ()
     warnings: tuple[str, ...] = ()
+    loop_ratios: dict[str, float] = field(default_factory=dict)
     hook_tax_s: tuple[float, float, float] = (0.0, 0.0, 0.0)  # per hooked forward: plain, θ = 0 passes, θ > 0 pass
 
 
@@ -169,7 +173,7 @@ def _calibrated(times: _StepTimes, raw: dict[int, float], fit: OverheadFit, in_l
                        [p.prompt_tokens for p in infos])
     out = replace(times, verify_s={**times.verify_s, 1: cal.verify_s}, prefill_target_s=cal.prefill_target_s,
                   prefill_draft_s=cal.prefill_draft_s, calibrated=cal.applied, ar_forward_s=cal.ar_forward_s,
-                  warnings=cal.warnings)
+                  warnings=cal.warnings, loop_ratios=cal.loop_ratios)
     if cal.draft_rest_s is None or 1 not in raw:
         return out
     # The colder first forward of every cycle costs its excess once per cycle.
@@ -303,10 +307,11 @@ def build_run_profile(
         sequence_overhead_s=max(trimmed_mean(sequence) - tax, 0.0) if sequence else 0.0,  # the target's prefill
         prompts=infos, prefill_target_s=times.prefill_target_s, prefill_draft_s=times.prefill_draft_s,
         positions=positions, after_rejection=tuple(c for tr in traces for c in tr.confidences[tr.num_accepted + 1:]),
-        max_new_tokens=max_new, machine_probe_s=t.probe(), bias_front=tuple(bias_front),
+        max_new_tokens=max_new, machine_probe_s=t.probe(), machine_probe_cv=t.probe_cv(), bias_front=tuple(bias_front),
         trace_prompts=tuple(tr.prompt_index for tr in traces),
         sampling_trace_prompts=tuple(tr.prompt_index for tr in sampling_traces or ()),
         context_slope_s=t.context_slopes(typical), typical_context=typical, calibration_warnings=times.warnings,
+        loop_ratios=times.loop_ratios,
         hook_tax_s=tax, plain_hook_tax_s=plain_tax,
     )
     return _loop_costs(rp, t, (in_loop or {}) if calibrate else None, checked_tax)

@@ -20,7 +20,7 @@ from specdec_tune.tuner.search._space import ANY, N_LIMIT, THETA_GRID, SearchSpa
 from specdec_tune.tuner.search._space import unsupported
 from specdec_tune.tuner.search._study import check_storage, load_existing, open_storage
 from specdec_tune.tuner.search._tree_space import DEFAULT_TREES, check_shapes, shape_candidate, tree_space_args
-from specdec_tune.tuner.search._tune import run_tune
+from specdec_tune.tuner.search._tune import check_profile, run_tune
 from specdec_tune.tuner.search._validate import Validated, measure_predicted
 
 __all__ = [
@@ -29,7 +29,7 @@ __all__ = [
     "SearchSpace", "ServerTuneReport", "TuneReport", "TuneRequest", "Validated", "best_per_server", "brute_force",
     "check_server", "check_storage", "close_calls", "completed_trials", "expressible_on", "find_profile",
     "load_existing", "measure_candidates", "measure_predicted", "measured_speedup", "open_storage", "per_batch_size",
-    "pick_among_tied", "run_search", "run_server_tune", "run_tune", "schedule_from_measured", "server_search_space",
+    "pick_among_tied", "run_search", "run_server_tune", "run_tune", "check_profile", "schedule_from_measured", "server_search_space",
     "unsupported", "DEFAULT_TREES", "check_shapes", "shape_candidate", "tree_space_args",
     "HEARTBEAT_S", "STALE_S", "StudyLease", "TuneInterrupted", "study_subject",
 ]  # fmt: skip
