@@ -100,6 +100,11 @@ class Timings:
         xs = [x for _, samples in self.select("machine_probe") for x in samples]
         return statistics.median(xs) if xs else None
 
+    def probe_cv(self) -> float | None:
+        """The machine probe's coefficient of variation over the run (None: fewer than 2 samples)."""
+        xs = [x for _, samples in self.select("machine_probe") for x in samples]
+        return statistics.stdev(xs) / statistics.fmean(xs) if len(xs) >= 2 and statistics.fmean(xs) > 0 else None
+
     def plain_loop(self) -> list[float]:
         """The plain decoding loop's in-loop target forwards at B = 1."""
         return [x for _, xs in self.select("autoregressive", batch_size=1) for x in xs]
