@@ -69,7 +69,8 @@ def table(term: str) -> tuple[list[str], list[dict]]:
                 errors.append(p.seconds / s - 1)
                 rows.append({"term_off": term, "regime": regime.name, "n": n, "theta": theta,
                              "predicted_s": p.seconds, "simulated_s": s, "error": errors[-1]})
-        cells = " ".join(f"{'plain' if n == 0 else f'N{n}/θ{theta:g}'} {e:+.1%}" for (n, theta), e in zip(CONFIGS, errors))
+        cells = " ".join(f"{'plain' if n == 0 else f'N{n}/θ{theta:g}'} {e:+.1%}"
+                         for (n, theta), e in zip(CONFIGS, errors))
         worst = max(abs(e) for e in errors)
         lines.append(f"  {regime.name:10s} worst {worst:.1%}, median {statistics.median(abs(e) for e in errors):.1%}: "
                      + cells)

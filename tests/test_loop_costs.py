@@ -19,7 +19,8 @@ MS = 1e-3
 CHECK = 0.07 * MS
 
 
-TRACES = tuple(Trace(c, a) for c, a in [((0.9, 0.2, 0.8, 0.6), 1), ((0.95, 0.9, 0.5, 0.1), 4), ((0.3, 0.9, 0.9, 0.9), 0)])
+TRACES = tuple(Trace(c, a) for c, a in [((0.9, 0.2, 0.8, 0.6), 1), ((0.95, 0.9, 0.5, 0.1), 4),
+                                         ((0.3, 0.9, 0.9, 0.9), 0)])
 
 
 def _model(check: float = CHECK) -> ModelProfile:

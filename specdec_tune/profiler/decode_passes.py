@@ -98,7 +98,8 @@ def first_cycles(timelines: list[SequenceTimeline]) -> list[list[float]]:
         prefill = next((f for f in tl.forwards if f.role == "target"), None)
         if tl.cycles and prefill is not None:
             first = tl.cycles[0]
-            out.append([first.draft_forwards, first.drafted, tl.cycle_ends[0] - tl.start + tl.tail_s(), prefill.tokens + 1])
+            wall = tl.cycle_ends[0] - tl.start + tl.tail_s()
+            out.append([first.draft_forwards, first.drafted, wall, prefill.tokens + 1])
     return out
 
 
@@ -122,7 +123,8 @@ def _designs(session: Any) -> _Designs:
     # The θ pass runs where θ > 0 can be predicted: a model draft's greedy traces (not synthetic acceptance).
     theta = s.threshold_prompts > 0 and not s.synthetic_acceptance
     return _Designs(plain=DecodeConfig(max_new_tokens=s.max_new_tokens, eos_token_id=eos),
-                    greedy=spec(s.n_max, **synthetic), small=[spec(n, **synthetic) for n in small_ns(s.n_max, s.overhead_ns)],
+                    greedy=spec(s.n_max, **synthetic),
+                    small=[spec(n, **synthetic) for n in small_ns(s.n_max, s.overhead_ns)],
                     threshold=spec(min(s.threshold_pass_n, s.n_max), threshold=s.threshold_pass) if theta else None,
                     sample=spec(s.n_max, temperature=s.temperature) if s.temperature > 0 else None)
 

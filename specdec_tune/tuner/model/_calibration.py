@@ -129,7 +129,8 @@ def anchor_ratios(verify: dict[int, float], in_loop: dict,
         r = raw[k] = float(v) / verify[k]
         if not lo <= r <= hi:
             warnings.append(f"in-loop T_v({k}) is {r:.2f}× the isolated one over {n} forwards (outside "
-                            f"{lo:g}-{hi:g}×: one-off costs inside the loop?); calibrated at {min(max(r, lo), hi):g}×")
+                            f"{lo:g}-{hi:g}×: one-off costs inside the loop?); calibrated at "
+                            f"{min(max(r, lo), hi):g}×")
             r = min(max(r, lo), hi)
         ratios[k] = r
     return ratios, warnings, raw
@@ -173,8 +174,8 @@ def calibrate_b1(
     } if ratios else dict(verify)
 
     def scaled(micro: tuple[float, ...], role: str, lengths: Sequence[int]) -> tuple[float, ...]:
-        pairs = _prefill_ratios(micro, lengths, in_loop.get(f"{role}_prefill_s", []),
-                                in_loop.get(f"{role}_prefill_tokens"))
+        loop, tokens = in_loop.get(f"{role}_prefill_s", []), in_loop.get(f"{role}_prefill_tokens")
+        pairs = _prefill_ratios(micro, lengths, loop, tokens)
         return tuple(t * statistics.median(pairs) for t in micro) if pairs else micro
 
     first, rest = _in_loop_mean(in_loop, "draft_first"), _in_loop_mean(in_loop, "draft_rest")

@@ -32,9 +32,9 @@ def identity_check(base: RunProfile, drafts: Sequence[RunProfile], measured_toke
     warnings = []
     if abs(error) > PLAIN_BOUND:
         warnings.append(f"calibration identity: the model calibrated on this run predicts its plain decoding at "
-                        f"{predicted:.1f} tokens/s, the hooked pass measured {measured_tokens_per_s:.1f} ({error:+.1%}, "
-                        f"beyond ±{PLAIN_BOUND:.0%}): one-off costs in the pass (graph captures, new cache slots, GC) "
-                        "or a term the model misses")
+                        f"{predicted:.1f} tokens/s, the hooked pass measured {measured_tokens_per_s:.1f} "
+                        f"({error:+.1%}, beyond ±{PLAIN_BOUND:.0%}): one-off costs in the pass (graph captures, new "
+                        "cache slots, GC) or a term the model misses")
     ratios = {}
     for rp in drafts:
         ratios[rp.draft or ""] = dict(rp.loop_ratios)

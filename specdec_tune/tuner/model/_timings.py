@@ -38,7 +38,8 @@ class Timings:
         for r in rows:
             self.groups[TimingKey(r.kind, r.draft, r.k, r.batch_size, r.context_len)].append(r.seconds)
 
-    def select(self, kind: str, draft: object = _ANY, batch_size: int | None = None) -> Iterator[tuple[TimingKey, list[float]]]:
+    def select(self, kind: str, draft: object = _ANY,
+               batch_size: int | None = None) -> Iterator[tuple[TimingKey, list[float]]]:
         for key, xs in self.groups.items():
             if key.kind == kind and (draft is _ANY or key.draft == draft) and batch_size in (None, key.batch_size):
                 yield key, xs

@@ -24,12 +24,13 @@ from specdec_tune.tuner.search._tune import check_profile, run_tune
 from specdec_tune.tuner.search._validate import Validated, measure_predicted
 
 __all__ = [
+    "check_profile",
     "ANY", "CALIBRATION_NS", "NGRAM_CALIBRATION_N", "N_LIMIT", "OBJECTIVES", "THETA_GRID", "Measured", "PromptCounts",
     "SearchOutcome", "check_prompts",
     "SearchSpace", "ServerTuneReport", "TuneReport", "TuneRequest", "Validated", "best_per_server", "brute_force",
     "check_server", "check_storage", "close_calls", "completed_trials", "expressible_on", "find_profile",
     "load_existing", "measure_candidates", "measure_predicted", "measured_speedup", "open_storage", "per_batch_size",
-    "pick_among_tied", "run_search", "run_server_tune", "run_tune", "check_profile", "schedule_from_measured", "server_search_space",
+    "pick_among_tied", "run_search", "run_server_tune", "run_tune", "schedule_from_measured", "server_search_space",
     "unsupported", "DEFAULT_TREES", "check_shapes", "shape_candidate", "tree_space_args",
     "HEARTBEAT_S", "STALE_S", "StudyLease", "TuneInterrupted", "study_subject",
 ]  # fmt: skip
