@@ -46,7 +46,7 @@ def ablated(term: str) -> Iterator[None]:
     elif term == "hook tax":
         patch(_profile, "hook_tax", lambda samples: 0.0)
     elif term == "first cycle":
-        patch(_profile, "first_cycle_overhead_s", lambda *a, **k: None)
+        patch(_profile, "first_cycle_residuals", lambda *a, **k: [])
     elif term == "plain M forwards":
         step = _predict.plain_step_s
         patch(_predict, "plain_seconds", lambda rp, b, p, n: n * step(rp, b, p, n) - rp.plain_setup_s)

@@ -119,3 +119,17 @@ def test_a_decodes_first_cycle_is_not_a_steady_one():
     got = in_loop_medians([timeline(0.1 * MS)] * 3)
     assert got["verify_n"] == {3: 12} and got["verify_robust_s"][3] == pytest.approx(1.0 * MS)
     assert got["draft_position_n"] == {1: 12, 2: 12}
+
+
+def test_terms_fitted_to_a_few_noisy_decodes_are_taken_only_where_they_stand_clear_of_the_noise():
+    """On a loaded CPU the θ pass's few cycles and first cycles scatter by more than the effect."""
+    from specdec_tune.tuner.model._loop_costs import first_cycle_terms, threshold_forward_s
+
+    m, o_c = _model(0.0), 0.2 * MS
+    zero = draft_seconds(m, 1, 2) + m.verify_s[1][2] + o_c
+    noisy = [[2, 1, zero + 2 * CHECK + noise, 300] for noise in (3 * MS, -2.5 * MS, 0.5 * MS, -1.2 * MS)]
+    assert threshold_forward_s(noisy, m, o_c, lambda k, ctx: 0.0) == 0.0
+    steady = [1.0 * MS, 1.1 * MS, 0.9 * MS, 1.05 * MS, 0.95 * MS]
+    assert first_cycle_terms(steady, [3.0 * MS, 3.1 * MS, 2.9 * MS]) == pytest.approx((1.0 * MS, 3.0 * MS))
+    assert first_cycle_terms(steady, [1.2 * MS, -0.9 * MS, 3.0 * MS]) == (pytest.approx(1.0 * MS), None)
+    assert first_cycle_terms([], [3.0 * MS, 3.1 * MS]) == (None, None)

@@ -11,7 +11,7 @@ The hooks' cost and The cost of θ > 0). Pure Python.
   between forwards is exposed. The profile's θ > 0 pass measures that: each of its cycles' hooked wall time,
   less the hooks' tax, less what the θ = 0 terms predict for the same (F, L), is the checks' cost, and
   :func:`threshold_forward_s` spreads it over the cycles' draft forwards.
-- **A decode's first cycle** overlaps its prefills' work: :func:`first_cycle_overhead_s`.
+- **A decode's first cycle** overlaps its prefills' work: :func:`first_cycle_residuals`.
 """
 from __future__ import annotations
 
@@ -49,24 +49,29 @@ def threshold_forward_s(cycles: Sequence[Sequence[float]], model: ModelProfile, 
         tax: the hooks' cost per hooked forward in the θ > 0 pass's design (a cycle hooks F + 1 forwards).
 
     Returns:
-        Σ (wall - tax·(F + 1) - θ = 0 cycle) / Σ F over the cycles, at least 0 (a check never makes a forward
-        cheaper); 0 without cycles.
+        Σ (wall - tax·(F + 1) - θ = 0 cycle) / Σ F over the cycles where it lies more than
+        :data:`CLEAR_OF_NOISE` standard errors above 0 (a check never makes a forward cheaper, and on a
+        loaded CPU a few cycles' spread would otherwise become a term); 0 without cycles.
     """
-    excess = forwards = 0.0
+    pairs = []  # (excess seconds, draft forwards) per cycle
     for f, length, wall, context in cycles:
         f, length = int(f), int(length)
         if f < 1:
             continue
         zero = draft_seconds(model, 1, f) + verify_time(model, 1, length + 1) + cycle_overhead_s \
             + context_cost(length + 1, context)
-        excess += float(wall) - tax * (f + 1) - zero
-        forwards += f
-    return max(excess / forwards, 0.0) if forwards else 0.0
+        pairs.append((float(wall) - tax * (f + 1) - zero, f))
+    forwards = sum(f for _, f in pairs)
+    if len(pairs) < 2 or not forwards:
+        return 0.0
+    cost = sum(e for e, _ in pairs) / forwards
+    spread = math.sqrt(sum(f * (e / f - cost) ** 2 for e, f in pairs) / forwards / (len(pairs) - 1))
+    return cost if cost > CLEAR_OF_NOISE * spread else 0.0
 
 
-def first_cycle_overhead_s(rows: Sequence[Sequence[float]], model: ModelProfile,
-                           context_cost: Callable[[int, float], float], prefill: Callable[[int], float],
-                           tax: float = 0.0, checked: bool = False) -> float | None:
+def first_cycle_residuals(rows: Sequence[Sequence[float]], model: ModelProfile,
+                          context_cost: Callable[[int, float], float], prefill: Callable[[int], float],
+                          tax: float = 0.0, checked: bool = False) -> list[float]:
     """Per decode, what its first cycle and its end cost beyond the model's own terms for them.
 
     A decode's first cycle runs while its prefills' work drains: on a GPU a long prefill's kernels are still
@@ -87,9 +92,23 @@ def first_cycle_overhead_s(rows: Sequence[Sequence[float]], model: ModelProfile,
         checked: the rows are the θ > 0 pass's (each draft forward pays the check, ``threshold_forward_s``).
 
     Returns:
-        The trimmed mean residual (:func:`trimmed_mean`), or None without rows.
+        The residual of each decode.
     """
-    residuals = [float(wall) - tax * (int(f) + 2) - prefill(int(t)) - draft_seconds(model, 1, int(f), checked)
-                 - verify_time(model, 1, int(length) + 1) - context_cost(int(length) + 1, t)
-                 for f, length, wall, t in rows]
-    return trimmed_mean(residuals) if residuals else None
+    return [float(wall) - tax * (int(f) + 2) - prefill(int(t)) - draft_seconds(model, 1, int(f), checked)
+            - verify_time(model, 1, int(length) + 1) - context_cost(int(length) + 1, t) for f, length, wall, t in rows]
+
+
+def first_cycle_terms(steady: Sequence[float], checked: Sequence[float]) -> tuple[float | None, float | None]:
+    """(θ = 0, θ > 0) first-cycle residuals per decode from :func:`first_cycle_residuals` of the θ = 0 passes and
+    of the θ pass: the trimmed mean of the first (:func:`trimmed_mean`; None without rows), and for θ > 0 the
+    same moved by the two passes' difference where that lies more than :data:`CLEAR_OF_NOISE` standard errors
+    from 0 (the θ pass decodes a few prompts: on a loaded CPU their first cycles differ by hundreds of
+    milliseconds), else None (θ > 0 decodes pay the θ = 0 one)."""
+    if not steady:
+        return None, None
+    base = trimmed_mean(steady)
+    if len(steady) < 2 or len(checked) < 2:
+        return base, None
+    diff = statistics.fmean(checked) - statistics.fmean(steady)
+    se = math.sqrt(statistics.variance(checked) / len(checked) + statistics.variance(steady) / len(steady))
+    return base, (base + diff if abs(diff) > CLEAR_OF_NOISE * se else None)

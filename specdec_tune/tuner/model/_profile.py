@@ -24,7 +24,8 @@ from specdec_tune.core.errors import InputError
 from specdec_tune.core.pass_design import steady_widths
 from specdec_tune.core.stats import trimmed_mean
 from specdec_tune.tuner.model._calibration import OverheadFit, calibrate_b1, fit_overhead, interp
-from specdec_tune.tuner.model._loop_costs import first_cycle_overhead_s, hook_tax, threshold_forward_s
+from specdec_tune.tuner.model._loop_costs import first_cycle_residuals, first_cycle_terms, hook_tax
+from specdec_tune.tuner.model._loop_costs import threshold_forward_s
 from specdec_tune.tuner.model._timings import Timings
 from specdec_tune.tuner.model._configs import NGRAM
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces
@@ -331,17 +332,18 @@ def _loop_costs(rp: RunProfile, t: Timings, in_loop: dict | None, checked_tax: f
     by_length = {p.prompt_tokens: pt + pd - rp.first_draft_step_s.get(1, 0.0)
                  for p, pt, pd in zip(rp.prompts, rp.prefill_target_s, rp.prefill_draft_s)}
 
-    def first(rows, tax: float, checked: bool) -> float | None:
-        return first_cycle_overhead_s(rows, rp.model, rp.context_cost, lambda n: interp(by_length, n), tax, checked)
+    def first(rows, tax: float, checked: bool) -> list[float]:
+        return first_cycle_residuals(rows, rp.model, rp.context_cost, lambda n: interp(by_length, n), tax, checked)
 
     steady = first(t.first_cycles(rp.draft), rp.hook_tax_s, False)
-    if steady is not None:
-        rp = replace(rp, sequence_overhead_s=steady)
+    if steady:
+        rp = replace(rp, sequence_overhead_s=trimmed_mean(steady))
     if not in_loop.get("threshold_cycles"):
         return rp
     cost = threshold_forward_s(in_loop["threshold_cycles"], rp.model, rp.cycle_overhead_s, rp.context_cost, checked_tax)
     rp = replace(rp, model=replace(rp.model, threshold_forward_s=cost))
-    return replace(rp, checked_sequence_overhead_s=first(in_loop.get("threshold_first_cycles", ()), checked_tax, True))
+    _, checked = first_cycle_terms(steady, first(in_loop.get("threshold_first_cycles", ()), checked_tax, True))
+    return replace(rp, checked_sequence_overhead_s=checked)
 
 
 def synthetic_rates(settings: RunSettings) -> tuple[float, ...] | None:
