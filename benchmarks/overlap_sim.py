@@ -1,8 +1,8 @@
 """The throughput model against a simulated host and GPU (issue 37, F3): predicted vs simulated seconds of
 plain decoding and of N ∈ {2, 3, 6, 12} at θ ∈ {0, 0.4}, in a host-bound, a GPU-bound and a balanced regime.
 
-The simulator (``tests/host_gpu_sim.py``) and its profile through the profiler's real code
-(``tests/host_gpu_profile.py``) are the ones ``tests/test_overlap_model.py`` checks at 2 %. No clock is read:
+The simulator (``tests/support/host_gpu_sim.py``) and its profile through the profiler's real code
+(``tests/support/host_gpu_profile.py``) are the ones ``tests/tuner/model/test_overlap.py`` checks at 2 %. No clock is read:
 the numbers are exact, the same on every machine. ``--ablate`` also prints the model with one of its terms
 switched off (the θ > 0 term, the hooks' tax, the first-cycle residual, plain decoding's M - 1 forwards and
 its set-up), which shows what each term is worth.
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/ is a p
 from _bench import write_results  # noqa: E402  (benchmarks/ is this script's folder)
 from specdec_tune.tuner.model import SpecConfig, predict_baseline, predict_config  # noqa: E402
 from specdec_tune.tuner.model import _predict, _profile  # noqa: E402
-from tests.host_gpu_profile import simulated_profile, simulated_seconds  # noqa: E402
-from tests.host_gpu_sim import REGIMES  # noqa: E402
+from tests.support.host_gpu_profile import simulated_profile, simulated_seconds  # noqa: E402
+from tests.support.host_gpu_sim import REGIMES  # noqa: E402
 
 CONFIGS = [(0, 0.0)] + [(n, theta) for theta in (0.0, 0.4) for n in (2, 3, 6, 12)]
 

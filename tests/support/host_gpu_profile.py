@@ -1,4 +1,4 @@
-"""A profile of the simulated host and GPU (:mod:`tests.host_gpu_sim`) through the profiler's real timing code,
+"""A profile of the simulated host and GPU (:mod:`tests.support.host_gpu_sim`) through the profiler's real timing code,
 and the unhooked truth the model's predictions are checked against (issue 37, F3).
 
 :func:`simulated_profile` runs what ``profile`` runs, each stage with the profiler's own functions: the
@@ -18,7 +18,7 @@ from specdec_tune.profiler import microbench as mb
 from specdec_tune.profiler.hook_tax import HookTaxCall, hook_tax_rows
 from specdec_tune.profiler.overhead import ForwardRecorder, in_loop_medians
 from specdec_tune.tuner.model import PromptInfo, RunProfile, build_run_profile
-from tests.host_gpu_sim import Models, Regime, SimCache, World, installed, models, plain_call, spec_call, whole_call
+from tests.support.host_gpu_sim import Models, Regime, SimCache, World, installed, models, plain_call, spec_call, whole_call
 
 DRAFT = "sim-draft"
 N_MAX, OVERHEAD_NS, OVERHEAD_PROMPTS = 16, (1, 4, 8), 4

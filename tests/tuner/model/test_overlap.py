@@ -1,6 +1,6 @@
 """The throughput model handles a GPU's overlap of host and device, shown on a CPU (issue 37, F3/F4/R7).
 
-A simulated host thread and GPU stream (``tests/host_gpu_sim.py``) run plain decoding and speculative decoding
+A simulated host thread and GPU stream (``tests/support/host_gpu_sim.py``) run plain decoding and speculative decoding
 at θ = 0 and θ > 0 in three regimes (the host the bottleneck, the GPU the bottleneck, both alike). The profile
 is taken through the profiler's own hooks, micro-benchmark runner and row builders, the model is the real one,
 and its predictions are checked against the simulated wall time of unhooked calls, what ``measure`` times."""
@@ -12,8 +12,8 @@ import pytest
 
 from specdec_tune.tuner.model import SpecConfig, predict_baseline, predict_config
 from specdec_tune.tuner.model._predict import simulate_config
-from tests.host_gpu_profile import NEW_TOKENS, simulated_profile, simulated_seconds
-from tests.host_gpu_sim import REGIMES, SimEvent
+from tests.support.host_gpu_profile import NEW_TOKENS, simulated_profile, simulated_seconds
+from tests.support.host_gpu_sim import REGIMES, SimEvent
 
 CONFIGS = [(n, theta) for theta in (0.0, 0.4) for n in (2, 3, 6, 12)]
 
@@ -57,7 +57,7 @@ def test_the_profile_measures_what_theta_and_the_hooks_cost(simulated):
 def test_the_recorder_makes_its_events_before_the_decode():
     """Each mark records a pre-made event (R7): none is made while a decode runs."""
     from specdec_tune.profiler.overhead import ForwardRecorder
-    from tests.host_gpu_sim import installed, models, plain_call
+    from tests.support.host_gpu_sim import installed, models, plain_call
 
     m = models(REGIMES[0])
     recorder = ForwardRecorder("cuda")
