@@ -140,7 +140,8 @@ def _plain(rp: RunProfile, b: int, i: int) -> _Request:
     n_tokens, prompt = rp.prompts[i].new_tokens, rp.prompts[i].prompt_tokens
     step = plain_step_s(rp, b, prompt, n_tokens)
     slope = context_slope(rp, 1, b)
-    return _Request(step, step, n_tokens, prompt, slope, slope)
+    # the prefill gives the first token's logits: it costs a pick, no forward (_predict.plain_seconds)
+    return _Request(rp.model.ar_overhead_s, step, n_tokens, prompt, 0.0, slope)
 
 
 def _requests(rp: RunProfile, config: SpecConfig) -> tuple[list[_Request], str]:
