@@ -5,9 +5,11 @@ measured): warm-up; T_v(B, k) of the target and T_s of each draft (interleaved r
 each prompt; then the decoding passes, interleaved prompt by prompt: the plain baseline (per-token
 overhead, in-loop T_ar, greedy output lengths), per draft the greedy acceptance pass (θ = 0,
 N = N_max: traces, per-cycle overhead, in-loop forward times), short overhead passes at small N on
-the first prompts (to separate per-cycle from per-forward overhead) and with ``temperature > 0`` a
-sampling pass; then the teacher-forced agreement and the per-draft summaries; last, with ``trees``,
-the token-tree and staged-drafting stage (:mod:`profiler.tree_profile`). A
+the first prompts (to separate per-cycle from per-forward overhead), a θ > 0 pass on the first prompts
+(the cost of a checked draft forward) and with ``temperature > 0`` a sampling pass; then the
+teacher-forced agreement and the per-draft summaries; then the hooks' own cost (each pass design unhooked
+and hooked, ``profiler.hook_tax``); last, with ``trees``, the token-tree and staged-drafting stage
+(:mod:`profiler.tree_profile`). A
 ``KeyboardInterrupt`` marks the run ``interrupted``, any other error ``failed``; both re-raise.
 
 Every timed forward of the micro-benchmarks and every decode of the decoding stage is a timed region
@@ -34,7 +36,7 @@ from specdec_tune.profiler import microbench as mb
 from specdec_tune.profiler.clean import TimedRegions
 from specdec_tune.profiler.describe import hardware_info, model_info, workload_info
 from specdec_tune.profiler.lossy_front import measured_front, teacher_forced_front
-from specdec_tune.profiler.decode_passes import decode_passes
+from specdec_tune.profiler.decode_passes import decode_passes, first_cycles, hook_tax, threshold_cycles
 from specdec_tune.profiler.overhead import in_loop_medians
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
 from specdec_tune.profiler.machine_probe import MachineProbe
@@ -211,7 +213,7 @@ class ProfileSession:
     # -- stages
     def _stages(self) -> None:
         trees = (self.tree_passes,) if self.settings.trees else ()
-        for stage in (self.warm_up, self.bench_forwards, self.bench_prefill, self.decode_passes, *trees):
+        for stage in (self.warm_up, self.bench_forwards, self.bench_prefill, self.decode_passes, self.hook_tax, *trees):
             stage()
             add_timing_samples(self.db, self.run_id, self.probe_rows(3))
 
@@ -276,9 +278,14 @@ class ProfileSession:
         passes = decode_passes(self)
         self._outputs, self._infos, self._base_seconds = passes.outputs, passes.infos, passes.base_seconds
         self._greedy, self._sampled, self._timelines = passes.greedy, passes.sampled, passes.timelines
+        self._threshold_timelines = passes.threshold_timelines
         self._store_baseline()
         for spec in self.drafts:
             self._store_acceptance(spec)
+
+    def hook_tax(self) -> None:
+        """The hooks' own cost: each decoding-pass design unhooked and hooked (``profiler.hook_tax``)."""
+        hook_tax(self)
 
     def tree_passes(self) -> None:
         """Token-tree and staged-drafting data (``profile --trees``, :mod:`profiler.tree_profile`)."""
@@ -314,7 +321,7 @@ class ProfileSession:
         add_acceptance(self.db, self.run_id, draft=name, mode="greedy", temperature=0.0, num_speculative=s.n_max,
                        cycles=summary.cycles, position_attempts=summary.attempts, position_accepts=summary.accepts,
                        alpha=summary.alpha, beta=summary.beta, confidence_bins=summary.confidence_bins, **teacher,
-                       in_loop=in_loop_medians(self._timelines[name]), continuations=continuations,
+                       in_loop=self._in_loop(name), continuations=continuations,
                        tv_temperature=tf.temperature if tf else None)
         if s.temperature > 0 and spec.model is not None:
             self._store_front(spec)
@@ -325,6 +332,14 @@ class ProfileSession:
                            position_accepts=ssum.accepts, alpha=ssum.alpha, beta=ssum.beta,
                            confidence_bins=ssum.confidence_bins, tv_temperature=s.temperature, **teacher)
 
+
+    def _in_loop(self, name: str) -> dict:
+        """The draft's in-loop forward times (``overhead.in_loop_medians``) and its θ > 0 pass's cycles."""
+        out = in_loop_medians(self._timelines[name])
+        if self._threshold_timelines.get(name):
+            out["threshold_cycles"] = threshold_cycles(self._threshold_timelines[name])
+            out["threshold_first_cycles"] = first_cycles(self._threshold_timelines[name])
+        return out
 
     def _store_front(self, spec: DraftSpec) -> None:
         """Teacher-forced positions of the sampled generations and the lossy front (``profiler.lossy_front``)."""

@@ -79,8 +79,8 @@ def test_the_decomposition_check_has_power(profile, monkeypatch, plant):
     else:
         original = _latency_prediction.timed_cycles
 
-        def twice(rp_, cycles, b, prompt):  # the latency side only: each cycle's overhead counted twice
-            times, slopes = original(rp_, cycles, b, prompt)
+        def twice(rp_, cycles, b, prompt, *rest):  # the latency side only: each cycle's overhead counted twice
+            times, slopes = original(rp_, cycles, b, prompt, *rest)
             return [t + rp_.cycle_overhead_s for t in times], slopes
 
         monkeypatch.setattr(_latency_prediction, "timed_cycles", twice)
