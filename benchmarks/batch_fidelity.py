@@ -31,7 +31,7 @@ import typer
 
 from _bench import write_results  # benchmarks/ is this script's folder
 from specdec_tune.cli import _options as opts
-from specdec_tune.core.stats import paired_speedup
+from specdec_tune.core.stats import speedup_estimate
 from specdec_tune.db import get_run, open_database
 from specdec_tune.profiler import ProfileSettings, run_profile
 from specdec_tune.tuner.model import SpecConfig, at_machine_speed, load_run_profile, predict_prompts
@@ -87,7 +87,7 @@ def _rows(database, run: int, got: list, b: int) -> list[dict]:
         specs = [s for g in batch_specs(stored, m) for s in g] if b > 1 else None
         lock = _lockstep(rp, v, b, specs, gauge, plain)
         out.append({"B": b, "N": n, "measured": m.tokens_per_s, "ci95": m.ci95,
-                    "speedup_measured": 1.0 if n == 0 else paired_speedup(m, plain.measurement),
+                    "speedup_measured": 1.0 if n == 0 else speedup_estimate(m, plain.measurement).value,
                     "batch_model": None if v.prediction is None else v.prediction.tokens_per_s,
                     "batch_error": v.relative_error, "lockstep": lock,
                     "lockstep_error": None if lock is None else lock / m.tokens_per_s - 1,

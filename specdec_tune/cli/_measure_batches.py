@@ -10,7 +10,7 @@ import typer
 
 from specdec_tune.cli._app import THROUGHPUT_NOTE, print_json
 from specdec_tune.cli._progress import Bar, progress_bar
-from specdec_tune.core.stats import ci_unavailable, paired_speedup, speedup_ci
+from specdec_tune.core.stats import ci_unavailable, speedup_estimate
 
 
 def measure_per_batch_size(database, run: int, items: list, sizes: Sequence[int], console, **options) -> list[dict]:
@@ -42,13 +42,13 @@ def batch_row(v, plain) -> dict[str, Any]:
     }
     if plain is not None:
         pm = plain.measurement
-        ci = speedup_ci(m.samples, pm.samples)
+        est = speedup_estimate(m, pm)  # the point and its CI from one estimator (core.stats)
         row["plain"] = {"tokens_per_s": pm.tokens_per_s, "ci95": list(pm.ci95) if pm.ci95 else None,
                         "predicted_tokens_per_s": None if plain.prediction is None else plain.prediction.tokens_per_s,
                         "measured_id": pm.measured_id}
-        row["speedup"] = paired_speedup(m, pm)
-        row["speedup_ci95"] = None if ci is None else list(ci)
-        row["speedup_ci95_why"] = ci_unavailable(len(m.samples.prompt_ids)) if ci is None else None
+        row["speedup"] = est.value
+        row["speedup_ci95"] = None if est.ci is None else list(est.ci)
+        row["speedup_ci95_why"] = est.why
     return row
 
 

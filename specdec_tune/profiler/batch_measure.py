@@ -28,7 +28,8 @@ from specdec_tune.db import Database, add_measured_run, get_run
 from specdec_tune.engine import DecodeConfig, LoadedModel, acceptance_per_position
 from specdec_tune.profiler.batch_runs import measure_batch, warm_up_batch
 from specdec_tune.profiler.machine_probe import MachineProbe
-from specdec_tune.profiler.measure import PROBES_PER_REPEAT, _check, _decode_config, _drafter, _load_models
+from specdec_tune.profiler.measure import _check, _decode_config, _drafter, _load_models
+from specdec_tune.profiler.measure_passes import PROBES_PER_REPEAT
 from specdec_tune.profiler.measure import _warn_if_graphs_changed, chosen_prompts
 from specdec_tune.profiler.measure_records import Measurement, MeasureSpec
 from specdec_tune.profiler.runs import DraftSpec, encode_prompt

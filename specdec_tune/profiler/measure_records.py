@@ -70,6 +70,9 @@ class Measurement:
     peak_memory: Any = None  # profiler.memory.PeakMemory (measure --memory), in a fresh process
     batch_size: int = 1  # sequences decoded together (B > 1: the batched engine, ``profiler.batch_measure``)
     groups: list[list[str]] = field(default_factory=list)  # B > 1: the prompt ids of each batch (samples are per batch)
+    timed_regions: dict | None = None  # the timed decodes' check (profiler.clean.TimedRegions.report) and warm-up
+    cuda_graphs: dict | None = None  # the target's and every draft's CUDA-graph state, read after the run
+    decode_tokens_per_s: float | None = None  # after each request's first arrival (prefill left out)
 
     @property
     def latency_summary(self) -> dict | None:

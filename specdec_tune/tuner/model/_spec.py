@@ -48,6 +48,9 @@ class ModelProfile:
         batch_graph_sizes: the batch sizes the engine captured CUDA graphs at (``core.limits``); a batch in
             between runs padded to the next, so T_v(B, k) and T_s(B) are read at the padded size (a step
             function of B). Empty: forwards run at their own B (a CPU, graphs off).
+        threshold_forward_s: what each draft forward of a cycle costs beyond θ = 0's terms when θ > 0 reads
+            its confidence (the host waits for it: ``float(conf)``, plus its exp and logsumexp), fitted to the
+            profile's θ > 0 pass (:mod:`tuner.model._threshold`); 0 where none ran.
     """
 
     draft_step_s: Mapping[int, float]
@@ -63,6 +66,7 @@ class ModelProfile:
     draft_warmup_s: tuple[float, ...] = ()
     lookup: bool = False
     batch_graph_sizes: tuple[int, ...] = ()
+    threshold_forward_s: float = 0.0
 
     def __post_init__(self) -> None:
         if any(not math.isfinite(e) for e in self.draft_warmup_s):
