@@ -59,15 +59,12 @@ def find_card(device_name: str) -> Card | None:
 
 def weight_bytes(model: Any, *, whole_embedding: bool = False) -> int:
     """Bytes of ``model``'s weights one decoding step reads: every parameter once (tied ones once), the
-    input embedding as one row unless it is also the LM head or ``whole_embedding`` (gpt-fast's count)."""
-    seen: dict[int, int] = {}
-    for _, p in model.named_parameters():
-        seen[p.data_ptr()] = p.numel() * p.element_size()
-    total = sum(seen.values())
+    input embedding as one row unless it is also the LM head or ``whole_embedding`` (gpt-fast's count).
+    Only shapes and dtypes are read: a model on the ``meta`` device (nothing allocated) counts the same."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied parameter is listed once
     embed = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
-    tied = head is not None and head.weight.data_ptr() == embed.data_ptr()
-    if whole_embedding or tied:
+    if whole_embedding or (head is not None and head.weight is embed):
         return total
     return total - embed.numel() * embed.element_size() + embed.shape[1] * embed.element_size()
 

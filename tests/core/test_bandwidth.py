@@ -35,6 +35,8 @@ def test_weight_bytes_are_the_shapes_parameters_in_the_dtype(tied):
     assert bw.weight_bytes(model) == 2 * read
     assert bw.weight_bytes(model, whole_embedding=True) == 2 * every
     assert bw.weight_bytes(_model(tied, torch.float32)) == 4 * read
+    with torch.device("meta"):  # what the real-size step counts: the shape, nothing allocated
+        assert bw.weight_bytes(_model(tied)) == 2 * read
 
 
 def test_kv_bytes_per_position_counts_grouped_query_heads():
