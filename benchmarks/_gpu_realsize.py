@@ -125,6 +125,7 @@ def main(
     measure_repeats: int = typer.Option(3, "--measure-repeats", help="Interleaved measured passes."),
     out: Path = typer.Option(..., "--out"),
     dry_run: bool = typer.Option(False, "--dry-run", help="CPU, float32 (give small shapes)."),
+    name: str = typer.Option("", "--name", help="The result's name: realsize_<name>.json (default: the pair)."),
 ) -> None:
     from specdec_tune.db import open_database
 
@@ -135,10 +136,10 @@ def main(
          "max_new": max_new_tokens, "repeats": repeats, "measure_repeats": measure_repeats}
     url = f"sqlite:///{out / 'realsize.db'}"
     db = open_database(url)
-    name = _device_name(device)
-    result: dict = {"target": target, "draft": draft, "device": name, "dtype": dtype, "batch_sizes": batch_sizes,
+    card = _device_name(device)
+    result: dict = {"target": target, "draft": draft, "device": card, "dtype": dtype, "batch_sizes": batch_sizes,
                     "sizes": model_bytes(target, dtype), "per_alpha": {}}
-    stem = out / f"realsize_{pair}.json"
+    stem = out / f"realsize_{name or pair}.json"
     first = None
     for i, alpha in enumerate(float(x) for x in alphas.split(",")):
         sizes = tuple(int(b) for b in batch_sizes.split(",")) if i == 0 else (1,)
@@ -151,7 +152,7 @@ def main(
         got = _measure(db, run, a)
         part["measured_b1"] = [emit(out, "realsize", "measure", pair=pair, alpha=alpha, **r) for r in _rows(got)]
         part["plain_mbu_b1"] = emit(out, "realsize", "mbu", pair=pair, alpha=alpha,
-                                    **plain_mbu(got[-1].measurement, result["sizes"], name, max_new_tokens))
+                                    **plain_mbu(got[-1].measurement, result["sizes"], card, max_new_tokens))
         write_json(stem, result)
 
 
