@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -126,6 +128,9 @@ def main(
         "Seconds all stages may take together; a stage gets min(its cap, what is left) and is skipped with a "
         "note below 20 s. 330 s leaves the one call (install included) under 7 minutes.")),
     only: str = typer.Option("", "--only", help="Comma-separated stage names to run (default: all, in order)."),
+    pack: str = typer.Option("", "--pack", help=(
+        "Also keep, after every stage, four files in this folder: summary.json, events.jsonl, goals.txt and "
+        "gpu_check.tgz (the whole --out folder): a lent GPU machine returns at most 8 files from $OUT.")),
 ) -> None:
     deadline = time.monotonic() + budget_s
     folder = Path(out).resolve()
@@ -141,6 +146,7 @@ def main(
         if "{run}" in cmd:
             if run_id is None:
                 summary["stages"][name] = {"exit": "skipped: no profile run", "seconds": 0}
+                emit(folder, name, "skipped", reason="no profile run")
                 continue
             cmd = [str(run_id) if c == "{run}" else c for c in cmd]
         got = run_stage(folder, name, cap, cmd, deadline, summary["stages"])
@@ -149,10 +155,27 @@ def main(
         _collect(folder, name, got, summary)
         summary["goals"] = evaluate(summary["results"], dry_run)
         summary["figures"] = figures(folder / "figures", summary["results"])
-        write_json(folder / "summary.json", summary)
+        _save(folder, summary, pack)
     summary["wall_s"] = round(budget_s - (deadline - time.monotonic()), 1)
-    write_json(folder / "summary.json", summary)
+    _save(folder, summary, pack)
     print("\n".join(goal_lines(summary)))
+
+
+def _save(folder: Path, summary: dict, pack: str) -> None:
+    """summary.json and goals.txt now; with ``pack``, those, events.jsonl and a tarball of the folder there."""
+    write_json(folder / "summary.json", summary)
+    (folder / "goals.txt").write_text("\n".join(goal_lines(summary)) + "\n")
+    if not pack:
+        return
+    target = Path(pack)
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("summary.json", "events.jsonl", "goals.txt"):
+        if (folder / name).is_file():
+            shutil.copyfile(folder / name, target / name)
+    tmp = target / "gpu_check.tgz.tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(folder, arcname="gpu_check")
+    tmp.replace(target / "gpu_check.tgz")
 
 
 def _collect(folder: Path, name: str, got: dict | None, summary: dict) -> None:
