@@ -147,7 +147,8 @@ def _decoder(tgt, drf, name: str, n: int, theta: float, max_new: int):
     from specdec_tune.profiler.runs import DraftSpec, decode_once
 
     spec = DraftSpec("none") if n == 0 else DraftSpec("model", drf)
-    cfg = DecodeConfig(max_new_tokens=max_new, spec=SpeculativeConfig(num_speculative_tokens=max(n, 1), threshold=theta), eos_token_id=None)
+    spec_config = SpeculativeConfig(num_speculative_tokens=max(n, 1), threshold=theta)
+    cfg = DecodeConfig(max_new_tokens=max_new, spec=spec_config, eos_token_id=None)
     return lambda ids, on_cycle=None: decode_once(tgt, spec, ids, cfg, seed=0, on_cycle=on_cycle)
 
 

@@ -76,8 +76,8 @@ def _realsize(results: dict) -> tuple[dict, dict]:
     return mbu, err
 
 
-def evaluate(results: dict, dry_run: bool) -> dict:
-    """Every GPU goal of issue 37 from the stages' results so far."""
+def evaluate(results: dict, dry_run: bool, stages: dict | None = None) -> dict:
+    """Every GPU goal of issue 37 from the stages' results so far (``stages``: their exits and seconds)."""
     goals = {}
     regions = _regions(results)
     goals["no_capture_after_warm_up"] = _goal(regions, "0 timed regions with a graph capture or new slot",
@@ -111,6 +111,9 @@ def evaluate(results: dict, dry_run: bool) -> dict:
                                              "engine yet)", max(real_err.values()) <= 0.05 if real_err else None,
                                              "realsize")
     goals.update(_speed_goals(results))
+    prof = (stages or {}).get("profile") or {}
+    goals["profile_seconds"] = _goal(prof.get("seconds"), "< 180 s (bundled pair, defaults)",
+                                     prof["seconds"] < 180 if prof.get("exit") == 0 else None, "profile")
     if dry_run:
         for g in goals.values():
             g["label"] = "dry run on the CPU: numbers check the script, not a goal"
@@ -141,7 +144,8 @@ def _speed_goals(results: dict) -> dict:
 def goal_lines(summary: dict) -> list[str]:
     """One line per stage (exit, seconds) and per goal (value, goal, PASS / FAIL / NOT MEASURED)."""
     head = "dry run on the CPU (numbers meaningless)" if summary["dry_run"] else "GPU"
-    lines = [f"gpu_check ({head}), started {summary['started']}, {summary.get('wall_s', '?')} s of {summary['budget_s']} s"]
+    lines = [f"gpu_check ({head}), started {summary['started']}, "
+             f"{summary.get('wall_s', '?')} s of {summary['budget_s']} s"]
     for name, s in summary["stages"].items():
         lines.append(f"  stage {name:<16} exit {s['exit']}, {s['seconds']} s")
     for name, g in summary["goals"].items():

@@ -24,6 +24,10 @@ Stages, in order, each a subprocess with its own time cap, cut to what is left o
 7. ``realsize_llama``, 8. ``realsize_qwen``: a ``shape:`` pair in bf16 with synthetic acceptance 0.6 and 0.8,
    profiled at B = 1, 4, 16, 64, measured at B = 1 against its prediction, plain decoding's MBU at B = 1
    (``benchmarks/_gpu_realsize.py``).
+9. ``pytest_gpu``: ``pytest -m gpu`` (graphed and eager outputs equal, the lean forward against HF, ...).
+
+The previous version's ``bench`` against HF assisted generation (12.7x on the H200, met) and
+``cuda_graphs_check.py`` (graphs against eager, 6.9x) are left to their own scripts.
 
 Everything lands in ``--out`` as it is measured: ``events.jsonl`` (one line per number, appended), each stage's
 ``<stage>.out``/``.err`` and JSON, ``summary.json`` (rewritten after every stage: the stages' exits and times,
@@ -92,6 +96,8 @@ def stages(out: Path, dry: bool) -> list[tuple[str, float, list[str]]]:
         *((f"realsize_{name}", 150, [*real, "--name", name, "--target", t, "--draft", d, "--alphas", alphas[name],
                                               *sizes])
           for name, (t, d) in pairs.items()),
+        # the GPU tests (graphed = eager outputs, CUDA events, lean = HF, NVML): last, where the budget allows
+        ("pytest_gpu", 60, [PY, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu.py"]),
     ]
 
 
@@ -153,7 +159,7 @@ def main(
         if name == "profile" and got:
             run_id = got.get("run_id")
         _collect(folder, name, got, summary)
-        summary["goals"] = evaluate(summary["results"], dry_run)
+        summary["goals"] = evaluate(summary["results"], dry_run, summary["stages"])
         summary["figures"] = figures(folder / "figures", summary["results"])
         _save(folder, summary, pack)
     summary["wall_s"] = round(budget_s - (deadline - time.monotonic()), 1)

@@ -14,8 +14,8 @@ PYVER=${PYVER:-3.12}
 # What `import specdec_tune.cli`, `profile`, `measure`, `predict` and benchmarks/gpu_check.py need that the lent
 # machines' image lacks (/work/.library/device/KINDS.md lists its packages: torch, transformers, numpy, scipy,
 # typer, rich, click, pyyaml, tqdm, packaging, typing-extensions, markupsafe, narwhals, nvidia-ml-py are there),
-# and their own needs not there (typing_extensions: pydantic needs a recent one). plotly draws gpu_check's figures. About 19 MB: with the checkout (~29 MB) under
-# the device call's 64 MiB.
+# and their own needs not there (typing_extensions: pydantic needs a recent one). plotly draws gpu_check's
+# figures. About 19 MB: with the checkout (~29 MB) under the device call's 64 MiB.
 NAMES="optuna sqlalchemy alembic pydantic pydantic_core annotated_types typing_inspection typing_extensions greenlet mako \
 colorlog plotly ${EXTRA:-}"
 PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64

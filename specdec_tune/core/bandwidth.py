@@ -91,7 +91,8 @@ def bytes_per_token(weights: int, kv_per_position: int, mean_context: float) -> 
 def mbu(bytes_read: float, tokens_per_s: float, bandwidth: float) -> float:
     """Memory-bandwidth utilisation: achieved bytes/s (``bytes_read`` per token × tokens/s) ÷ ``bandwidth``."""
     if bandwidth <= 0 or tokens_per_s < 0 or bytes_read < 0:
-        raise ValueError(f"need bandwidth > 0, tokens/s >= 0, bytes >= 0; got {bandwidth}, {tokens_per_s}, {bytes_read}")
+        raise ValueError(f"need bandwidth > 0, tokens/s >= 0, bytes >= 0; "
+                         f"got {bandwidth}, {tokens_per_s}, {bytes_read}")
     return bytes_read * tokens_per_s / bandwidth
 
 

@@ -14,10 +14,10 @@ import pytest
 
 from tests.conftest import ROOT
 
-STAGES = ("env", "slots", "overlap", "profile", "fidelity", "tau", "realsize_llama", "realsize_qwen")
+STAGES = ("env", "slots", "overlap", "profile", "fidelity", "tau", "realsize_llama", "realsize_qwen", "pytest_gpu")
 GOALS = ("no_capture_after_warm_up", "pass_to_pass_spread", "calibration_identity", "heldout_median_abs_error",
          "tau_error_in_sample", "mbu_b1", "realsize_within_5pct_b1", "hooks_cost", "T_v1_mini_target_ms",
-         "speculative_vs_plain_at_tuned_n")
+         "speculative_vs_plain_at_tuned_n", "profile_seconds")
 
 
 def _module(name: str):
