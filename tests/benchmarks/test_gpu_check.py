@@ -105,3 +105,21 @@ def test_the_dry_run_runs_every_stage_and_leaves_every_file(tmp_path):
     assert set(STAGES) <= stages
     for goal in GOALS:  # one line each, ready to paste into a note
         assert f"goal {goal}" in done.stdout
+
+
+def test_the_real_size_step_counts_llama_8b_and_its_mbu_from_first_principles():
+    from types import SimpleNamespace
+
+    real = _module("_gpu_realsize")
+    sizes = real.model_bytes("shape:llama-3.1-8b", "bfloat16")  # the published config, on the meta device
+    params, table = 8_030_261_248, 128_256 * 4096  # Llama-3.1-8B's parameters (model card); its embedding table
+    assert sizes["weights_all"] == 2 * params
+    assert sizes["weights_read"] == 2 * (params - table + 4096)  # the table read as one row: the head is untied
+    assert sizes["kv_per_position"] == 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 KV heads of 128, bf16
+    plain = SimpleNamespace(decode_tokens_per_s=100.0, tokens_per_s=90.0, prompt_tokens=[300, 500])
+    got = real.plain_mbu(plain, sizes, "NVIDIA H100 80GB HBM3", 65)
+    context = 400 + 32  # mean prompt + (65 - 1) / 2 positions cached on average
+    assert got["mean_context"] == context and got["card"] == "H100 SXM"
+    assert got["mbu"] == pytest.approx((sizes["weights_read"] + sizes["kv_per_position"] * context) * 100 / 3.35e12)
+    assert got["mbu_gpt_fast_convention"] == pytest.approx(2 * params * 100 / 3.35e12)
+    assert "mbu" not in real.plain_mbu(plain, sizes, None, 65)  # no card (a CPU): bytes/s, no utilisation
