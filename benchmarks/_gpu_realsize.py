@@ -144,16 +144,30 @@ def main(
     for i, alpha in enumerate(float(x) for x in alphas.split(",")):
         sizes = tuple(int(b) for b in batch_sizes.split(",")) if i == 0 else (1,)
         run = _profile(db, target, draft, alpha, sizes, a)
+        _free()
         first = first or run
         part = result["per_alpha"][str(alpha)] = {"run_id": run, "profiled_batch_sizes": list(sizes)}
         emit(out, "realsize", "profile", pair=pair, alpha=alpha, run_id=run, batch_sizes=list(sizes))
         part["predicted_per_batch_size"] = _predict(url, first, alpha, batch_sizes)
         emit(out, "realsize", "predict", pair=pair, alpha=alpha, per_batch_size=part["predicted_per_batch_size"])
         got = _measure(db, run, a)
+        _free()
         part["measured_b1"] = [emit(out, "realsize", "measure", pair=pair, alpha=alpha, **r) for r in _rows(got)]
         part["plain_mbu_b1"] = emit(out, "realsize", "mbu", pair=pair, alpha=alpha,
                                     **plain_mbu(got[-1].measurement, result["sizes"], card, max_new_tokens))
         write_json(stem, result)
+
+
+def _free() -> None:
+    """Give the last step's models back: the next shape's memory check (``engine.shapes.check_fits``) reads the
+    GPU's free memory, which the caching allocator's idle blocks would otherwise hold."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _device_name(device: str) -> str | None:
