@@ -102,19 +102,20 @@ def row(v: Validated, settings: RunSettings) -> dict:
     tau_err = None
     if m.mean_tokens_per_cycle and p.expected_tokens_per_cycle:
         tau_err = (p.expected_tokens_per_cycle - m.mean_tokens_per_cycle) / m.mean_tokens_per_cycle
-    c = v.config
+    c = v.config.spec
     return {"draft": m.draft, "config": f"{m.draft} N={c.num_speculative_tokens} θ={c.threshold:g} {c.schedule}"
             + _kind_label(c), "N": c.num_speculative_tokens, "threshold": c.threshold, "schedule": c.schedule,
             "threshold_kind": c.threshold_kind, "threshold_step": c.threshold_step,
-            "profile_ran_it": profile_ran(settings, m.draft, c), "in_sample": v.in_sample, "measured": m.tokens_per_s,
+            "profile_ran_it": profile_ran(settings, m.draft, v.config), "in_sample": v.in_sample, "measured": m.tokens_per_s,
             "ci95": list(m.ci95) if m.ci95 else None, "predicted": p.tokens_per_s, "error": v.relative_error,
             "inside_ci": v.inside_ci, "tau_measured": m.mean_tokens_per_cycle,
             "tau_predicted": p.expected_tokens_per_cycle, "tau_error": tau_err, "source": p.source,
             "prompts": m.prompts, "repeats": m.repeats, "measured_id": m.measured_id,
-            "machine_speed": p.machine_speed, "threads": (m.threads or {}).get("threads")}
+            "machine_speed": p.machine_speed, "threads": (m.threads or {}).get("threads"),
+            "per_repeat_tokens_per_s": m.per_repeat_tokens_per_s, "timed_regions": m.timed_regions}
 
 
-def _kind_label(c: SpecConfig) -> str:
+def _kind_label(c) -> str:
     if c.threshold_kind == "adaptive":
         return f" adaptive/{c.threshold_step:g}"
     return " cumulative" if c.threshold_kind == "cumulative" else ""
@@ -131,9 +132,9 @@ def grid(names: list[str], args: dict) -> list[tuple[str | None, SpecConfig]]:
                 for theta in (float(x) for x in args["thetas"].split(",")):
                     for kind in kinds:
                         if kind == "per-token":
-                            out.append((draft, SpecConfig(n, theta, schedule)))  # type: ignore[arg-type]
+                            out.append((draft, SpecConfig(n, theta, schedule=schedule)))
                         elif kind == "cumulative" and theta > 0:
-                            out.append((draft, SpecConfig(n, theta, schedule, threshold_kind="cumulative")))  # type: ignore[arg-type]
+                            out.append((draft, SpecConfig(n, theta, schedule=schedule, threshold_kind="cumulative")))
                         elif kind == "adaptive" and theta <= 0.9 and schedule == "constant":
                             out += [(draft, SpecConfig(n, theta, threshold_kind="adaptive", threshold_step=st))
                                     for st in steps]

@@ -1,201 +1,226 @@
-"""GPU check: every figure of the GPU goals (docs/gpu.md, What a GPU session measures) in one call.
+"""GPU check: issue 37's GPU goals in one prepared call (DIAGNOSIS.md §5's plan), within a budget.
 
-Usage on a GPU machine (about 8 minutes on an H100; every step has its own time limit and a failed or
-timed-out step is recorded, not fatal):
+On a lent GPU machine, after the wheels and the project are installed (docs/gpu.md, "The one call"):
 
-    python benchmarks/gpu_check.py --out "$OUT"
+    python benchmarks/gpu_check.py --out "$OUT"            # under 6.5 minutes on an H100/H200: --budget-s 350
 
-and here, on the CPU, the same steps with tiny sizes (checks the script itself, numbers meaningless):
+and here, on the CPU, the same stages with tiny sizes (checks the script; the numbers mean nothing):
 
     OMP_NUM_THREADS=1 python benchmarks/gpu_check.py --dry-run --out /tmp/gpu_check
 
-Steps: the environment (nvidia-smi, torch, CUDA); ``profile`` of the bundled pair with defaults, timed
-(goal < 180 s) and its T_v(1) of mini-target (goal <= 0.5 ms); ``bench`` in bf16 with N = 4 against HF
-(ours speculative / HF assisted >= 1.5, the consistency verdict); ``measure`` at the profile's best N
-(ours / our plain decoding >= 1.5, paired CI); the held-out model error over 12+ configurations the
-profile did not run (``benchmarks/fidelity.py --splits out``, goal median |error| <= 5 %); ``pytest -m
-gpu``; a real-size shape pair with synthetic acceptance (Llama-3.1-8B target, Llama-3.2-1B draft, bf16):
-``profile`` at batch sizes 1-64, ``predict`` of the best N per batch size at α = 0.7, ``measure`` at the
-best N against its prediction (goal: within 5 %). Every step's output goes to ``--out/<step>.*``;
-``summary.json`` holds each goal's value, its target and whether it was met.
+Stages, in order, each a subprocess with its own time cap, cut to what is left of ``--budget-s`` and skipped
+(with a note) when less than a minimum is left:
+
+1. ``env``: torch, CUDA, the GPU.
+2. ``slots``: T_v(k) and the draft's (1, 1) and (2, 1) on 256/512/1024-position slots, each first call's
+   captures, host-only against GPU-only time per replay (``benchmarks/_gpu_micro.py``).
+3. ``overlap``: plain, N = 4 at θ = 0, 1e-9 and 0.4, N = 16, unhooked and hooked: the hooks' cost per forward
+   and θ's cost per draft forward (``_gpu_micro.py``).
+4. ``profile``: ``specdec-tune profile`` of the bundled pair on the tune split (defaults), the calibration
+   identity at its end, timed regions checked; the database is ``gpu.db`` in the output folder.
+5. ``fidelity``: ``benchmarks/fidelity.py --splits out``: held-out prompts × repeats, N × θ (θ > 0 included),
+   ≥ 12 configurations the profile did not run, each against the model's prediction from that profile.
+6. ``tau``: ``fidelity.py --splits in`` on the profiled prompts: τ error in-sample.
+7. ``realsize_llama``, 8. ``realsize_qwen``: a ``shape:`` pair in bf16 with synthetic acceptance 0.6 and 0.8,
+   profiled at B = 1, 4, 16, 64, measured at B = 1 against its prediction, plain decoding's MBU at B = 1
+   (``benchmarks/_gpu_realsize.py``).
+9. ``pytest_gpu``: ``pytest -m gpu`` (graphed and eager outputs equal, the lean forward against HF, ...).
+
+The previous version's ``bench`` against HF assisted generation (12.7x on the H200, met) and
+``cuda_graphs_check.py`` (graphs against eager, 6.9x) are left to their own scripts.
+
+Everything lands in ``--out`` as it is measured: ``events.jsonl`` (one line per number, appended), each stage's
+``<stage>.out``/``.err`` and JSON, ``summary.json`` (rewritten after every stage: the stages' exits and times,
+the goals so far), the databases, and ``figures/`` (plotly HTML when plotly is installed). At the end each
+goal of the issue is printed with its value and PASS / FAIL / NOT MEASURED, ready to paste into a note.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
 import typer
 
-from specdec_tune.cli import _options as opts
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _gpu_log import emit, write_json  # noqa: E402  (benchmarks/ is this script's folder)
+from _gpu_report import evaluate, figures, goal_lines  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "specdec_tune.cli"]
+PY = sys.executable
+CLI = [PY, "-m", "specdec_tune.cli"]
+MIN_STAGE_S = 20  # a stage with less left than this is skipped, not started
+DRY_CAP_FACTOR = 5  # the dry run's stages get 5x the GPU caps: a shared 2-core CPU runs even tiny sizes slowly
+PAIRS = {"llama": ("shape:llama-3.1-8b", "shape:llama-3.2-1b"), "qwen": ("shape:qwen2.5-7b", "shape:qwen2.5-0.5b")}
+SMALL_PAIR = ("shape:qwen2.5-draft-2l", "shape:qwen2.5-draft-2l")  # the dry run's stand-in for both pairs
 
 
-def _sizes(dry: bool) -> dict:
-    """Per-step sizes: the real check, or the dry run's tiny ones (CPU, a few minutes)."""
+def stages(out: Path, dry: bool) -> list[tuple[str, float, list[str]]]:
+    """(name, cap in seconds, command) of every stage, in order; the dry run's tiny sizes or the GPU's."""
+    db = f"sqlite:///{out / 'gpu.db'}"
+    micro, real = [PY, "benchmarks/_gpu_micro.py"], [PY, "benchmarks/_gpu_realsize.py", "--out", str(out)]
+    fid = [PY, "benchmarks/fidelity.py", "--db", db, "--run", "{run}", "--drafts", "mini-draft-1l"]
     if dry:
-        return {"device": "cpu", "profile": ["--max-prompts", "2", "--max-new-tokens", "8", "--repeats", "2",
-                                             "--k-max", "5", "--n-max", "4", "--context-lens", "64"],
-                "bench": ["--max-prompts", "2", "--max-new-tokens", "12"], "measure": ["--max-prompts", "2", "--repeats", "1"],
-                "fidelity": ["--ns", "2,3", "--thetas", "0", "--max-prompts", "2", "--repeats", "1"],
-                "shape": ("shape:qwen2.5-draft-2l", "shape:qwen2.5-draft-2l", "1,2"), "shape_tokens": "6"}
-    return {"device": "cuda", "profile": [], "bench": ["--max-prompts", "6", "--max-new-tokens", "64"],
-            "measure": ["--repeats", "3"],
-            # 12 configurations the profile did not run (it ran θ = 0 at N = 1, 4, 8, 16)
-            "fidelity": ["--ns", "2,3,5,6,7,10", "--thetas", "0,0.4", "--max-prompts", "4", "--repeats", "2"],
-            "shape": ("shape:llama-3.1-8b", "shape:llama-3.2-1b", "1,2,4,8,16,32,64"), "shape_tokens": "32"}
+        prof = ["--max-prompts", "2", "--max-new-tokens", "8", "--repeats", "2", "--k-max", "5", "--n-max", "4",
+                "--context-lens", "64", "--device", "cpu"]
+        held = ["--ns", "2,3", "--thetas", "0,0.4", "--max-prompts", "2", "--repeats", "2"]
+        tau = ["--ns", "2", "--thetas", "0", "--max-prompts", "2", "--repeats", "1"]
+        sizes = ["--ns", "1,2", "--prompts", "2", "--max-new-tokens", "4", "--repeats", "2", "--measure-repeats", "1",
+                 "--batch-sizes", "1,2", "--dry-run"]
+        pairs = {name: SMALL_PAIR for name in PAIRS}
+        alphas = {"llama": "0.6,0.8", "qwen": "0.8"}
+        slots, over = ["--repeats", "3", "--dry-run"], ["--repeats", "2", "--prompts", "2", "--max-new-tokens", "8",
+                                                         "--dry-run"]
+    else:
+        prof = ["--device", "cuda"]
+        # 8 held-out prompts x 5 repeats; 16 speculative configurations, 13 of them not run by the profile
+        # (it runs θ = 0 at N = 1, 4, 8 and 16): N = 2, 3, 5, 6, 12 at θ = 0 and all eight at θ = 0.4
+        held = ["--ns", "1,2,3,4,5,6,8,12", "--thetas", "0,0.4", "--max-prompts", "8", "--repeats", "5"]
+        tau = ["--ns", "2,4,8", "--thetas", "0", "--max-prompts", "8", "--repeats", "1"]
+        sizes, pairs, alphas = [], PAIRS, {"llama": "0.6,0.8", "qwen": "0.6,0.8"}
+        slots, over = ["--repeats", "30"], ["--repeats", "5", "--prompts", "4", "--max-new-tokens", "64"]
+    env = "import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'gpu': " \
+          "torch.cuda.is_available() and torch.cuda.get_device_name(0)}))"
+    scale = DRY_CAP_FACTOR if dry else 1
+    return [(name, cap * scale, cmd) for name, cap, cmd in [
+        ("env", 30, [PY, "-c", env]),
+        ("slots", 45, [*micro, "slots", "--out", str(out), *slots]),
+        ("overlap", 60, [*micro, "overlap", "--out", str(out), *over]),
+        ("profile", 80, [*CLI, "profile", "--target", "mini-target", "--draft", "mini-draft-1l", "--workload",
+                         "functions", "--split", "tune", "--db", db, "--json", *prof]),
+        ("fidelity", 110, [*fid, "--splits", "out", "--out", str(out / "fidelity_heldout"), *held]),
+        ("tau", 40, [*fid, "--splits", "in", "--out", str(out / "fidelity_in_sample"), *tau]),
+        *((f"realsize_{name}", 150, [*real, "--name", name, "--target", t, "--draft", d, "--alphas", alphas[name],
+                                              *sizes])
+          for name, (t, d) in pairs.items()),
+        # the GPU tests (graphed = eager outputs, CUDA events, lean = HF, NVML): last, where the budget allows
+        ("pytest_gpu", 60, [PY, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu.py"]),
+    ]]
 
 
-DEADLINE = {"t": float("inf")}  # time.perf_counter() by which every step must have ended (--budget-s)
-SAVE: dict = {}  # "path" and "summary": summary.json is rewritten after every step (a killed check keeps its steps)
-
-
-def _step(out: Path, name: str, args: list[str], timeout: float, log: dict) -> dict | None:
-    """Run one step as a subprocess within its own limit and the whole check's budget; keep its stdout
-    and stderr; return its JSON output (None on failure, time-out or no budget left)."""
-    start = time.perf_counter()
-    timeout = min(timeout, DEADLINE["t"] - start)
-    if timeout < 15:
-        log[name] = {"exit": "skipped: the --budget-s is spent", "seconds": 0, "command": " ".join(args)}
+def run_stage(out: Path, name: str, cap: float, cmd: list[str], deadline: float, log: dict) -> dict | None:
+    """Run one stage within ``min(cap, what is left)``; keep its output; its JSON stdout (None otherwise)."""
+    left = deadline - time.monotonic()
+    if left < MIN_STAGE_S:
+        log[name] = {"exit": f"skipped: {left:.0f} s of the budget left (< {MIN_STAGE_S} s)", "seconds": 0,
+                     "command": " ".join(cmd)}
+        emit(out, name, "skipped", reason=log[name]["exit"])
         return None
+    timeout = min(cap, left)
+    emit(out, name, "start", cap_s=cap, timeout_s=round(timeout, 1), command=" ".join(cmd))
+    start = time.monotonic()
+    with open(out / f"{name}.out", "w") as so, open(out / f"{name}.err", "w") as se:
+        try:  # the output goes straight to files: a stage killed at its cap keeps what it printed
+            code = subprocess.run(cmd, cwd=ROOT, stdout=so, stderr=se, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            code = f"timeout after {timeout:.0f} s (cap {cap:.0f} s)"
+    seconds = time.monotonic() - start
+    log[name] = {"exit": code, "seconds": round(seconds, 1), "cap_s": cap, "command": " ".join(cmd)}
+    emit(out, name, "end", exit=code, seconds=round(seconds, 1))
     try:
-        done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        code, stdout, stderr = done.returncode, done.stdout, done.stderr
-    except subprocess.TimeoutExpired as exc:
-        code, stdout, stderr = "timeout", exc.stdout or "", exc.stderr or ""
-        stdout, stderr = (s.decode() if isinstance(s, bytes) else s for s in (stdout, stderr))
-    seconds = time.perf_counter() - start
-    (out / f"{name}.out").write_text(stdout)
-    (out / f"{name}.err").write_text(stderr[-20000:])
-    log[name] = {"exit": code, "seconds": round(seconds, 1), "command": " ".join(args)}
-    if SAVE:
-        SAVE["path"].write_text(json.dumps(SAVE["summary"], indent=1, default=str))
-    try:
-        return json.loads(stdout) if code == 0 else None
+        return json.loads((out / f"{name}.out").read_text()) if code == 0 else None
     except json.JSONDecodeError:
         return None
 
 
-def _goal(summary: dict, name: str, value, target: str, met) -> None:
-    summary["goals"][name] = {"value": value, "goal": target, "met": met, "label": "measured"}
-
-
-def _core(out: Path, s: dict, db: str, summary: dict) -> int | None:
-    """Profile (timed), bench vs HF in bf16, measure at the best N; returns the profile run id."""
-    log, dev = summary["steps"], s["device"]
-    prof = _step(out, "profile", [*CLI, "profile", "--target", "mini-target", "--draft", "mini-draft-1l,mini-draft-2l",
-                                  "--workload", "functions", "--device", dev, "--db", db, "--json", *s["profile"]],
-                 200, log)
-    _goal(summary, "profile_seconds", log["profile"]["seconds"], "< 180 s (defaults)",
-          log["profile"]["seconds"] < 180 and prof is not None)
-    bench = _step(out, "bench", [*CLI, "bench", "--target", "mini-target", "--draft", "mini-draft-1l", "-N", "4",
-                                 "--workload", "functions", "--device", dev, "--dtype", "bf16", "--compare", "hf",
-                                 "--json", *s["bench"]], 150, log)
-    if bench:
-        ratio = bench["ratios"].get("ours_speculative/hf_assisted")
-        _goal(summary, "ours_vs_hf_assisted_bf16_n4", ratio, ">= 1.5", ratio is not None and ratio >= 1.5)
-        _goal(summary, "bf16_consistency", bench["consistency"]["verdict"], "identical or near-tie",
-              bench["consistency"]["verdict"] != "differ")
-    if prof is None:
-        return None
-    t_v1 = prof["verify_ms"].get("1", {}).get("1")
-    _goal(summary, "T_v1_ms_mini_target", t_v1, "<= 0.5 ms", t_v1 is not None and t_v1 <= 0.5)
-    best = prof["drafts"][0]["best"][0]["num_speculative_tokens"] if prof["drafts"][0]["best"] else 4
-    meas = _step(out, "measure_best", [*CLI, "measure", "--run", str(prof["run_id"]), "-N", str(best), "--db", db,
-                                       "--json", *s["measure"]], 120, log)
-    if meas and meas.get("speedup"):
-        sp = meas["speedup"]
-        _goal(summary, "ours_vs_plain_at_best_n", {"N": best, "speedup": sp["measured"], "ci95": sp["ci95"],
-                                                   "predicted": sp["predicted"]}, ">= 1.5", sp["measured"] >= 1.5)
-    return prof["run_id"]
-
-
-def _shapes(out: Path, s: dict, summary: dict) -> None:
-    """A real-size shape pair with synthetic acceptance: profile, best N per batch size, measure vs predicted."""
-    log, (target, draft, sizes) = summary["steps"], s["shape"]
-    db = f"sqlite:///{out / 'shapes.db'}"
-    prof = _step(out, "shape_profile", [*CLI, "profile", "--target", target, "--draft", draft, "--workload", "functions",
-                                        "--synthetic-acceptance", "0.7", "--device", s["device"], "--dtype",
-                                        "bf16" if s["device"] == "cuda" else "float32", "--batch-sizes", sizes,
-                                        "--max-prompts", "4", "--max-new-tokens", s["shape_tokens"], "--n-max", "6",
-                                        "--k-max", "7", "--repeats", "5", "--db", db, "--json"], 240, log)
-    if prof is None:
-        return
-    run = str(prof["run_id"])
-    pred = _step(out, "shape_predict", [*CLI, "predict", "--run", run, "--synthetic-acceptance", "0.7", "--batch-sizes",
-                                        sizes, "--db", db, "--json"], 60, log)
-    if pred:
-        summary["shape_best_n_per_batch_size"] = {
-            "label": pred["label"], "best_n": {r["batch_size"]: r["num_speculative_tokens"] for r in pred["per_batch_size"]}}
-    meas = _step(out, "shape_measure", [*CLI, "measure", "--run", run, "-N", "3", "--max-prompts", "4", "--repeats", "2",
-                                        "--db", db, "--json"], 180, log)
-    if meas and meas.get("speedup") and meas["speedup"]["predicted"]:
-        err = meas["speedup"]["relative_error"]
-        _goal(summary, "shape_speedup_error_synthetic", {"error": err, "measured": meas["speedup"]["measured"],
-                                                         "predicted": meas["speedup"]["predicted"]},
-              "|error| <= 5 % (synthetic acceptance)", abs(err) <= 0.05)
-
-
-def _fidelity_goal(path: Path, summary: dict) -> None:
-    """The held-out median |error| over the configurations the profile did not run."""
-    if not path.exists():
-        return
-    summaries = json.loads(path.read_text()).get("summary") or {}
-    summary["fidelity"] = summaries
-    held = next((v for k, v in summaries.items() if k.startswith("out-of-sample") and "every" not in k), None)
-    if held:
-        err = held.get("median_abs_error")
-        _goal(summary, "heldout_median_abs_error", {"value": err, "configurations": held.get("configurations")},
-              "<= 5 % over >= 12 configurations", err is not None and err <= 0.05 and (held.get("configurations") or 0) >= 12)
-
-
 def main(
-    out: str = typer.Option(os.environ.get("OUT", "gpu_check_out"), "--out", help="Folder for every output ($OUT)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="CPU, tiny sizes: checks the script, not the GPU."),
-    budget_s: float = typer.Option(480.0, "--budget-s", help="Seconds all steps may take together (later ones skip)."),
-    skip_fidelity: bool = typer.Option(False, "--skip-fidelity", help="Leave out the held-out model error step."),
-    skip_shapes: bool = typer.Option(False, "--skip-shapes", help="Leave out the real-size shape pair."),
+    out: str = typer.Option(os.environ.get("OUT", "gpu_check_out"), "--out",
+                            help="Folder for every output (default: $OUT when set)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="The same stages on the CPU with tiny sizes."),
+    budget_s: float = typer.Option(350.0, "--budget-s", help=(
+        "Seconds all stages may take together; a stage gets min(its cap, what is left) and is skipped with a "
+        "note below 20 s. 350 s leaves the one call (install included) under 7 minutes.")),
+    only: str = typer.Option("", "--only", help="Comma-separated stage names to run (default: all, in order)."),
+    run: int | None = typer.Option(None, "--run", help=(
+        "A profile run already in <out>/gpu.db for the fidelity and tau stages (a rerun with --only fidelity,tau "
+        "on the same machine).")),
+    pack: str = typer.Option("", "--pack", help=(
+        "Also keep, after every stage, four files in this folder: summary.json, events.jsonl, goals.txt and "
+        "gpu_check.tgz (the whole --out folder): a lent GPU machine returns at most 8 files from $OUT.")),
 ) -> None:
-    DEADLINE["t"] = time.perf_counter() + budget_s
+    deadline = time.monotonic() + budget_s
     folder = Path(out).resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    s = _sizes(dry_run)
-    summary: dict = {"label": "measured", "dry_run": dry_run, "date": time.strftime("%Y-%m-%d %H:%M"), "steps": {},
-                     "goals": {}}
-    SAVE.update(path=folder / "summary.json", summary=summary)
-    if not dry_run:
-        _step(folder, "nvidia_smi", ["nvidia-smi", "-q"], 30, summary["steps"])
-    env = _step(folder, "env", [sys.executable, "-c", "import json, torch, transformers; print(json.dumps({'torch': "
-                                "torch.__version__, 'cuda': torch.version.cuda, 'gpu': torch.cuda.is_available() and "
-                                "torch.cuda.get_device_name(0), 'transformers': transformers.__version__}))"], 60,
-                summary["steps"])
-    summary["environment"] = env
-    db = f"sqlite:///{folder / 'gpu.db'}"
-    _step(folder, "pytest_gpu", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                                 "tests/test_gpu.py"], 90 if not dry_run else 240, summary["steps"])
-    run = _core(folder, s, db, summary)
-    if run is not None and not skip_fidelity:
-        _step(folder, "fidelity", [sys.executable, "benchmarks/fidelity.py", "--db", db, "--run", str(run), "--drafts",
-                                   "mini-draft-1l", "--splits", "out", "--out", str(folder / "fidelity_heldout"),
-                                   *s["fidelity"]], 150, summary["steps"])
-        _fidelity_goal(folder / "fidelity_heldout.json", summary)
-    if not dry_run:  # CUDA graphs against eager, bf16: forward times and tokens/s (fp32 equality: pytest)
-        _step(folder, "cuda_graphs", [sys.executable, "benchmarks/cuda_graphs_check.py", "--out", str(folder),
-                                      "--dtypes", "bf16", "--prompts", "4", "--max-new-tokens", "32", "--repeats", "2"],
-              120, summary["steps"])
-        graphs = folder / "cuda_graphs_check.json"
-        if graphs.exists():
-            summary["cuda_graphs"] = json.loads(graphs.read_text())
-    if not skip_shapes:
-        _shapes(folder, s, summary)
-    (folder / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    print(json.dumps(summary["goals"], indent=1, default=str))
+    (folder / "figures").mkdir(exist_ok=True)
+    summary: dict = {"label": "measured", "dry_run": dry_run, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                     "budget_s": budget_s, "stages": {}, "results": {}, "goals": {}}
+    chosen = {s.strip() for s in only.split(",") if s.strip()}
+    run_id = run
+    for name, cap, cmd in stages(folder, dry_run):
+        if chosen and name not in chosen:
+            continue
+        if "{run}" in cmd:
+            if run_id is None:
+                summary["stages"][name] = {"exit": "skipped: no profile run", "seconds": 0}
+                emit(folder, name, "skipped", reason="no profile run")
+                continue
+            cmd = [str(run_id) if c == "{run}" else c for c in cmd]
+        got = run_stage(folder, name, cap, cmd, deadline, summary["stages"])
+        if name == "profile" and got:
+            run_id = got.get("run_id")
+        _collect(folder, name, got, summary)
+        summary["goals"] = evaluate(summary["results"], dry_run, summary["stages"])
+        summary["figures"] = figures(folder / "figures", summary["results"])
+        _save(folder, summary, pack)
+    summary["wall_s"] = round(budget_s - (deadline - time.monotonic()), 1)
+    _save(folder, summary, pack)
+    print("\n".join(goal_lines(summary)))
+
+
+def _save(folder: Path, summary: dict, pack: str) -> None:
+    """summary.json and goals.txt now; with ``pack``, those, events.jsonl and a tarball of the folder there."""
+    write_json(folder / "summary.json", summary)
+    (folder / "goals.txt").write_text("\n".join(goal_lines(summary)) + "\n")
+    if not pack:
+        return
+    target = Path(pack)
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("summary.json", "events.jsonl", "goals.txt"):
+        if (folder / name).is_file():
+            shutil.copyfile(folder / name, target / name)
+    tmp = target / "gpu_check.tgz.tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(folder, arcname="gpu_check")
+    tmp.replace(target / "gpu_check.tgz")
+
+
+def _collect(folder: Path, name: str, got: dict | None, summary: dict) -> None:
+    """The stage's numbers into ``summary['results']``: its JSON stdout or the file it wrote."""
+    files = {"slots": "slots.json", "overlap": "overlap.json", "fidelity": "fidelity_heldout.json",
+             "tau": "fidelity_in_sample.json"}
+    if name.startswith("realsize_"):
+        found = sorted(p for p in folder.glob("realsize_*.json") if p.stem.removeprefix("realsize_") in PAIRS)
+        summary["results"]["realsize"] = {p.stem.removeprefix("realsize_"): json.loads(p.read_text()) for p in found}
+        return
+    path = folder / files.get(name, "")
+    if name in files and path.is_file():
+        summary["results"][name] = json.loads(path.read_text())
+    elif got is not None:
+        summary["results"][name] = got
+    _emit_numbers(folder, name, summary["results"].get(name))
+
+
+def _emit_numbers(folder: Path, name: str, got: dict | None) -> None:
+    """The CLI stages' numbers into events.jsonl too (the in-process stages wrote theirs as they went)."""
+    if not got:
+        return
+    if name == "profile":
+        emit(folder, name, "result", run_id=got.get("run_id"), identity_check=got.get("identity_check"),
+             timed_regions=got.get("timed_regions"), verify_ms_b1=(got.get("verify_ms") or {}).get("1"),
+             cuda_graphs=got.get("cuda_graphs"))
+    elif name in ("fidelity", "tau"):
+        for split, rows in (got.get("rows") or {}).items():
+            for r in rows:
+                emit(folder, name, "configuration", split=split, **{k: r.get(k) for k in (
+                    "config", "measured", "ci95", "predicted", "error", "tau_measured", "tau_predicted",
+                    "per_repeat_tokens_per_s", "profile_ran_it")})
+        emit(folder, name, "summary", summary=got.get("summary"))
 
 
 if __name__ == "__main__":
-    opts.run_script(main)
+    typer.run(main)

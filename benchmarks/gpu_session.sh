@@ -1,30 +1,19 @@
 #!/usr/bin/env bash
-# One device call on a GPU machine (docs/gpu.md): carried wheels, the project, then benchmarks/gpu_check.py
-# within LIMIT seconds. The main outputs are copied into $OUT every 5 s while it runs (a call cut short
-# still returns them) and everything is packed into $OUT/gpu_check.tgz at the end (the device tool
-# returns at most 8 files).
-#   LIMIT=255 bash benchmarks/gpu_session.sh   # on the GPU machine, from the repository root, with $OUT set
+# The one device call on a lent GPU machine (docs/gpu.md, "The one call"), from the repository root with $OUT
+# set and the wheelhouse of scripts/gpu_wheels.sh carried as wheels/: the wheels, the project, then
+# benchmarks/gpu_check.py within BUDGET seconds of stages (default 350: the call ends inside 7 minutes).
+# Everything lands in /tmp/gc; $OUT keeps four files, rewritten after every stage (the machine returns at most
+# 8): summary.json, events.jsonl, goals.txt and gpu_check.tgz (the whole folder: databases, figures, outputs).
+#   bash benchmarks/gpu_session.sh [gpu_check.py options, e.g. --only fidelity,tau]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-LIMIT=${LIMIT:-520}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || exit 1
+BUDGET=${BUDGET:-350}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site wheels/*.whl \
+  || { echo "error: the carried wheels did not install (carry wheels/: bash scripts/gpu_wheels.sh)"; exit 2; }
 export PYTHONPATH="$PWD:/tmp/site"
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/install.log 2>&1 || echo "editable install failed (PYTHONPATH holds the checkout)"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-mkdir -p /tmp/gc
-KEEP="summary.json profile.out bench.out measure_best.out pytest_gpu.out fidelity_heldout.json cuda_graphs_check.json"
-( while sleep 5; do for f in $KEEP; do [ -f /tmp/gc/$f ] && cp /tmp/gc/$f "$OUT/"; done; done ) &
-COPIER=$!
-timeout "$LIMIT" python3 benchmarks/gpu_check.py --out /tmp/gc --budget-s $((LIMIT - 20)) "$@"
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/install.log 2>&1 \
+  || echo "note: the editable install failed (PYTHONPATH holds the checkout): $(tail -1 /tmp/install.log)"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.memory --format=csv,noheader
+python3 benchmarks/gpu_check.py --out /tmp/gc --pack "$OUT" --budget-s "$BUDGET" "$@"
 echo "gpu_check exit: $?"
-kill $COPIER
-for f in $KEEP; do [ -f /tmp/gc/$f ] && cp /tmp/gc/$f "$OUT/"; done
-tar czf "$OUT/gpu_check.tgz" -C /tmp/gc . && ls -la "$OUT"
-python3 - <<'PY'
-import json, pathlib
-p = pathlib.Path("/tmp/gc/summary.json")
-if p.exists():
-    s = json.loads(p.read_text())
-    print(json.dumps({"goals": s.get("goals"), "steps": {k: (v["exit"], v["seconds"]) for k, v in s["steps"].items()}}, default=str))
-PY
+ls -la "$OUT"
