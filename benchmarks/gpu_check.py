@@ -99,7 +99,8 @@ def stages(out: Path, dry: bool) -> list[tuple[str, float, list[str]]]:
                                               *sizes])
           for name, (t, d) in pairs.items()),
         # the GPU tests (graphed = eager outputs, CUDA events, lean = HF, NVML): last, where the budget allows
-        ("pytest_gpu", 60, [PY, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu.py"]),
+        ("pytest_gpu", 60, [PY, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu.py",
+                            "tests/engine/test_batch_graphs.py"]),
     ]]
 
 

@@ -39,6 +39,9 @@ COMPARE = ("hf", "vllm", "none")
 
 _Compare = Annotated[str, typer.Option("--compare", help=(
     "hf (HF generate and assisted), vllm (vLLM plain and speculative), hf,vllm (both) or none: added to ours (c, d)."))]
+_BatchSizes = Annotated[str, typer.Option("--batch-sizes", help=(
+    "Batch sizes, e.g. 1,4,16: B = 1 runs every method one prompt at a time; each B > 1 runs ours (c, d) on the "
+    "batched engine, consecutive batches of B prompts, plain and speculative interleaved batch by batch."))]
 _EnforceEager = Annotated[bool, typer.Option("--vllm-enforce-eager", help=(
     "Run vLLM without compilation (faster start, slower decoding; not what a vLLM deployment runs)."))]
 
@@ -95,6 +98,7 @@ def bench(
     forward: ForwardOption = DEFAULT_FORWARD,
     cuda_graphs: CudaGraphsOption = DEFAULT_CUDA_GRAPHS,
     threads: ThreadsOption = DEFAULT_THREADS,
+    batch_sizes: _BatchSizes = "1",
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ) -> None:
     """Greedy tokens/s of (a) HF generate, (b) HF assisted generation, (c) our baseline, (d) our
@@ -106,6 +110,11 @@ def bench(
     if max_prompts < 1 or repeats < 1:
         raise InputError(f"--max-prompts and --repeats must be >= 1, got {max_prompts} and {repeats}")
     others = _parse_compare(compare)
+    sizes = chk.int_list(batch_sizes, "--batch-sizes")
+    if max(sizes) > max_prompts:
+        raise InputError(f"--batch-sizes {max(sizes)} needs at least {max(sizes)} prompts, --max-prompts is {max_prompts}")
+    if 1 not in sizes and others:
+        raise InputError("--compare runs at batch size 1: add 1 to --batch-sizes or give --compare none")
     chk.parse_threads(threads)
     chk.check_model_names(target, draft)  # a mistyped name fails before torch and the models load
     from specdec_tune.profiler import HF_METHODS, OURS, VLLM_METHODS, require_vllm_python, run_bench
@@ -114,6 +123,11 @@ def bench(
     tgt, drf, ids, choice = _load(target, draft, workload, max_prompts, (device, dtype, forward, cuda_graphs), threads)
     methods = (HF_METHODS if "hf" in others else ()) + OURS + (VLLM_METHODS if "vllm" in others else ())
     progress = console(stderr=True)
+    batched = _bench_batches(tgt, drf, ids, [b for b in sizes if b > 1], num_speculative_tokens, max_new_tokens,
+                             repeats, progress, json_out)
+    if 1 not in sizes:
+        _report_batches(batched, json_out)
+        return
     with ExitStack() as stack:
         pair = None
         if python is not None:
@@ -128,13 +142,48 @@ def bench(
                     "device": str(tgt.device), "dtype": str(tgt.dtype).replace("torch.", ""),
                     "forward": {"target": tgt.forward, "draft": drf.forward}, "lean_kernels": tgt.kernels,
                     "cuda_graphs": {"target": tgt.cuda_graphs, "draft": drf.cuda_graphs},
-                    "threads": choice.to_dict()})
+                    "threads": choice.to_dict(), **({"per_batch_size": [b.to_json() for b in batched]}
+                                                    if batched else {})})
         return
     title = (f"measured, greedy, N = {num_speculative_tokens}, {len(ids)} prompts × {max_new_tokens} new tokens × "
              f"{repeats}, our forward: {tgt.forward} (target), {drf.forward} (draft)"
              + (f", CPU kernels: {tgt.kernels}" if tgt.kernels else "")
              + (f", CUDA graphs: {tgt.cuda_graphs}" if tgt.cuda_graphs else "") + f", {choice.text()}")
     _print_result(console(), title, result)
+    _report_batches(batched, json_out)
+
+
+def _bench_batches(tgt, drf, ids, sizes: list[int], n: int, max_new_tokens: int, repeats: int, progress: Console,
+                   quiet: bool) -> list:
+    """Ours at every batch size > 1 (``profiler.bench_batches``), with a progress bar."""
+    if not sizes:
+        return []
+    from specdec_tune.profiler import run_bench_batches
+
+    with Progress(console=progress, transient=True, disable=quiet) as bar:
+        task = bar.add_task("bench, batched", total=None)
+        return run_bench_batches(tgt, drf, ids, sizes, num_speculative_tokens=n, max_new_tokens=max_new_tokens,
+                                 repeats=repeats, progress=lambda text: bar.update(task, description=text))
+
+
+def _report_batches(batched: list, json_out: bool) -> None:
+    """One table row per batch size > 1 (``--json``: printed only when B = 1 was not run)."""
+    if not batched:
+        return
+    if json_out:
+        print_json({"per_batch_size": [b.to_json() for b in batched], "label": "measured"})
+        return
+    table = Table(title="ours at batch sizes > 1 (batched engine; per batch, prefill included; measured)")
+    for col in ("B", "batches", "(c) baseline tokens/s", "(d) speculative tokens/s", "speedup (95% CI over batches)",
+                "greedy outputs vs each prompt alone"):
+        table.add_column(col, justify="right")
+    for b in batched:
+        j = b.to_json()
+        ci = f" ({j['speedup_ci95'][0]:.2f}-{j['speedup_ci95'][1]:.2f})" if j["speedup_ci95"] else " (no CI: 1 batch)"
+        table.add_row(str(b.batch_size), str(len(b.batches)), f"{j['tokens_per_s']['ours_baseline']:.1f}",
+                      f"{j['tokens_per_s']['ours_speculative']:.1f}", f"{j['speedup']:.2f}x{ci}",
+                      j["consistency"]["verdict"])
+    console().print(table)
 
 
 def _load(target: str, draft: str, workload: str, max_prompts: int, how: tuple[str, str, str, str], threads: str):

@@ -39,12 +39,14 @@ from specdec_tune.core.stats import ci_unavailable
 _RunDraft = Annotated[str | None, typer.Option("--draft", help="Which of the run's drafts (default: its first).")]
 _Json = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 _Backend = Annotated[str, typer.Option("--backend", help=(
-    "engine (our engine, batch size 1; stored next to its prediction) | vllm (vLLM itself, in its own venv; "
-    "one engine start)."))]
+    "engine (our engine, at every --batch-sizes; stored next to its prediction) | vllm (vLLM itself, in its own "
+    "venv; one engine start)."))]
 _VllmPython = Annotated[str | None, typer.Option("--vllm-python", metavar="PATH", help=(
     "--backend vllm: the vLLM venv's Python (default $SPECDEC_VLLM_PYTHON; scripts/setup_vllm_env.sh)."))]
 _BatchSizes = Annotated[str, typer.Option("--batch-sizes", help=(
-    "--backend vllm: concurrencies B measured (each must divide the prompts), e.g. 1,2,4."))]
+    "Batch sizes B measured, e.g. 1,4,16: each against plain decoding at that B. Our engine decodes B prompts "
+    "together (consecutive batches of the split; a CI needs 2 batches); --backend vllm: concurrencies (each "
+    "must divide the prompts)."))]
 
 
 @app.command()
@@ -100,6 +102,15 @@ def measure(
         return
     items = [(draft, config)] + ([("none", opt.spec_config(0, 0.0, "constant", 1, temperature))]
                                  if config.spec.num_speculative_tokens else [])
+    sizes = opt.int_list(batch_sizes, "--batch-sizes")
+    if sizes != (1,):
+        from specdec_tune.cli import _measure_batches as mb
+
+        rows = mb.measure_per_batch_size(database, run, items, sizes, console(stderr=True), split=split,
+                                         temperature=temperature, max_prompts=max_prompts, repeats=repeats, seed=seed,
+                                         threads=n_threads, gpu_price=gpu_price, peak_memory=memory)
+        mb.report(rows, run, split, json_out)
+        return
     with progress_bar(console(stderr=True)) as bar:
         got = measure_predicted(database, run, items, split=split, temperature=temperature, max_prompts=max_prompts,
                                 repeats=repeats, seed=seed, progress=Bar(bar), threads=n_threads,

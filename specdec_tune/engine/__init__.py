@@ -1,4 +1,5 @@
-"""Engine: model loading, drafters, the pure verify step and the decode loops (no timing, no I/O).
+"""Engine: model loading, drafters, the pure verify step and the decode loops, one sequence or a batch (no
+timing, no I/O).
 
 Public names only: other rooms import them from here, never from a module behind this face (the
 ``faces-engine`` import contract). The names load their module on first use (PEP 562), so that a check of a
@@ -13,6 +14,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from specdec_tune.engine.batch_decode import BatchCycle, batch_autoregressive, batch_speculative
+    from specdec_tune.engine.batch_drafters import BatchDraft, BatchModelDrafter, BatchNgramDrafter, build_batch_drafter
     from specdec_tune.engine.decode import DecodeConfig, autoregressive, speculative
     from specdec_tune.engine.draft_budget import DraftBudget, LoadBudget, ScheduleBudget, choose_budget
     from specdec_tune.engine.drafters import ModelDrafter, NgramDrafter, build_drafter, probs_from_logits
@@ -23,6 +26,7 @@ if TYPE_CHECKING:
     from specdec_tune.engine.loading import LoadedModel, check_compatible, load_model, resolve_device
     from specdec_tune.engine.lossy import bias_and_rejection, emitted_distribution, least_bias, pareto_bias
     from specdec_tune.engine.names import resolve_source
+    from specdec_tune.engine.ragged import RaggedCache, check_batchable, forward_ragged, make_ragged_cache
     from specdec_tune.engine.shapes import available_memory, get_shape, memory_needed, parameter_count, shape_names
     from specdec_tune.engine.staged import StagedDrafter
     from specdec_tune.engine.tree import TokenTree
@@ -36,6 +40,10 @@ if TYPE_CHECKING:
     from specdec_tune.engine.zoo import list_models, list_workloads, read_manifest
 
 _HOME = {  # public name -> the module that defines it ("module.attribute": the name there differs)
+    "BatchCycle": "batch_decode", "batch_autoregressive": "batch_decode", "batch_speculative": "batch_decode",
+    "BatchDraft": "batch_drafters", "BatchModelDrafter": "batch_drafters", "BatchNgramDrafter": "batch_drafters",
+    "build_batch_drafter": "batch_drafters",
+    "RaggedCache": "ragged", "check_batchable": "ragged", "forward_ragged": "ragged", "make_ragged_cache": "ragged",
     "DecodeConfig": "decode", "autoregressive": "decode", "speculative": "decode",
     "DraftBudget": "draft_budget", "LoadBudget": "draft_budget", "ScheduleBudget": "draft_budget",
     "choose_budget": "draft_budget",

@@ -182,16 +182,26 @@ class NgramDrafter:
     def propose(self, context: torch.Tensor, max_tokens: int) -> Draft:
         if context.shape[0] < len(self._ids):  # a new sequence: start over
             self._ids, self._index = [], {}
-        self._extend(context[len(self._ids):].tolist())
+        found = self._found(context[len(self._ids):].tolist(), max_tokens)
+        tokens = torch.tensor(found, dtype=torch.long, device=context.device)
+        return Draft(tokens=tokens, probs=None, confidence=torch.ones(len(found), device=context.device))
+
+    def lookup(self, context: list[int], max_tokens: int) -> list[int]:
+        """:meth:`propose` on a host list of the context's ids, returning the proposed ids (the batched
+        engine keeps each sequence's tokens on the host)."""
+        if len(context) < len(self._ids):
+            self._ids, self._index = [], {}
+        return self._found(context[len(self._ids):], max_tokens)
+
+    def _found(self, new_ids: list[int], max_tokens: int) -> list[int]:
+        """The context extended by ``new_ids``; the continuation of its longest matched suffix."""
+        self._extend(new_ids)
         ids, total = self._ids, len(self._ids)
-        found: list[int] = []
         for n in range(min(self.ngram_max, total), self.ngram_min - 1, -1):
             start = self._index.get(tuple(ids[total - n:]))
             if start is not None:
-                found = ids[start:start + max_tokens]
-                break
-        tokens = torch.tensor(found, dtype=torch.long, device=context.device)
-        return Draft(tokens=tokens, probs=None, confidence=torch.ones(len(found), device=context.device))
+                return ids[start:start + max_tokens]
+        return []
 
     def observe(self, num_accepted: int) -> None:
         """Prompt lookup keeps no per-cycle state (the index follows the context)."""

@@ -67,11 +67,13 @@ at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor
 }
 
 // Rotary embedding of q and k (HF's half rotation: x * cos + cat(-x2, x1) * sin), k and v written
-// into the KV-cache buffers at positions [start, start + T). q, k, v: [B, T, heads * D] with any
-// token/batch strides (views of one fused projection work); cos, sin: [T, D]; kbuf, vbuf:
-// [B, Hkv, max_len, D] contiguous. Returns the rotated q as [B, Hq, T, D].
-at::Tensor rope_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
-                      const at::Tensor& sin, at::Tensor& kbuf, at::Tensor& vbuf, int64_t start) {
+// into the KV-cache buffers at positions [start_b, start_b + T) of each row b. q, k, v: [B, T, heads * D]
+// with any token/batch strides (views of one fused projection work); kbuf, vbuf: [rows >= B, Hkv,
+// max_len, D] contiguous; row b's token t reads cos/sin row (offset_b + t). Returns the rotated q as
+// [B, Hq, T, D].
+static at::Tensor rope_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+                            const at::Tensor& sin, at::Tensor& kbuf, at::Tensor& vbuf,
+                            const std::vector<int64_t>& starts, const std::vector<int64_t>& offsets) {
   for (auto* t : {&q, &k, &v, &cos, &sin}) check_f32(*t, "q/k/v/cos/sin");
   check_f32(kbuf, "kbuf");
   check_f32(vbuf, "vbuf");
@@ -80,8 +82,9 @@ at::Tensor rope_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   const int64_t B = q.size(0), T = q.size(1), D = kbuf.size(3), Hkv = kbuf.size(1), maxlen = kbuf.size(2);
   const int64_t Hq = q.size(2) / D, half = D / 2;
   TORCH_CHECK(k.size(2) == Hkv * D && v.size(2) == Hkv * D && q.size(2) == Hq * D, "head sizes disagree");
-  TORCH_CHECK(cos.size(0) == T && cos.size(1) == D, "cos/sin must be [T, D]");
-  TORCH_CHECK(start + T <= maxlen, "KV cache overflow");
+  TORCH_CHECK(cos.size(1) == D && kbuf.size(0) >= B, "cos/sin must be [positions, D], the cache hold B rows");
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(starts[b] + T <= maxlen && offsets[b] + T <= cos.size(0), "KV cache or rotary table overflow");
   auto out = at::empty({B, Hq, T, D}, q.options());
   const float* pc = cos.data_ptr<float>();
   const float* ps = sin.data_ptr<float>();
@@ -96,20 +99,36 @@ at::Tensor rope_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   float* pv = vbuf.data_ptr<float>();
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
-      const float* c = pc + t * D;
-      const float* s = ps + t * D;
+      const float* c = pc + (offsets[b] + t) * D;
+      const float* s = ps + (offsets[b] + t) * D;
       const float* qrow = q.data_ptr<float>() + b * q.stride(0) + t * q.stride(1);
       const float* krow = k.data_ptr<float>() + b * k.stride(0) + t * k.stride(1);
       const float* vrow = v.data_ptr<float>() + b * v.stride(0) + t * v.stride(1);
       for (int64_t h = 0; h < Hq; ++h) rotate(qrow + h * D, po + ((b * Hq + h) * T + t) * D, c, s);
       for (int64_t h = 0; h < Hkv; ++h) {
-        const int64_t at = ((b * Hkv + h) * maxlen + start + t) * D;
+        const int64_t at = ((b * Hkv + h) * maxlen + starts[b] + t) * D;
         rotate(krow + h * D, pk + at, c, s);
         for (int64_t j = 0; j < D; ++j) pv[at + j] = vrow[h * D + j];
       }
     }
   }
   return out;
+}
+
+// One sequence length for the batch: positions [start, start + T); cos, sin: [T, D] (those positions).
+at::Tensor rope_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+                      const at::Tensor& sin, at::Tensor& kbuf, at::Tensor& vbuf, int64_t start) {
+  TORCH_CHECK(cos.size(0) == q.size(1), "cos/sin must be [T, D]");
+  return rope_rows(q, k, v, cos, sin, kbuf, vbuf, std::vector<int64_t>(q.size(0), start),
+                   std::vector<int64_t>(q.size(0), 0));
+}
+
+// Ragged rows (engine/ragged.py): row b at positions [starts[b], starts[b] + T); cos, sin: the whole
+// rotary tables [positions, D].
+at::Tensor ragged_rope_cache(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+                             const at::Tensor& sin, at::Tensor& kbuf, at::Tensor& vbuf, std::vector<int64_t> starts) {
+  TORCH_CHECK((int64_t)starts.size() == q.size(0), "one start per row");
+  return rope_rows(q, k, v, cos, sin, kbuf, vbuf, starts, starts);
 }
 
 // silu(gate) * up for views gate, up: [B, T, I] (any token/batch strides); returns [B, T, I].
@@ -130,25 +149,31 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   return out;
 }
 
-// Causal attention of T new queries over the cache: query t (at position start + t) attends to
-// positions [0, start + t]. q: [B, Hq, T, D] contiguous; kbuf, vbuf: [B, Hkv, max_len, D] contiguous
-// (grouped-query heads share kv head h / (Hq / Hkv)). Returns [B, T, Hq * D], the layout o_proj reads.
-at::Tensor attention(const at::Tensor& q, const at::Tensor& kbuf, const at::Tensor& vbuf, int64_t start,
-                     double scale) {
+// Causal attention of T new queries over the cache: query t of row b (at position starts[b] + t) attends
+// to positions [0, starts[b] + t] of its row. q: [B, Hq, T, D] contiguous; kbuf, vbuf: [rows >= B, Hkv,
+// max_len, D] contiguous (grouped-query heads share kv head h / (Hq / Hkv)). Returns [B, T, Hq * D], the
+// layout o_proj reads.
+static at::Tensor attention_rows(const at::Tensor& q, const at::Tensor& kbuf, const at::Tensor& vbuf,
+                                 const std::vector<int64_t>& starts, double scale) {
   check_f32(q, "q");
   check_f32(kbuf, "kbuf");
   check_f32(vbuf, "vbuf");
   TORCH_CHECK(q.is_contiguous() && kbuf.is_contiguous() && vbuf.is_contiguous(), "q and the cache must be contiguous");
   const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3);
   const int64_t Hkv = kbuf.size(1), maxlen = kbuf.size(2), group = Hq / Hkv;
-  TORCH_CHECK(kbuf.size(3) == D && Hq == group * Hkv && start + T <= maxlen, "attention shapes disagree");
+  TORCH_CHECK(kbuf.size(3) == D && Hq == group * Hkv && kbuf.size(0) >= B, "attention shapes disagree");
+  int64_t most = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(starts[b] + T <= maxlen, "attention beyond the cache");
+    most = starts[b] > most ? starts[b] : most;
+  }
   auto out = at::zeros({B, T, Hq * D}, q.options());
-  const int64_t len = start + T;
-  std::vector<float> scores(T * len);  // [T, len]: row t uses its first start + t + 1 entries
+  std::vector<float> scores(T * (most + T));  // [T, len]: row t uses its first start + t + 1 entries
   std::vector<float> mx(T), total(T);
   const float sc = (float)scale;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t start = starts[b], len = start + T;
       const float* kb = kbuf.data_ptr<float>() + (b * Hkv + h / group) * maxlen * D;
       const float* vb = vbuf.data_ptr<float>() + (b * Hkv + h / group) * maxlen * D;
       const float* qh = q.data_ptr<float>() + (b * Hq + h) * T * D;
@@ -185,10 +210,23 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& kbuf, const at::Tens
   return out;
 }
 
+at::Tensor attention(const at::Tensor& q, const at::Tensor& kbuf, const at::Tensor& vbuf, int64_t start,
+                     double scale) {
+  return attention_rows(q, kbuf, vbuf, std::vector<int64_t>(q.size(0), start), scale);
+}
+
+at::Tensor ragged_attention(const at::Tensor& q, const at::Tensor& kbuf, const at::Tensor& vbuf,
+                            std::vector<int64_t> starts, double scale) {
+  TORCH_CHECK((int64_t)starts.size() == q.size(0), "one start per row");
+  return attention_rows(q, kbuf, vbuf, starts, scale);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm (float32, CPU)");
   m.def("add_rms_norm", &add_rms_norm, "x += delta in place, then RMSNorm (float32, CPU)");
   m.def("rope_cache", &rope_cache, "rotary embedding of q, k; k and v written into the cache (float32, CPU)");
   m.def("attention", &attention, "causal attention over the KV cache (float32, CPU)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up (float32, CPU)");
+  m.def("ragged_rope_cache", &ragged_rope_cache, "rope_cache with one start per row (float32, CPU)");
+  m.def("ragged_attention", &ragged_attention, "attention with one start per row (float32, CPU)");
 }

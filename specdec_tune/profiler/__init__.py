@@ -14,6 +14,9 @@ from specdec_tune.profiler.backends import LlamacppError, ServerConfig, ServerGr
 from specdec_tune.profiler.backends import cached_gguf, copy_gguf, find_llamacpp, gguf_for_model, local_model_dir
 from specdec_tune.profiler.backends import VllmPair, measure_arms_vllm, measure_on_server, require_vllm_python
 from specdec_tune.profiler.backends import server_version
+from specdec_tune.profiler.batch_measure import batches_of, measure_batches
+from specdec_tune.profiler.batch_runs import BatchClock, MeasuredBatch, decode_batch, measure_batch
+from specdec_tune.profiler.bench_batches import BatchBench, run_bench_batches
 from specdec_tune.profiler.bench import HF_METHODS, OURS, RATIOS, VLLM_METHODS, run_bench
 from specdec_tune.profiler.clean import describe as describe_timed_regions
 from specdec_tune.profiler.measure import chosen_prompts, default_split, measure_configs
@@ -36,4 +39,5 @@ __all__ = [
     "server_version",
     "DraftSpec", "Stopwatch", "VllmPair", "encode_prompt", "measure_prompt", "warm_up",
     "HF_METHODS", "OURS", "RATIOS", "VLLM_METHODS", "run_bench", "describe_timed_regions",
+    "BatchBench", "run_bench_batches", "BatchClock", "MeasuredBatch", "batches_of", "decode_batch", "measure_batch", "measure_batches",
 ]  # fmt: skip

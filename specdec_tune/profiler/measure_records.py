@@ -21,7 +21,8 @@ PLAIN = NONE  # the drafter of plain decoding
 
 @dataclass(frozen=True)
 class MeasureSpec:
-    """One configuration to measure (batch size 1: the engine decodes one sequence).
+    """One configuration to measure (at each batch size asked: ``profiler.measure`` at B = 1,
+    ``profiler.batch_measure`` at B > 1).
 
     Attributes:
         spec: what to speculate (``spec.drafter``: one of the run's drafts, ``None`` for its first;
@@ -67,6 +68,8 @@ class Measurement:
     energy: EnergySamples | None = None  # NVML joules per pass (None: no GPU energy counter)
     gpu_price: float | None = None  # --gpu-price, dollars per hour
     peak_memory: Any = None  # profiler.memory.PeakMemory (measure --memory), in a fresh process
+    batch_size: int = 1  # sequences decoded together (B > 1: the batched engine, ``profiler.batch_measure``)
+    groups: list[list[str]] = field(default_factory=list)  # B > 1: the prompt ids of each batch (samples are per batch)
     timed_regions: dict | None = None  # the timed decodes' check (profiler.clean.TimedRegions.report) and warm-up
     cuda_graphs: dict | None = None  # the target's and every draft's CUDA-graph state, read after the run
     decode_tokens_per_s: float | None = None  # after each request's first arrival (prefill left out)

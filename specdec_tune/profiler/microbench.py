@@ -6,7 +6,8 @@ draft step is a one-token forward with ``logits_to_keep=1`` on a KV cache holdin
 ``logits_to_keep=k`` (what ``speculative`` runs over ``[last, d_1 .. d_L]``, k = L + 1); prefill is one
 forward over a whole prompt with ``logits_to_keep=1``. The cache is the engine's preallocated cache,
 prefilled once with the longest context a model needs and rolled back in ``setup`` (outside the timed
-interval), so every repeat starts at its context length. Batch size B > 1 uses B copies of the context.
+interval), so every repeat starts at its context length. Batch size B > 1 uses B copies of the context, on
+the forward the batched engine runs (``engine.ragged``; a model it cannot run: B copies through its own).
 
 Interleaved rounds: every round times each shape once, in a shuffled order, target and draft shapes
 mixed. A burst of load from another process then costs every shape a few samples instead of wiping
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec_tune.db import TimingRow
-from specdec_tune.engine import forward_with_cache, make_cache
+from specdec_tune.engine import check_batchable, forward_ragged, forward_with_cache, make_cache, make_ragged_cache
 from specdec_tune.profiler.clean import TimedRegions, quiet_gc
 from specdec_tune.profiler.timers import Stopwatch, TimingSamples, synchronize
 
@@ -118,6 +119,8 @@ def cached_cases(
     device = device or (source.device if source is not None else torch.device("cpu"))
     longest = max(c for c, _ in shapes)
     ctx = context_tokens(source, longest, _vocab(model), device)
+    if batch_size > 1 and batchable(model):
+        return _ragged_cases(model, kind, shapes, batch_size, ctx, draft)
     caches = {}
     for c in sorted({c for c, _ in shapes}):
         caches[c] = make_cache(model, c + max(k for cc, k in shapes if cc == c))
@@ -129,6 +132,35 @@ def cached_cases(
         cases.append(Case(kind, k, batch_size, c, draft,
                           fn=lambda new=new, k=k, cache=caches[c]: _forward(model, new, cache, k),
                           setup=lambda c=c, cache=caches[c]: cache.truncate(c)))
+    return cases
+
+
+def batchable(model: torch.nn.Module) -> bool:
+    """Whether the batched engine can run ``model`` (``engine.ragged``); B > 1 is then timed on its forward."""
+    try:
+        check_batchable(model)
+    except ValueError:
+        return False
+    return True
+
+
+def _ragged_cases(model: torch.nn.Module, kind: str, shapes: Sequence[tuple[int, int]], batch_size: int,
+                  ctx: torch.Tensor, draft: str | None) -> list[Case]:
+    """Cases at B > 1 on the forward the batched engine runs (``engine.ragged``: every row at ``context_len``)."""
+    caches = {}
+    for c in sorted({c for c, _ in shapes}):
+        caches[c] = make_ragged_cache(model, batch_size, c + max(k for cc, k in shapes if cc == c))
+        with torch.inference_mode():
+            forward_ragged(model, ctx[None, :c].expand(batch_size, c).contiguous(), caches[c], [c] * batch_size,
+                           last=True)
+    cases = []
+    for c, k in shapes:
+        new = ctx[torch.arange(k, device=ctx.device) % ctx.shape[0]][None].expand(batch_size, k).contiguous()
+        cache = caches[c]
+        cases.append(Case(kind, k, batch_size, c, draft,
+                          fn=lambda new=new, k=k, cache=cache: forward_ragged(model, new, cache, [k] * batch_size,
+                                                                              last=False),
+                          setup=lambda c=c, cache=cache: cache.set_lengths([c] * batch_size)))
     return cases
 
 

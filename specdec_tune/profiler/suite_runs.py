@@ -50,6 +50,7 @@ from specdec_tune.engine import load_workload
 from specdec_tune.core.consistency import first_difference
 from specdec_tune.core.errors import InputError, ModelLoadError
 from specdec_tune.core.speculative import SpeculativeConfig
+from specdec_tune.profiler import suite_batches
 from specdec_tune.profiler.clean import TimedRegions, quiet_gc
 from specdec_tune.profiler.logit_margins import reference_margin
 from specdec_tune.profiler.machine_probe import MachineProbe
@@ -103,6 +104,7 @@ class ArmSpec:
     per_batch_size: dict[int, int] | None = None  # a schedule checked under ``load`` (profiler.schedule_check)
     load: list[int] | None = None  # batch size per block of ``load_cycles`` cycles
     load_cycles: int = 8
+    batch_size: int = 1  # > 1: batches of this many prompts on the batched engine (``profiler.suite_batches``)
 
     @property
     def plain(self) -> bool:
@@ -216,11 +218,15 @@ def measure_arms(arms: list[ArmSpec], *, seed: int = 0, progress=None) -> dict[s
     for arm in arms:
         plan = _plan(arm, models)
         plans.append(plan)
-        _warm(plan, seed)
+        if arm.batch_size > 1:
+            suite_batches.batch_plan(plan)
+            suite_batches.warm_up_arm(plan)
+        else:
+            _warm(plan, seed)
         if str(plan.target.device) not in probes:
             probes[str(plan.target.device)] = MachineProbe(plan.target.device)
             probes[str(plan.target.device)].run()  # warm-up
-    total = sum(plan.arm.repeats * len(plan.ids) for plan in plans)  # one step = a prompt (and its reference)
+    total = sum(plan.arm.repeats * len(plan.ids) for plan in plans)  # one step = a prompt or batch (and its reference)
     if progress is not None:
         progress.stage(f"measure {len(arms)} benchmark(s)", total)
     with quiet_gc():
@@ -229,8 +235,9 @@ def measure_arms(arms: list[ArmSpec], *, seed: int = 0, progress=None) -> dict[s
             for plan in plans[shift:] + plans[:shift]:
                 if r >= plan.arm.repeats:
                     continue
+                measure = suite_batches.measure_batch_sample if plan.arm.batch_size > 1 else _measure_prompt
                 for i, (x, s) in enumerate(zip(plan.ids, plan.samples)):
-                    _measure_prompt(plan, x, s, r, seed + i, probes[str(plan.target.device)])
+                    measure(plan, x, s, r, seed + i, probes[str(plan.target.device)])
                     if progress is not None:
                         progress.advance()
     return {plan.arm.key: plan.samples for plan in plans}

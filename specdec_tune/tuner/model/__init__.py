@@ -2,7 +2,8 @@
 
 Public names only; the modules behind them are private (``_throughput``: the analytic model,
 ``_replay``: trace replay, ``_greedy_sim``: exact greedy simulation, ``_tree`` and ``_tree_predict``:
-token trees and staged drafting, ``_batch_theory``: batch speculative decoding's rejections (seed
+token trees and staged drafting, ``_batch``: batches as the batched engine decodes them (ragged rows,
+lock-step cycles, a shrinking batch), ``_batch_theory``: batch speculative decoding's rejections (seed
 003), ``_calibration``: in-loop calibration, ``_loop_costs``: the θ > 0 check, the hooks' tax and a
 decode's first cycle, ``_identity``: the check at a profile's end, ``_timings``: a run's timing samples
 grouped, ``_profile`` and ``_load``: profile assembly, ``_predict`` and ``_prefill``: end-to-end
@@ -15,12 +16,13 @@ predictions of candidates, ``_latency_prediction``: predicted TTFT and TPOT, ``_
 """
 from __future__ import annotations
 
+from specdec_tune.tuner.model._batch import batch_cycles, batch_groups, lockstep_seconds, predict_batch_size, predict_batches
 from specdec_tune.tuner.model._batch_theory import all_rejected, batch_rejection_limit, batch_rejections, sibling_acceptance
 from specdec_tune.tuner.model._bias import BiasPrediction, bias_of, front_epsilons
 from specdec_tune.tuner.model._calibration import OverheadFit, fit_overhead
 from specdec_tune.tuner.model._configs import NGRAM, NONE, THRESHOLD_RULES, Candidate, TuningResult, spec_config
 from specdec_tune.tuner.model._configs import SEARCH_BASIS, predicted_basis
-from specdec_tune.tuner.model._decision import MIN_LOWER, ServerDecision, decide, decisions
+from specdec_tune.tuner.model._decision import MIN_LOWER, BandEvidence, ServerDecision, decide, decide_bands, decisions
 from specdec_tune.tuner.model._evaluator import Evaluator, Scored
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, simulate_prompt
 from specdec_tune.tuner.model._grid import THRESHOLD_GRID, best_configs
@@ -59,5 +61,7 @@ __all__ = [
     "verify_time", "with_synthetic_acceptance",
     "RANKS", "StagedStats", "TreeCycle", "TreeData", "TreePlan", "expected_tau", "load_tree_data", "predict_tree_prompts",
     "simulate_tree", "tree_overhead", "tree_plan", "width_time",
-    "SEARCH_BASIS", "predicted_basis", "identity_check", "run_identity_check", "probe_tracks",
+    "SEARCH_BASIS", "predicted_basis",
+    "identity_check", "run_identity_check", "probe_tracks",
+    "BandEvidence", "decide_bands", "batch_cycles", "batch_groups", "lockstep_seconds", "predict_batch_size", "predict_batches",
 ]  # fmt: skip

@@ -14,7 +14,8 @@ tuner, an exporter reading an older study, a future per-batch-size rule) applies
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specdec_tune.tuner.model._configs import NONE, Candidate, TuningResult
@@ -72,8 +73,10 @@ class ServerDecision:
         speedup: measured over plain decoding, same prompts and passes.
         speedup_ci: its paired bootstrap 95 % CI.
         heldout: the measurement ran on prompts the profile never saw.
-        per_batch_size: batch size -> N for ``candidate`` (predicted from T_v(B, k); B = 1 is its N).
+        per_batch_size: batch size -> N for ``candidate`` (B = 1 is its N; each other band as
+            :func:`decide_bands` left it where the bands were measured, else the model's proposal).
         predicted_basis: what ``predicted_tokens_per_s`` was computed for (prompts, machine speed).
+        per_batch_size_reasons: batch size -> why its N is what it is (measured, with the numbers).
     """
 
     server: str
@@ -90,6 +93,7 @@ class ServerDecision:
     heldout: bool = False
     per_batch_size: dict[int, int] = field(default_factory=dict)
     predicted_basis: str = ""
+    per_batch_size_reasons: dict[int, str] = field(default_factory=dict)
 
     @property
     def speculates(self) -> bool:
@@ -112,6 +116,7 @@ class ServerDecision:
                 "speedup_ci": list(self.speedup_ci) if self.speedup_ci else None, "heldout": self.heldout,
                 "measured_on": "held-out prompts" if self.heldout else "tuning prompts",
                 "per_batch_size": {str(b): int(n) for b, n in self.per_batch_size.items()},
+                "per_batch_size_reasons": {str(b): r for b, r in self.per_batch_size_reasons.items()},
                 "predicted_basis": self.predicted_basis}
 
     @classmethod
@@ -128,7 +133,8 @@ class ServerDecision:
                    baseline_tokens_per_s=d.get("baseline_tokens_per_s"), speedup=d.get("speedup"),
                    speedup_ci=(float(ci[0]), float(ci[1])) if ci else None, heldout=bool(d.get("heldout")),
                    per_batch_size={int(b): int(n) for b, n in (d.get("per_batch_size") or {}).items()},
-                   predicted_basis=str(d.get("predicted_basis") or ""))
+                   predicted_basis=str(d.get("predicted_basis") or ""),
+                   per_batch_size_reasons={int(b): str(r) for b, r in (d.get("per_batch_size_reasons") or {}).items()})
 
 
 def decisions(result: TuningResult) -> dict[str, ServerDecision]:
@@ -139,3 +145,47 @@ def decisions(result: TuningResult) -> dict[str, ServerDecision]:
         if d is not None:
             out[server] = d
     return out
+
+
+@dataclass(frozen=True)
+class BandEvidence:
+    """What was measured for one batch size's band: the schedule's N there against plain decoding at that batch
+    size, held out (``None`` speedup: not measured, and ``why``)."""
+
+    speedup: float | None = None
+    ci: tuple[float, float] | None = None
+    heldout: bool = True
+    batches: int = 0
+    why: str | None = None
+
+
+def decide_bands(candidate: Candidate, schedule: Mapping[int, int], evidence: Mapping[int, BandEvidence]
+                 ) -> tuple[dict[int, int], dict[int, str]]:
+    """Each batch size's N above 1 by :func:`decide` on its own band: it ships where the band's held-out
+    speedup CI's lower bound is at least :data:`MIN_LOWER`; a band below it, or without a measured CI, speculates 0
+    and so does every larger one (no server drafts more at a larger batch, TensorRT-LLM's rule). B = 1 keeps the
+    configuration's own N (its decision is the configuration's). Returns (schedule, reasons)."""
+    out, reasons, off = dict(schedule), {}, None
+    for b in sorted(schedule):
+        n = schedule[b]
+        if b == 1:
+            reasons[b] = "measured held out (the decision's numbers)"
+            continue
+        if off is not None:
+            out[b], reasons[b] = 0, f"0: speculation turned off from B={off} (a larger batch drafts no more)"
+            continue
+        if n == 0:
+            reasons[b] = f"0: predicted: speculation does not pay at B={b} (plain decoding, nothing to measure)"
+            continue
+        ev = evidence.get(b) or BandEvidence(why="not measured")
+        if ev.speedup is None:
+            out[b], off = 0, b
+            reasons[b] = f"0: predicted N={n}, not measured at B={b} ({ev.why}); a band ships only with a measured CI"
+            continue
+        verdict, why = decide(replace(candidate, num_speculative_tokens=n), ev.speedup, ev.ci, heldout=ev.heldout)
+        text = f"at B={b} ({ev.batches} batches of {b} held-out prompts): {why}"
+        if verdict == SPECULATE:
+            reasons[b] = f"N={n}: {text}"
+        else:
+            out[b], off, reasons[b] = 0, b, f"0: {text}"
+    return out, reasons

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from specdec_tune.db import BiasFrontRow, RunRecord, RunSettings, TeacherForcedRow, TimingRow, TraceRow
+from specdec_tune.core.limits import BATCH_CAPTURE_SIZES
 from specdec_tune.core.errors import InputError
 from specdec_tune.core.pass_design import steady_widths
 from specdec_tune.core.stats import trimmed_mean
@@ -253,6 +254,7 @@ def _model_profile(run: RunRecord, draft: str | None, times: _StepTimes, plain: 
         sampling_traces=_traces(sampling_traces) if sampling_traces else None, name=draft or "",
         synthetic_acceptance=synthetic_rates(run.settings),
         teacher_forced=tuple((r.one_minus_tv, r.top_q) for r in teacher_forced), lookup=draft == NGRAM,
+        batch_graph_sizes=BATCH_CAPTURE_SIZES if run.settings.cuda_graphs_used == "on" else (),
     )
 
 

@@ -45,6 +45,9 @@ class ModelProfile:
             (:func:`tuner.model._throughput.draft_seconds`). Empty: every forward costs T_s.
         lookup: the greedy traces are n-gram lookup cycles: a cycle cut to N goes on along its matched
             stretch (:func:`tuner.model._replay.lookup_cycles`), not stops.
+        batch_graph_sizes: the batch sizes the engine captured CUDA graphs at (``core.limits``); a batch in
+            between runs padded to the next, so T_v(B, k) and T_s(B) are read at the padded size (a step
+            function of B). Empty: forwards run at their own B (a CPU, graphs off).
         threshold_forward_s: what each draft forward of a cycle costs beyond θ = 0's terms when θ > 0 reads
             its confidence (the host waits for it: ``float(conf)``, plus its exp and logsumexp), fitted to the
             profile's θ > 0 pass (:mod:`tuner.model._threshold`); 0 where none ran.
@@ -62,6 +65,7 @@ class ModelProfile:
     synthetic_acceptance: tuple[float, ...] | None = None
     draft_warmup_s: tuple[float, ...] = ()
     lookup: bool = False
+    batch_graph_sizes: tuple[int, ...] = ()
     threshold_forward_s: float = 0.0
 
     def __post_init__(self) -> None:

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 from specdec_tune.core.errors import InputError
+from specdec_tune.core.limits import padded_batch_size
 from specdec_tune.tuner.model._chain import chain_stats
 from specdec_tune.tuner.model._replay import ReplayStats, Trace, heuristic_stationary, replay
 from specdec_tune.tuner.model._spec import ModelProfile, Prediction, SpecConfig
@@ -103,10 +104,20 @@ def _interp(points: Mapping[int, float], x: int, what: str, extrapolate: bool) -
     return max(value, y1) if x > x1 else value
 
 
+def graph_batch(profile: ModelProfile, batch_size: int) -> int:
+    """The batch size a forward of ``batch_size`` rows runs at: padded to the next captured size where the
+    engine replays CUDA graphs (``ModelProfile.batch_graph_sizes``), else its own."""
+    if not profile.batch_graph_sizes:
+        return batch_size
+    return padded_batch_size(batch_size, profile.batch_graph_sizes) or batch_size
+
+
 def verify_time(profile: ModelProfile, batch_size: int, k: int) -> float:
-    """T_v(B, k): measured, interpolated between batch sizes, extrapolated in k past K_max."""
+    """T_v(B, k): measured, interpolated between batch sizes, extrapolated in k past K_max (at the padded
+    batch size where graphs are replayed: :func:`graph_batch`)."""
     if k < 1:
         raise InputError(f"verify positions k={k!r} must be >= 1")
+    batch_size = graph_batch(profile, batch_size)
     curves = profile.verify_s
     if batch_size in curves:
         needed = [batch_size]
@@ -125,7 +136,7 @@ def draft_step_time(profile: ModelProfile, batch_size: int) -> float:
     """T_s(B); 0 for a free drafter (empty ``draft_step_s``)."""
     if not profile.draft_step_s:
         return 0.0
-    return _interp(profile.draft_step_s, batch_size, "draft_step_s batch size", extrapolate=False)
+    return _interp(profile.draft_step_s, graph_batch(profile, batch_size), "draft_step_s batch size", extrapolate=False)
 
 
 def draft_seconds(profile: ModelProfile, batch_size: int, forwards: float, checked: bool = False) -> float:

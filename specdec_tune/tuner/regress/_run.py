@@ -99,6 +99,18 @@ def _exported(b: Benchmark) -> dict[str, Any]:
             "per_batch_size": b.per_batch_size or schedule, "exported_from": str(path)}
 
 
+def band_configs(name: str, cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The benchmark itself, and with ``batch_sizes`` one more per batch size B: ``NAME@B=B`` runs the schedule's
+    band there (its N at the largest scheduled batch size <= B; 0: plain decoding) on the batched engine."""
+    out = {name: cfg}
+    schedule = {int(b): int(n) for b, n in (cfg.get("per_batch_size") or {}).items()}
+    for b in cfg.get("batch_sizes") or ():
+        n = schedule[max((k for k in schedule if k <= b), default=min(schedule))]
+        out[f"{name}@B={b}"] = {**cfg, "batch_size": int(b), "num_speculative_tokens": n,
+                                "draft": cfg["draft"] if n else "none", "load": None, "batch_sizes": None}
+    return out
+
+
 def arm_spec(cfg: Mapping[str, Any], key: str) -> ArmSpec:
     """What the profiler measures for one benchmark configuration (``key`` names it in the samples)."""
     from specdec_tune.core.speculative import SpeculativeConfig
@@ -118,7 +130,8 @@ def arm_spec(cfg: Mapping[str, Any], key: str) -> ArmSpec:
                    device=cfg["device"], dtype=cfg["dtype"], forward=cfg["forward"], draft_delay_ms=cfg["draft_delay_ms"],
                    backend=backend, server_config=server_config,
                    per_batch_size={int(k): int(v) for k, v in (cfg.get("per_batch_size") or {}).items()} or None,
-                   load=list(cfg["load"]) if cfg.get("load") else None, load_cycles=int(cfg.get("load_cycles") or 8))
+                   load=list(cfg["load"]) if cfg.get("load") else None, load_cycles=int(cfg.get("load_cycles") or 8),
+                   batch_size=int(cfg.get("batch_size") or 1))
 
 
 def suite_backend(suite: Suite, vllm_python: str | None = None) -> tuple[Callable[..., dict], str | None]:
@@ -200,6 +213,8 @@ def _model_error(db: Database, cfg: Mapping[str, Any], samples: list[dict]) -> C
     if cfg.get("backend") == "vllm":
         return lambda: ("the engine model predicts our engine, not vLLM (calibrate the server model with "
                         "`tune --backend vllm`)")
+    if int(cfg.get("batch_size") or 1) > 1:
+        return lambda: "a band at B > 1: the batch model is checked by `measure --batch-sizes`, not here"
 
     def get() -> tuple[float, float] | str:
         import statistics
@@ -231,7 +246,7 @@ def run_regress(suite: Suite, db: Database, *, baseline: str = "auto", progress=
     Raises:
         SpecdecError: bad suite content, a model that does not load, a database error.
     """
-    configs = {b.name: resolve_config(b) for b in suite.benchmark}
+    configs = {k: c for b in suite.benchmark for k, c in band_configs(b.name, resolve_config(b)).items()}
     default_measure, server = suite_backend(suite, vllm_python)
     measure = measure or default_measure
     fp = environment_fingerprint(suite.benchmark[0].device, suite.benchmark[0].backend, server)

@@ -101,6 +101,9 @@ class Benchmark(BaseModel):
         "batch sizes the server sees, one per block of load_cycles cycles: the schedule's N follows it (a load "
         "that turns speculation off, then falls, checks that acceptance comes back: TensorRT-LLM #16888)"))
     load_cycles: int = Field(8, ge=1, le=1000)
+    batch_sizes: list[int] | None = Field(None, min_length=1, description=(
+        "batch sizes (>= 2) at which each band of the schedule (per_batch_size or export) is checked on the batched "
+        "engine: the band's N decodes batches of that many prompts, each against the same batch decoded plainly"))
 
     @model_validator(mode="after")
     def _one_config_source(self) -> Benchmark:
@@ -117,6 +120,13 @@ class Benchmark(BaseModel):
             raise ValueError("backend vllm runs greedy decoding with threshold 0 and a constant schedule")
         if self.load is not None and (self.export is None and self.per_batch_size is None):
             raise ValueError("load needs a schedule: per_batch_size or export")
+        if self.batch_sizes is not None:
+            if self.export is None and self.per_batch_size is None:
+                raise ValueError("batch_sizes checks a schedule's bands: give per_batch_size or export")
+            if self.backend != "engine" or any(b < 2 for b in self.batch_sizes):
+                raise ValueError("batch_sizes are checked on our engine (backend engine), each >= 2")
+            if max(self.batch_sizes) > self.prompts:
+                raise ValueError(f"batch size {max(self.batch_sizes)} needs at least that many prompts, got {self.prompts}")
         if self.load is not None and (self.backend != "engine" or self.temperature > 0):
             raise ValueError("a load trace is checked on our engine, greedy (backend engine, temperature 0)")
         return self

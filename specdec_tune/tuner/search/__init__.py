@@ -4,7 +4,7 @@ The jobs live here: ``run_tune`` (profile, search, confirm, hold out, export), `
 (validate predictions against measurement) and the vLLM-measured tuning. Public names only; the
 modules behind them are private (``_space``, ``_optuna``, ``_server_best``, ``_study``, ``_lease``, ``_request``,
 ``_prompts``, ``_memory``, ``_tune``, ``_measure``, ``_confirm``, ``_objectives``, ``_validate``, ``_server_tune``,
-``_server_objective``, ``_tree_space``).
+``_server_objective``, ``_tree_space``, ``_validate_batch``: the same at batch sizes > 1).
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from specdec_tune.tuner.search._study import check_storage, load_existing, open_
 from specdec_tune.tuner.search._tree_space import DEFAULT_TREES, check_shapes, shape_candidate, tree_space_args
 from specdec_tune.tuner.search._tune import check_profile, run_tune
 from specdec_tune.tuner.search._validate import Validated, measure_predicted
+from specdec_tune.tuner.search._validate_batch import batch_specs, measure_predicted_at
 
 __all__ = [
     "check_profile",
@@ -33,4 +34,5 @@ __all__ = [
     "pick_among_tied", "run_search", "run_server_tune", "run_tune", "schedule_from_measured", "server_search_space",
     "unsupported", "DEFAULT_TREES", "check_shapes", "shape_candidate", "tree_space_args",
     "HEARTBEAT_S", "STALE_S", "StudyLease", "TuneInterrupted", "study_subject",
+    "batch_specs", "measure_predicted_at",
 ]  # fmt: skip

@@ -29,6 +29,7 @@ class Measured:
     heldout: bool
     validated: Any  # Validated (._validate)
     speedup: float | None = None  # over plain decoding measured in the same passes (None: none)
+    batch_size: int = 1  # sequences decoded together (the unit of the CI at B > 1: a batch)
 
     @property
     def predicted_basis(self) -> str:
@@ -41,8 +42,10 @@ class Measured:
 
 def measure_candidates(db: Database, run_id: int, candidates: Sequence[Candidate], *, split: str, max_prompts: int,
                        temperature: float, repeats: int, seed: int, progress: Progress | None,
-                       threads: int | None = None, gpu_price: float | None = None) -> list[Measured]:
-    """Measure ``candidates`` interleaved on ``split`` of the run's workload (stored with predictions).
+                       threads: int | None = None, gpu_price: float | None = None,
+                       batch_size: int = 1) -> list[Measured]:
+    """Measure ``candidates`` interleaved on ``split`` of the run's workload (stored with predictions), at
+    ``batch_size`` (B > 1: batches of B prompts on the batched engine; chains only).
 
     Where plain decoding is one of the candidates, each gets its speedup over it (``stats.speedup_estimate``,
     the estimator of its CI): what a decision ranks on, robust to a machine whose speed moves (both were
@@ -50,13 +53,17 @@ def measure_candidates(db: Database, run_id: int, candidates: Sequence[Candidate
     """
     from specdec_tune.tuner.model import spec_config
     from specdec_tune.tuner.search._validate import measure_predicted
+    from specdec_tune.tuner.search._validate_batch import measure_predicted_at
 
     mode = "sampling" if temperature > 0 else "greedy"
     items = [(None if c.is_plain else c.drafter, spec_config(c, mode)) for c in candidates]
     kwargs: dict[str, Any] = dict(temperature=temperature, max_prompts=max_prompts, repeats=repeats, seed=seed,
                                   progress=progress, threads=threads, gpu_price=gpu_price)
     shapes = [("", "") if c.is_plain else (c.tree, c.staged) for c in candidates]
-    validated = measure_predicted(db, run_id, items, split=split, shapes=shapes, **kwargs)
+    if batch_size > 1:
+        validated = measure_predicted_at(db, run_id, items, [batch_size], split=split, **kwargs)
+    else:
+        validated = measure_predicted(db, run_id, items, split=split, shapes=shapes, **kwargs)
     heldout = split == "holdout"
     plain = next((v.measurement for c, v in zip(candidates, validated) if c.is_plain), None)
     out = []
@@ -64,7 +71,7 @@ def measure_candidates(db: Database, run_id: int, candidates: Sequence[Candidate
         p = v.prediction
         speedup = speedup_estimate(v.measurement, plain).value if plain is not None else None
         out.append(Measured(c, float(v.measurement.tokens_per_s), None if p is None else float(p.tokens_per_s),
-                            v.ci95, bool(heldout and not v.in_sample), v, speedup))
+                            v.ci95, bool(heldout and not v.in_sample), v, speedup, batch_size))
     return out
 
 

@@ -168,20 +168,6 @@ def mean_power_w(db: Any, run_id: int) -> float | None:
     return sum(watts) / len(watts) if watts else None
 
 
-def engine_reasons(schedule: dict[int, int]) -> dict[int, str]:
-    """Why each batch size's N is what it is, for a schedule our engine measured at B = 1 only: B = 1 is
-    the measured (held-out) decision; every other batch size is the model's prediction from T_v(B, k)."""
-    out = {}
-    for b, n in sorted(schedule.items()):
-        if b == 1:
-            out[b] = "measured held out (the decision's numbers)"
-        elif n == 0:
-            out[b] = f"predicted: speculation does not pay at B={b} (not measured: our engine decodes one sequence)"
-        else:
-            out[b] = f"predicted N={n} at B={b} (not measured: our engine decodes one sequence)"
-    return out
-
-
 def _side(m: Measured, objective: Objective) -> dict[str, Any]:
     value, ci = measured_value(m, objective)
     return {"label": m.candidate.label(), "value": finite(value), "ci": None if ci is None else [finite(x) for x in ci],

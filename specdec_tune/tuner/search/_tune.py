@@ -31,7 +31,8 @@ from specdec_tune.core.errors import InputError, NotFoundError
 from specdec_tune.tuner.model import NGRAM, Candidate, Evaluator, Scored, ServerDecision, TuningResult, bias_of, decide
 from specdec_tune.tuner.model import front_epsilons, run_identity_check
 from specdec_tune.tuner.search._confirm import confirm, server_decisions
-from specdec_tune.tuner.search._objectives import engine_reasons, mean_power_w, objective_report, objective_schedule
+from specdec_tune.tuner.search._bands import measured_schedules
+from specdec_tune.tuner.search._objectives import mean_power_w, objective_report, objective_schedule
 from specdec_tune.tuner.search._objectives import pick_measured
 from specdec_tune.tuner.search._measure import completed_trials, heldout_notes, measured_speedup
 from specdec_tune.tuner.search._memory import memory_model
@@ -236,10 +237,10 @@ def _server_bests(req: TuneRequest, s: _Searched) -> dict[str, Scored]:
 
 
 def _schedule(req: TuneRequest, s: _Searched, c: Candidate) -> dict[int, int]:
-    """``c``'s N per batch size as the files mean it: batch size 1 takes ``c``'s own (measured) N, every
-    other batch size asked the model's best N up to it (TensorRT-LLM requires no batch size to draft
-    more than the smallest's, and speculation pays less as the batch grows; docs/architecture.md,
-    The throughput model, 7), best by the user's objective: under an SLO, by goodput at that batch size."""
+    """``c``'s proposed N per batch size: batch size 1 takes ``c``'s own (measured) N, every other batch size
+    asked the model's best N up to it (TensorRT-LLM requires no batch size to draft more than the smallest's,
+    and speculation pays less as the batch grows; docs/model.md, item 7), best by the user's objective: under an
+    SLO, by goodput at that batch size. Each band is then measured at its batch size (``._bands``)."""
     bs = sorted(set(req.batch_sizes))
     plain_objective = s.evaluator.objective.name == "throughput" and not s.evaluator.objective.slo.active
     schedule = per_batch_size if plain_objective else objective_schedule
@@ -265,19 +266,23 @@ def _engine_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
                    threads=req.threads, gpu_price=req.gpu_price)
     winner = conf.winner
     win_h, base_h = conf.heldout[winner.candidate], conf.plain
-    decided = server_decisions(conf, bests, lambda c: _schedule(req, s, c))
+    decided, schedule, reasons = measured_schedules(
+        db, run_id, winner.candidate, _schedule(req, s, winner.candidate),
+        server_decisions(conf, bests, lambda c: _schedule(req, s, c)), heldout_prompts=req.heldout_prompts,
+        temperature=req.temperature, repeats=req.repeats, seed=req.seed, progress=progress, threads=req.threads,
+        gpu_price=req.gpu_price)
     sources = {m.draft: m.source for m in models_of(db, run_id)}
     speedup, ci = measured_speedup(win_h, base_h)
     result = TuningResult(
         candidate=winner.candidate, server=req.server, target=req.target, workload=req.workload,
         hardware=s.run.hardware.device_name, draft_path=sources.get(winner.candidate.drafter),
-        target_path=s.run.target.extra.get("source"), per_batch_size=_schedule(req, s, winner.candidate),
+        target_path=s.run.target.extra.get("source"), per_batch_size=schedule, per_batch_size_source=BANDS_SOURCE,
         measured_tokens_per_s=win_h.tokens_per_s, predicted_tokens_per_s=win_h.predicted_tokens_per_s,
         baseline_tokens_per_s=base_h.tokens_per_s, speedup=speedup, speedup_ci=ci, heldout=win_h.heldout,
         temperature=req.temperature, study=s.study, run_id=run_id,
         best_per_server={srv: d.to_dict() for srv, d in decided.items()},
         objective=objective_report(objective, win_h, base_h, s, req),
-        per_batch_size_reasons=engine_reasons(_schedule(req, s, winner.candidate)),
+        per_batch_size_reasons=reasons,
         bias=_bias(s, winner.candidate, req.max_bias),
         pareto=[_scored_dict(t, s.evaluator, req.search_objectives) for t in s.outcome.pareto]
         if req.max_bias is not None else [], predicted_basis=win_h.predicted_basis,
@@ -372,6 +377,7 @@ def _server_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
     return result, _report(s, result, confirmation, [], notes, sr.to_dict())
 
 
+BANDS_SOURCE = "each band measured held out on our engine against plain decoding at its batch size"
 _VLLM_HELDOUT = "the held-out prompts measured, by the server model calibrated on vLLM"
 _VLLM_TUNING = "the server model calibrated on vLLM, at the profile's prompt lengths"
 

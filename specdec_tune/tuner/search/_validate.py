@@ -69,18 +69,25 @@ class Validated:
     """
 
     measurement: Measurement
-    prediction: RunPrediction
+    prediction: RunPrediction | None
     config: SpecConfig
     in_sample: bool = False
     latency: LatencyPrediction | None = None
     memory: MemoryBreakdown | None = None  # predicted, where the peak was measured (``peak_memory``)
     speed_source: str = SPEED_FROM_PROBE  # what gave the machine speed the rates were rescaled to
+    unpredicted: str | None = None  # why there is no prediction (B > 1 without T_v(B, k) in the profile)
+
+    @property
+    def batch_size(self) -> int:
+        return self.measurement.batch_size
 
     @property
     def relative_error(self) -> float | None:
         """(predicted - measured) / measured tokens/s."""
         measured = self.measurement.tokens_per_s
-        return None if measured <= 0 else (self.prediction.tokens_per_s - measured) / measured
+        if self.prediction is None or measured <= 0:
+            return None
+        return (self.prediction.tokens_per_s - measured) / measured
 
     @property
     def ci95(self) -> tuple[float, float] | None:
@@ -91,7 +98,7 @@ class Validated:
     def inside_ci(self) -> bool | None:
         """Whether the predicted tokens/s lies inside the measured 95% CI."""
         ci = self.ci95
-        return None if ci is None else ci[0] <= self.prediction.tokens_per_s <= ci[1]
+        return None if ci is None or self.prediction is None else ci[0] <= self.prediction.tokens_per_s <= ci[1]
 
 
 def measure_predicted(

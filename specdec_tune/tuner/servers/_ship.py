@@ -71,6 +71,8 @@ def _decided(result: TuningResult, fmt: str, d: ServerDecision) -> TuningResult:
     same_draft = not c.is_plain and c.drafter == result.candidate.drafter
     return replace(result, candidate=c, server=fmt, draft_path=result.draft_path if same_draft else None,
                    per_batch_size=dict(d.per_batch_size) if d.speculates else {},
+                   per_batch_size_reasons=dict(d.per_batch_size_reasons or result.per_batch_size_reasons)
+                   if d.speculates else {},
                    measured_tokens_per_s=d.measured_tokens_per_s, predicted_tokens_per_s=d.predicted_tokens_per_s,
                    baseline_tokens_per_s=d.baseline_tokens_per_s, speedup=d.speedup, speedup_ci=d.speedup_ci,
                    heldout=d.heldout, predicted_basis=d.predicted_basis)

@@ -345,3 +345,17 @@ def test_a_steep_noisy_context_line_never_makes_a_verify_cost_negative() -> None
     # a line that keeps its intercept positive is left as measured
     gentle = [rows[0]] + [TimingRow("verify_context", 2, 1, c, s, None) for c, s in ((128, 0.9e-3), (512, 1.1e-3))]
     assert _Timings(gentle).context_slopes(typical)[2] < 1.0e-3 / typical
+
+
+def test_a_graphed_batch_is_priced_at_its_padded_capture_size():
+    """With CUDA graphs (``batch_graph_sizes``) a batch runs padded to the next captured size, so T_v(B, k) and
+    T_s(B) are a step function of B (vLLM's capture sizes 1, 2, 4, 8): B = 3 costs what B = 4 costs, B = 5
+    what B = 8 costs; without graphs B = 3 is interpolated between the measured 2 and 4."""
+    verify = {b: {1: 0.01 * b, 2: 0.012 * b} for b in (1, 2, 4, 8)}
+    steps = {b: 0.001 * b for b in (1, 2, 4, 8)}
+    graphed = ModelProfile(steps, verify, batch_graph_sizes=(1, 2, 4, 8))
+    eager = ModelProfile(steps, verify)
+    for b, padded in ((3, 4), (5, 8), (4, 4)):
+        assert verify_time(graphed, b, 2) == pytest.approx(0.012 * padded)
+        assert draft_step_time(graphed, b) == pytest.approx(0.001 * padded)
+    assert verify_time(eager, 3, 2) == pytest.approx(0.036) and draft_step_time(eager, 5) == pytest.approx(0.005)

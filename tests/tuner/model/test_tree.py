@@ -70,6 +70,7 @@ def test_width_line_ignores_an_outlier():
     class _Model:
         draft_step_s: dict
         verify_s: dict
+        batch_graph_sizes: tuple = ()  # ModelProfile's: no CUDA graphs, each B priced at its own size
 
     @dataclass
     class _RP:

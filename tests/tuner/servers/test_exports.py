@@ -424,3 +424,21 @@ def test_cli_export_from_a_study(tmp_path, capsys):
     code, _, err = cli(["export", "--study", "unfinished", "--storage", storage, "--format", "sglang",
                         "--out", str(tmp_path / "x")], capsys)
     assert code == 2 and "SGLang has no draft-confidence threshold" in err and not (tmp_path / "x").exists()
+
+
+def test_the_readme_carries_each_bands_measured_reason(tmp_path):
+    """A schedule whose bands ``tune`` measured on the batched engine (issue 38): the README names the source and
+    gives every band its reason with the measured numbers, the band without a CI at 0 and saying why."""
+    from specdec_tune.tuner.search._tune import BANDS_SOURCE as source  # what tune writes
+
+    why = {4: "N=3: at B=4 (4 batches of 4 held-out prompts): 1.21× over plain decoding (95% CI 1.08–1.35)",
+           16: "0: predicted N=2, not measured at B=16 (16 held-out prompts make 1 batch of 16; a CI needs 2 "
+               "(--heldout-prompts 32)); a band ships only with a measured CI"}
+    r = result(Candidate("mini-draft-1l", 4), {1: 4, 4: 3, 16: 0}, per_batch_size_source=source,
+               per_batch_size_reasons=why)
+    write_exports(r, ["vllm"], tmp_path / "out")
+    section = readme_section((tmp_path / "out" / "README.md").read_text(), "vllm")
+    assert f"- N per batch size ({source};" in section and "B=4: 3, B=16: 0" in section
+    assert section.count("B=1 takes the configuration's N") == 1
+    for b, text in why.items():
+        assert f"  - B={b}: {text}" in section
