@@ -15,6 +15,7 @@ from specdec_tune.profiler.backends import cached_gguf, copy_gguf, find_llamacpp
 from specdec_tune.profiler.backends import VllmPair, measure_arms_vllm, measure_on_server, require_vllm_python
 from specdec_tune.profiler.backends import server_version
 from specdec_tune.profiler.bench import HF_METHODS, OURS, RATIOS, VLLM_METHODS, run_bench
+from specdec_tune.profiler.drafter_kinds import EAGLE3, drafter_kind
 from specdec_tune.profiler.measure import chosen_prompts, default_split, measure_configs
 from specdec_tune.profiler.measure_records import PLAIN, Measurement, MeasureSpec
 from specdec_tune.profiler.runs import DraftSpec, encode_prompt, measure_prompt, warm_up
@@ -32,7 +33,7 @@ __all__ = [
     "ServerConfig", "ServerGroup", "ServerMeasurement", "StageLog", "VllmError", "chosen_prompts", "default_split",
     "environment_fingerprint", "measure_arms", "measure_arms_vllm", "measure_configs", "measure_on_server",
     "model_identity", "model_source", "require_vllm_python", "resolve_source", "resolve_workload", "run_profile",
-    "server_version",
+    "server_version", "EAGLE3", "drafter_kind",
     "DraftSpec", "Stopwatch", "VllmPair", "encode_prompt", "measure_prompt", "warm_up",
     "HF_METHODS", "OURS", "RATIOS", "VLLM_METHODS", "run_bench",
 ]  # fmt: skip

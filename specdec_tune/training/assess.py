@@ -87,7 +87,8 @@ def measure_latency(models: dict[str, PreTrainedModel], *, repeats: int, threads
     return {name: {str(k): _summary(v) for k, v in by_k.items()} for name, by_k in samples.items()}
 
 
-def assess_zoo(out_dir: Path, manifest: dict, *, repeats: int, log: Callable[[str], None] = print) -> dict:
+def assess_zoo(out_dir: Path, manifest: dict, *, repeats: int, log: Callable[[str], None] = print,
+               only: set[str] | None = None) -> dict:
     """Measure quality and latency of a built zoo; write ``zoo.json`` and ``MODEL_CARD.md``.
 
     Args:
@@ -96,6 +97,8 @@ def assess_zoo(out_dir: Path, manifest: dict, *, repeats: int, log: Callable[[st
             workloads and one entry per model (name, role, path, shape, training report).
         repeats: timed forwards per model, token count and thread setting.
         log: where progress lines go.
+        only: measure these models alone (timed interleaved with the target), keeping every other entry's
+            stored numbers and the stored timing conditions: a stage that adds one model to a built zoo.
 
     Returns:
         The completed manifest (also written to ``out_dir / "zoo.json"``).
@@ -109,14 +112,17 @@ def assess_zoo(out_dir: Path, manifest: dict, *, repeats: int, log: Callable[[st
     windows = eval_windows(encode_stream(tokenizer, held_texts), manifest["eval"]["seq"],
                            manifest["eval"]["max_windows"])
     manifest["eval"]["windows"] = int(windows.shape[0])
+    measured = [m for m in entries if only is None or m["name"] in only]
+    timed = [m for m in entries if m is target_entry or m in measured]
     loaded = {m["name"]: load_head(out_dir / m["path"]) if m["role"] == "eagle3" else
-              AutoModelForCausalLM.from_pretrained(out_dir / m["path"], dtype=torch.float32).eval() for m in entries}
+              AutoModelForCausalLM.from_pretrained(out_dir / m["path"], dtype=torch.float32).eval() for m in timed}
     target = loaded[target_entry["name"]]
-    _measure_quality(entries, loaded, target, windows, token_byte_lengths(tokenizer), out_dir, log)
-    _measure_timing(entries, loaded, repeats, log)
-    manifest["timing"] = {"context_tokens": CONTEXT_TOKENS, "threads": 2, "also_measured_threads": 1,
-                          "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count() or 0,
-                          "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
+    _measure_quality(measured, loaded, target, windows, token_byte_lengths(tokenizer), out_dir, log)
+    _measure_timing(measured, loaded, repeats, log)
+    if only is None:
+        manifest["timing"] = {"context_tokens": CONTEXT_TOKENS, "threads": 2, "also_measured_threads": 1,
+                              "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count() or 0,
+                              "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
     (out_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     (out_dir / "MODEL_CARD.md").write_text(card.render(manifest), encoding="utf-8")
     for line in card.check_bars(manifest):
@@ -162,7 +168,7 @@ def _describe_files(m: dict, model, out_dir: Path) -> None:
 
 def _measure_timing(entries: list[dict], loaded: dict, repeats: int, log: Callable[[str], None]) -> None:
     """Per-forward latency of every model (HF at 2 and 1 threads, the lean engine at 1), into ``entries``."""
-    timing = {t: measure_latency(loaded, repeats=repeats, threads=t) for t in (2, 1)}
+    timing = {t: measure_latency(loaded, repeats=repeats, threads=t) for t in (2, 1)}  # the target is loaded too
     timing["engine"] = measure_latency(loaded, repeats=repeats, threads=1, lean=True)
     for m in entries:
         m["ms_per_forward_at_training_time"] = timing[2][m["name"]]

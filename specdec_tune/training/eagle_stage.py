@@ -40,9 +40,9 @@ class EaglePlan:
     new_tokens: int = 128
     gen_batch: int = 16
     batch: int = 4
-    max_steps: int = 900
-    peak_lr: float = 1e-3
-    warmup: int = 20
+    max_steps: int = 1000
+    peak_lr: float = 2e-3
+    warmup: int = 30
     decay: float = 0.8  # loss weight of step j: decay ** j
 
 
@@ -103,9 +103,10 @@ def _loop(head: EagleHead, lean, data, layers: tuple[int, ...], plan: EaglePlan,
         opt.step()
         chooser.record(threads, time.perf_counter() - t0)
         tokens += batch.numel()
-        ema = float(loss) if ema != ema else 0.95 * ema + 0.05 * float(loss)
+        value = float(loss.detach())
+        ema = value if ema != ema else 0.95 * ema + 0.05 * value
         if (step + 1) % 25 == 0 or step == 0:
-            log(f"[eagle3] step {step + 1} loss {float(loss):.4f} ema {ema:.4f} agreement by step "
+            log(f"[eagle3] step {step + 1} loss {value:.4f} ema {ema:.4f} agreement by step "
                 f"{' '.join(f'{a:.3f}' for a in agree)} threads {threads} t={time.perf_counter() - start:.0f}s")
     torch.set_num_threads(2)
     head.eval()
