@@ -17,7 +17,7 @@ Loss: per step, the soft cross-entropy between the target's distribution restric
 vocabulary (renormalised) and the head's, over anchors whose target argmax lies in the draft vocabulary
 (SpecForge ``_compute_target_p_padded``), weighted 0.8^j (its ``ploss_weight``); no feature loss (EAGLE-3
 drops EAGLE's). The unrolled forward is the engine's (``engine.eagle_unroll.unroll``, which the profiler's
-roll-outs use too), checked against the decode-time chain (``tests/test_eagle.py``).
+roll-outs use too), checked against the decode-time chain (``tests/engine/test_eagle.py``).
 """
 from __future__ import annotations
 

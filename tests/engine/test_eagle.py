@@ -22,7 +22,7 @@ from specdec_tune.engine import (DecodeConfig, EagleDrafter, EagleTreeDrafter, F
                                  tree_speculative, unroll)
 from specdec_tune.engine.eagle_draft import feature_store
 from specdec_tune.engine.names import check_model_folder
-from tests.eagle_stub import lean, random_head, tiny_target
+from tests.support.eagle_stub import lean, random_head, tiny_target
 
 PROMPT = torch.tensor([5, 17, 3, 44, 9, 12, 33, 7, 21, 2])
 

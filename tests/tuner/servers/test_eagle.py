@@ -4,7 +4,7 @@ vLLM ``method: "eagle3"``; SGLang ``--speculative-algorithm EAGLE3`` with num-st
 num-draft-tokens; TensorRT-LLM's ``Eagle3`` decoding config (chains, static trees as ``eagle_choices``, the
 dynamic tree), checked against TensorRT-LLM's own field list; llama.cpp's ``draft-eagle3`` spec type, refused
 out loud when the llama.cpp built here lacks it; HF transformers refused (it has no heads). The servers'
-own parsers run in the marked tests (``tests/test_eagle_vllm.py``; SGLang's in ``tests/test_sglang_parser.py``).
+own parsers run in the marked tests (``tests/tuner/servers/test_eagle_vllm.py``; SGLang's in ``tests/tuner/servers/test_sglang_parser.py``).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from specdec_tune.tuner.model import Candidate, TuningResult
 from specdec_tune.tuner.servers import SERVERS, expressible, project, render_exports
 from specdec_tune.tuner.servers import _eagle, _schemas as sch
 from specdec_tune.tuner.servers import _trtllm_fields as f
-from tests.eagle_stub import random_head, tiny_target
+from tests.support.eagle_stub import random_head, tiny_target
 
 TARGET_PATH = "/models/target"
 

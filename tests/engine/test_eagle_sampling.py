@@ -1,6 +1,6 @@
 """Speculative sampling with an EAGLE-3 head keeps the target's distribution (issue 39), chains and trees.
 
-The bars of ``tests/test_sampling.py`` and ``tests/test_tree_sampling.py``: the exact joint law of the first
+The bars of ``tests/engine/test_sampling.py`` and ``tests/engine/test_tree_sampling.py``: the exact joint law of the first
 two emitted tokens of a tiny Llama target (vocabulary 6), a chi-square test over many seeded runs, and shown
 power: the same statistic rejects planted wrong rules. Besides the verifier's classic bug (resampling from p
 instead of the residual), a head-specific one: a drafter that hands the verifier the previous chain step's
@@ -16,9 +16,9 @@ from specdec_tune.core.trees import parse_tree
 from specdec_tune.engine import DecodeConfig, EagleDrafter, EagleTreeDrafter, SamplingVerifier, speculative
 from specdec_tune.engine.tree_decode import TreeSamplingVerifier, tree_speculative
 from specdec_tune.engine.types import Draft
-from tests.eagle_stub import lean, random_head, tiny_target
-from tests.test_sampling import TEMP, VOCAB, chi2_pvalue, target_joint, wrong_verify
-from tests.test_tree_sampling import wrong_resample_p
+from tests.support.eagle_stub import lean, random_head, tiny_target
+from tests.engine.test_sampling import TEMP, VOCAB, chi2_pvalue, target_joint, wrong_verify
+from tests.engine.test_tree_sampling import wrong_resample_p
 
 SAMPLES = 1500
 PROMPT = torch.tensor([3, 1, 0, 4, 2])
