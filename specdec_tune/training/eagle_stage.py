@@ -44,6 +44,7 @@ class EaglePlan:
     peak_lr: float = 2e-3
     warmup: int = 30
     decay: float = 0.8  # loss weight of step j: decay ** j
+    threads: int = 0  # 0: the loop picks 1 or 2 by measured step time; N: N throughout, generation included
 
 
 QUICK_EAGLE = EaglePlan(draft_vocab=1024, ttt_steps=3, sequences=8, prompt_tokens=33, new_tokens=16, gen_batch=4,
@@ -63,6 +64,8 @@ def train_head(target, tokenizer, stream: torch.Tensor, plan: EaglePlan, seed: i
     target.eval()
     lean = wrap_forward(target)
     layers = default_aux_layers(int(target.config.num_hidden_layers))
+    if plan.threads:  # two OpenMP threads on a core another process holds lose most of their time at barriers
+        torch.set_num_threads(plan.threads)
     gen = OnPolicyPlan(sequences=plan.sequences, prompt_tokens=plan.prompt_tokens, new_tokens=plan.new_tokens,
                        gen_batch=plan.gen_batch, batch=plan.batch)
     generated = greedy_continuations(target, stream, gen, seed, log)
@@ -86,7 +89,7 @@ def _loop(head: EagleHead, lean, data, layers: tuple[int, ...], plan: EaglePlan,
     head.train()
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=plan.peak_lr, betas=(0.9, 0.95), weight_decay=0.0)
-    chooser = ThreadChooser()
+    chooser = ThreadChooser((plan.threads,)) if plan.threads else ThreadChooser()
     start, tokens, ema, agree = time.perf_counter(), 0, float("nan"), []
     for step in range(plan.max_steps):
         batch = next(data)

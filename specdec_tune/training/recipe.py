@@ -17,7 +17,7 @@ import os
 import platform
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -292,14 +292,15 @@ def _eagle(target: LlamaForCausalLM, tokenizer, stream: torch.Tensor, plan: Eagl
     return manifest_entry(head, plan, report)
 
 
-def train_eagle(out_dir: Path, *, quick: bool = False, seed: int = 0, repeats: int = 30) -> dict:
+def train_eagle(out_dir: Path, *, quick: bool = False, seed: int = 0, repeats: int = 30, **plan_fields) -> dict:
     """Run only the EAGLE-3 stage on a built zoo (the head replaces any of the same name), then measure the
-    head (the other models keep their numbers). The bundled head was made this way on the bundled zoo.
-    Appends to ``train_log.txt``."""
+    head (the other models keep their numbers). ``plan_fields`` override the plan's (``EaglePlan``:
+    ``max_steps``, ``sequences``, ``threads``); the manifest records the plan used. The bundled head was
+    made this way on the bundled zoo. Appends to ``train_log.txt``."""
     out_dir = Path(out_dir)
     manifest = _read_built(out_dir)
     cfg = QUICK if quick else FULL
-    plan = cfg.eagle or EaglePlan()
+    plan = replace(cfg.eagle or EaglePlan(), **{k: v for k, v in plan_fields.items() if v is not None})
     log = _Log(out_dir / "train_log.txt", append=True)
     _set_up_torch()
     log(f"eagle3: EAGLE-3 stage on the built zoo in {out_dir} (seed {seed})")
