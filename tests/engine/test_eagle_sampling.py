@@ -75,13 +75,17 @@ def tree_pairs(setup, tree: str, depth: int, verify_fn=None) -> torch.Tensor:
     return counts
 
 
-@pytest.mark.parametrize("n", [2, pytest.param(1, marks=pytest.mark.slow)])
-def test_eagle_chain_sampling_matches_target_distribution(setup, n):
+# The fast tier runs N = 2 against the head-specific planted bug; the verifier's classic bug (shown for
+# every drafter in tests/engine/test_sampling.py) is planted here in the slow tier, at N = 1 and 2.
+@pytest.mark.parametrize("n,planted", [(2, ("stale q row",)),
+                                       pytest.param(2, ("wrong verifier",), marks=pytest.mark.slow),
+                                       pytest.param(1, ("wrong verifier",), marks=pytest.mark.slow)])
+def test_eagle_chain_sampling_matches_target_distribution(setup, n, planted):
     probs = setup[2]
     good = chi2_pvalue(chain_pairs(setup, n), probs)
-    bad = {"wrong verifier": chi2_pvalue(chain_pairs(setup, n, verify_fn=wrong_verify), probs)}
-    if n == 2:
-        bad["stale q row"] = chi2_pvalue(chain_pairs(setup, n, drafter_cls=StaleRowDrafter), probs)
+    runs = {"wrong verifier": lambda: chain_pairs(setup, n, verify_fn=wrong_verify),
+            "stale q row": lambda: chain_pairs(setup, n, drafter_cls=StaleRowDrafter)}
+    bad = {k: chi2_pvalue(runs[k](), probs) for k in planted}
     print(f"\nEAGLE-3 chain N={n}: exact p={good:.3g}; " + "; ".join(f"{k} p={v:.3g}" for k, v in bad.items()))
     assert good > 1e-3, f"exact sampler rejected (p = {good:.2e})"
     for k, v in bad.items():
