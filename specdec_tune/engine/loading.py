@@ -124,7 +124,9 @@ def load_model(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if forward not in FORWARDS:
+    # "eagle3" is the forward a profile records for an EAGLE-3 head (LoadedModel.forward); measure and tune
+    # load the run's drafts with the forwards it recorded.
+    if forward not in FORWARDS and forward != "eagle3":
         raise InputError(f"--forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
     if cuda_graphs not in GRAPH_MODES:
         raise InputError(f"--cuda-graphs must be one of {', '.join(GRAPH_MODES)}, got {cuda_graphs!r}")
@@ -135,6 +137,8 @@ def load_model(
     source = resolve_source(name)
     if Path(source).is_dir() and is_eagle3_folder(source):
         return _load_head(name, source, dev, dt)
+    if forward == "eagle3":
+        raise InputError(f"forward 'eagle3' is an EAGLE-3 head's own; {name!r} is not an EAGLE-3 head")
     if shapes.is_shape(source):  # a published shape with seeded random weights (engine.shapes)
         model, tokenizer = shapes.build_shape(source, dev, dt)
         return _loaded(name, source, model, tokenizer, dev, dt, forward, cuda_graphs)

@@ -55,6 +55,18 @@ def test_layout_is_what_the_servers_load(pair, tmp_path):
     assert check_model_folder(tmp_path) == str(tmp_path)  # no tokenizer needed: the servers use the target's
 
 
+def test_a_head_loads_with_the_forward_its_profile_recorded(pair, tmp_path):
+    """A profile stores a head's forward as "eagle3" and measure/tune load the run's drafts with it."""
+    from specdec_tune.core.errors import InputError
+    from specdec_tune.engine import load_model
+
+    save_head(pair[1], tmp_path)
+    loaded = load_model(str(tmp_path), "cpu", "float32", "eagle3")
+    assert loaded.forward == "eagle3" and load_model(str(tmp_path), "cpu", "float32", "auto").forward == "eagle3"
+    with pytest.raises(InputError, match="not an EAGLE-3 head"):
+        load_model("mini-draft-1l", "cpu", "float32", "eagle3")
+
+
 def test_a_misshapen_head_is_refused(pair, tmp_path):
     from safetensors.torch import load_file, save_file
 
