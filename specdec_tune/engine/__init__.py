@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from specdec_tune.engine.eagle_layout import default_aux_layers, is_eagle3_folder
     from specdec_tune.engine.eagle_unroll import unroll
     from specdec_tune.engine.features import FeatureForward, FeatureStore, choose_target_forward, hf_hidden_states
+    from specdec_tune.engine.graph_state import GraphCounters, decode_keys, graph_counters, prepare_graphs
     from specdec_tune.engine.kvcache import PreallocatedCache, forward_with_cache, make_cache
     from specdec_tune.engine.lean import LeanCausalLM, lean_unsupported, wrap_forward
     from specdec_tune.engine.lean_kernels import status as lean_kernels_status
@@ -50,6 +51,8 @@ _HOME = {  # public name -> the module that defines it ("module.attribute": the 
     "head_config": "eagle_io", "load_head": "eagle_io", "save_head": "eagle_io",
     "default_aux_layers": "eagle_layout", "is_eagle3_folder": "eagle_layout", "unroll": "eagle_unroll",
     "FeatureForward": "features", "FeatureStore": "features", "choose_target_forward": "features", "hf_hidden_states": "features",
+    "GraphCounters": "graph_state", "decode_keys": "graph_state", "graph_counters": "graph_state",
+    "prepare_graphs": "graph_state",
     "PreallocatedCache": "kvcache", "forward_with_cache": "kvcache", "make_cache": "kvcache",
     "LeanCausalLM": "lean", "lean_unsupported": "lean", "wrap_forward": "lean",
     "lean_kernels_status": "lean_kernels.status",

@@ -207,9 +207,18 @@ def measure_prompt(
     )
 
 
+WARM_UP_TOKENS = 8  # the fewest tokens a warm-up decodes (allocation, kernel selection)
+
+
 def warm_up(target: LoadedModel, draft: DraftSpec, prompt_ids: torch.Tensor, config: DecodeConfig) -> float:
-    """One short untimed decode (allocation, kernel selection); returns its seconds for reporting."""
-    short = DecodeConfig(min(8, config.max_new_tokens), config.spec, temperature=config.temperature)
+    """One short untimed decode (allocation, kernel selection); returns its seconds for reporting.
+
+    It decodes at least N + 2 tokens (capped at the configuration's), so its first cycle drafts all N and
+    a second one follows: the widths 1..N + 1 and, after a fully accepted first cycle, the draft's catch-up
+    run once here (a warm-up of 8 tokens left N + 1 to a timed pass for N >= 8). With CUDA graphs this is not
+    enough on its own: ``profiler.measure_passes`` warms every prompt and makes every graph first."""
+    tokens = max(WARM_UP_TOKENS, config.spec.num_speculative_tokens + 2)
+    short = DecodeConfig(min(tokens, config.max_new_tokens), config.spec, temperature=config.temperature)
     watch = Stopwatch(target.device)
     watch.start()
     decode_once(target, draft, prompt_ids, short, seed=0)
