@@ -16,7 +16,7 @@ from specdec_tune.db._reads import require_run
 from specdec_tune.db._session import session_scope
 from specdec_tune.core.errors import InputError
 
-TREE_KINDS = ("ranks", "siblings", "staged", "overhead")
+TREE_KINDS = ("ranks", "siblings", "staged", "overhead", "rollouts")
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,9 @@ class TreeTraceRecord:
         kind: ``ranks`` (greedy: per output position the target token's rank in the draft's
             distribution and the draft's top probabilities), ``siblings`` (sampling: per position the
             acceptance of successive i.i.d. and top-k drafts), ``staged`` (an inner drafter's counts) or
-            ``overhead`` (the engine's own time per tree cycle).
+            ``overhead`` (the engine's own time per tree cycle) or ``rollouts`` (an EAGLE-3 head: per output
+            position and chain step the target token's rank and the head's top probabilities,
+            ``profiler.head_profile``).
         prompt_index: the profiled prompt.
         temperature: 0 for greedy data.
         data: the JSON document (``profiler.tree_profile`` documents its keys).

@@ -19,6 +19,12 @@ if TYPE_CHECKING:
     from specdec_tune.engine.decode import DecodeConfig, autoregressive, speculative
     from specdec_tune.engine.draft_budget import DraftBudget, LoadBudget, ScheduleBudget, choose_budget
     from specdec_tune.engine.drafters import ModelDrafter, NgramDrafter, build_drafter, probs_from_logits
+    from specdec_tune.engine.eagle import EagleHead
+    from specdec_tune.engine.eagle_draft import EagleDrafter, EagleTreeDrafter, TeacherForcedHead
+    from specdec_tune.engine.eagle_io import head_config, load_head, save_head
+    from specdec_tune.engine.eagle_layout import default_aux_layers, is_eagle3_folder
+    from specdec_tune.engine.eagle_unroll import unroll
+    from specdec_tune.engine.features import FeatureForward, FeatureStore, choose_target_forward, hf_hidden_states
     from specdec_tune.engine.graph_state import GraphCounters, decode_keys, graph_counters, prepare_graphs
     from specdec_tune.engine.kvcache import PreallocatedCache, forward_with_cache, make_cache
     from specdec_tune.engine.lean import LeanCausalLM, lean_unsupported, wrap_forward
@@ -31,7 +37,7 @@ if TYPE_CHECKING:
     from specdec_tune.engine.staged import StagedDrafter
     from specdec_tune.engine.tree import TokenTree
     from specdec_tune.engine.tree_decode import TreeSamplingVerifier, tree_speculative
-    from specdec_tune.engine.tree_draft import TreeDrafter
+    from specdec_tune.engine.tree_draft import TreeDrafter, build_tree_drafter
     from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult, VerifyResult
     from specdec_tune.engine.types import acceptance_counts, acceptance_per_position
     from specdec_tune.engine.verifiers import GreedyVerifier, SamplingVerifier, Verifier, choose_verifier
@@ -48,6 +54,11 @@ _HOME = {  # public name -> the module that defines it ("module.attribute": the 
     "DraftBudget": "draft_budget", "LoadBudget": "draft_budget", "ScheduleBudget": "draft_budget",
     "choose_budget": "draft_budget",
     "ModelDrafter": "drafters", "NgramDrafter": "drafters", "build_drafter": "drafters", "probs_from_logits": "drafters",
+    "EagleHead": "eagle", "EagleDrafter": "eagle_draft", "EagleTreeDrafter": "eagle_draft",
+    "TeacherForcedHead": "eagle_draft",
+    "head_config": "eagle_io", "load_head": "eagle_io", "save_head": "eagle_io",
+    "default_aux_layers": "eagle_layout", "is_eagle3_folder": "eagle_layout", "unroll": "eagle_unroll",
+    "FeatureForward": "features", "FeatureStore": "features", "choose_target_forward": "features", "hf_hidden_states": "features",
     "GraphCounters": "graph_state", "decode_keys": "graph_state", "graph_counters": "graph_state",
     "prepare_graphs": "graph_state",
     "PreallocatedCache": "kvcache", "forward_with_cache": "kvcache", "make_cache": "kvcache",
@@ -59,7 +70,7 @@ _HOME = {  # public name -> the module that defines it ("module.attribute": the 
     "shape_names": "shapes",
     "bias_and_rejection": "lossy", "emitted_distribution": "lossy", "least_bias": "lossy", "pareto_bias": "lossy",
     "StagedDrafter": "staged", "TokenTree": "tree", "tree_speculative": "tree_decode",
-    "TreeSamplingVerifier": "tree_decode", "TreeDrafter": "tree_draft",
+    "TreeSamplingVerifier": "tree_decode", "TreeDrafter": "tree_draft", "build_tree_drafter": "tree_draft",
     "CycleStats": "types", "Draft": "types", "Drafter": "types", "GenerationResult": "types", "VerifyResult": "types",
     "acceptance_counts": "types", "acceptance_per_position": "types",
     "GreedyVerifier": "verifiers", "SamplingVerifier": "verifiers", "Verifier": "verifiers",

@@ -14,6 +14,7 @@ import torch
 from specdec_tune.engine.decode_config import DecodeConfig
 from specdec_tune.engine.draft_budget import DraftBudget, choose_budget
 from specdec_tune.engine.drafters import probs_from_logits
+from specdec_tune.engine.features import PlainForward, choose_target_forward
 from specdec_tune.engine.kvcache import PreallocatedCache, forward_with_cache, make_cache
 from specdec_tune.engine.types import CycleStats, Draft, Drafter, GenerationResult
 from specdec_tune.engine.verifiers import Verdict, Verifier, choose_verifier
@@ -99,12 +100,12 @@ def speculative(
 ) -> GenerationResult:
     """Speculative decoding: draft up to N tokens, verify them in one target forward, accept a prefix.
 
-    How a draft is judged and how long each may be are objects chosen here, before the loop
-    (``engine.verifiers``, ``engine.draft_budget``), so the loop never branches on the kind of decode.
-    A new drafter is a new ``drafter`` object, not a new parameter. One that needs the target's hidden
-    states (EAGLE-style feature heads) would have the target forward picked here the same way (a forward
-    that also keeps the fed positions' hidden states for the drafter's next ``propose``): a choice inside
-    this function, not a parameter of it or of the loop.
+    How a draft is judged, how long each may be and which target forward runs are objects chosen here,
+    before the loop (``engine.verifiers``, ``engine.draft_budget``, ``engine.features``), so the loop never
+    branches on the kind of decode. A new drafter is a new ``drafter`` object, not a new parameter. One
+    that needs the target's hidden states (an EAGLE-3 head, ``engine.eagle_draft``) carries a feature
+    store, and the forward chosen for it also writes the fed positions' hidden states there for the
+    drafter's next ``propose`` (``engine.features.choose_target_forward``).
 
     Args:
         model: the target causal LM.
@@ -124,15 +125,16 @@ def speculative(
     _check_prompt(prompt_ids)
     verifier = verifier or choose_verifier(config, prompt_ids)
     budget = budget or choose_budget(config.spec)
-    return _loop(model, drafter, prompt_ids, config, verifier, budget, generator, on_cycle, cache)
+    forward = choose_target_forward(model, drafter)
+    return _loop(forward, drafter, prompt_ids, config, verifier, budget, generator, on_cycle, cache)
 
 
-def _loop(model: torch.nn.Module, drafter: Drafter, prompt_ids: torch.Tensor, config: DecodeConfig,
+def _loop(forward: PlainForward, drafter: Drafter, prompt_ids: torch.Tensor, config: DecodeConfig,
           verifier: Verifier, budget: DraftBudget, generator: torch.Generator | None,
           on_cycle: Callable[[CycleStats], None] | None, cache: PreallocatedCache | None) -> GenerationResult:
     """The speculative loop, with its strategies chosen (:func:`speculative`)."""
     limit, eos = config.max_new_tokens, config.eos_token_id
-    cache, tokens = _prefill(model, prompt_ids, config.room, cache)  # tokens: prompt + emitted
+    cache, tokens = _prefill(forward, prompt_ids, config.room, cache)  # tokens: prompt + emitted
     length = prompt_ids.shape[0]
     out: list[int] = []
     cycles: list[CycleStats] = []
@@ -144,7 +146,7 @@ def _loop(model: torch.nn.Module, drafter: Drafter, prompt_ids: torch.Tensor, co
         n_draft = draft.length
         if n_draft:
             tokens[length:length + n_draft] = draft.tokens
-        logits = _forward(model, tokens[length - 1:length + n_draft], cache, n_draft + 1)  # [L + 1, vocab]
+        logits = forward(tokens[length - 1:length + n_draft], cache, n_draft + 1)  # [L + 1, vocab]
         verdict = verifier(draft, logits, generator)
         acc, nxt = verdict.accepted, verdict.next_token
         emitted, eos_hit = _emit(out, verdict.drafted[:acc] + [nxt], limit, eos)
@@ -162,7 +164,7 @@ def _loop(model: torch.nn.Module, drafter: Drafter, prompt_ids: torch.Tensor, co
     return GenerationResult(prompt_tokens=prompt_ids.shape[0], token_ids=out, cycles=cycles, finished_by_eos=eos_hit)
 
 
-def _prefill(model: torch.nn.Module, prompt_ids: torch.Tensor, room: int,
+def _prefill(forward: PlainForward, prompt_ids: torch.Tensor, room: int,
              cache: PreallocatedCache | None) -> tuple[PreallocatedCache, torch.Tensor]:
     """A reset target cache holding all but the last prompt token, and a token buffer holding the prompt
     with ``room`` positions after it.
@@ -172,12 +174,12 @@ def _prefill(model: torch.nn.Module, prompt_ids: torch.Tensor, room: int,
     """
     total = prompt_ids.shape[0] + room
     if cache is None or cache.max_len < total:
-        cache = make_cache(model, total)
+        cache = make_cache(forward.model, total)
     cache.truncate(0)
     tokens = torch.empty(total, dtype=torch.long, device=prompt_ids.device)  # [total]
     tokens[:prompt_ids.shape[0]] = prompt_ids
     if prompt_ids.shape[0] > 1:
-        _forward(model, prompt_ids[:-1], cache, 1)
+        forward(prompt_ids[:-1], cache, 1)
     return cache, tokens
 
 

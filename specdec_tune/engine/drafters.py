@@ -70,10 +70,14 @@ class ModelDrafter:
         out = forward_with_cache(self.model, ids[None], self.cache, logits_to_keep=1)
         return out.logits[0, -1]  # [vocab]
 
+    def _first(self, context: torch.Tensor) -> torch.Tensor:
+        """The first drafted position's logits: one forward over what the cache has not seen."""
+        return self._forward(context[self.cache.get_seq_length():])
+
     def propose(self, context: torch.Tensor, max_tokens: int) -> Draft:
         """Draft up to ``max_tokens`` tokens after ``context`` (``[T]``)."""
         self._base_len = context.shape[0]
-        logits = self._forward(context[self.cache.get_seq_length():])
+        logits = self._first(context)
         self.forwards = 1
         theta = self.current_threshold
         tokens, rows, confs, stopped = self._draft(logits, max_tokens, theta)
@@ -216,9 +220,15 @@ def build_drafter(
     generator: torch.Generator | None = None,
     **speculative: Any,
 ) -> ModelDrafter | NgramDrafter:
-    """A fresh drafter for one sequence: a draft model's (θ from ``spec``), or n-gram lookup (``spec``'s
-    n-gram sizes) when ``draft_model`` is None. ``spec``'s fields may be given by name instead."""
+    """A fresh drafter for one sequence: a draft model's (θ from ``spec``), an EAGLE-3 head's
+    (``engine.eagle_draft``), or n-gram lookup (``spec``'s n-gram sizes) when ``draft_model`` is None.
+    ``spec``'s fields may be given by name instead."""
+    from specdec_tune.engine.eagle import EagleHead
+
     spec = with_fields(spec, speculative, "build_drafter")
     if draft_model is None:
         return NgramDrafter(ngram_max=spec.ngram_max, ngram_min=spec.ngram_min)
-    return ModelDrafter(draft_model, max_len, spec, temperature=temperature, generator=generator)
+    kind = ModelDrafter
+    if isinstance(draft_model, EagleHead):
+        from specdec_tune.engine.eagle_draft import EagleDrafter as kind
+    return kind(draft_model, max_len, spec, temperature=temperature, generator=generator)

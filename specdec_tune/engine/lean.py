@@ -45,6 +45,8 @@ import torch.nn.functional as F
 
 from specdec_tune.engine import lean_kernels
 from specdec_tune.engine.kvcache import PreallocatedCache, forward_with_cache
+from specdec_tune.engine.lean_ops import (  # noqa: F401 - _cat_bias, _rms_norm: cuda_graphs reads them here
+    _cat_bias, _keep, _pack, _packed_linear, _packing_supported, _rms_norm, _rotate)
 
 FORWARDS = ("auto", "lean", "hf")
 _MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -57,9 +59,11 @@ PACK_MAX_BYTES = 1 << 30  # a larger model is not packed: its second copy would 
 
 @dataclass
 class LeanOutput:
-    """What the engine reads from a forward (HF's output has the same attribute)."""
+    """What the engine reads from a forward (HF's output has the same attribute); ``aux`` ``[B, k, n·H]``:
+    the residual stream after each of the asked layers, concatenated in layer order (``engine.features``)."""
 
     logits: torch.Tensor
+    aux: torch.Tensor | None = None
 
 
 def _rope_type(config) -> str:
@@ -91,38 +95,6 @@ def lean_unsupported(model: torch.nn.Module) -> str | None:
     if any(getattr(layer.mlp, "gate_proj", None) is None for layer in layers):
         return "its MLP is not gated"
     return None
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's RMSNorm: computed in float32, cast back, then scaled."""
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight, eps)
-    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
-
-
-def _packing_supported() -> bool:
-    mk = getattr(torch.ops, "mkldnn", None)
-    return bool(torch.backends.mkldnn.is_available() and hasattr(mk, "_reorder_linear_weight")
-                and hasattr(mk, "_linear_pointwise"))
-
-
-def _pack(weight: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 8)
-
-
-def _cat_bias(*biases: torch.Tensor | None, weights: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
-    if all(b is None for b in biases):
-        return None
-    return torch.cat([b.detach() if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
-
-
-def _packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 class LeanCausalLM(torch.nn.Module):
@@ -213,21 +185,28 @@ class LeanCausalLM(torch.nn.Module):
         return self._cos, self._sin
 
     def forward(self, input_ids=None, cache=None, use_cache=True, logits_to_keep=0, past_key_values=None, tree=None,
-                **kwargs):
+                aux_layers=None, **kwargs):
         """HF-style call; ``tree`` = (positions ``[k]``, mask ``[k, cached + k]``) runs a token tree
         (``engine.tree.tree_forward``): new row i sits at position positions[i] and attends to the
-        cached and new rows its mask allows."""
+        cached and new rows its mask allows. ``aux_layers``: also return the residual stream after
+        those layers (0: the embedding), ``LeanOutput.aux``, what an EAGLE-3 head reads."""
         cache = cache if cache is not None else past_key_values  # either keyword, as transformers 5.x takes them
         if kwargs or input_ids is None or not use_cache or not isinstance(cache, PreallocatedCache) \
                 or not isinstance(logits_to_keep, int):
-            if tree is not None:
-                raise ValueError("a tree forward needs the engine's preallocated cache and no other arguments")
+            if tree is not None or aux_layers:
+                raise ValueError("a tree forward or hidden states need the engine's preallocated cache and no other "
+                                 "arguments (engine.features runs Hugging Face's forward for the others)")
             return forward_with_cache(self.hf, input_ids, cache, use_cache=use_cache, logits_to_keep=logits_to_keep,
                                       **kwargs)
+        aux = dict.fromkeys(aux_layers) if aux_layers else None  # layer -> its residual, filled by the layers
         if torch.is_grad_enabled():
             with torch.no_grad():
-                return self._lean(input_ids, cache, logits_to_keep, tree)
-        return self._lean(input_ids, cache, logits_to_keep, tree)
+                out = self._lean(input_ids, cache, logits_to_keep, tree, aux)
+        else:
+            out = self._lean(input_ids, cache, logits_to_keep, tree, aux)
+        if aux:
+            out.aux = torch.cat([aux[i] for i in sorted(aux)], dim=-1)
+        return out
 
     def _positions(self, start: int, k: int, x: torch.Tensor, tree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """cos, sin ``[k, D]`` and the attention mask ``[k, start + k]`` (None for one token) of the new rows."""
@@ -241,9 +220,10 @@ class LeanCausalLM(torch.nn.Module):
             mask = pos[None, :] <= pos[start:, None]  # [k, start + k]
         return cos[start:start + k], sin[start:start + k], mask  # [k, D], broadcast over [B, H, k, D]
 
-    def _lean(self, input_ids: torch.Tensor, cache: PreallocatedCache, logits_to_keep: int, tree=None) -> LeanOutput:
+    def _lean(self, input_ids: torch.Tensor, cache: PreallocatedCache, logits_to_keep: int, tree=None,
+              aux: dict | None = None) -> LeanOutput:
         runner = self.cuda_graph_runner
-        if runner is not None and getattr(cache, "runner", None) is runner:
+        if runner is not None and getattr(cache, "runner", None) is runner and aux is None:
             logits = runner.forward(input_ids, cache, logits_to_keep, tree)  # None: eager, on the graphs' cache
             if logits is not None:
                 return LeanOutput(logits=logits)
@@ -258,18 +238,20 @@ class LeanCausalLM(torch.nn.Module):
         fused = lean_kernels.kernels() if self.use_kernels and x.device.type == "cpu" and x.dtype == torch.float32 \
             else None
         if fused is not None:
-            h = self._fused_layers(fused, x, cache, packed, cos, sin, mask, causal, gqa)
+            h = self._fused_layers(fused, x, cache, packed, cos, sin, mask, causal, gqa, aux)
             if logits_to_keep:
                 h = h[:, -logits_to_keep:]
             if packed is not None:
                 return LeanOutput(logits=_packed_linear(h, packed[2], packed[3]))
             return LeanOutput(logits=F.linear(h, self._head, self._head_bias))
         if packed is not None:
-            x = self._packed_layers(x, cache, packed[1], cos, sin, mask, causal, gqa)
+            x = self._packed_layers(x, cache, packed[1], cos, sin, mask, causal, gqa, aux)
             if logits_to_keep:
                 x = x[:, -logits_to_keep:]
             return LeanOutput(logits=_packed_linear(_rms_norm(x, self._norm, eps), packed[2], packed[3]))
-        for layer, (ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, wg, bg, wu, bu, wd, bd) in zip(cache.layers, self._layers):
+        for i, (layer, (ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, wg, bg, wu, bu, wd, bd)) in \
+                enumerate(zip(cache.layers, self._layers)):
+            _keep(aux, i, x)
             h = _rms_norm(x, ln1, eps)
             q = _rotate(F.linear(h, wq, bq).view(batch, k, hq, d).transpose(1, 2), cos, sin)
             key = _rotate(F.linear(h, wk, bk).view(batch, k, hkv, d).transpose(1, 2), cos, sin)
@@ -278,6 +260,7 @@ class LeanCausalLM(torch.nn.Module):
             x = x + F.linear(self._attend(q, keys, values, mask, causal, gqa), wo, bo)
             h = _rms_norm(x, ln2, eps)
             x = x + F.linear(F.silu(F.linear(h, wg, bg)) * F.linear(h, wu, bu), wd, bd)
+        _keep(aux, len(self._layers), x)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         return LeanOutput(logits=F.linear(_rms_norm(x, self._norm, eps), self._head, self._head_bias))
@@ -296,7 +279,7 @@ class LeanCausalLM(torch.nn.Module):
         b, _, k, _ = q.shape
         return att.transpose(1, 2).reshape(b, k, hq * self.head_dim)
 
-    def _fused_layers(self, kern, x, cache, packed, cos, sin, mask, causal: bool, gqa: dict) -> torch.Tensor:
+    def _fused_layers(self, kern, x, cache, packed, cos, sin, mask, causal: bool, gqa: dict, aux=None) -> torch.Tensor:
         """The decoder layers with the fused CPU kernels (:mod:`lean_kernels`), on the packed weights
         when given, else the model's own; returns the final-normed hidden states (same function)."""
         batch, k, _ = x.shape
@@ -305,6 +288,7 @@ class LeanCausalLM(torch.nn.Module):
         delta = None
         for i, (layer, w) in enumerate(zip(cache.layers, self._layers)):
             h = kern.rms_norm(x, w[0], eps) if delta is None else kern.add_rms_norm(x, delta, w[0], eps)
+            _keep(aux, i, x)  # x is the residual after i layers once the previous layer's delta is added
             if packed is not None:
                 wqkv, bqkv, wo, bo, wgu, bgu, wd, bd = packed[1][i]
                 qkv = _packed_linear(h, wqkv, bqkv)
@@ -328,15 +312,16 @@ class LeanCausalLM(torch.nn.Module):
                 delta = _packed_linear(act, wd, bd)
             else:
                 delta = F.linear(kern.silu_mul(F.linear(h, wg, bg), F.linear(h, wu, bu)), wd, bd)
-        if delta is None:
-            return kern.rms_norm(x, self._norm, eps)
-        return kern.add_rms_norm(x, delta, self._norm, eps)
+        out = kern.rms_norm(x, self._norm, eps) if delta is None else kern.add_rms_norm(x, delta, self._norm, eps)
+        _keep(aux, len(self._layers), x)
+        return out
 
-    def _packed_layers(self, x, cache, packed, cos, sin, mask, causal: bool, gqa: dict) -> torch.Tensor:
+    def _packed_layers(self, x, cache, packed, cos, sin, mask, causal: bool, gqa: dict, aux=None) -> torch.Tensor:
         """The decoder layers of a multi-token forward on the packed weights (same function)."""
         batch, k, _ = x.shape
         hq, hkv, d, eps = self.num_heads, self.num_kv_heads, self.head_dim, self.eps
-        for layer, weights, (wqkv, bqkv, wo, bo, wgu, bgu, wd, bd) in zip(cache.layers, self._layers, packed):
+        for i, (layer, weights, (wqkv, bqkv, wo, bo, wgu, bgu, wd, bd)) in enumerate(zip(cache.layers, self._layers, packed)):
+            _keep(aux, i, x)
             h = _rms_norm(x, weights[0], eps)
             qkv = _packed_linear(h, wqkv, bqkv).view(batch, k, hq + 2 * hkv, d).transpose(1, 2)
             qk = _rotate(qkv[:, :hq + hkv], cos, sin)  # q and k rotate by the same positions: one call
@@ -345,6 +330,7 @@ class LeanCausalLM(torch.nn.Module):
             h = _rms_norm(x, weights[9], eps)
             gate, up = _packed_linear(h, wgu, bgu).chunk(2, dim=-1)
             x = x + _packed_linear(F.silu(gate) * up, wd, bd)
+        _keep(aux, len(self._layers), x)
         return x
 
 

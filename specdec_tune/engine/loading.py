@@ -8,6 +8,8 @@ from typing import Any
 import torch
 
 from specdec_tune.engine import lean_kernels, shapes
+from specdec_tune.engine.eagle_layout import is_eagle3_folder
+from specdec_tune.engine.eagle_io import load_head
 from specdec_tune.engine.lean import FORWARDS, LeanCausalLM, hf_model, lean_unsupported, wrap_forward
 from specdec_tune.engine.names import hub_unreachable, nearest_hint, one_line, resolve_source
 from specdec_tune.core.errors import InputError, ModelLoadError
@@ -36,7 +38,11 @@ class LoadedModel:
 
     @property
     def forward(self) -> str:
-        """Which forward the engine runs: ``lean`` or ``hf``."""
+        """Which forward the engine runs: ``lean``, ``hf``, or ``eagle3`` (an EAGLE-3 head's own, ``engine.eagle``)."""
+        from specdec_tune.engine.eagle import EagleHead
+
+        if isinstance(self.model, EagleHead):
+            return "eagle3"
         return "lean" if isinstance(self.model, LeanCausalLM) else "hf"
 
     @property
@@ -117,7 +123,9 @@ def load_model(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if forward not in FORWARDS:
+    # "eagle3" is the forward a profile records for an EAGLE-3 head (LoadedModel.forward); measure and tune
+    # load the run's drafts with the forwards it recorded.
+    if forward not in FORWARDS and forward != "eagle3":
         raise InputError(f"--forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
     if cuda_graphs not in GRAPH_MODES:
         raise InputError(f"--cuda-graphs must be one of {', '.join(GRAPH_MODES)}, got {cuda_graphs!r}")
@@ -126,6 +134,10 @@ def load_model(
     if cuda_graphs == "on" and (dev.type != "cuda" or forward == "hf"):
         raise InputError("--cuda-graphs on needs --device cuda and the lean forward (--forward auto or lean)")
     source = resolve_source(name)
+    if Path(source).is_dir() and is_eagle3_folder(source):
+        return _load_head(name, source, dev, dt)
+    if forward == "eagle3":
+        raise InputError(f"forward 'eagle3' is an EAGLE-3 head's own; {name!r} is not an EAGLE-3 head")
     if shapes.is_shape(source):  # a published shape with seeded random weights (engine.shapes)
         model, tokenizer = shapes.build_shape(source, dev, dt)
         return _loaded(name, source, model, tokenizer, dev, dt, forward, cuda_graphs)
@@ -141,6 +153,18 @@ def load_model(
     model.to(dev).eval()
     model.requires_grad_(False)
     return _loaded(name, source, model, tokenizer, dev, dt, forward, cuda_graphs)
+
+
+def _load_head(name: str, source: str, dev: torch.device, dt: torch.dtype) -> LoadedModel:
+    """An EAGLE-3 head (``engine.eagle_io``) with its folder's tokenizer when it has one (the servers use the
+    target's; ``check_compatible`` then compares vocabulary sizes)."""
+    from transformers import AutoTokenizer
+
+    head = load_head(source, dev, dt)
+    tokenizer = None
+    if any((Path(source) / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    return LoadedModel(name=name, source=source, model=head, tokenizer=tokenizer, device=dev, dtype=dt)
 
 
 def _loaded(name: str, source: str, model: torch.nn.Module, tokenizer: Any, dev: torch.device, dt: torch.dtype,
@@ -159,6 +183,12 @@ def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
     Raises:
         ModelLoadError: naming both models and the first token whose id differs.
     """
+    if draft.tokenizer is None:  # an EAGLE-3 head without tokenizer files reads the target's ids
+        size = int(draft.model.config.vocab_size)
+        if size != int(target.model.config.get_text_config(decoder=True).vocab_size):
+            raise ModelLoadError(f"draft {draft.name!r} predicts over {size} token ids, target {target.name!r} over "
+                                 f"{target.model.config.get_text_config(decoder=True).vocab_size}")
+        return
     tv, dv = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
     if tv == dv:
         return

@@ -71,8 +71,12 @@ def check_model_folder(path: Path) -> str:
         what = "is a file, not a model folder" if path.exists() else "does not exist"
         raise ModelLoadError(f"model path {str(path)!r} {what} ({valid})")
     has = lambda patterns: any(next(path.glob(p), None) is not None for p in patterns)  # noqa: E731
+    from specdec_tune.engine.eagle_layout import is_eagle3_folder
+
+    head = is_eagle3_folder(path)  # an EAGLE-3 head reads the target's tokenizer (the servers pass it)
     missing = [what for what, present in (("config.json", (path / "config.json").is_file()),
-                                          ("weights", has(_WEIGHTS)), ("a tokenizer", has(_TOKENIZER))) if not present]
+                                          ("weights", has(_WEIGHTS)), ("a tokenizer", head or has(_TOKENIZER)))
+               if not present]
     if missing:
         raise ModelLoadError(f"model folder {str(path)!r} is not a model: it lacks {' and '.join(missing)} ({valid})")
     return str(path)

@@ -18,8 +18,9 @@ import torch
 
 from specdec_tune.engine.decode import DecodeConfig, _check_prompt, _emit, _prefill
 from specdec_tune.engine.drafters import probs_from_logits
+from specdec_tune.engine.features import choose_target_forward
 from specdec_tune.engine.kvcache import PreallocatedCache
-from specdec_tune.engine.tree import TokenTree, compact, tree_forward, verify_rows
+from specdec_tune.engine.tree import TokenTree, compact, verify_rows
 from specdec_tune.engine.tree_draft import TreeDrafter
 from specdec_tune.engine.tree_verify import TreeVerdict, TreeVerifyFn, tree_greedy_accept, verify_tree_sampling
 from specdec_tune.engine.types import CycleStats, GenerationResult
@@ -56,8 +57,9 @@ def tree_speculative(
         raise ValueError("token trees run θ = 0 and the constant schedule")
     _check_prompt(prompt_ids)
     verifier = verifier or choose_tree_verifier(config)
+    forward = choose_target_forward(model, drafter)  # plain, or one that keeps a feature head's hidden states
     # The decode loop's prefill, with room for the largest tree instead of N tokens.
-    cache, tokens = _prefill(model, prompt_ids, config.room + max(0, drafter.spec.nodes(depth_max) - depth_max), cache)
+    cache, tokens = _prefill(forward, prompt_ids, config.room + max(0, drafter.spec.nodes(depth_max) - depth_max), cache)
     length = prompt_ids.shape[0]
     out: list[int] = []
     cycles: list[CycleStats] = []
@@ -69,13 +71,14 @@ def tree_speculative(
         start = length - 1
         positions, mask, ancestors = verify_rows(tree.shape, start, tokens.device)
         feed = torch.cat([tokens[start:length], tree.tokens])  # [n + 1]
-        logits = tree_forward(model, feed, cache, positions, mask)  # [n + 1, vocab]
+        logits = forward.tree(feed, cache, positions, mask)  # [n + 1, vocab]
         verdict, path_ids = verifier(tree, logits, ancestors, generator)
         acc = len(verdict.path)
         emitted, eos_hit = _emit(out, path_ids + [verdict.next_token], config.max_new_tokens, config.eos_token_id)
         if emitted:
             tokens[length:length + emitted] = torch.tensor((path_ids + [verdict.next_token])[:emitted], device=tokens.device)
         compact(cache, length, verdict.path)  # the root plus the accepted path, moved down to consecutive positions
+        forward.compact(length, verdict.path)  # and the hidden states a feature head reads, alike
         drafter.observe_path(verdict.path)
         length += emitted
         stats = CycleStats(drafted=tree.size, accepted=acc, emitted=emitted, confidences=(), outcomes=(),

@@ -55,6 +55,7 @@ class TreeDrafter:
         self.forwards = 0  # draft forwards run by the last proposal
         self._shapes: dict[int, TreeShape | None] = {}
         self._base = 0  # context length at the last proposal
+        self._parents: Sequence[int] = ()  # the current proposal's node -> parent (-1: the root)
         self._fed: dict[int, int] = {}  # node -> its row offset in the cache after the context
 
     def shape(self, depth: int) -> TreeShape | None:
@@ -80,11 +81,12 @@ class TreeDrafter:
         for v in nodes:
             self._fed[v] = order.index(v)
         offsets, tail = _feed_rows(tuple(nodes), tuple(parents), tuple(depths), tuple(order))
-        return self._forward_rows(torch.stack([tokens[v] for v in nodes]), offsets, tail)
+        return self._forward_rows(torch.stack([tokens[v] for v in nodes]), offsets, tail, nodes)
 
-    def _forward_rows(self, ids: torch.Tensor, offsets: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
-        """The draft's forward over ``ids`` at positions base + ``offsets``, attending to the context and
-        to the fed rows ``tail`` allows (``[k, fed]``)."""
+    def _forward_rows(self, ids: torch.Tensor, offsets: torch.Tensor, tail: torch.Tensor,
+                      nodes: Sequence[int] = ()) -> torch.Tensor:
+        """The draft's forward over ``ids`` (the nodes ``nodes``) at positions base + ``offsets``, attending to
+        the context and to the fed rows ``tail`` allows (``[k, fed]``)."""
         device = ids.device
         mask = torch.cat([torch.ones(ids.shape[0], self._base, dtype=torch.bool, device=device),
                           tail.to(device)], dim=1)
@@ -93,17 +95,23 @@ class TreeDrafter:
 
     def propose_tree(self, context: torch.Tensor, depth: int) -> TokenTree:
         """Draft a tree of at most ``depth`` levels after ``context`` (``[T]``)."""
-        self._base = context.shape[0]
         self._fed = {}
-        out = forward_with_cache(self.model, context[self.cache.get_seq_length():][None], self.cache, logits_to_keep=1)
+        root = self._root(context)
         self.forwards = 1
-        root = self._rows(out.logits[0, -1])
         shape = self.shape(depth)
         if shape is None:
             return self._propose_dynamic(root, depth)
         return self._propose_static(root, shape)
 
+    def _root(self, context: torch.Tensor) -> torch.Tensor:
+        """The root's row (the depth-1 children's distribution) after one forward over what the cache has
+        not seen; sets the base the tree's rows sit after (the context's length)."""
+        self._base = context.shape[0]
+        out = forward_with_cache(self.model, context[self.cache.get_seq_length():][None], self.cache, logits_to_keep=1)
+        return self._rows(out.logits[0, -1])
+
     def _propose_static(self, root: torch.Tensor, shape: TreeShape) -> TokenTree:
+        self._parents = shape.parents
         tokens: list[torch.Tensor] = []
         dist: list[torch.Tensor] = []  # [n] the row each node was drawn from
         rows = {-1: root}
@@ -113,7 +121,7 @@ class TreeDrafter:
             if d > 1:
                 for p in parents:
                     self._fed[p] = len(self._fed)
-                fed = self._forward_rows(torch.stack([tokens[p] for p in parents]), offsets, tail)
+                fed = self._forward_rows(torch.stack([tokens[p] for p in parents]), offsets, tail, parents)
                 rows.update({p: fed[j] for j, p in enumerate(parents)})
             for p in parents:
                 kids = shape.children[p + 1]
@@ -132,6 +140,7 @@ class TreeDrafter:
         tokens = list(top.indices.unbind(0))
         scores = top.values.tolist()
         parents, depths = [-1] * k, [1] * k
+        self._parents = parents  # grows with the pool (a feature head reads each fed node's parent)
         frontier = list(range(k))
         for step in range(1, steps):
             fed = self._feed(frontier, parents, tokens, depths)
@@ -215,3 +224,14 @@ def _ancestors(v: int, parents: Sequence[int]) -> list[int]:
         out.append(a)
         a = parents[a]
     return out
+
+
+def build_tree_drafter(model: torch.nn.Module, max_len: int, spec: TreeSpec, *, rank_accept: Sequence[float] = (),
+                       temperature: float = 0.0, generator: torch.Generator | None = None) -> TreeDrafter:
+    """A fresh tree drafter for one sequence: an EAGLE-3 head's (``engine.eagle_draft``) or a draft model's."""
+    from specdec_tune.engine.eagle import EagleHead
+
+    kind = TreeDrafter
+    if isinstance(model, EagleHead):
+        from specdec_tune.engine.eagle_draft import EagleTreeDrafter as kind
+    return kind(model, max_len, spec, rank_accept=rank_accept, temperature=temperature, generator=generator)

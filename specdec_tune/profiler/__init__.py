@@ -18,6 +18,7 @@ from specdec_tune.profiler.batch_measure import batches_of, measure_batches
 from specdec_tune.profiler.batch_runs import BatchClock, MeasuredBatch, decode_batch, measure_batch
 from specdec_tune.profiler.bench_batches import BatchBench, run_bench_batches
 from specdec_tune.profiler.bench import HF_METHODS, OURS, RATIOS, VLLM_METHODS, run_bench
+from specdec_tune.profiler.drafter_kinds import EAGLE3, drafter_kind
 from specdec_tune.profiler.clean import describe as describe_timed_regions
 from specdec_tune.profiler.measure import chosen_prompts, default_split, measure_configs
 from specdec_tune.profiler.measure_records import PLAIN, Measurement, MeasureSpec
@@ -36,7 +37,7 @@ __all__ = [
     "ServerConfig", "ServerGroup", "ServerMeasurement", "StageLog", "VllmError", "chosen_prompts", "default_split",
     "environment_fingerprint", "measure_arms", "measure_arms_vllm", "measure_configs", "measure_on_server",
     "model_identity", "model_source", "require_vllm_python", "resolve_source", "resolve_workload", "run_profile",
-    "server_version",
+    "server_version", "EAGLE3", "drafter_kind",
     "DraftSpec", "Stopwatch", "VllmPair", "encode_prompt", "measure_prompt", "warm_up",
     "HF_METHODS", "OURS", "RATIOS", "VLLM_METHODS", "run_bench", "describe_timed_regions",
     "BatchBench", "run_bench_batches", "BatchClock", "MeasuredBatch", "batches_of", "decode_batch", "measure_batch", "measure_batches",

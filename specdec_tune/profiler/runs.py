@@ -19,7 +19,7 @@ from specdec_tune.engine import (
     build_drafter,
     speculative,
 )
-from specdec_tune.engine import StagedDrafter, TreeDrafter, tree_speculative
+from specdec_tune.engine import StagedDrafter, build_tree_drafter, tree_speculative
 from specdec_tune.core.errors import InputError
 from specdec_tune.core.latency import RequestLatency
 from specdec_tune.profiler.timers import Stopwatch, synchronize
@@ -130,9 +130,12 @@ def _tree_or_staged(target: LoadedModel, draft: DraftSpec, prompt_ids: torch.Ten
     max_len = prompt_ids.shape[0] + config.room + (spec.nodes(n) - n if spec else 0)
     t = config.temperature
     if spec is not None:
-        drafter = TreeDrafter(draft.model.model, max_len, spec, rank_accept=draft.rank_accept, temperature=t,
-                              generator=generator)
+        drafter = build_tree_drafter(draft.model.model, max_len, spec, rank_accept=draft.rank_accept, temperature=t,
+                                     generator=generator)
         return tree_speculative(target.model, drafter, prompt_ids, config, generator, on_cycle=on_cycle)
+    if draft.model.forward == "eagle3":
+        raise InputError(f"staged drafting speculates a draft model's own decoding; {draft.name!r} is an EAGLE-3 "
+                         "head, whose steps read the target's features (draft it alone, as a chain or a tree)")
     inner = draft.inner
     inner_drafter = build_drafter(inner.model.model if inner.model is not None else None,
                                   max_len=max_len + draft.inner_n + 2, temperature=t, generator=generator)

@@ -27,7 +27,7 @@ import torch
 from specdec_tune.db import Database, DraftRecord, TimingRow, add_acceptance, add_measured_run, add_telemetry
 from specdec_tune.db import add_timing_samples, create_run, finish_run, get_or_create_hardware
 from specdec_tune.db import add_bias_front, add_teacher_forced, get_or_create_model, get_or_create_workload
-from specdec_tune.db import update_run_settings
+from specdec_tune.db import TreeTraceRecord, add_tree_traces, update_run_settings
 from specdec_tune.engine import DecodeConfig, check_compatible, graph_counters, load_model, resolve_source
 from specdec_tune.engine import load_workload
 from specdec_tune.core.errors import InputError
@@ -35,6 +35,7 @@ from specdec_tune.profiler import acceptance as acc
 from specdec_tune.profiler import microbench as mb
 from specdec_tune.profiler.clean import TimedRegions
 from specdec_tune.profiler.describe import hardware_info, model_info, workload_info
+from specdec_tune.profiler.head_profile import is_head, rollout_rows, teacher_view
 from specdec_tune.profiler.lossy_front import measured_front, teacher_forced_front
 from specdec_tune.profiler.decode_passes import decode_passes, first_cycles, hook_tax, threshold_cycles
 from specdec_tune.profiler.overhead import in_loop_medians
@@ -310,12 +311,18 @@ class ProfileSession:
         name = spec.name
         tf = None
         if spec.model is not None:
-            tf = acc.teacher_forced(self.target.model, spec.model.model, self._outputs, s.temperature or 1.0)
+            tf = acc.teacher_forced(self.target.model, teacher_view(self.target, spec.model), self._outputs,
+                                    s.temperature or 1.0)
         traces = self._greedy[name]
         summary = acc.summarize([c for t in traces for c in t.cycles], s.n_max)
         # The in-loop forward times calibrate the micro-benchmarks (tuner.model); the continuations let the
-        # greedy simulation follow a roll-out past a fully accepted cycle.
-        continuations = None if spec.model is None else acc.bonus_continuations(spec.model.model, traces, self.ids)
+        # greedy simulation follow a roll-out past a fully accepted cycle (a head's roll-outs start at
+        # every output position instead: profiler.head_profile).
+        continuations = None if spec.model is None or is_head(spec.model) else \
+            acc.bonus_continuations(spec.model.model, traces, self.ids)
+        if is_head(spec.model):
+            rows = rollout_rows(self.target.model, spec.model.model, self._outputs, [len(i) for i in self.ids], s.n_max)
+            add_tree_traces(self.db, self.run_id, name, [TreeTraceRecord("rollouts", i, 0.0, d) for i, d in enumerate(rows)])
         teacher = dict(teacher_forced_tokens=tf.tokens if tf else None,
                        greedy_agreement=tf.greedy_agreement if tf else None, one_minus_tv=tf.one_minus_tv if tf else None)
         add_acceptance(self.db, self.run_id, draft=name, mode="greedy", temperature=0.0, num_speculative=s.n_max,
@@ -346,8 +353,8 @@ class ProfileSession:
         s, name = self.settings, spec.name
         seqs = [torch.cat([ids, torch.tensor(t.result.token_ids, dtype=ids.dtype, device=ids.device)])
                 for ids, t in zip(self.ids, self._sampled[name])]
-        tf = teacher_forced_front(self.target.model, spec.model.model, seqs, [len(i) for i in self.ids], s.temperature,
-                                  name)
+        tf = teacher_forced_front(self.target.model, teacher_view(self.target, spec.model), seqs,
+                                  [len(i) for i in self.ids], s.temperature, name)
         add_teacher_forced(self.db, self.run_id, tf.rows)
         front = tf.front
         if s.front_prompts:

@@ -30,9 +30,10 @@ from typing import Any
 import torch
 
 from specdec_tune.db import TreeTraceRecord, add_timing_samples, add_tree_traces
-from specdec_tune.engine import DecodeConfig, ModelDrafter, NgramDrafter, StagedDrafter, TreeDrafter, probs_from_logits
-from specdec_tune.engine import speculative, tree_speculative
+from specdec_tune.engine import DecodeConfig, ModelDrafter, NgramDrafter, StagedDrafter, build_tree_drafter
+from specdec_tune.engine import probs_from_logits, speculative, tree_speculative
 from specdec_tune.profiler import microbench as mb
+from specdec_tune.profiler.head_profile import is_head, teacher_view
 from specdec_tune.profiler.overhead import ForwardRecorder
 from specdec_tune.profiler.runs import DraftSpec
 from specdec_tune.core.trees import parse_tree
@@ -141,8 +142,8 @@ def overhead_pass(target: torch.nn.Module, draft: torch.nn.Module, prompts: Sequ
                 spec = parse_tree(text)
                 config = DecodeConfig(max_new_tokens=max_new_tokens, num_speculative_tokens=depth, eos_token_id=eos,
                                       temperature=temperature)
-                drafter = TreeDrafter(draft, ids.shape[0] + max_new_tokens + spec.nodes(depth) + 2, spec,
-                                      rank_accept=rank_accept, temperature=temperature, generator=gen)
+                drafter = build_tree_drafter(draft, ids.shape[0] + max_new_tokens + spec.nodes(depth) + 2, spec,
+                                             rank_accept=rank_accept, temperature=temperature, generator=gen)
                 recorder.begin()
                 tree_speculative(target, drafter, ids, config, gen, on_cycle=recorder.on_cycle)
                 timeline = recorder.finish()
@@ -178,9 +179,12 @@ def _rank_accept(rows: Sequence[TreeTraceRecord]) -> tuple[float, ...]:
 
 
 def _inners(drafts: Sequence[DraftSpec], spec: DraftSpec) -> list[DraftSpec]:
-    """Inner drafters for ``spec``: n-gram lookup and every model draft of the run smaller than it."""
+    """Inner drafters for ``spec``: n-gram lookup and every model draft of the run smaller than it (none for
+    an EAGLE-3 head, whose steps read features no inner drafter has; nor is a head an inner drafter)."""
+    if is_head(spec.model):
+        return []
     size = spec.model.num_parameters
-    smaller = [d for d in drafts if d.model is not None and d.model.num_parameters < size]
+    smaller = [d for d in drafts if d.model is not None and not is_head(d.model) and d.model.num_parameters < size]
     return [DraftSpec("ngram"), *smaller]
 
 
@@ -202,13 +206,14 @@ def tree_passes(session) -> None:
     prompt_lens = [int(i.shape[0]) for i in session.ids]
     for spec in models:
         name, model = spec.model.name, spec.model.model
-        rows = [TreeTraceRecord("ranks", i, 0.0, d) for i, d in enumerate(rank_rows(model, session._outputs, prompt_lens))]
+        view = teacher_view(session.target, spec.model)  # a head's first step at every position
+        rows = [TreeTraceRecord("ranks", i, 0.0, d) for i, d in enumerate(rank_rows(view, session._outputs, prompt_lens))]
         sampled = session._sampled.get(spec.name) or []
         if s.temperature > 0 and sampled:
             seqs = [torch.cat([ids, torch.tensor(t.result.token_ids, dtype=ids.dtype, device=ids.device)])
                     for ids, t in zip(session.ids, sampled)]
             rows += [TreeTraceRecord("siblings", i, s.temperature, d)
-                     for i, d in enumerate(sibling_rows(session.target.model, model, seqs, prompt_lens, s.temperature))]
+                     for i, d in enumerate(sibling_rows(session.target.model, view, seqs, prompt_lens, s.temperature))]
         temps = (0.0, s.temperature) if s.temperature > 0 else (0.0,)
         for t in temps:  # greedy, and the profile's sampling temperature: their verdicts cost differently
             docs = overhead_pass(session.target.model, model, session.ids[:min(few, OVERHEAD_PROMPTS)],

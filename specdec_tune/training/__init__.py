@@ -10,6 +10,6 @@ The names below are its face, what ``specdec-tune zoo`` uses (the ``faces-traini
 from __future__ import annotations
 
 from specdec_tune.training.assess import forward_samples
-from specdec_tune.training.recipe import reassess, refine, run_recipe
+from specdec_tune.training.recipe import reassess, refine, run_recipe, train_eagle
 
-__all__ = ["forward_samples", "reassess", "refine", "run_recipe"]
+__all__ = ["forward_samples", "reassess", "refine", "run_recipe", "train_eagle"]

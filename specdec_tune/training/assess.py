@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
-from specdec_tune.engine import forward_with_cache, make_cache, wrap_forward
+from specdec_tune.engine import EagleHead, forward_with_cache, load_head, make_cache, wrap_forward
 from specdec_tune.profiler import Stopwatch
 from specdec_tune.training import card
 from specdec_tune.training.corpus import stdlib_root
@@ -42,7 +42,10 @@ def forward_samples(model: PreTrainedModel, new_tokens: int, *, repeats: int, wa
     """
     gen = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
-    if lean:
+    if isinstance(model, EagleHead):  # a head has one forward, on the engine's cache (its features: zeros)
+        cache = make_cache(model, context + new_tokens)
+        kwargs = {"logits_to_keep": new_tokens}
+    elif lean:
         model = wrap_forward(model, "lean")
         cache = make_cache(model, context + new_tokens)
         kwargs = {"logits_to_keep": new_tokens}
@@ -84,7 +87,8 @@ def measure_latency(models: dict[str, PreTrainedModel], *, repeats: int, threads
     return {name: {str(k): _summary(v) for k, v in by_k.items()} for name, by_k in samples.items()}
 
 
-def assess_zoo(out_dir: Path, manifest: dict, *, repeats: int, log: Callable[[str], None] = print) -> dict:
+def assess_zoo(out_dir: Path, manifest: dict, *, repeats: int, log: Callable[[str], None] = print,
+               only: set[str] | None = None) -> dict:
     """Measure quality and latency of a built zoo; write ``zoo.json`` and ``MODEL_CARD.md``.
 
     Args:
@@ -93,6 +97,8 @@ def assess_zoo(out_dir: Path, manifest: dict, *, repeats: int, log: Callable[[st
             workloads and one entry per model (name, role, path, shape, training report).
         repeats: timed forwards per model, token count and thread setting.
         log: where progress lines go.
+        only: measure these models alone (timed interleaved with the target), keeping every other entry's
+            stored numbers and the stored timing conditions: a stage that adds one model to a built zoo.
 
     Returns:
         The completed manifest (also written to ``out_dir / "zoo.json"``).
@@ -106,14 +112,17 @@ def assess_zoo(out_dir: Path, manifest: dict, *, repeats: int, log: Callable[[st
     windows = eval_windows(encode_stream(tokenizer, held_texts), manifest["eval"]["seq"],
                            manifest["eval"]["max_windows"])
     manifest["eval"]["windows"] = int(windows.shape[0])
-    loaded = {m["name"]: AutoModelForCausalLM.from_pretrained(out_dir / m["path"], dtype=torch.float32).eval()
-              for m in entries}
+    measured = [m for m in entries if only is None or m["name"] in only]
+    timed = [m for m in entries if m is target_entry or m in measured]
+    loaded = {m["name"]: load_head(out_dir / m["path"]) if m["role"] == "eagle3" else
+              AutoModelForCausalLM.from_pretrained(out_dir / m["path"], dtype=torch.float32).eval() for m in timed}
     target = loaded[target_entry["name"]]
-    _measure_quality(entries, loaded, target, windows, token_byte_lengths(tokenizer), out_dir, log)
-    _measure_timing(entries, loaded, repeats, log)
-    manifest["timing"] = {"context_tokens": CONTEXT_TOKENS, "threads": 2, "also_measured_threads": 1,
-                          "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count() or 0,
-                          "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
+    _measure_quality(measured, loaded, target, windows, token_byte_lengths(tokenizer), out_dir, log)
+    _measure_timing(measured, loaded, repeats, log)
+    if only is None:
+        manifest["timing"] = {"context_tokens": CONTEXT_TOKENS, "threads": 2, "also_measured_threads": 1,
+                              "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count() or 0,
+                              "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
     (out_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     (out_dir / "MODEL_CARD.md").write_text(card.render(manifest), encoding="utf-8")
     for line in card.check_bars(manifest):
@@ -130,6 +139,13 @@ def _measure_quality(entries: list[dict], loaded: dict, target, windows: torch.T
     torch.set_num_threads(1)
     for m in entries:
         model = loaded[m["name"]]
+        if m["role"] == "eagle3":  # a head is no LM of the text: its agreement with the target is its quality
+            from specdec_tune.training.eagle_eval import head_quality
+
+            m["quality"] = head_quality(target, model, windows)
+            _describe_files(m, model, out_dir)
+            log(f"quality {m['name']}: {json.dumps(m['quality'])}")
+            continue
         loss = held_out_loss(model, windows, byte_len)
         quality: dict = {"held_out_nats_per_token": loss.nats_per_token, "held_out_nats_per_byte": loss.nats_per_byte,
                          "held_out_bits_per_byte": loss.bits_per_byte, "eval_tokens": loss.tokens}
@@ -137,17 +153,22 @@ def _measure_quality(entries: list[dict], loaded: dict, target, windows: torch.T
             agr = agreement(target, model, windows)
             quality.update(greedy_agreement=agr.greedy_agreement, sampling_acceptance=agr.sampling_acceptance)
         m["quality"] = quality
-        folder = out_dir / m["path"]
-        m["files"] = sorted(p.name for p in folder.iterdir())
-        m["weight_bytes"] = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-        m["parameters"] = sum(p.numel() for p in model.parameters())
+        _describe_files(m, model, out_dir)
         log(f"quality {m['name']}: {json.dumps(quality)}")
     torch.set_num_threads(threads_before)
 
 
+def _describe_files(m: dict, model, out_dir: Path) -> None:
+    """The entry's files, weight bytes and parameter count."""
+    folder = out_dir / m["path"]
+    m["files"] = sorted(p.name for p in folder.iterdir())
+    m["weight_bytes"] = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    m["parameters"] = sum(p.numel() for p in model.parameters())
+
+
 def _measure_timing(entries: list[dict], loaded: dict, repeats: int, log: Callable[[str], None]) -> None:
     """Per-forward latency of every model (HF at 2 and 1 threads, the lean engine at 1), into ``entries``."""
-    timing = {t: measure_latency(loaded, repeats=repeats, threads=t) for t in (2, 1)}
+    timing = {t: measure_latency(loaded, repeats=repeats, threads=t) for t in (2, 1)}  # the target is loaded too
     timing["engine"] = measure_latency(loaded, repeats=repeats, threads=1, lean=True)
     for m in entries:
         m["ms_per_forward_at_training_time"] = timing[2][m["name"]]

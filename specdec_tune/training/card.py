@@ -153,6 +153,25 @@ def _quality(manifest: dict) -> Iterator[str]:
     yield ""
     yield ("Greedy agreement is the per-token acceptance rate of greedy speculative decoding; 1 − E[TV] is the "
            "per-token acceptance rate of sampling (temperature 1) speculative decoding (Leviathan et al. 2023).\n")
+    yield from _heads(manifest)
+
+
+def _heads(manifest: dict) -> Iterator[str]:
+    """The EAGLE-3 heads' quality (``training.eagle_eval``), teacher-forced on the same windows."""
+    heads = [m for m in manifest["models"] if m["role"] == "eagle3"]
+    if not heads:
+        return
+    yield "| EAGLE-3 head | draft vocabulary | greedy agreement (step 1) | sampling acceptance (step 1) | agreement by chain step |"
+    yield "|---|---|---|---|---|"
+    for m in heads:
+        q, e = m["quality"], m.get("eagle3", {})
+        steps = " ".join(f"{a:.3f}" for a in q["agreement_by_step"])
+        yield (f"| `{m['name']}` | {e.get('draft_vocab_size', '?')} tokens, target layers {e.get('target_layers', '?')} "
+               f"| {q['greedy_agreement']:.3f} | {q['sampling_acceptance']:.3f} | {steps} |")
+    yield ""
+    yield ("A head reads the target's residual stream after a low, a middle and a high layer (EAGLE-3, arXiv "
+           "2503.01840) and is trained by the training-time test: step j of the chain reads the head's own output "
+           "of step j − 1. Step j's agreement is measured the same way, given the text's tokens before it.\n")
 
 
 def _latency(manifest: dict) -> Iterator[str]:

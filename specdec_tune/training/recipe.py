@@ -17,7 +17,7 @@ import os
 import platform
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -27,6 +27,7 @@ from transformers import GenerationConfig, LlamaForCausalLM
 from specdec_tune.training.assess import MANIFEST_NAME, assess_zoo
 from specdec_tune.training.build_workloads import WORKLOAD_KINDS, build_workload, write_jsonl
 from specdec_tune.training.corpus import Corpus, load_corpus
+from specdec_tune.training.eagle_stage import QUICK_EAGLE, EaglePlan, manifest_entry, save_bundled, train_head
 from specdec_tune.training.onpolicy import QUICK_PLAN, OnPolicyPlan, refine_drafts
 from specdec_tune.training.train import Shape, batches, build_model, encode_stream, init_draft_from_target, train_loop
 from specdec_tune.training.train import train_tokenizer
@@ -71,7 +72,8 @@ class RecipeConfig:
     timing_repeats: int
     models: tuple[ModelPlan, ...]
     stages: tuple[Stage, ...]
-    on_policy: OnPolicyPlan | None = None  # final stage: drafts refined on the target's own greedy text
+    on_policy: OnPolicyPlan | None = None  # drafts refined on the target's own greedy text
+    eagle: EaglePlan | None = None  # last stage: an EAGLE-3 head for the target (training.eagle_stage)
 
 
 FULL = RecipeConfig(
@@ -92,6 +94,7 @@ FULL = RecipeConfig(
               distill=True, ce_weight=0.1),
     ),
     on_policy=OnPolicyPlan(),
+    eagle=EaglePlan(),
 )
 QUICK = RecipeConfig(
     seq=128,
@@ -111,6 +114,7 @@ QUICK = RecipeConfig(
               distill=True, ce_weight=0.1),
     ),
     on_policy=QUICK_PLAN,
+    eagle=QUICK_EAGLE,
 )
 
 
@@ -180,10 +184,12 @@ def run_recipe(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
     trained, reports = _train_stages(cfg, tokenizer, train_stream, seed, out_dir, log)
     if cfg.on_policy is not None:
         _refine(trained, reports, target_name, tokenizer, train_stream, cfg.on_policy, seed, out_dir, log)
-    del trained
     entries = [{"name": p.name, "role": p.role, "path": f"models/{p.name}", "layers": p.shape.layers,
                 "hidden_size": p.shape.hidden, "intermediate_size": p.shape.intermediate, "heads": p.shape.heads,
                 "dtype": str(SAVE_DTYPE).replace("torch.", ""), "training": reports[p.name]} for p in cfg.models]
+    if cfg.eagle is not None:
+        entries.append(_eagle(trained[target_name], tokenizer, train_stream, cfg.eagle, seed, out_dir, log))
+    del trained
     manifest = {
         "version": 1,
         "quick": quick,
@@ -275,6 +281,40 @@ def _refine(trained: dict, reports: dict, target_name: str, tokenizer, stream, p
                                                    "and training windows, alternating" % plan.ce_weight}
         _save_model(model, tokenizer, out_dir / "models" / name)
         log(f"saved {name} (on-policy refined) to {out_dir / 'models' / name}")
+
+
+def _eagle(target: LlamaForCausalLM, tokenizer, stream: torch.Tensor, plan: EaglePlan, seed: int, out_dir: Path,
+           log: _Log) -> dict:
+    """Train the EAGLE-3 head, save it next to the models; its manifest entry."""
+    head, report = train_head(target, tokenizer, stream, plan, seed * 1000 + 11, log)
+    save_bundled(head, tokenizer, out_dir / "models" / plan.name)
+    log(f"saved {plan.name} to {out_dir / 'models' / plan.name}")
+    return manifest_entry(head, plan, report)
+
+
+def train_eagle(out_dir: Path, *, quick: bool = False, seed: int = 0, repeats: int = 30, **plan_fields) -> dict:
+    """Run only the EAGLE-3 stage on a built zoo (the head replaces any of the same name), then measure the
+    head (the other models keep their numbers). ``plan_fields`` override the plan's (``EaglePlan``:
+    ``max_steps``, ``sequences``, ``threads``); the manifest records the plan used. The bundled head was
+    made this way on the bundled zoo. Appends to ``train_log.txt``."""
+    out_dir = Path(out_dir)
+    manifest = _read_built(out_dir)
+    cfg = QUICK if quick else FULL
+    plan = replace(cfg.eagle or EaglePlan(), **{k: v for k, v in plan_fields.items() if v is not None})
+    log = _Log(out_dir / "train_log.txt", append=True)
+    _set_up_torch()
+    log(f"eagle3: EAGLE-3 stage on the built zoo in {out_dir} (seed {seed})")
+    from transformers import AutoTokenizer
+
+    target_entry = next(m for m in manifest["models"] if m["role"] == "target")
+    tokenizer = AutoTokenizer.from_pretrained(out_dir / target_entry["path"])
+    stream = encode_stream(tokenizer, [f.text for f in load_corpus(max_files=cfg.max_files).train])
+    target = LlamaForCausalLM.from_pretrained(out_dir / target_entry["path"], dtype=torch.float32)
+    entry = _eagle(target, tokenizer, stream, plan, seed, out_dir, log)
+    manifest["models"] = [m for m in manifest["models"] if m["name"] != plan.name] + [entry]
+    manifest = assess_zoo(out_dir, manifest, repeats=repeats, log=log, only={plan.name})
+    log("eagle3 done")
+    return manifest
 
 
 def refine(out_dir: Path, *, quick: bool = False, seed: int = 0, repeats: int = 30) -> dict:

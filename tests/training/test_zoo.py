@@ -10,12 +10,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from specdec_tune.cli import main
-from specdec_tune.engine import zoo
+from specdec_tune.engine import load_head, zoo
 from specdec_tune.engine.workloads import load_workload
 from specdec_tune.training import build_workloads, card, corpus, evaluate, train
 from specdec_tune.training.corpus import SourceFile
 
-REQUIRED = {"mini-target": "target", "mini-draft-1l": "draft", "mini-draft-2l": "draft"}
+REQUIRED = {"mini-target": "target", "mini-draft-1l": "draft", "mini-draft-2l": "draft", "mini-eagle3": "eagle3"}
+LMS = {name for name, role in REQUIRED.items() if role != "eagle3"}  # an EAGLE-3 head is no language model
 MB = 1_000_000
 
 
@@ -211,7 +212,7 @@ def test_weight_files_respect_size_limits(manifest: dict) -> None:
 @pytest.fixture(scope="module")
 def loaded(manifest: dict) -> dict:
     return {m.name: (AutoModelForCausalLM.from_pretrained(m.path, dtype=torch.float32).eval(),
-                     AutoTokenizer.from_pretrained(m.path)) for m in zoo.list_models()}
+                     AutoTokenizer.from_pretrained(m.path)) for m in zoo.list_models() if m.role != "eagle3"}
 
 
 def test_every_model_loads_and_shares_the_tokenizer(loaded: dict) -> None:
@@ -309,6 +310,22 @@ def test_zoo_list_json_without_measuring(manifest: dict, capsys) -> None:
     assert all(Path(r["path"]).is_dir() and r["parameters"] > 0 and r["layers"] >= 1 for r in rows)
 
 
+def test_zoo_list_shows_the_eagle3_head_with_its_size_and_measured_agreement(manifest: dict, capsys) -> None:
+    """The head (issue 39) is listed like a draft, with the build's greedy agreement beside every draft's."""
+    assert main(["zoo", "list", "--json", "--no-measure"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    built = {m["name"]: m for m in manifest["models"]}
+    head = rows["mini-eagle3"]
+    assert head["role"] == "eagle3" and head["layers"] == 1
+    assert head["parameters"] == sum(p.numel() for p in load_head(zoo.resolve_model("mini-eagle3")).parameters())
+    for name in ("mini-draft-1l", "mini-draft-2l", "mini-eagle3"):
+        assert rows[name]["greedy_agreement"] == built[name]["quality"]["greedy_agreement"] > 0.3, name
+    assert rows["mini-target"]["greedy_agreement"] is None
+    assert main(["zoo", "list", "--no-measure"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "mini-eagle3" in x)
+    assert f"{built['mini-eagle3']['quality']['greedy_agreement']:.3f}" in line
+
+
 def test_zoo_list_table_keeps_each_path_on_one_line_when_piped(manifest: dict, capsys, monkeypatch) -> None:
     monkeypatch.delenv("COLUMNS", raising=False)
     assert main(["zoo", "list", "--no-measure"]) == 0
@@ -390,9 +407,13 @@ def test_quick_recipe_end_to_end(tmp_path: Path) -> None:
     from specdec_tune.training.recipe import run_recipe
 
     manifest = run_recipe(tmp_path / "z", quick=True, seed=random.Random(0).randint(0, 9))
-    assert {m["name"] for m in manifest["models"]} >= set(REQUIRED)
+    assert {m["name"]: m["role"] for m in manifest["models"]} == REQUIRED
     for m in manifest["models"]:
         folder = tmp_path / "z" / m["path"]
+        if m["role"] == "eagle3":
+            assert load_head(folder).draft_vocab == m["eagle3"]["draft_vocab_size"]
+            assert 0.0 <= m["quality"]["greedy_agreement"] <= 1.0
+            continue
         assert AutoModelForCausalLM.from_pretrained(folder).config.num_hidden_layers == m["layers"]
         assert 0.0 <= m["quality"].get("greedy_agreement", 0.0) <= 1.0
     assert (tmp_path / "z" / "MODEL_CARD.md").read_text(encoding="utf-8").startswith("# specdec-tune mini model zoo")

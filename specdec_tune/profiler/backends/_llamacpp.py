@@ -158,11 +158,13 @@ def require_converter(purpose: str, *, source: Source | None = None) -> LlamaCpp
 
 
 def convert_to_gguf(model_dir: str | os.PathLike, out_file: str | os.PathLike, *, outtype: str = "f32",
-                    llama: LlamaCpp | None = None) -> Path:
+                    llama: LlamaCpp | None = None, target_model_dir: str | os.PathLike | None = None) -> Path:
     """Convert a local Hugging Face model folder to one GGUF file with llama.cpp's own converter.
 
     ``f32`` keeps every weight as the engine computes with it (the bundled models store float16,
-    exactly representable in float32), so llama.cpp and the engine decode the same network.
+    exactly representable in float32), so llama.cpp and the engine decode the same network. An EAGLE-3 head
+    names its target (``target_model_dir``): the converter reads the target's config and tokenizer
+    (``convert_hf_to_gguf.py --target-model-dir``, ``conversion/llama.py``).
 
     Raises:
         LlamacppError: the converter is missing and cannot be fetched, or it failed (its last error line).
@@ -176,6 +178,8 @@ def convert_to_gguf(model_dir: str | os.PathLike, out_file: str | os.PathLike, *
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(llama.pylib), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     cmd = [sys.executable, str(SHIM), str(llama.source), str(src), "--outtype", outtype, "--outfile", str(tmp)]
+    if target_model_dir is not None:
+        cmd += ["--target-model-dir", str(target_model_dir)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=CONVERT_TIMEOUT_S)
     if proc.returncode != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
@@ -211,7 +215,8 @@ def _model_digest(model_dir: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def gguf_for_model(model_dir: str | os.PathLike, *, outtype: str = "f32", llama: LlamaCpp | None = None) -> Path:
+def gguf_for_model(model_dir: str | os.PathLike, *, outtype: str = "f32", llama: LlamaCpp | None = None,
+                   target_model_dir: str | os.PathLike | None = None) -> Path:
     """The GGUF file of a local model folder: converted once per content and kept in the llama.cpp
     home (``gguf/<name>-<content sha256>-<outtype>.gguf``), so exporting again copies, not converts.
 
@@ -219,28 +224,31 @@ def gguf_for_model(model_dir: str | os.PathLike, *, outtype: str = "f32", llama:
         LlamacppError: the converter is missing and cannot be fetched, or it failed.
     """
     llama = llama or require_converter("converting a model to GGUF")
-    cached = _cache_file(llama.home, Path(model_dir), outtype)
+    cached = _cache_file(llama.home, Path(model_dir), outtype, target_model_dir)
     if not cached.is_file():
         start = time.monotonic()
         print(f"llama.cpp converter: converting {model_dir} to GGUF ({outtype}) ...", file=sys.stderr, flush=True)
-        convert_to_gguf(model_dir, cached, outtype=outtype, llama=llama)
+        convert_to_gguf(model_dir, cached, outtype=outtype, llama=llama, target_model_dir=target_model_dir)
         print(f"llama.cpp converter: {cached.name} ({cached.stat().st_size / 2**20:.1f} MiB) in "
               f"{time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
     return cached
 
 
-def cached_gguf(model_dir: str | os.PathLike, *, outtype: str = "f32") -> Path | None:
+def cached_gguf(model_dir: str | os.PathLike, *, outtype: str = "f32",
+                target_model_dir: str | os.PathLike | None = None) -> Path | None:
     """The GGUF file :func:`gguf_for_model` made of this model folder (same content), or ``None`` when it
     was not converted on this machine; converts and fetches nothing."""
     src = Path(model_dir)
     if not any((llamacpp_home() / "gguf").glob(f"{glob.escape(src.name)}-*-{outtype}.gguf")):
         return None  # nothing of that name: spare reading the model's files for their digest
-    cached = _cache_file(llamacpp_home(), src, outtype)
+    cached = _cache_file(llamacpp_home(), src, outtype, target_model_dir)
     return cached if cached.is_file() else None
 
 
-def _cache_file(home: Path, src: Path, outtype: str) -> Path:
-    return home / "gguf" / f"{src.name}-{_model_digest(src)}-{outtype}.gguf"
+def _cache_file(home: Path, src: Path, outtype: str, target: str | os.PathLike | None = None) -> Path:
+    # A head's GGUF holds its target's tokenizer and layer count too: both contents name the file.
+    digest = _model_digest(src) + (f"-{_model_digest(Path(target))[:8]}" if target is not None else "")
+    return home / "gguf" / f"{src.name}-{digest}-{outtype}.gguf"
 
 
 def copy_gguf(cached: Path, dest: Path) -> Path:

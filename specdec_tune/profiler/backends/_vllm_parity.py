@@ -90,7 +90,7 @@ def engine_like_vllm(target: torch.nn.Module, drafter, prompt_ids: torch.Tensor,
 
     Args:
         target: the target model (our engine's forward).
-        drafter: a fresh drafter (``ModelDrafter``, ``NgramDrafter`` or :class:`VllmNgramDrafter`).
+        drafter: a fresh drafter (``ModelDrafter``, ``EagleDrafter``, ``NgramDrafter`` or :class:`VllmNgramDrafter`).
         prompt_ids: ``[T]`` prompt ids.
         max_tokens: vLLM's ``max_tokens``.
         num_speculative_tokens: K at the batch size measured (the schedule's K for B = 1).
@@ -114,8 +114,14 @@ def engine_like_vllm(target: torch.nn.Module, drafter, prompt_ids: torch.Tensor,
 
 
 def fresh_drafter(kind: str, draft_model: torch.nn.Module | None, max_len: int, ngram_min: int = 1, ngram_max: int = 3):
-    """A new drafter for one prompt: ``"model"`` (our ModelDrafter), ``"ngram"`` (ours: latest
-    occurrence) or ``"vllm-ngram"`` (vLLM's rule: earliest occurrence)."""
+    """A new drafter for one prompt: ``"model"`` (our ModelDrafter; an EAGLE-3 head's chain drafter when
+    ``draft_model`` is a head, ``engine.eagle_draft``), ``"ngram"`` (ours: latest occurrence) or
+    ``"vllm-ngram"`` (vLLM's rule: earliest occurrence).
+
+    An EAGLE-3 head needs no rule of its own: vLLM's proposer (``v1/spec_decode/llm_base_proposer.py``,
+    ``draft_sample_method`` "greedy") drafts the head's argmax chain from the target's hidden states of the
+    tokens just verified, which is our chain drafter; reasons 1 and 2 above hold for it as for a draft
+    model (``tests/tuner/servers/test_eagle_vllm.py`` checks the counts are equal)."""
     if kind == "model":
         return build_drafter(draft_model, max_len=max_len)
     if kind == "ngram":

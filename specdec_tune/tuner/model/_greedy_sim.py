@@ -73,6 +73,21 @@ def position_traces(
     return tuple(out)
 
 
+def rollout_traces(rollouts: dict, cap: int = 64) -> tuple[PositionTrace, ...]:
+    """An EAGLE-3 head's greedy roll-outs from every output position of one prompt, recorded as they start
+    there (``profiler.head_profile``: ``ranks[s][j]``, the target token's rank at chain step s + 1 from
+    position j, and ``top[s][j]``, the head's highest probabilities there). The head's guess depends on
+    where its chain began, so suffixes of cycles (:func:`position_traces`) would not do."""
+    ranks, top = rollouts["ranks"], rollouts["top"]
+    out = []
+    for j in range(len(ranks[0]) if ranks else 0):
+        steps = [s for s in range(min(len(ranks), cap)) if j < len(ranks[s])]
+        confs = tuple(float(top[s][j][0]) for s in steps)
+        accepted = next((i for i, s in enumerate(steps) if ranks[s][j] != 0), len(steps))
+        out.append(PositionTrace(confs, accepted, accepted < len(confs)))
+    return tuple(out)
+
+
 class SimulatedCycle(NamedTuple):
     """One cycle of the replayed loop: the draft length proposed (L), the tokens accepted (A) and the
     draft forwards run (F: L, or L + 1 when the θ rule 'before' computed one more position to stop)."""

@@ -7,7 +7,7 @@ import statistics
 from specdec_tune.db import Database, get_run, list_measured, load_acceptance, load_bias_front, load_teacher_forced
 from specdec_tune.db import load_timings, load_traces, load_tree_traces
 from specdec_tune.tuner.model._profile import PromptInfo, RunProfile, build_run_profile, resolve_draft
-from specdec_tune.tuner.model._tree import StagedStats, TreeData
+from specdec_tune.tuner.model._tree import Rollout, StagedStats, TreeData
 
 
 def greedy_prompts(db: Database, run_id: int) -> list[PromptInfo] | None:
@@ -45,9 +45,11 @@ def load_run_profile(
             tv = rec.one_minus_tv
             forced = load_teacher_forced(db, run_id, name, temperature=rec.temperature)
         front = load_bias_front(db, run_id, name)
+    rollouts = [r.data for r in load_tree_traces(db, run_id, name, kind="rollouts")] if name else []
     return build_run_profile(run, name, timings, traces, prompts=greedy_prompts(db, run_id),
                              sampling_traces=sampling, sampling_acceptance=tv, continuations=continuations,
-                             in_loop=in_loop, calibrate=calibrate, teacher_forced=forced, bias_front=front)
+                             in_loop=in_loop, calibrate=calibrate, teacher_forced=forced, bias_front=front,
+                             rollouts=rollouts or None)
 
 
 def load_tree_data(db: Database, run_id: int, draft: str, mode: str = "greedy") -> TreeData | None:
@@ -55,11 +57,11 @@ def load_tree_data(db: Database, run_id: int, draft: str, mode: str = "greedy") 
     ``None`` when the run has none. The timed passes (engine time, staged rates) are the ``mode``'s
     where the profile ran them in that mode, else the greedy ones."""
     rows = load_tree_traces(db, run_id, draft)
-    if not rows:
+    if not any(r.kind != "rollouts" for r in rows):  # a head's roll-outs alone are no tree data (profile --trees)
         return None
     sampled = mode == "sampling" and any(r.temperature > 0 for r in rows if r.kind in ("overhead", "staged"))
     rows = [r for r in rows if r.kind not in ("overhead", "staged") or (r.temperature > 0) == sampled]
-    by_prompt: dict[str, dict[int, dict]] = {"ranks": {}, "siblings": {}, "overhead": {}}
+    by_prompt: dict[str, dict[int, dict]] = {"ranks": {}, "siblings": {}, "overhead": {}, "rollouts": {}}
     staged: dict[str, list[dict]] = {}
     for r in rows:
         if r.kind == "staged":
@@ -85,6 +87,7 @@ def load_tree_data(db: Database, run_id: int, draft: str, mode: str = "greedy") 
                        for d, n, f, t in doc["cycles"]),
         width_in_loop_s=_medians((int(k), float(t)) for doc in by_prompt["overhead"].values()
                                  for k, t in doc.get("draft_widths", ())),
+        rollouts=tuple(Rollout(doc["ranks"], doc["top"]) for _, doc in sorted(by_prompt["rollouts"].items())),
     )
 
 

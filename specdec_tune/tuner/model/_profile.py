@@ -29,7 +29,7 @@ from specdec_tune.tuner.model._loop_costs import first_cycle_residuals, first_cy
 from specdec_tune.tuner.model._loop_costs import threshold_forward_s
 from specdec_tune.tuner.model._timings import Timings
 from specdec_tune.tuner.model._configs import NGRAM
-from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces
+from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, rollout_traces
 from specdec_tune.tuner.model._replay import replay_reach
 from specdec_tune.tuner.model._throughput import ModelProfile, Trace
 
@@ -272,6 +272,7 @@ def build_run_profile(
     calibrate: bool = True,
     teacher_forced: Sequence[TeacherForcedRow] = (),
     bias_front: Sequence[BiasFrontRow] = (),
+    rollouts: Sequence[dict] | None = None,
 ) -> RunProfile:
     """Assemble a :class:`RunProfile` from a run's stored rows (pure; no database access).
 
@@ -290,6 +291,8 @@ def build_run_profile(
         calibrate: scale the B = 1 micro-benchmarks to the in-loop forwards (:func:`calibrate_b1`).
         teacher_forced: target-sampled generations with 1 - TV and the draft's top probability per position.
         bias_front: the lossy acceptance front the profile stored.
+        rollouts: an EAGLE-3 head's roll-outs from every output position, per prompt (they replace the
+            cycles' suffixes in the greedy simulation: :func:`rollout_traces`).
 
     Raises:
         InputError: the run lacks the target's verify timings (profile it again).
@@ -301,7 +304,8 @@ def build_run_profile(
     model = _model_profile(run, draft, times, plain, traces, sampling_traces, sampling_acceptance, teacher_forced)
     positions = None  # synthetic acceptance is drawn per cycle, not per output position: no exact simulation
     if draft is not None and draft != NGRAM and traces and model.synthetic_acceptance is None:
-        positions = _positions(traces, continuations, len(infos), run.settings.n_max)
+        positions = _positions(traces, continuations, len(infos), run.settings.n_max) if not rollouts else \
+            tuple(rollout_traces(r, run.settings.n_max) for r in rollouts)
     plain_tax, tax, checked_tax = times.hook_tax_s
     rp = RunProfile(
         run=run, draft=draft, model=model, draft_step_raw_s=raw, first_draft_step_s=times.first_draft_step_s,

@@ -67,6 +67,8 @@ class TreeData:
         overhead: per timed tree cycle (dynamic tree?, nodes, draft forwards, engine seconds outside
             the forwards), from the profile's tree overhead pass.
         width_in_loop_s: median in-loop draft forward over w tree nodes (the same pass), w -> seconds.
+        rollouts: an EAGLE-3 head's roll-outs per prompt (:class:`Rollout`), which the greedy simulation
+            reads instead of ``ranks``; empty for a draft model.
     """
 
     ranks: tuple[tuple[int, ...], ...]
@@ -77,6 +79,7 @@ class TreeData:
     staged: dict[str, StagedStats] = field(default_factory=dict)
     overhead: tuple[tuple[int, int, int, float], ...] = ()
     width_in_loop_s: dict[int, float] = field(default_factory=dict)
+    rollouts: tuple[Rollout, ...] = ()
 
     @property
     def rank_accept(self) -> tuple[float, ...]:
@@ -105,12 +108,36 @@ def shape_for(spec: TreeSpec, depth: int, rank_accept: Sequence[float]) -> TreeS
     return spec.shape(depth, rank_accept)
 
 
-def _static_depth(shape: TreeShape, ranks: Sequence[int], j: int) -> int:
+class Rollout(NamedTuple):
+    """An EAGLE-3 head's data for one prompt (``profiler.head_profile``): ``ranks[d][j]`` and ``top[d][j]`` at
+    depth d + 1 of a tree (a chain step) started at output position j. A head's node at depth d is drafted
+    by step d of its chain, whose guess depends on where the chain began; a draft model's depends on the
+    text alone (``ranks[j + d]``)."""
+
+    ranks: Sequence[Sequence[int]]
+    top: Sequence[Sequence[Sequence[float]]]
+
+
+def _rank(ranks: Sequence[int] | Rollout, j: int, d: int) -> int | None:
+    """The target token's rank at depth d + 1 of a tree started at output position j (None: past the data)."""
+    if isinstance(ranks, Rollout):
+        return ranks.ranks[d][j] if d < len(ranks.ranks) and j < len(ranks.ranks[d]) else None
+    return ranks[j + d] if j + d < len(ranks) else None
+
+
+def _top(ranks: Sequence[int] | Rollout, top: Sequence[Sequence[float]], j: int, d: int, k: int) -> list[float]:
+    """The draft's k best probabilities at depth d + 1 from position j (zeros past the data)."""
+    if isinstance(ranks, Rollout):
+        rows = ranks.top[d] if d < len(ranks.top) else ()
+        return list(rows[j][:k]) if j < len(rows) else [0.0] * k
+    return list(top[j + d][:k]) if j + d < len(top) else [0.0] * k
+
+
+def _static_depth(shape: TreeShape, ranks: Sequence[int] | Rollout, j: int) -> int:
     """Accepted nodes of ``shape`` from output position j: follow the child of the recorded rank."""
     node, acc = 0, 0  # node: row in shape.children (0 = the root)
-    while j + acc < len(ranks):
+    while (r := _rank(ranks, j, acc)) is not None:
         kids = shape.children[node]
-        r = ranks[j + acc]
         if r >= len(kids):
             break
         node = kids[r] + 1
@@ -118,23 +145,25 @@ def _static_depth(shape: TreeShape, ranks: Sequence[int], j: int) -> int:
     return acc
 
 
-def _dynamic_depth(spec: TreeSpec, steps: int, ranks: Sequence[int], top: Sequence[Sequence[float]], j: int) -> tuple[int, int]:
+def _dynamic_depth(spec: TreeSpec, steps: int, ranks: Sequence[int] | Rollout, top: Sequence[Sequence[float]],
+                   j: int) -> tuple[int, int]:
     """SGLang's EAGLE-2 tree from position j with the on-path distributions as the proxy of every node
     at their depth; (accepted nodes, nodes verified)."""
     k, budget = spec.width, spec.budget
     # pool entries: (score, depth, on_path); the on-path child of an on-path node has the recorded rank
-    probs = lambda d: list(top[j + d - 1][:k]) if j + d - 1 < len(top) else [0.0] * k  # noqa: E731
-    pool = [(p, 1, r == ranks[j]) for r, p in enumerate(probs(1))] if j < len(ranks) else []
+    probs = lambda d: _top(ranks, top, j, d - 1, k)  # noqa: E731
+    first = _rank(ranks, j, 0)
+    pool = [(p, 1, r == first) for r, p in enumerate(probs(1))] if first is not None else []
     frontier = list(range(len(pool)))
     for step in range(1, steps):
         frontier = sorted(frontier, key=lambda i: -pool[i][0])[:k]
         new = []
         for v in frontier:
             score, depth, on = pool[v]
-            pos = j + depth
+            here = _rank(ranks, j, depth)
             for r, p in enumerate(probs(depth + 1)):
                 new.append(len(pool))
-                pool.append((score * p, depth + 1, on and pos < len(ranks) and r == ranks[pos]))
+                pool.append((score * p, depth + 1, on and here is not None and r == here))
         frontier = new
     kept = sorted(range(len(pool)), key=lambda i: (-pool[i][0], i))[:budget]
     deepest = max((pool[i][1] for i in kept if pool[i][2]), default=0)
@@ -142,10 +171,11 @@ def _dynamic_depth(spec: TreeSpec, steps: int, ranks: Sequence[int], top: Sequen
 
 
 def simulate_tree(
-    ranks: Sequence[int], top: Sequence[Sequence[float]], new_tokens: int, max_new_tokens: int, depth: int,
+    ranks: Sequence[int] | Rollout, top: Sequence[Sequence[float]], new_tokens: int, max_new_tokens: int, depth: int,
     spec: TreeSpec, rank_accept: Sequence[float],
 ) -> list[TreeCycle]:
-    """Replay the tree loop over one prompt's greedy output (static shapes exact; dynamic: proxy)."""
+    """Replay the tree loop over one prompt's greedy output (static shapes exact; dynamic: proxy); ``ranks``
+    is a draft model's per-position ranks or an EAGLE-3 head's :class:`Rollout`."""
     out: list[TreeCycle] = []
     shapes: dict[int, TreeShape | None] = {}
     j = 0

@@ -133,7 +133,8 @@ def _greedy_tree(rp: RunProfile, data: TreeData, spec: TreeSpec, depth: int, spe
 
     def simulate(i: int) -> list[TreeCycle]:
         top = data.top[i] if i < len(data.top) else ()
-        return simulate_tree(data.ranks[i], top, rp.prompts[i].new_tokens, rp.max_new_tokens, depth, spec, a)
+        ranks = data.rollouts[i] if i < len(data.rollouts) else data.ranks[i]  # a head's: per chain step
+        return simulate_tree(ranks, top, rp.prompts[i].new_tokens, rp.max_new_tokens, depth, spec, a)
 
     source = "tree simulation" + (" (dynamic tree: proxy)" if spec.kind == "eagle" else "")
     dynamic = spec.kind == "eagle"

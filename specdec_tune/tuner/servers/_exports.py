@@ -28,6 +28,7 @@ from specdec_tune.core.errors import InputError
 from specdec_tune.core.trees import parse_tree
 from specdec_tune.tuner.model import Candidate, TuningResult
 from specdec_tune.tuner.servers import _schemas as sch
+from specdec_tune.tuner.servers._eagle import is_head, trtllm_tree_fields
 from specdec_tune.tuner.servers._gguf import gguf_sources
 from specdec_tune.tuner.servers._paths import DRAFT_VAR, TARGET_VAR, Var, file_paths, model_path
 from specdec_tune.tuner.servers._paths import options_script, relocated, script, spliced
@@ -117,7 +118,7 @@ def _vllm(result: TuningResult) -> Files:
                                           "plain decoding: no --speculative-config"))]
     _refuse("vllm", result)
     ranges = batch_ranges(result)
-    fields: dict = {"method": "ngram" if c.is_ngram else "draft_model",
+    fields: dict = {"method": "ngram" if c.is_ngram else "eagle3" if is_head(c) else "draft_model",
                     "num_speculative_tokens": max(n for _, _, n in ranges) if ranges else c.num_speculative_tokens}
     if c.is_ngram:
         fields.update(prompt_lookup_max=c.ngram_max, prompt_lookup_min=c.ngram_min)
@@ -150,7 +151,8 @@ def _sglang(result: TuningResult) -> Files:
         # A token tree (capability table: SGLang's EAGLE-2 tree, eagle:K:B) drafts K per step, verifies B nodes.
         tree = parse_tree(c.tree)
         k, nodes = (tree.width, tree.nodes(n)) if tree is not None else (1, n)
-        args = _validated(sch.SglangSpeculativeArgs, "sglang", speculative_algorithm="STANDALONE",
+        algorithm = "EAGLE3" if is_head(c) else "STANDALONE"  # one flag set (speculative_hook._handle_eagle_family)
+        args = _validated(sch.SglangSpeculativeArgs, "sglang", speculative_algorithm=algorithm,
                           speculative_draft_model_path=draft, speculative_num_steps=n, speculative_eagle_topk=k,
                           speculative_num_draft_tokens=nodes + 1)
     flags = args.flags()
@@ -184,6 +186,12 @@ def _trtllm(result: TuningResult) -> Files:
     if c.is_ngram:  # per-request pool, newest match: what the engine's prompt lookup does
         spec = dict(decoding_type="NGram", max_draft_len=max_draft, max_matching_ngram_size=c.ngram_max,
                     is_use_oldest=False, is_public_pool=False, **fields)
+    elif is_head(c):
+        if ranges and c.tree:
+            raise InputError("cannot export as trtllm: a draft_len_schedule with an EAGLE-3 tree was not read in "
+                             "TensorRT-LLM's source (export the chain, or no per-batch-size N)")
+        spec = dict(decoding_type="Eagle3", max_draft_len=max_draft, speculative_model=draft, **fields,
+                    **trtllm_tree_fields(c))
     else:
         spec = dict(decoding_type="Draft_Target", max_draft_len=max_draft, speculative_model=draft, **fields)
     opts = _validated(sch.TrtllmExtraOptions, "trtllm", speculative_config=spec).model_dump(exclude_none=True)
@@ -208,19 +216,22 @@ def _llamacpp(result: TuningResult) -> Files:
                 gguf_sources(target, None)]
     _refuse("llamacpp", result)
     n = c.num_speculative_tokens
+    head = is_head(c)
     if c.is_ngram:
         args = _validated(sch.LlamacppSpeculativeArgs, "llamacpp", spec_type="ngram-simple",
                           spec_ngram_simple_size_n=c.ngram_max, spec_ngram_simple_size_m=n)
         legacy: list[str] = []
     else:
         # n-min 0: llama.cpp clears drafts shorter than n-min; the engine verifies every draft.
-        args = _validated(sch.LlamacppSpeculativeArgs, "llamacpp", spec_type="draft-simple",
+        args = _validated(sch.LlamacppSpeculativeArgs, "llamacpp", spec_type="draft-eagle3" if head else "draft-simple",
                           spec_draft_model="draft.gguf", spec_draft_n_max=n, spec_draft_n_min=0,
                           spec_draft_p_min=c.threshold)
-        legacy = ["-md", "draft.gguf", "--draft-max", str(n), "--draft-min", "0", "--draft-p-min", f"{c.threshold:g}"]
+        # Builds before the --spec-* rename had no EAGLE-3 draft type: no legacy flags for a head.
+        legacy = [] if head else ["-md", "draft.gguf", "--draft-max", str(n), "--draft-min", "0", "--draft-p-min",
+                                  f"{c.threshold:g}"]
     flags = args.flags()
     files = [("llamacpp/flags.txt", "\n".join(flags) + "\n"),
-             ("llamacpp/launch.sh", _gguf_script(base + flags, version)), gguf_sources(target, draft)]
+             ("llamacpp/launch.sh", _gguf_script(base + flags, version)), gguf_sources(target, draft, head=head)]
     if legacy:
         files.append(("llamacpp/flags-before-spec-rename.txt", "\n".join(legacy) + "\n"))
     return files

@@ -24,10 +24,13 @@ SOURCES = "llamacpp/gguf_sources.json"
 OUTTYPE = "f32"
 
 
-def gguf_sources(target: str, draft: str | None) -> tuple[str, str]:
-    """``(path, text)`` of the sources file: GGUF name -> the model it is converted from."""
+def gguf_sources(target: str, draft: str | None, head: bool = False) -> tuple[str, str]:
+    """``(path, text)`` of the sources file: GGUF name -> the model it is converted from (an EAGLE-3 head also
+    names its target: llama.cpp's converter reads the target's config and tokenizer, ``--target-model-dir``)."""
     files = {"target.gguf": target, **({"draft.gguf": draft} if draft else {})}
     doc = {name: {"model": src, "outtype": OUTTYPE} for name, src in files.items()}
+    if draft and head:
+        doc["draft.gguf"]["target_model_dir"] = target
     return SOURCES, json.dumps(doc, indent=2) + "\n"
 
 
@@ -53,9 +56,10 @@ def convert_planned(files: list[tuple[str, str]], convert: bool = True) -> dict[
         if local is None:
             raise InputError(f"cannot write llamacpp/{name}: {entry['model']!r} is not a local model folder or a "
                              "cached hub id (llama.cpp's converter reads local files)")
+        target_dir = local_model_dir(entry["target_model_dir"]) if entry.get("target_model_dir") else None
         try:
-            found = gguf_for_model(local, outtype=entry["outtype"]) if convert else \
-                cached_gguf(local, outtype=entry["outtype"])
+            found = gguf_for_model(local, outtype=entry["outtype"], target_model_dir=target_dir) if convert else \
+                cached_gguf(local, outtype=entry["outtype"], target_model_dir=target_dir)
         except LlamacppError as exc:
             raise InputError(f"cannot write llamacpp/{name}: {exc}") from None
         if found is None:

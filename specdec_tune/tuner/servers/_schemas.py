@@ -20,7 +20,7 @@ class _Strict(BaseModel):
 class VllmSpeculativeConfig(_Strict):
     """The JSON passed as ``--speculative-config``."""
 
-    method: Literal["draft_model", "ngram"]
+    method: Literal["draft_model", "ngram", "eagle3"]
     num_speculative_tokens: int = Field(gt=0)
     model: str | None = None
     prompt_lookup_max: int | None = Field(default=None, ge=1)
@@ -29,8 +29,8 @@ class VllmSpeculativeConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> VllmSpeculativeConfig:
-        if self.method == "draft_model" and not self.model:
-            raise ValueError("method 'draft_model' needs 'model' (the draft model)")
+        if self.method in ("draft_model", "eagle3") and not self.model:
+            raise ValueError(f"method {self.method!r} needs 'model' (the draft model or EAGLE-3 head)")
         if self.method == "ngram":
             if self.model is not None:
                 raise ValueError("method 'ngram' takes no 'model'")
@@ -62,7 +62,7 @@ class VllmSpeculativeConfig(_Strict):
 class SglangSpeculativeArgs(_Strict):
     """The speculative launch flags of ``python -m sglang.launch_server``."""
 
-    speculative_algorithm: Literal["STANDALONE", "NGRAM"]
+    speculative_algorithm: Literal["STANDALONE", "EAGLE3", "NGRAM"]
     speculative_draft_model_path: str | None = None
     speculative_num_steps: int | None = Field(default=None, ge=1)
     speculative_eagle_topk: int | None = None
@@ -72,12 +72,13 @@ class SglangSpeculativeArgs(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> SglangSpeculativeArgs:
-        if self.speculative_algorithm == "STANDALONE":
+        if self.speculative_algorithm in ("STANDALONE", "EAGLE3"):  # one handler: _handle_eagle_family
+            algo = self.speculative_algorithm
             if not self.speculative_draft_model_path or self.speculative_num_steps is None:
-                raise ValueError("STANDALONE needs --speculative-draft-model-path and --speculative-num-steps")
+                raise ValueError(f"{algo} needs --speculative-draft-model-path and --speculative-num-steps")
             k, steps = self.speculative_eagle_topk, self.speculative_num_steps
             if k is None or k < 1:
-                raise ValueError("STANDALONE needs --speculative-eagle-topk >= 1")
+                raise ValueError(f"{algo} needs --speculative-eagle-topk >= 1")
             # speculative_hook: with topk 1 SGLang resets num_draft_tokens to num_steps + 1.
             if k == 1 and self.speculative_num_draft_tokens != steps + 1:
                 raise ValueError("with topk 1, --speculative-num-draft-tokens must be --speculative-num-steps + 1")
@@ -106,20 +107,30 @@ class SglangSpeculativeArgs(_Strict):
 class TrtllmSpeculativeConfig(_Strict):
     """``speculative_config`` in an extra-LLM-API-options YAML file."""
 
-    decoding_type: Literal["Draft_Target", "NGram"]
+    decoding_type: Literal["Draft_Target", "NGram", "Eagle3"]
     max_draft_len: int = Field(gt=0)
     speculative_model: str | None = None
     max_matching_ngram_size: int | None = Field(default=None, gt=0)
     is_use_oldest: bool | None = None
     is_public_pool: bool | None = None
     draft_len_schedule: dict[int, int] | None = None
+    # Eagle3 only (EagleDecodingConfig): a static tree, or the dynamic one with its top-K and node budget.
+    eagle_choices: list[list[int]] | None = None
+    use_dynamic_tree: bool | None = None
+    dynamic_tree_max_topK: int | None = Field(default=None, gt=0)
+    max_total_draft_tokens: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> TrtllmSpeculativeConfig:
         ngram_fields = (self.max_matching_ngram_size, self.is_use_oldest, self.is_public_pool)
-        if self.decoding_type == "Draft_Target":
+        tree_fields = (self.eagle_choices, self.use_dynamic_tree, self.dynamic_tree_max_topK, self.max_total_draft_tokens)
+        if self.decoding_type != "Eagle3" and any(f is not None for f in tree_fields):
+            raise ValueError("eagle_choices and the dynamic-tree fields apply to Eagle3 only")
+        if self.decoding_type == "Eagle3":
+            self._check_eagle3()
+        if self.decoding_type in ("Draft_Target", "Eagle3"):
             if not self.speculative_model:
-                raise ValueError("Draft_Target needs speculative_model")
+                raise ValueError(f"{self.decoding_type} needs speculative_model")
             if any(f is not None for f in ngram_fields):
                 raise ValueError("n-gram fields apply to NGram only")
         else:
@@ -138,6 +149,22 @@ class TrtllmSpeculativeConfig(_Strict):
                 raise ValueError("draft_len_schedule at its smallest key must equal max_draft_len")
         return self
 
+    def _check_eagle3(self) -> None:
+        """EagleDecodingConfig.validate_eagle_config: a static tree or a dynamic one, not both; the dynamic tree
+        needs its top-K and verifies max_draft_len..K·max_draft_len nodes; a static tree's depth is max_draft_len."""
+        if self.eagle_choices is not None:
+            if self.use_dynamic_tree:
+                raise ValueError("eagle_choices and use_dynamic_tree are mutually exclusive")
+            if max(len(p) for p in self.eagle_choices) != self.max_draft_len:
+                raise ValueError("eagle_choices' depth must equal max_draft_len (TensorRT-LLM resets one to the other)")
+        if self.use_dynamic_tree:
+            k, total = self.dynamic_tree_max_topK, self.max_total_draft_tokens
+            if k is None or total is None or not self.max_draft_len <= total <= k * self.max_draft_len:
+                raise ValueError("a dynamic tree needs dynamic_tree_max_topK K and max_total_draft_tokens in "
+                                 "[max_draft_len, K·max_draft_len]")
+        elif self.dynamic_tree_max_topK is not None:
+            raise ValueError("dynamic_tree_max_topK without use_dynamic_tree is ignored by TensorRT-LLM")
+
 
 class TrtllmExtraOptions(_Strict):
     """The whole YAML file passed as ``--extra_llm_api_options``."""
@@ -149,7 +176,7 @@ class TrtllmExtraOptions(_Strict):
 class LlamacppSpeculativeArgs(_Strict):
     """The speculative flags of ``llama-server`` (current ``--spec-*`` names)."""
 
-    spec_type: Literal["draft-simple", "ngram-simple"]
+    spec_type: Literal["draft-simple", "draft-eagle3", "ngram-simple"]
     spec_draft_model: str | None = None
     spec_draft_n_max: int | None = Field(default=None, ge=1)
     spec_draft_n_min: int | None = Field(default=None, ge=0)
@@ -161,9 +188,9 @@ class LlamacppSpeculativeArgs(_Strict):
     def _check(self) -> LlamacppSpeculativeArgs:
         draft = (self.spec_draft_model, self.spec_draft_n_max, self.spec_draft_n_min)
         ngram = (self.spec_ngram_simple_size_n, self.spec_ngram_simple_size_m)
-        if self.spec_type == "draft-simple":
+        if self.spec_type in ("draft-simple", "draft-eagle3"):
             if any(v is None for v in draft):
-                raise ValueError("draft-simple needs --spec-draft-model, --spec-draft-n-max and --spec-draft-n-min")
+                raise ValueError(f"{self.spec_type} needs --spec-draft-model, --spec-draft-n-max and --spec-draft-n-min")
             if any(v is not None for v in ngram):
                 raise ValueError("--spec-ngram-simple-* apply to ngram-simple only")
             if self.spec_draft_n_min > self.spec_draft_n_max:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from specdec_tune.core.errors import InputError
 from specdec_tune.tuner.model import NGRAM, Candidate
+from specdec_tune.tuner.servers._eagle import EAGLE3_SUPPORT, eagle3_reason, is_head, project_eagle3
 
 
 @dataclass(frozen=True)
@@ -83,11 +84,12 @@ class ServerSpace:
             "N limit": str(self.n_limit) if self.n_limit else "none",
             "token trees (draft model)": ", ".join(self.trees) or "none: one chain",
             "staged drafting": "yes" if self.staged else "no",
+            "EAGLE-3 heads": EAGLE3_SUPPORT[self.name].how or f"no: {EAGLE3_SUPPORT[self.name].why}",
         }
 
 
 def _kind(c: Candidate) -> str:
-    return "ngram" if c.is_ngram else "model"
+    return "ngram" if c.is_ngram else "eagle3" if is_head(c) else "model"
 
 
 # --------------------------------------------------------------------------- the table
@@ -265,6 +267,8 @@ def expressible(space: ServerSpace, candidate: Candidate) -> str | None:
     if c.is_plain:
         return None
     kind = _kind(c)
+    if kind == "eagle3":  # a head's facts live with its exports (._eagle)
+        return eagle3_reason(space.name, t, space.n_limit, c)
     if kind == "model" and not space.draft_model:
         return f"{t} cannot run a draft model"
     if kind == "ngram" and not space.ngram:
@@ -327,6 +331,9 @@ def project(space: ServerSpace, candidate: Candidate) -> Candidate | None:
     c = candidate
     if expressible(space, c) is None:
         return c
+    if _kind(c) == "eagle3":
+        c = project_eagle3(space.name, space.n_limit, c)
+        return c if expressible(space, c) is None else None
     if _tree_reason(space, c) is not None:  # the same draft and N as a chain
         c = replace(c, tree="", staged="")
     if c.acceptance != "exact":

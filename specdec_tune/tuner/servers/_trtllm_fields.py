@@ -10,7 +10,12 @@ Read from NVIDIA/TensorRT-LLM ``tensorrt_llm/llmapi/llm_args.py`` at commit
   ``StrictBaseModel`` forbids unknown fields, so an unknown key fails at launch);
 - ``DraftTargetDecodingConfig``: ``decoding_type: Literal["Draft_Target"]``, nothing else of its own;
 - ``NGramDecodingConfig``: ``decoding_type: Literal["NGram"]``, ``max_matching_ngram_size:
-  PositiveInt``, ``is_keep_all``, ``is_use_oldest``, ``is_public_pool: bool``.
+  PositiveInt``, ``is_keep_all``, ``is_use_oldest``, ``is_public_pool: bool``;
+- ``Eagle3DecodingConfig(EagleDecodingConfig)``: ``decoding_type: Literal["Eagle3"]``, ``sa_config``, and
+  EagleDecodingConfig's ``eagle_choices: Optional[List[List[int]]]``, ``greedy_sampling``,
+  ``posterior_threshold``, ``use_dynamic_tree``, ``dynamic_tree_max_topK``, ``num_eagle_layers``,
+  ``max_non_leaves_per_layer``, ``eagle3_one_model``, ``eagle3_layers_to_capture: Optional[Set[int]]``,
+  ``eagle3_model_arch: Literal["llama3", "mistral_large3"]``.
 
 The tables are data transcribed from that source (names, pydantic types, bounds), not TensorRT-LLM
 code; :func:`check_options` applies them to an options mapping the way pydantic would reject it
@@ -63,6 +68,16 @@ DECODING_CLASSES: dict[str, tuple[str, dict[str, FieldType]]] = {
         "max_matching_ngram_size": FieldType("int", optional=False, minimum=1),
         "is_keep_all": FieldType("bool", optional=False), "is_use_oldest": FieldType("bool", optional=False),
         "is_public_pool": FieldType("bool", optional=False)}),
+    # EagleDecodingConfig's fields (Eagle3DecodingConfig adds decoding_type "Eagle3" and sa_config).
+    "Eagle3": ("Eagle3DecodingConfig", {
+        **DECODING_BASE, "decoding_type": FieldType("enum", optional=False, choices=("Eagle3",)),
+        "eagle_choices": FieldType("choices"),  # Optional[List[List[int]]]
+        "greedy_sampling": FieldType("bool"), "posterior_threshold": FieldType("float"),
+        "use_dynamic_tree": FieldType("bool"), "dynamic_tree_max_topK": FieldType("int"),
+        "num_eagle_layers": FieldType("int"), "max_non_leaves_per_layer": FieldType("int"),
+        "eagle3_one_model": FieldType("bool"), "eagle3_layers_to_capture": FieldType("intset"),  # Optional[Set[int]]
+        "eagle3_model_arch": FieldType("enum", optional=False, choices=("llama3", "mistral_large3")),
+        "sa_config": FieldType("mapping")}),  # Optional[SAEnhancerConfig]
 }
 # The top-level keys of an extra-LLM-API-options file that export writes (BaseLlmArgs fields).
 TOP_LEVEL: dict[str, str] = {"speculative_config": "SpeculativeConfig (discriminator decoding_type)"}
@@ -79,7 +94,12 @@ def _type_problem(name: str, value: Any, spec: FieldType) -> str | None:
           "enum": isinstance(value, str) and value in spec.choices,
           "schedule": isinstance(value, dict) and all(isinstance(k, int) and not isinstance(k, bool) and
                                                       isinstance(v, int) and not isinstance(v, bool)
-                                                      for k, v in value.items())}[kind]
+                                                      for k, v in value.items()),
+          "choices": isinstance(value, list) and all(isinstance(p, list) and all(isinstance(r, int) and not
+                                                                                 isinstance(r, bool) for r in p)
+                                                     for p in value),
+          "intset": isinstance(value, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in value),
+          "mapping": isinstance(value, dict)}[kind]
     if not ok:
         want = f"one of {', '.join(spec.choices)}" if kind == "enum" else kind
         return f"{name}: {value!r} is not {want}"
