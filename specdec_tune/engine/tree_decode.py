@@ -16,10 +16,11 @@ from typing import Protocol
 
 import torch
 
-from specdec_tune.engine.decode import DecodeConfig, _check_prompt, _emit, _prefill
+from specdec_tune.engine.decode import DecodeConfig, _check_prompt, _emit, _prefill, finish
 from specdec_tune.engine.drafters import probs_from_logits
 from specdec_tune.engine.kvcache import PreallocatedCache
 from specdec_tune.engine.tree import TokenTree, compact, tree_forward, verify_rows
+from specdec_tune.engine.suffix_drafter import SuffixDrafter
 from specdec_tune.engine.tree_draft import TreeDrafter
 from specdec_tune.engine.tree_verify import TreeVerdict, TreeVerifyFn, tree_greedy_accept, verify_tree_sampling
 from specdec_tune.engine.types import CycleStats, GenerationResult
@@ -27,7 +28,7 @@ from specdec_tune.engine.types import CycleStats, GenerationResult
 
 def tree_speculative(
     model: torch.nn.Module,
-    drafter: TreeDrafter,
+    drafter: TreeDrafter | SuffixDrafter,
     prompt_ids: torch.Tensor,
     config: DecodeConfig,
     generator: torch.Generator | None = None,
@@ -40,7 +41,7 @@ def tree_speculative(
 
     Args:
         model: the target causal LM.
-        drafter: a fresh tree drafter for this sequence.
+        drafter: a fresh tree drafter for this sequence (a draft model's, or suffix decoding's).
         prompt_ids: ``[T]`` prompt ids on the model's device.
         config: N (the tree depth), temperature and limits; θ and schedules do not apply to trees.
         generator: random source for sampling mode.
@@ -84,6 +85,7 @@ def tree_speculative(
         cycles.append(stats)
         if on_cycle is not None:
             on_cycle(stats)
+    finish(drafter, tokens[:length])
     return GenerationResult(prompt_tokens=prompt_ids.shape[0], token_ids=out, cycles=cycles, finished_by_eos=eos_hit)
 
 
