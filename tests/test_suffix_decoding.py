@@ -78,7 +78,7 @@ def test_remove_undoes_extend():
     b.extend(0, [1, 2, 3, 1, 2])
     for pattern in ([1, 2], [2, 3], [9, 2, 3], [3, 1, 2]):
         assert a.speculate(pattern, 4, 2.0, 0.0) == b.speculate(pattern, 4, 2.0, 0.0)
-    assert a.root.count == b.root.count == 5
+    assert a.total == b.total == 5
 
 
 def test_global_tree_serves_later_requests_and_evicts_the_oldest():
@@ -149,7 +149,7 @@ def test_finish_keeps_the_whole_response(bigram):
     out = speculative(bigram, build_drafter(None, spec, max_len=0, suffix_cache=cache), ids, DecodeConfig(9, spec))
     probe = cache.start_request([9])
     # The response's last token came from the last cycle, which no proposal saw; finish added it.
-    assert cache.global_tree.root.count == len(out.token_ids)
+    assert cache.global_tree.total == len(out.token_ids)
     assert cache.speculate(probe, out.token_ids[-3:-1], 1, 1.0, 0.0).tokens != ()
 
 

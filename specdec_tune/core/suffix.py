@@ -57,109 +57,154 @@ class SuffixDraft:
     match_len: int = 0
 
 
-class _Node:
-    """A trie node: its count, its children by token and in arctic's sibling order.
-
-    Sibling order (arctic's ``head_child`` list, kept sorted by count, highest first): a new child joins at
-    the end; a child whose count rises from c to c + 1 goes first among the children of count c + 1 if no
-    sibling before it had count c, else last among them; a child whose count falls goes first among the
-    children of its new count (``_increment_count``, ``_decrement_count``, ``_insert_into_siblings_*``).
-    """
-
-    __slots__ = ("token", "count", "children", "order", "pos")
-
-    def __init__(self, token: int = -1) -> None:
-        self.token = token
-        self.count = 0
-        self.children: dict[int, _Node] = {}
-        self.order: list[_Node] = []
-        self.pos = 0  # index in the parent's order
-
-    def child(self, token: int) -> _Node:
-        """A new child for ``token`` (count 0, last in the order)."""
-        node = self.children[token] = _Node(token)
-        node.pos = len(self.order)
-        self.order.append(node)
-        return node
-
-    def bump(self, node: _Node) -> None:
-        """Add one to a child's count and move it to its place in the order."""
-        order, i, c = self.order, node.pos, node.count
-        head = i == 0 or order[i - 1].count > c
-        limit = c + 1 if head else c
-        j = i
-        while j > 0 and order[j - 1].count <= limit:
-            j -= 1
-        node.count = c + 1
-        if j != i:
-            order[j + 1:i + 1] = order[j:i]
-            order[j] = node
-            for k in range(j, i + 1):
-                order[k].pos = k
-
-    def drop(self, token: int) -> None:
-        """Take one from a child's count; a child whose count reaches 0 leaves with its subtree."""
-        node = self.children[token]
-        order, i, c = self.order, node.pos, node.count
-        if c == 1:
-            del self.children[token]
-            del order[i]
-            for k in range(i, len(order)):
-                order[k].pos = k
-            return
-        j = i
-        while j + 1 < len(order) and order[j + 1].count >= c:
-            j += 1
-        node.count = c - 1
-        if j != i:
-            order[i:j] = order[i + 1:j + 1]
-            order[j] = node
-            for k in range(i, j + 1):
-                order[k].pos = k
-
-
 class SuffixTree:
-    """Counts of every substring of length <= ``max_depth`` of a set of token sequences."""
+    """Counts of every substring of length <= ``max_depth`` of a set of token sequences.
+
+    A trie held in flat integer lists (node ids index them; node 0 is the root) and one dict from
+    ``(node, token)`` to the child: no Python object per node, so a tree of many thousand nodes costs the
+    garbage collector nothing to walk. Each node's children are a doubly linked sibling list in arctic's
+    order (``head_child``: sorted by count, highest first): a new child joins at the end; a child whose count
+    rises from c to c + 1 goes first among the children of count c + 1 if no sibling before it had count c,
+    else last among them; a child whose count falls goes first among the children of its new count
+    (``_increment_count``, ``_decrement_count``, ``_insert_into_siblings_*`` in ``suffix_tree.cc``).
+    """
 
     def __init__(self, max_depth: int) -> None:
         if max_depth < 1:
             raise ValueError(f"a suffix tree needs max_depth >= 1, got {max_depth}")
         self.max_depth = max_depth
-        self.root = _Node()
+        # Per node: count, token, first and last child, previous and next sibling (-1: none).
+        self._count, self._token = [0], [-1]
+        self._head, self._tail, self._prev, self._next = [-1], [-1], [-1], [-1]
+        self._child: dict[int, int] = {}  # (node << 32) | token -> child
+        self._free: list[int] = []
         self._seqs: dict[int, list[int]] = {}
-        self._active: dict[int, list[_Node]] = {}  # seq -> the nodes of its last tokens' suffixes, longest first
+        self._active: dict[int, list[int]] = {}  # seq -> the nodes of its last tokens' suffixes, longest first
+
+    @property
+    def total(self) -> int:
+        """Tokens held (the root's count)."""
+        return self._count[0]
+
+    def _new_child(self, node: int, token: int) -> int:
+        """A child of ``node`` for ``token``: count 1, last of its siblings."""
+        if self._free:
+            c = self._free.pop()
+            self._count[c], self._token[c], self._head[c], self._tail[c] = 1, token, -1, -1
+        else:
+            c = len(self._count)
+            self._count.append(1)
+            self._token.append(token)
+            self._head.append(-1)
+            self._tail.append(-1)
+            self._prev.append(-1)
+            self._next.append(-1)
+        self._child[(node << 32) | token] = c
+        last = self._tail[node]
+        self._prev[c], self._next[c] = last, -1
+        if last < 0:
+            self._head[node] = c
+        else:
+            self._next[last] = c
+        self._tail[node] = c
+        return c
+
+    def _unlink(self, node: int, c: int) -> None:
+        p, n = self._prev[c], self._next[c]
+        if p < 0:
+            self._head[node] = n
+        else:
+            self._next[p] = n
+        if n < 0:
+            self._tail[node] = p
+        else:
+            self._prev[n] = p
+
+    def _link_after(self, node: int, c: int, q: int) -> None:
+        """Put child ``c`` right after sibling ``q`` (``q`` = -1: first)."""
+        n = self._head[node] if q < 0 else self._next[q]
+        self._prev[c], self._next[c] = q, n
+        if q < 0:
+            self._head[node] = c
+        else:
+            self._next[q] = c
+        if n < 0:
+            self._tail[node] = c
+        else:
+            self._prev[n] = c
+
+    def _bump(self, node: int, c: int) -> None:
+        """Add one to child ``c``'s count and move it to its place among its siblings."""
+        count, prev = self._count, self._prev
+        k, p = count[c], prev[c]
+        if p < 0 or count[p] > k + 1:  # its place holds
+            count[c] = k + 1
+            return
+        limit = k + 1 if count[p] > k else k  # first among count k + 1 if it led its group, else last
+        q = p
+        while q >= 0 and count[q] <= limit:
+            q = prev[q]
+        self._unlink(node, c)
+        self._link_after(node, c, q)
+        count[c] = k + 1
+
+    def _drop(self, node: int, token: int) -> int:
+        """Take one from the count of ``node``'s child for ``token``; a child reaching 0 goes with its
+        subtree. Returns the child, or -1 when it went."""
+        key = (node << 32) | token
+        c = self._child[key]
+        count, nxt = self._count, self._next
+        k = count[c]
+        if k == 1:
+            del self._child[key]
+            self._unlink(node, c)
+            self._free_subtree(c)
+            return -1
+        q = nxt[c]
+        if q >= 0 and count[q] >= k:  # equal siblings after it: it goes first among the next count down
+            while q >= 0 and count[q] >= k:
+                last, q = q, nxt[q]
+            self._unlink(node, c)
+            self._link_after(node, c, last)
+        count[c] = k - 1
+        return c
+
+    def _free_subtree(self, c: int) -> None:
+        stack = [c]
+        while stack:
+            n = stack.pop()
+            child = self._head[n]
+            while child >= 0:
+                del self._child[(n << 32) | self._token[child]]
+                stack.append(child)
+                child = self._next[child]
+            self._free.append(n)
 
     def extend(self, seq_id: int, tokens: Iterable[int]) -> None:
         """Append ``tokens`` to sequence ``seq_id`` (created if new): every substring ending at each new token
         (of length <= max_depth) has its count raised by one."""
         seq = self._seqs.setdefault(seq_id, [])
         nodes = self._active.get(seq_id, [])
-        root, depth = self.root, self.max_depth
+        depth, child_of, count, prev = self.max_depth, self._child, self._count, self._prev
         for token in tokens:
             token = int(token)
             seq.append(token)
-            root.count += 1
+            count[0] += 1
             if len(nodes) == depth:  # the longest open suffix cannot grow past the depth
                 nodes = nodes[1:]
-            nodes.append(root)  # the empty suffix, about to grow by this token
+            nodes.append(0)  # the empty suffix (the root), about to grow by this token
             grown = []
             for node in nodes:
-                child = node.children.get(token)
-                if child is None:  # a new child: count 1, last of the order
-                    child = node.child(token)
-                    child.count = 1
-                elif child.pos == 0 or node.order[child.pos - 1].count > child.count + 1:  # its place holds
-                    child.count += 1
+                c = child_of.get((node << 32) | token, -1)
+                if c < 0:
+                    c = self._new_child(node, token)
+                elif prev[c] < 0 or count[prev[c]] > count[c] + 1:  # its place among its siblings holds
+                    count[c] += 1
                 else:
-                    node.bump(child)
-                grown.append(child)
+                    self._bump(node, c)
+                grown.append(c)
             nodes = grown
         self._active[seq_id] = nodes
-
-    def open_suffixes(self, seq_id: int) -> list[_Node]:
-        """The nodes of sequence ``seq_id``'s last 1, 2, .. ``max_depth`` tokens (shortest first): its own
-        matches, without walking the tree."""
-        return self._active.get(seq_id, [])[::-1]
 
     def remove(self, seq_id: int) -> None:
         """Forget sequence ``seq_id``: every count it raised is lowered again."""
@@ -168,21 +213,19 @@ class SuffixTree:
         if seq is None:
             return
         for start in range(len(seq)):
-            node = self.root
-            node.count -= 1
+            node = 0
+            self._count[0] -= 1
             for token in seq[start:start + self.max_depth]:
-                child = node.children[token]
-                node.drop(token)
-                if token not in node.children:  # it held this sequence only: gone with its subtree
+                node = self._drop(node, token)
+                if node < 0:  # it held this sequence only: gone with its subtree
                     break
-                node = child
 
-    def _match(self, pattern: Sequence[int]) -> _Node | None:
-        node = self.root
+    def _match(self, pattern: Sequence[int]) -> int:
+        node, child_of = 0, self._child
         for token in pattern:
-            node = node.children.get(token)
-            if node is None:
-                return None
+            node = child_of.get((node << 32) | token, -1)
+            if node < 0:
+                return -1
         return node
 
     def speculate(self, pattern: Sequence[int], max_tokens: int, max_spec_factor: float = 1.0,
@@ -193,69 +236,71 @@ class SuffixTree:
         best = SuffixDraft()
         for m in range(1, len(pattern)):
             node = self._match(pattern[len(pattern) - m:])
-            if node is None:
+            if node < 0:
                 break
             cap = max(0, min(max_tokens, int(_f32(_f32(m * factor) + shift) + 1e-6)))
-            draft = (_tree if tree else _path)(node, cap, floor)
+            draft = self._tree(node, cap, floor) if tree else self._path(node, cap, floor)
             if draft.score >= best.score:
                 best = SuffixDraft(draft.tokens, draft.parents, draft.probs, draft.score, m)
         return best
 
-
-def _path(node: _Node, cap: int, floor: float) -> SuffixDraft:
-    """The chain of highest-count children from ``node`` while its probability is >= ``floor``."""
-    tokens: list[int] = []
-    probs: list[float] = []
-    prob, score = 1.0, 0.0
-    while len(tokens) < cap and node.order:
-        child = node.order[0]
-        if child.count != node.count:  # a ratio of 1 leaves the probability as it is
-            prob = _f32(prob * _f32(child.count / node.count))
-            if prob < floor:
+    def _path(self, node: int, cap: int, floor: float) -> SuffixDraft:
+        """The chain of highest-count children from ``node`` while its probability is >= ``floor``."""
+        count, head, token_of = self._count, self._head, self._token
+        tokens: list[int] = []
+        probs: list[float] = []
+        prob, score = 1.0, 0.0
+        while len(tokens) < cap:
+            child = head[node]
+            if child < 0:
                 break
-        tokens.append(child.token)
-        probs.append(prob)
-        score = _f32(score + prob)
-        node = child
-    return SuffixDraft(tuple(tokens), tuple(range(-1, len(tokens) - 1)), tuple(probs), score)
+            if count[child] != count[node]:  # a ratio of 1 leaves the probability as it is
+                prob = _f32(prob * _f32(count[child] / count[node]))
+                if prob < floor:
+                    break
+            tokens.append(token_of[child])
+            probs.append(prob)
+            score = _f32(score + prob)
+            node = child
+        return SuffixDraft(tuple(tokens), tuple(range(-1, len(tokens) - 1)), tuple(probs), score)
+
+    def _tree(self, node: int, cap: int, floor: float) -> SuffixDraft:
+        """Best-first by probability: every child of probability >= ``floor``, at most ``cap`` nodes."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        probs: list[float] = []
+        score = 0.0
+        heap: list[_Item] = []
+        self._push_children(heap, node, 1.0, -1, floor)
+        while heap and len(tokens) < cap:
+            item = heapq.heappop(heap)
+            tokens.append(self._token[item.node])
+            parents.append(item.parent)
+            probs.append(item.prob)
+            score = _f32(score + item.prob)
+            self._push_children(heap, item.node, item.prob, len(tokens) - 1, floor)
+        return SuffixDraft(tuple(tokens), tuple(parents), tuple(probs), score)
+
+    def _push_children(self, heap: list[_Item], node: int, prob: float, parent: int, floor: float) -> None:
+        child = self._head[node]
+        while child >= 0:
+            p = _f32(_f32(prob * self._count[child]) / self._count[node])  # arctic's order of operations here
+            if p < floor:
+                break
+            heapq.heappush(heap, _Item(p, child, parent))
+            child = self._next[child]
 
 
 class _Item:
-    """A heap entry ordered by probability only (the heap is arctic's max-heap on ``prob``)."""
+    """A heap entry ordered by probability only (arctic's max-heap on ``prob``)."""
 
-    __slots__ = ("prob", "node", "token", "parent")
+    __slots__ = ("prob", "node", "parent")
 
-    def __init__(self, prob: float, node: _Node, token: int, parent: int) -> None:
-        self.prob, self.node, self.token, self.parent = prob, node, token, parent
+    def __init__(self, prob: float, node: int, parent: int) -> None:
+        self.prob, self.node, self.parent = prob, node, parent
 
     def __lt__(self, other: _Item) -> bool:
         return self.prob > other.prob
-
-
-def _tree(node: _Node, cap: int, floor: float) -> SuffixDraft:
-    """Best-first by probability: every child of probability >= ``floor``, at most ``cap`` nodes."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    probs: list[float] = []
-    score = 0.0
-    heap: list[_Item] = []
-    _push_children(heap, node, 1.0, -1, floor)
-    while heap and len(tokens) < cap:
-        item = heapq.heappop(heap)
-        tokens.append(item.token)
-        parents.append(item.parent)
-        probs.append(item.prob)
-        score = _f32(score + item.prob)
-        _push_children(heap, item.node, item.prob, len(tokens) - 1, floor)
-    return SuffixDraft(tuple(tokens), tuple(parents), tuple(probs), score)
-
-
-def _push_children(heap: list[_Item], node: _Node, prob: float, parent: int, floor: float) -> None:
-    for child in node.order:
-        p = _f32(prob * _f32(child.count / node.count))
-        if p < floor:
-            break
-        heapq.heappush(heap, _Item(p, child, child.token, parent))
 
 
 class SuffixCache:
@@ -310,6 +355,23 @@ class SuffixCache:
     def stop_request(self, req: int) -> None:
         """The request is done: its own tree goes, its response stays cached."""
         self._local.pop(req, None)
+
+    def forget(self, req: int) -> None:
+        """Evict a request's response from the global tree (arctic's ``evict_cached_response``)."""
+        if req in self._cached:
+            del self._cached[req]
+            self.global_tree.remove(req)
+
+    def last_request(self) -> int | None:
+        """The id of the request started last (``None``: none yet)."""
+        return self._next - 1 if self._next else None
+
+    def add_finished(self, prompt: Iterable[int], response: Sequence[int]) -> int:
+        """A whole earlier request at once (start, its response, stop): a history warmed by past traffic."""
+        req = self.start_request(prompt)
+        self.add_response(req, response)
+        self.stop_request(req)
+        return req
 
     def speculate(self, req: int, context: Sequence[int], max_tokens: int, max_spec_factor: float = 1.0,
                   min_token_prob: float = 0.1, *, tree: bool = False) -> SuffixDraft:
