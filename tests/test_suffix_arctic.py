@@ -1,0 +1,37 @@
+"""Our suffix decoding against arctic-inference's, the implementation vLLM's ``method: "suffix"`` runs
+(``vllm/v1/spec_decode/suffix_decoding.py``). Marker ``vllm``: it needs arctic-inference in the vLLM venv
+(``pip install arctic-inference==0.1.1``, built from source on a CPU machine: docs/servers.md, Suffix decoding).
+
+Chains (what vLLM drafts) must agree exactly, token ids, probabilities and scores, over random streams full of
+ties, evictions and removals. Trees (arctic's ``use_tree_spec``, which vLLM does not expose) follow the same
+rule but arctic's compressed nodes put equal-probability nodes through its heap in another order, so they are
+only required to agree mostly.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_chains_match_arctic_inference(vllm_python):
+    has = subprocess.run([str(vllm_python), "-c", "import arctic_inference.suffix_decoding"], capture_output=True)
+    if has.returncode != 0:
+        pytest.skip("arctic-inference is not installed in the vLLM venv (pip install arctic-inference==0.1.1; "
+                    "docs/servers.md, Suffix decoding)")
+    out = subprocess.run([str(vllm_python), str(ROOT / "tests" / "arctic_parity.py"),
+                          str(ROOT / "specdec_tune" / "core" / "suffix.py"), "7", "150"],
+                         capture_output=True, text=True, timeout=600, check=True)
+    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    print(counts)
+    assert counts["path_total"] > 2000 and counts["cache_total"] > 500
+    assert counts["path_same"] == counts["path_total"]
+    assert counts["cache_same"] == counts["cache_total"]
+    assert counts["cached_same"] > 0
+    assert counts["tree_same"] >= 0.9 * counts["tree_total"]
