@@ -30,6 +30,7 @@ from specdec_tune.core.schedules import SCHEDULES, AdaptiveThreshold, check_thre
 NONE = "none"  # the drafter of plain decoding
 NGRAM = "ngram"  # prompt lookup
 SUFFIX = "suffix"  # suffix decoding (core/suffix.py)
+MODEL_FREE = (NGRAM, SUFFIX)  # drafters that run no model (no weights, no draft forward)
 SUFFIX_TREE = "suffix"  # the ``tree`` value of suffix decoding's own speculation tree (arctic's use_tree_spec)
 ACCEPTANCE_RULES = ("exact", "opt", "uno")  # exact; Decoding-OPT; Decoding-UNO (engine/lossy.py)
 
@@ -252,5 +253,5 @@ def with_fields(spec: SpeculativeConfig | None, changes: Mapping[str, Any], owne
     return replace(base, **changes) if changes else base
 
 
-__all__ = ["ACCEPTANCE_RULES", "FIELD_NAMES", "MAX_SPECULATIVE_TOKENS", "NGRAM", "NONE", "PLAIN", "SUFFIX",
+__all__ = ["ACCEPTANCE_RULES", "FIELD_NAMES", "MAX_SPECULATIVE_TOKENS", "MODEL_FREE", "NGRAM", "NONE", "PLAIN", "SUFFIX",
            "SUFFIX_FIELDS", "SUFFIX_TREE", "SpeculativeConfig", "check_acceptance", "check_suffix", "with_fields"]

@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from specdec_tune.db import TimingRow, add_timing_samples, add_traces
+from specdec_tune.db import TimingRow, TreeTraceRecord, add_timing_samples, add_traces, add_tree_traces
 from specdec_tune.engine import DecodeConfig
 from specdec_tune.profiler import acceptance as acc
 from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline
-from specdec_tune.profiler.runs import DraftSpec, decode_once
+from specdec_tune.profiler.runs import SUFFIX, DraftSpec, decode_once
 
 
 @dataclass
@@ -86,7 +86,18 @@ def decode_passes(session: Any) -> DecodePasses:
                 rows += _draft_passes(session, out, recorder, spec, (i, ids), greedy, small if i < few else [],
                                       sample if sampling else None)
             add_timing_samples(session.db, session.run_id, rows + session.probe_rows())
+    _store_sequences(session, out)
     return out
+
+
+def _store_sequences(session: Any, out: DecodePasses) -> None:
+    """Suffix decoding's acceptance depends on the earlier requests' outputs, so its model replays the
+    profiled prompts in order: store each prompt's ids and greedy output (``tree_traces`` kind ``sequences``)."""
+    if not any(d.kind == SUFFIX for d in session.drafts):
+        return
+    rows = [TreeTraceRecord("sequences", i, 0.0, {"prompt": ids.tolist(), "output": full[len(ids):].tolist()})
+            for i, (ids, full) in enumerate(zip(session.ids, out.outputs))]
+    add_tree_traces(session.db, session.run_id, SUFFIX, rows)
 
 
 def _draft_passes(session: Any, out: DecodePasses, recorder: ForwardRecorder, spec: DraftSpec,

@@ -29,7 +29,8 @@ from specdec_tune.tuner.model._objective import OBJECTIVES, UNITS, Objective, be
 from specdec_tune.tuner.model._objective import format_value, predicted_value
 from specdec_tune.tuner.model._load import load_run_profile, load_tree_data
 from specdec_tune.tuner.model._predict import PromptSpec, RunPrediction, predict_baseline, predict_config
-from specdec_tune.tuner.model._predict import at_machine_speed, machine_speed, predict_prompts, profiled_specs, split_specs
+from specdec_tune.tuner.model._machine_speed import at_machine_speed, machine_speed
+from specdec_tune.tuner.model._predict import predict_prompts, profiled_specs, split_specs
 from specdec_tune.tuner.model._profile import PromptInfo, RunProfile, build_run_profile, resolve_draft, run_drafts
 from specdec_tune.tuner.model._profile import synthetic_rates, with_synthetic_acceptance
 from specdec_tune.tuner.model._replay import ReplayStats, Trace, heuristic_stationary, replay, replay_reach

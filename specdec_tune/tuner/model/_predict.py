@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from specdec_tune.core.errors import InputError
 from specdec_tune.core.splits import split_prompts
@@ -33,6 +33,7 @@ from specdec_tune.tuner.model._greedy_sim import SimulatedCycle, simulate_prompt
 from specdec_tune.tuner.model._prefill import prefill_fits, prompt_prefill
 from specdec_tune.tuner.model._profile import RunProfile
 from specdec_tune.tuner.model._replay import ReplayStats
+from specdec_tune.tuner.model._suffix_predict import simulates_suffix, suffix_prompt_cycles
 from specdec_tune.tuner.model._throughput import Prediction, SpecConfig, draft_seconds, verify_time
 from specdec_tune.tuner.model._throughput import predict as model_predict
 
@@ -196,9 +197,13 @@ class _Cycles:
     source: str
 
 
-def simulate_config(rp: RunProfile, config: SpecConfig, i: int) -> list[SimulatedCycle]:
+def simulate_config(rp: RunProfile, config: SpecConfig, i: int, pooled: bool = False) -> list[SimulatedCycle]:
     """Profiled prompt ``i``'s greedy cycles under ``config``, every rule of it (threshold kind, step and
-    rule, schedule): the one simulation call of the throughput and the latency predictions."""
+    rule, schedule): the one simulation call of the throughput and the latency predictions. Suffix decoding
+    replays the stored sequences (:mod:`._suffix_predict`): in profile order, or for the pool a held-out
+    prompt is predicted from (``pooled``), each prompt after every other one (a warm history)."""
+    if simulates_suffix(rp, config):
+        return list(suffix_prompt_cycles(rp, config, i, "warm" if pooled else "order"))
     assert rp.positions is not None
     c = config.spec
     return simulate_prompt(rp.positions[i], rp.prompts[i].new_tokens, rp.max_new_tokens, c.num_speculative_tokens,
@@ -209,10 +214,10 @@ def _simulated(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) 
     """Greedy with a model draft: every profiled prompt's cycles simulated exactly; the others pooled."""
     n, b = config.spec.num_speculative_tokens, config.batch_size
 
-    def timed(i: int) -> tuple[list[SimulatedCycle], float, float]:
+    def timed(i: int, pooled: bool = False) -> tuple[list[SimulatedCycle], float, float]:
         """Prompt i's cycles, their seconds (each verify at its own context) and their extra seconds per
         extra prompt token."""
-        cycles = simulate_config(rp, config, i)
+        cycles = simulate_config(rp, config, i, pooled)
         times, slopes = timed_cycles(rp, cycles, b, rp.prompts[i].prompt_tokens)
         return cycles, sum(times), sum(slopes)
 
@@ -228,7 +233,7 @@ def _simulated(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) 
     if pooled_tokens:
         # A prompt the profile did not decode: the cycles of every profiled prompt, pooled. Seconds
         # and cycles per emitted token are ratios over those prompts (end of sequence included).
-        per_prompt = [timed(i) for i in range(len(rp.prompts))]  # each simulated once, whatever the specs
+        per_prompt = [timed(i, True) for i in range(len(rp.prompts))]  # each simulated once, whatever the specs
         pool = [c for cycles, _, _ in per_prompt for c in cycles]
         if not pool:
             raise InputError(f"run {rp.run.id} has no greedy traces for draft {rp.draft!r}")
@@ -284,7 +289,7 @@ def _predict(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec], cy
         if n > n_max:
             raise InputError(f"N={n} exceeds the run's N_max={n_max}; profile with a larger --n-max")
     tokens = sum(s.new_tokens for s in specs)
-    simulated = config.mode == "greedy" and rp.positions is not None
+    simulated = config.mode == "greedy" and (rp.positions is not None or simulates_suffix(rp, config))
     if cycles is not None:
         cyc = cycles(rp, config, specs, tokens)
     else:
@@ -378,22 +383,3 @@ def predict_prompts(
     if config.spec.num_speculative_tokens == 0:
         return _baseline(rp, _check_specs(rp, specs), config.batch_size)
     return _predict(rp, config, specs)
-
-
-def machine_speed(rp: RunProfile, probe_now_s: float | None) -> float:
-    """How fast the machine runs now relative to the profile: the profile's machine-probe seconds over
-    the probe's seconds now (``profiler.machine_probe``: a fixed decoder-shaped workload no model or
-    code of ours can move). 1.0 when either was not measured."""
-    if not rp.machine_probe_s or not probe_now_s or probe_now_s <= 0:
-        return 1.0
-    return rp.machine_probe_s / probe_now_s
-
-
-def at_machine_speed(p: RunPrediction, factor: float) -> RunPrediction:
-    """``p`` on a machine ``factor`` times as fast as the profile's: every rate times ``factor``, every
-    time divided by it; speedups and acceptance are ratios of the same machine and stay."""
-    if factor == 1.0:
-        return p
-    return replace(p, tokens_per_s=p.tokens_per_s * factor, baseline_tokens_per_s=p.baseline_tokens_per_s * factor,
-                   decode_tokens_per_s=p.decode_tokens_per_s * factor, cycle_time_s=p.cycle_time_s / factor,
-                   seconds=p.seconds / factor, machine_speed=p.machine_speed * factor)

@@ -25,7 +25,7 @@ from specdec_tune.db import BiasFrontRow, RunRecord, RunSettings, TeacherForcedR
 from specdec_tune.core.errors import InputError
 from specdec_tune.core.stats import trimmed_mean
 from specdec_tune.tuner.model._calibration import OverheadFit, calibrate_b1, fit_overhead, interp
-from specdec_tune.tuner.model._configs import NGRAM
+from specdec_tune.core.speculative import MODEL_FREE
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces
 from specdec_tune.tuner.model._replay import replay_reach
 from specdec_tune.tuner.model._throughput import ModelProfile, Trace
@@ -95,6 +95,9 @@ class RunProfile:
     # not measured (runs profiled before it), then latency is predicted at the typical context throughout.
     context_slope_s: dict[int, float] = field(default_factory=dict)
     typical_context: int = 0
+    # Suffix decoding: (prompt ids, greedy output ids) of every profiled prompt in profile order, which its
+    # exact simulation replays (tuner.model._suffix_sim); empty for other drafters.
+    sequences: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
 
     @property
     def traced_n_max(self) -> int:
@@ -111,7 +114,12 @@ class RunProfile:
 
     @property
     def is_ngram(self) -> bool:
-        return self.draft == NGRAM
+        return self.draft == MODEL_FREE[0]
+
+    @property
+    def model_free(self) -> bool:
+        """The drafter runs no model (n-gram lookup, suffix decoding): θ cuts nothing, no draft forwards."""
+        return self.draft in MODEL_FREE
 
     def tail_rate(self, theta: float) -> float:
         """P(confidence ≥ θ) for drafted tokens past a rejection (1 when none were recorded)."""
@@ -258,11 +266,11 @@ def _step_times(run: RunRecord, draft: str | None, t: _Timings, infos: Sequence[
     if not verify_s:
         raise InputError(f"run {run.id} has no verify timings (status {run.status}); profile it again")
     batch_sizes = sorted(verify_s)
-    model_draft = draft is not None and draft != NGRAM
+    model_draft = draft is not None and draft not in MODEL_FREE
     raw = t.draft_steps(draft, batch_sizes, run.settings.typical_context) if model_draft else {}
     if model_draft and not raw:
         raise InputError(f"run {run.id} has no draft-step timings for {draft!r} (status {run.status}); profile it again")
-    step = {b: fit.per_forward_s for b in batch_sizes} if draft == NGRAM else \
+    step = {b: fit.per_forward_s for b in batch_sizes} if draft in MODEL_FREE else \
         {b: s + fit.per_forward_s for b, s in raw.items()}
     prefill_d = t.prefills(draft, infos, drop_last=False) if model_draft else tuple(0.0 for _ in infos)
     return _StepTimes(verify_s, step, dict(raw), fit.intercept_s, t.prefills(None, infos, drop_last=True),
@@ -307,7 +315,7 @@ def _model_profile(run: RunRecord, draft: str | None, times: _StepTimes, plain: 
         ar_overhead_s=max(trimmed_mean(plain), 0.0) if plain else 0.0, sampling_acceptance=sampling_acceptance,
         sampling_traces=_traces(sampling_traces) if sampling_traces else None, name=draft or "",
         synthetic_acceptance=synthetic_rates(run.settings),
-        teacher_forced=tuple((r.one_minus_tv, r.top_q) for r in teacher_forced), lookup=draft == NGRAM,
+        teacher_forced=tuple((r.one_minus_tv, r.top_q) for r in teacher_forced), lookup=draft in MODEL_FREE,
     )
 
 
@@ -325,6 +333,7 @@ def build_run_profile(
     calibrate: bool = True,
     teacher_forced: Sequence[TeacherForcedRow] = (),
     bias_front: Sequence[BiasFrontRow] = (),
+    sequences: Sequence[tuple[Sequence[int], Sequence[int]]] = (),
 ) -> RunProfile:
     """Assemble a :class:`RunProfile` from a run's stored rows (pure; no database access).
 
@@ -343,6 +352,7 @@ def build_run_profile(
         calibrate: scale the B = 1 micro-benchmarks to the in-loop forwards (:func:`calibrate_b1`).
         teacher_forced: target-sampled generations with 1 - TV and the draft's top probability per position.
         bias_front: the lossy acceptance front the profile stored.
+        sequences: suffix decoding's profiled prompts and greedy outputs, in profile order.
 
     Raises:
         InputError: the run lacks the target's verify timings (profile it again).
@@ -353,7 +363,7 @@ def build_run_profile(
     fit, times, raw, sequence, plain = _fitted_times(run, draft, t, infos, (in_loop or {}) if calibrate else None)
     model = _model_profile(run, draft, times, plain, traces, sampling_traces, sampling_acceptance, teacher_forced)
     positions = None  # synthetic acceptance is drawn per cycle, not per output position: no exact simulation
-    if draft is not None and draft != NGRAM and traces and model.synthetic_acceptance is None:
+    if draft is not None and draft not in MODEL_FREE and traces and model.synthetic_acceptance is None:
         positions = _positions(traces, continuations, len(infos), run.settings.n_max)
     return RunProfile(
         run=run, draft=draft, model=model, draft_step_raw_s=raw, first_draft_step_s=times.first_draft_step_s,
@@ -366,6 +376,7 @@ def build_run_profile(
         trace_prompts=tuple(tr.prompt_index for tr in traces),
         sampling_trace_prompts=tuple(tr.prompt_index for tr in sampling_traces or ()),
         context_slope_s=t.context_slopes(typical), typical_context=typical,
+        sequences=tuple((tuple(p), tuple(o)) for p, o in sequences),
     )
 
 
