@@ -123,6 +123,16 @@ def check_model_names(*names: str) -> None:
             resolve_source(name)
 
 
+def with_suffix(config, draft: str | None, suffix: dict):  # noqa: ANN201 - a tuner SpecConfig
+    """``config`` with suffix decoding's fields for ``--draft suffix`` (refused for another draft when set)."""
+    from dataclasses import replace
+
+    if config.spec.is_plain:
+        return config
+    fields = speculative_fields(draft or "", suffix, config.spec.num_speculative_tokens, None)
+    return replace(config, spec=replace(config.spec, **fields)) if fields else config
+
+
 def speculative_fields(draft: str, suffix: dict, n: int, tree: str | None) -> dict:
     """Suffix decoding's fields for ``--draft suffix`` (checked now, before anything loads, by building the
     configuration: one ``error:`` line naming the bad value), ``tree`` included; none for another draft, and

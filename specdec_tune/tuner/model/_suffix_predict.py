@@ -3,17 +3,19 @@
 for the same configuration at many batch sizes and objectives)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from specdec_tune.core.errors import InputError
-from specdec_tune.core.speculative import SpeculativeConfig
+from specdec_tune.core.speculative import SUFFIX, SpeculativeConfig
 from specdec_tune.tuner.model._greedy_sim import SimulatedCycle
 from specdec_tune.tuner.model._suffix_sim import simulate_suffix
 
 
 def simulates_suffix(rp, config) -> bool:
-    """Greedy suffix decoding with the profile's sequences: predicted by exact simulation."""
-    return config.mode == "greedy" and config.spec.is_suffix and bool(rp.sequences)
+    """Greedy suffix decoding (the profile's draft; the configuration may leave its drafter unnamed) with the
+    profile's sequences: predicted by exact simulation."""
+    return config.mode == "greedy" and rp.draft == SUFFIX and bool(rp.sequences)
 
 
 def suffix_prompt_cycles(rp, config, i: int, policy: str) -> list[SimulatedCycle]:
@@ -23,7 +25,7 @@ def suffix_prompt_cycles(rp, config, i: int, policy: str) -> list[SimulatedCycle
     Raises:
         InputError: suffix decoding's own trees (engine only, not modelled), or a profile without sequences.
     """
-    spec = config.spec
+    spec = config.spec if config.spec.is_suffix else replace(config.spec, drafter=SUFFIX)
     if spec.tree:
         raise InputError("suffix decoding's own trees run in the engine (generate --tree suffix); the model "
                          "predicts its chains only")
