@@ -1,6 +1,7 @@
 """Run by path with the vLLM venv's Python (where arctic-inference is installed): our suffix decoding
-(``specdec_tune/core/suffix.py``, pure Python, loaded by file path) against arctic-inference's own on the same
-random token streams. Prints one JSON line of counts; ``tests/test_suffix_arctic.py`` reads it.
+(``specdec_tune/core/suffix.py`` and ``suffix_cache.py``: pure Python, imported from the checkout given as the
+first argument) against arctic-inference's own on the same random token streams. Prints one JSON line of
+counts; ``tests/test_suffix_arctic.py`` reads it.
 
 Trees: random sequences over small alphabets (ties everywhere), sequences removed again, random patterns,
 both speculation modes. Caches: request streams (prompts, responses arriving a few tokens at a time) through
@@ -9,15 +10,13 @@ large.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import sys
 
-spec = importlib.util.spec_from_file_location("our_suffix", sys.argv[1])
-ours = importlib.util.module_from_spec(spec)
-sys.modules["our_suffix"] = ours
-spec.loader.exec_module(ours)
+sys.path.insert(0, sys.argv[1])  # the checkout: its specdec_tune.core imports nothing but the standard library
+from specdec_tune.core import suffix as ours  # noqa: E402
+from specdec_tune.core.suffix_cache import SuffixCache  # noqa: E402
 
 from arctic_inference.suffix_decoding import SuffixDecodingCache  # noqa: E402
 from arctic_inference.suffix_decoding._C import SuffixTree  # noqa: E402
@@ -55,7 +54,7 @@ def trees(rng: random.Random, counts: dict) -> None:
 
 def caches(rng: random.Random, counts: dict) -> None:
     depth, cached = rng.choice([4, 8, 24]), rng.choice([0, 1, 2, 5, 100])
-    a, o = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=cached), ours.SuffixCache(depth, cached)
+    a, o = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=cached), SuffixCache(depth, cached)
     alphabet = rng.randint(2, 8)
     for r in range(rng.randint(1, 8)):
         prompt = [rng.randrange(alphabet) for _ in range(rng.randint(1, 30))]

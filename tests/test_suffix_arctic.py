@@ -26,7 +26,7 @@ def test_chains_match_arctic_inference(vllm_python):
         pytest.skip("arctic-inference is not installed in the vLLM venv (pip install arctic-inference==0.1.1; "
                     "docs/servers.md, Suffix decoding)")
     out = subprocess.run([str(vllm_python), str(ROOT / "tests" / "arctic_parity.py"),
-                          str(ROOT / "specdec_tune" / "core" / "suffix.py"), "7", "150"],
+                          str(ROOT), "7", "150"],
                          capture_output=True, text=True, timeout=600, check=True)
     counts = json.loads(out.stdout.strip().splitlines()[-1])
     print(counts)

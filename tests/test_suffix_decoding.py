@@ -14,7 +14,8 @@ import torch
 
 from specdec_tune.core.errors import InputError
 from specdec_tune.core.speculative import SpeculativeConfig
-from specdec_tune.core.suffix import SuffixCache, SuffixTree
+from specdec_tune.core.suffix import SuffixTree
+from specdec_tune.core.suffix_cache import SuffixCache
 from specdec_tune.engine import DecodeConfig, SamplingVerifier, SuffixDrafter, autoregressive, build_drafter, speculative
 from specdec_tune.engine import suffix_cache_for, tree_speculative
 from specdec_tune.engine.tree_decode import TreeSamplingVerifier

@@ -23,9 +23,9 @@ and ``csrc/suffix_decoding/suffix_tree.cc``), read there and written anew:
 - **Score** (the paper's SCORE(T) = Σ_N D(N)): the sum of the drafted tokens' probabilities. Of all match
   lengths the highest score wins (ties: the longer match); of the two trees the global one wins only with
   a strictly higher score.
-- **Global tree bound**: ``max_cached_requests`` responses, the oldest evicted first (first in, first out:
-  arctic's ``_maybe_evict_requests`` and vLLM's field docstring say FIFO, not LRU); 0 disables the global
-  tree. A request's own response joins the global tree while it is generated, as in arctic.
+- **Global tree bound** (``core/suffix_cache.py``): ``max_cached_requests`` responses, the oldest evicted
+  first (first in, first out: arctic's ``_maybe_evict_requests`` and vLLM's field docstring say FIFO, not
+  LRU); 0 disables the global tree. A request's own response joins the global tree while it is generated.
 
 Probabilities and scores are rounded to float32 where arctic computes in float (``_f32``), so ties and
 the ``min_token_prob`` cut fall where arctic's do.
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import heapq
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 _F32 = struct.Struct("f")
@@ -55,6 +55,47 @@ class SuffixDraft:
     probs: tuple[float, ...] = ()
     score: float = 0.0
     match_len: int = 0
+
+
+@dataclass(frozen=True)
+class SuffixPath:
+    """The highest-count chain after one match: its tokens, their probabilities (non-increasing: each is the
+    last times a count ratio <= 1) and the running sums of those (float32, as arctic adds them)."""
+
+    match_len: int
+    tokens: tuple[int, ...]
+    probs: tuple[float, ...]
+    scores: tuple[float, ...]
+
+
+def _cap(m: int, max_tokens: int, max_spec_factor: float, offset: float = 0.0) -> int:
+    """The most tokens a match of length ``m`` may draft: min(N, floor(m·α + offset)) (arctic's arithmetic)."""
+    return max(0, min(max_tokens, int(_f32(_f32(m * _f32(max_spec_factor)) + _f32(offset)) + 1e-6)))
+
+
+def choose(paths: Sequence[SuffixPath], max_tokens: int, max_spec_factor: float = 1.0, min_token_prob: float = 0.1,
+           offset: float = 0.0) -> SuffixDraft:
+    """The chain draft of one tree from its paths: each cut to its match-length cap and to the tokens of
+    probability >= ``min_token_prob``, the highest score winning (ties: the longer match)."""
+    floor, best = _f32(min_token_prob), SuffixDraft()
+    for path in paths:
+        k = min(_cap(path.match_len, max_tokens, max_spec_factor, offset), len(path.tokens))
+        probs = path.probs
+        while k and probs[k - 1] < floor:  # non-increasing: the cut keeps a prefix
+            k -= 1
+        score = path.scores[k - 1] if k else 0.0
+        if score >= best.score:
+            best = SuffixDraft(path.tokens[:k], tuple(range(-1, k - 1)), probs[:k], score, path.match_len)
+    return best
+
+
+def choose_between(local: Sequence[SuffixPath], shared: Sequence[SuffixPath], max_tokens: int,
+                   max_spec_factor: float = 1.0, min_token_prob: float = 0.1) -> SuffixDraft:
+    """A request's chain draft: its own tree's, unless the global tree's scores strictly higher (arctic's
+    ``SuffixDecodingCache.speculate``)."""
+    best = choose(local, max_tokens, max_spec_factor, min_token_prob)
+    other = choose(shared, max_tokens, max_spec_factor, min_token_prob)
+    return other if other.score > best.score else best
 
 
 class SuffixTree:
@@ -232,23 +273,41 @@ class SuffixTree:
                   min_token_prob: float = 0.1, *, offset: float = 0.0, tree: bool = False) -> SuffixDraft:
         """The best draft after ``pattern`` (the context's last tokens) over every match length (module
         docstring); an empty draft when nothing matches."""
-        factor, shift, floor = _f32(max_spec_factor), _f32(offset), _f32(min_token_prob)
-        best = SuffixDraft()
-        for m in range(1, len(pattern)):
-            node = self._match(pattern[len(pattern) - m:])
-            if node < 0:
-                break
-            cap = max(0, min(max_tokens, int(_f32(_f32(m * factor) + shift) + 1e-6)))
-            draft = self._tree(node, cap, floor) if tree else self._path(node, cap, floor)
+        if not tree:
+            return choose(self.paths(pattern, max_tokens, max_spec_factor, offset), max_tokens, max_spec_factor,
+                          min_token_prob, offset)
+        floor, best = _f32(min_token_prob), SuffixDraft()
+        for m, node in self._matches(pattern):
+            draft = self._tree(node, _cap(m, max_tokens, max_spec_factor, offset), floor)
             if draft.score >= best.score:
                 best = SuffixDraft(draft.tokens, draft.parents, draft.probs, draft.score, m)
         return best
 
-    def _path(self, node: int, cap: int, floor: float) -> SuffixDraft:
-        """The chain of highest-count children from ``node`` while its probability is >= ``floor``."""
+    def _matches(self, pattern: Sequence[int]) -> Iterator[tuple[int, int]]:
+        """(match length, node) for the pattern's last 1, 2, .. tokens, while they occur (never the whole
+        pattern: arctic's ``match_len < context.size()``)."""
+        for m in range(1, len(pattern)):
+            node = self._match(pattern[len(pattern) - m:])
+            if node < 0:
+                return
+            yield m, node
+
+    def paths(self, pattern: Sequence[int], limit: int, max_spec_factor: float | None = None,
+              offset: float = 0.0) -> list[SuffixPath]:
+        """Per match length, the chain of highest-count children after it, up to ``limit`` tokens (and to the
+        match-length cap of ``max_spec_factor`` when given), with no probability cut: :func:`choose` cuts it."""
+        out = []
+        for m, node in self._matches(pattern):
+            cap = limit if max_spec_factor is None else _cap(m, limit, max_spec_factor, offset)
+            out.append(self._path(node, m, cap))
+        return out
+
+    def _path(self, node: int, m: int, cap: int) -> SuffixPath:
+        """The chain of highest-count children from ``node``, at most ``cap`` tokens."""
         count, head, token_of = self._count, self._head, self._token
         tokens: list[int] = []
         probs: list[float] = []
+        scores: list[float] = []
         prob, score = 1.0, 0.0
         while len(tokens) < cap:
             child = head[node]
@@ -256,13 +315,12 @@ class SuffixTree:
                 break
             if count[child] != count[node]:  # a ratio of 1 leaves the probability as it is
                 prob = _f32(prob * _f32(count[child] / count[node]))
-                if prob < floor:
-                    break
             tokens.append(token_of[child])
             probs.append(prob)
             score = _f32(score + prob)
+            scores.append(score)
             node = child
-        return SuffixDraft(tuple(tokens), tuple(range(-1, len(tokens) - 1)), tuple(probs), score)
+        return SuffixPath(m, tuple(tokens), tuple(probs), tuple(scores))
 
     def _tree(self, node: int, cap: int, floor: float) -> SuffixDraft:
         """Best-first by probability: every child of probability >= ``floor``, at most ``cap`` nodes."""
@@ -303,87 +361,4 @@ class _Item:
         return self.prob > other.prob
 
 
-class SuffixCache:
-    """The per-request trees and the global tree of one serving history (arctic's ``SuffixDecodingCache``).
-
-    A request is started with its prompt (its own tree; a slot for its response in the global tree, the
-    oldest response evicted past ``max_cached_requests``), given its output tokens as they come, and
-    stopped when done (its tree dropped, its response kept in the global tree). :meth:`reset` empties
-    everything: a new serving history (a cold global tree).
-    """
-
-    def __init__(self, max_tree_depth: int = 24, max_cached_requests: int = 10000) -> None:
-        if max_tree_depth < 1 or max_cached_requests < 0:
-            raise ValueError(f"need max_tree_depth >= 1 and max_cached_requests >= 0, got {max_tree_depth}, "
-                             f"{max_cached_requests}")
-        self.max_tree_depth = max_tree_depth
-        self.max_cached_requests = max_cached_requests
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget every request and cached response."""
-        self.global_tree = SuffixTree(self.max_tree_depth)
-        self._local: dict[int, SuffixTree] = {}
-        self._cached: dict[int, None] = {}  # responses in the global tree, oldest first
-        self._next = 0
-
-    @property
-    def cached_requests(self) -> int:
-        """Responses held by the global tree."""
-        return len(self._cached)
-
-    def start_request(self, prompt: Iterable[int]) -> int:
-        """A new request over ``prompt``; returns its id."""
-        req = self._next
-        self._next += 1
-        tree = self._local[req] = SuffixTree(self.max_tree_depth)
-        tree.extend(0, prompt)
-        if self.max_cached_requests > 0:
-            self._cached[req] = None
-            while len(self._cached) > self.max_cached_requests:
-                oldest = next(r for r in self._cached if r != req)
-                del self._cached[oldest]
-                self.global_tree.remove(oldest)
-        return req
-
-    def add_response(self, req: int, tokens: Sequence[int]) -> None:
-        """Tokens the request just emitted: into its own tree and, while cached, the global one."""
-        self._local[req].extend(0, tokens)
-        if req in self._cached:
-            self.global_tree.extend(req, tokens)
-
-    def stop_request(self, req: int) -> None:
-        """The request is done: its own tree goes, its response stays cached."""
-        self._local.pop(req, None)
-
-    def forget(self, req: int) -> None:
-        """Evict a request's response from the global tree (arctic's ``evict_cached_response``)."""
-        if req in self._cached:
-            del self._cached[req]
-            self.global_tree.remove(req)
-
-    def last_request(self) -> int | None:
-        """The id of the request started last (``None``: none yet)."""
-        return self._next - 1 if self._next else None
-
-    def add_finished(self, prompt: Iterable[int], response: Sequence[int]) -> int:
-        """A whole earlier request at once (start, its response, stop): a history warmed by past traffic."""
-        req = self.start_request(prompt)
-        self.add_response(req, response)
-        self.stop_request(req)
-        return req
-
-    def speculate(self, req: int, context: Sequence[int], max_tokens: int, max_spec_factor: float = 1.0,
-                  min_token_prob: float = 0.1, *, tree: bool = False) -> SuffixDraft:
-        """The draft after ``context`` (its last ``max_tree_depth`` tokens are matched): the request's own
-        tree's, unless the global tree's scores strictly higher."""
-        pattern = list(context[-self.max_tree_depth:])
-        best = self._local[req].speculate(pattern, max_tokens, max_spec_factor, min_token_prob, tree=tree)
-        if self.max_cached_requests > 0:
-            other = self.global_tree.speculate(pattern, max_tokens, max_spec_factor, min_token_prob, tree=tree)
-            if other.score > best.score:
-                best = other
-        return best
-
-
-__all__ = ["SuffixCache", "SuffixDraft", "SuffixTree"]
+__all__ = ["SuffixDraft", "SuffixPath", "SuffixTree", "choose", "choose_between"]

@@ -14,7 +14,7 @@ import torch
 
 from specdec_tune.core.schedules import stops_before
 from specdec_tune.core.speculative import SpeculativeConfig, with_fields
-from specdec_tune.core.suffix import SuffixCache
+from specdec_tune.core.suffix_cache import SuffixCache
 from specdec_tune.engine.kvcache import forward_with_cache, make_cache
 from specdec_tune.engine.suffix_drafter import SuffixDrafter, cache_for
 from specdec_tune.engine.types import Draft

@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from specdec_tune.core.speculative import SUFFIX_TREE, SpeculativeConfig
-from specdec_tune.core.suffix import SuffixCache, SuffixDraft
+from specdec_tune.core.suffix import SuffixDraft
+from specdec_tune.core.suffix_cache import SuffixCache
 from specdec_tune.core.trees import TreeShape
 from specdec_tune.engine.tree import TokenTree
 from specdec_tune.engine.types import Draft

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specdec_tune.core.suffix import SuffixCache
+from specdec_tune.core.suffix_cache import SuffixCache
 from specdec_tune.engine import DecodeConfig
 
 POLICIES = ("order", "warm", "cold")

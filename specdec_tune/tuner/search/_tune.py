@@ -122,10 +122,10 @@ def _search(db: Database, req: TuneRequest, storage_url: str, progress: Progress
     needs_memory = "memory" in req.search_objectives or req.memory_budget_gib is not None
     memory = memory_model(db, run_id, max_context).bytes if needs_memory else None
     evaluator = Evaluator(db, run_id, req.mode, memory, objective)
-    model_drafts = [d for d in req.drafts if d != NGRAM]
+    model_drafts = [d for d in req.drafts if d not in MODEL_FREE]
     epsilons = _epsilons(evaluator, model_drafts) if req.max_bias is not None else ()
     space = server_search_space(req.server, model_drafts, n_max, NGRAM in req.drafts, req.threshold_kinds, epsilons,
-                                **tree_space_args(req, run, evaluator))
+                                **tree_space_args(req, run, evaluator), suffix=SUFFIX in req.drafts)
     if req.thresholds is not None and len(space.thresholds) > 1:
         space = replace(space, thresholds=tuple(req.thresholds))
     if NGRAM in req.drafts:
@@ -216,10 +216,11 @@ def _report(s: _Searched, result: TuningResult, confirmation: list[dict[str, Any
 def _server_bests(req: TuneRequest, s: _Searched) -> dict[str, Scored]:
     """Each server's best predicted inside its own space (every point predicted, cached): all servers
     for ``--server any``, else the one asked."""
-    model_drafts = [d for d in req.drafts if d != NGRAM]
+    model_drafts = [d for d in req.drafts if d not in MODEL_FREE]
     servers = tuple(SERVERS) if req.server == ANY else (req.server,)
     return best_per_server(s.evaluator, model_drafts, s.n_max, NGRAM in req.drafts, servers,
-                           thresholds=req.thresholds, tree_args=tree_space_args(req, s.run, s.evaluator))
+                           thresholds=req.thresholds, tree_args={**tree_space_args(req, s.run, s.evaluator),
+                                                                 "suffix": SUFFIX in req.drafts})
 
 
 def _schedule(req: TuneRequest, s: _Searched, c: Candidate) -> dict[int, int]:
@@ -283,7 +284,7 @@ def _engine_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
 def _bias(s: _Searched, c: Candidate, budget: float | None) -> dict[str, Any] | None:
     """The winner's bias per verified position (sampling): predicted from the stored front, measured where
     the profile decoded that rule and ε."""
-    if s.evaluator.mode != "sampling" or c.is_plain or c.is_ngram:
+    if s.evaluator.mode != "sampling" or c.is_plain or c.is_ngram or c.is_suffix:
         return None
     b = bias_of(s.evaluator.profile(c.drafter).bias_front, c.acceptance, c.epsilon)
     return {"bias": b.bias, "rejection": b.rejection, "label": b.label, "measured_bias": b.measured_bias,
