@@ -183,9 +183,9 @@ def time_apptest(urls: dict[str, str], repeats: int) -> dict[str, dict[str, floa
 def time_browser(urls: dict[str, str]) -> dict[str, dict[str, float]] | None:
     from selenium.webdriver.common.by import By
 
-    from tests.dashboard_data import RunningDashboard
-    from tests.test_dashboard_browser import CHROMIUM, DRIVER, chrome, idle, rendered_charts
-    from tests.test_dashboard_browser import PAGES as SPEC
+    from tests.support.dashboard_data import RunningDashboard
+    from tests.dashboard.test_browser import CHROMIUM, DRIVER, chrome, idle, rendered_charts
+    from tests.dashboard.test_browser import PAGES as SPEC
 
     if CHROMIUM is None or DRIVER is None:
         return None

@@ -1,7 +1,7 @@
 """Telemetry overhead: does NVML sampling slow the decoding thread? (CPU, fake NVML library)
 
 Usage: python benchmarks/telemetry_overhead.py [--pairs 12] [--steps 800] [--call-ms 10] [--interval-s 0.01]
-Every fake NVML query (tests/fake_nvml.py) takes --call-ms holding the GIL; a decode-shaped loop is
+Every fake NVML query (tests/support/fake_nvml.py) takes --call-ms holding the GIL; a decode-shaped loop is
 timed without and with a monitor running, interleaved pair by pair, for the sampling process the
 profiler uses and for the earlier design (a sampler thread in the decoding process). Prints one JSON
 object (measured): per design the median time ratio (with / without) and its 95% bootstrap CI.
@@ -20,10 +20,10 @@ import numpy as np
 import typer
 from scipy import stats
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fake_nvml, run from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support.fake_nvml, run from anywhere
 from specdec_tune.cli import _options as opts  # noqa: E402
 from specdec_tune.profiler.telemetry import NvmlMonitor  # noqa: E402
-from tests import fake_nvml  # noqa: E402
+from tests.support import fake_nvml  # noqa: E402
 
 
 def _ci(ratios: list[float]) -> list[float]:

@@ -34,7 +34,7 @@ from specdec_tune.tuner.model import batch_rejection_limit, batch_rejections
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks._bench import write_results  # noqa: E402
-from tests.stub_models import Bigram  # noqa: E402  (the bigram LM of the exactness tests)
+from tests.support.stub_models import Bigram  # noqa: E402  (the bigram LM of the exactness tests)
 CHECKPOINTS = (50, 100, 200, 500, 1000, 2000, 5000)
 
 app = typer.Typer(add_completion=False)

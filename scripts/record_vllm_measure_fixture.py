@@ -1,4 +1,4 @@
-"""Record real vLLM measurements for tests/data/vllm_recorded_measure.json (tests/test_server_model.py).
+"""Record real vLLM measurements for tests/data/vllm_recorded_measure.json (tests/tuner/servers/test_time_model.py).
 
 Profiles nothing itself: give it a results database holding a profile run of the bundled target
 on ``functions`` (any ``specdec-tune profile``/``tune`` run), e.g. the main job's ``specdec.db``.

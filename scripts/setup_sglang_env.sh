@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create the side environment in which SGLang's own argument parser reads our exported SGLang flags
-# (the `sglang`-marked tests: tests/test_sglang_parser.py).
+# (the `sglang`-marked tests: tests/tuner/servers/test_sglang_parser.py).
 #
 # SGLang 0.5.23 requires CUDA-only packages (flashinfer, sgl-kernel, cuda-python, torch 2.14.1 with
 # CUDA ...) that neither install nor run on a CPU machine, so it is installed with --no-deps and only

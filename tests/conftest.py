@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory):
     """Saved tiny target/draft folders sharing a tokenizer, and one draft with a different vocabulary."""
-    from tests.tiny import CORPUS, save_tiny_model, tiny_tokenizer
+    from tests.support.tiny import CORPUS, save_tiny_model, tiny_tokenizer
 
     root = tmp_path_factory.mktemp("tiny_models")
     tok = tiny_tokenizer(CORPUS, vocab=300)
@@ -127,10 +127,10 @@ def llamacpp_converter():
 @pytest.fixture
 def fresh_llamacpp(tmp_path, monkeypatch):
     """A fresh machine for llama.cpp (an empty cache, the converter's fetch on) whose fetch is served, without
-    the network, by a stand-in pip and a local sdist of the real layout (tests/fake_llamacpp.py):
+    the network, by a stand-in pip and a local sdist of the real layout (tests/support/fake_llamacpp.py):
     ``(the stand-in's folder, the source to fetch from)``; ``llamacpp_fetch.default_source`` is that source."""
     from specdec_tune.profiler.backends import _llamacpp_fetch as llamacpp_fetch
-    from tests import fake_llamacpp
+    from tests.support import fake_llamacpp
 
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("SPECDEC_LLAMACPP_DIR", raising=False)

@@ -8,7 +8,7 @@ import torch
 
 from specdec_tune.engine import DecodeConfig, ModelDrafter, autoregressive, speculative
 from specdec_tune.profiler.timers import Stopwatch, time_callable
-from tests.tiny import tiny_llama
+from tests.support.tiny import tiny_llama
 
 pytestmark = pytest.mark.gpu
 
@@ -134,7 +134,7 @@ def test_shape_with_synthetic_acceptance_on_cuda():
 def test_tune_energy_end_to_end_on_cuda(tmp_path, capsys):
     """``tune --objective energy`` with the real NVML: the profile's power from its telemetry, every
     confirmed configuration's joules per token from the energy counter, the held-out value with its CI.
-    (On a CPU the same path runs against a fake NVML: tests/test_objectives.py.)"""
+    (On a CPU the same path runs against a fake NVML: tests/tuner/search/test_objectives.py.)"""
     pytest.importorskip("pynvml")
     import json
 

@@ -22,8 +22,8 @@ PAGES = ("overview", "profile", "why", "fidelity", "study", "trends")
 def main() -> None:
     from selenium.webdriver.common.by import By
 
-    from tests.dashboard_data import RunningDashboard
-    from tests.test_dashboard_browser import PAGES as SPEC, chrome, idle, rendered_charts
+    from tests.support.dashboard_data import RunningDashboard
+    from tests.dashboard.test_browser import PAGES as SPEC, chrome, idle, rendered_charts
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--db", required=True)

@@ -41,7 +41,7 @@ CONFIDENCE = 0.95
 RESAMPLES = 4000
 # A CI over prompts needs two prompts at least. From one prompt the spread between prompts, most of a rate's
 # uncertainty, is unknown: resampling its repeats alone gives an interval that covers the truth far less often
-# than it claims (tests/test_profiler.py, test_ci_covers_the_true_rate_about_95_percent_of_the_time).
+# than it claims (tests/core/test_stats.py, test_ci_covers_the_true_rate_about_95_percent_of_the_time).
 MIN_CI_PROMPTS = 2
 
 
@@ -115,7 +115,7 @@ def _as_samples(x: Any) -> RateSamples:
 # One routine serves every CI. The unit resampled is the prompt (a cluster: its repeats, requests or
 # gaps travel with it), because prompts differ far more from each other than one prompt's repeats do.
 # scipy.stats.bootstrap(method="percentile") draws the same indices from the same generator
-# (rng.integers(0, n, (B, n)), tests/test_stats.py checks it) but cannot express the throughput's second
+# (rng.integers(0, n, (B, n)), tests/core/test_stats.py checks it) but cannot express the throughput's second
 # level (each drawn prompt's repeats resampled too), and its interval comes from scipy.stats.quantile,
 # which differs from numpy's in the last bit; this routine keeps the stored CIs' numbers.
 

@@ -5,7 +5,7 @@ holds a study's lease, or has its profile run open) while it starts or releases 
 and hoping is no synchronisation. Inert unless ``$SPECDEC_TEST_PAUSE`` is ``POINT:DIR``: at ``POINT``
 the process writes its pid into the FIFO ``DIR/reached`` and then waits until the test opens and
 closes the FIFO ``DIR/go``. Both are blocking opens of FIFOs the test made
-(``tests/pause.py``), so each side waits on the other and on nothing else.
+(``tests/support/pause.py``), so each side waits on the other and on nothing else.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """SQLAlchemy 2 typed ORM of the results database (the schema at the newest Alembic revision).
 
 The schema is owned by the Alembic scripts in ``db/migrations/versions``; this module must describe
-the same tables (``tests/test_db.py`` compares the two with Alembic's autogenerate, so a
+the same tables (``tests/db/test_contract.py`` compares the two with Alembic's autogenerate, so a
 column added here without a migration fails a test).
 
 Words follow docs/architecture.md, Words: *draft* is a model path / hub id or the string ``"ngram"``;

@@ -8,7 +8,7 @@ batch speculative decoding, where M draft sequences are drawn i.i.d. from q and 
 theoretical rejections for M = 4 and 5. The stored copies of the paper available to this project
 give its abstract and figures, not the statement of Theorem 3, so this module derives the quantity
 for the algorithm the engine runs and checks it against simulation of that very engine
-(``benchmarks/theorem3_check.py``, ``tests/test_batch_theory.py``); the derivation is self-contained:
+(``benchmarks/theorem3_check.py``, ``tests/tuner/model/test_batch_theory.py``); the derivation is self-contained:
 
 The engine's ``chains:M`` tree (``specdec_tune.core.trees``) of depth K: at the start of a cycle the root
 has M children drawn i.i.d. from q(. | x) and verified by recursive rejection sampling (SpecInfer;

@@ -145,7 +145,7 @@ class TrtllmExtraOptions(_Strict):
     speculative_config: TrtllmSpeculativeConfig
 
 
-# llama.cpp 0c1e57098 (llama-cpp-python 0.3.36): common/arg.cpp; run by tests/test_llamacpp_consumer.py.
+# llama.cpp 0c1e57098 (llama-cpp-python 0.3.36): common/arg.cpp; run by tests/tuner/servers/test_llamacpp_consumer.py.
 class LlamacppSpeculativeArgs(_Strict):
     """The speculative flags of ``llama-server`` (current ``--spec-*`` names)."""
 
