@@ -1,7 +1,7 @@
 """Run by path with the vLLM venv's Python (where arctic-inference is installed): our suffix decoding
 (``specdec_tune/core/suffix.py`` and ``suffix_cache.py``: pure Python, imported from the checkout given as the
 first argument) against arctic-inference's own on the same random token streams. Prints one JSON line of
-counts; ``tests/test_suffix_arctic.py`` reads it.
+counts; ``tests/core/test_suffix_arctic.py`` reads it.
 
 Trees: random sequences over small alphabets (ties everywhere), sequences removed again, random patterns,
 both speculation modes. Caches: request streams (prompts, responses arriving a few tokens at a time) through

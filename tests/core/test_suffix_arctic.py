@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.vllm
@@ -25,7 +25,7 @@ def test_chains_match_arctic_inference(vllm_python):
     if has.returncode != 0:
         pytest.skip("arctic-inference is not installed in the vLLM venv (pip install arctic-inference==0.1.1; "
                     "docs/servers.md, Suffix decoding)")
-    out = subprocess.run([str(vllm_python), str(ROOT / "tests" / "arctic_parity.py"),
+    out = subprocess.run([str(vllm_python), str(ROOT / "tests" / "support" / "arctic_parity.py"),
                           str(ROOT), "7", "150"],
                          capture_output=True, text=True, timeout=600, check=True)
     counts = json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,20 +1,15 @@
 """Suffix decoding in the model: the simulation on stored sequences (tuner/model/_suffix_sim.py) is the engine's
-loop cycle for cycle, under each serving-history policy the profiler runs (profiler/suffix_history.py);
-the ``edits`` workload's layout keeps sessions inside one split."""
+loop cycle for cycle, under each serving-history policy the profiler runs (profiler/suffix_history.py)."""
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
 
 from specdec_tune.core.speculative import SpeculativeConfig
-from specdec_tune.core.splits import split_prompts
 from specdec_tune.engine import DecodeConfig, build_drafter, speculative
-from specdec_tune.engine.workloads import WORKLOADS_DIR, load_workload
 from specdec_tune.profiler.suffix_history import SuffixHistory
 from specdec_tune.tuner.model._suffix_sim import simulate_suffix
-from tests.stub_models import Bigram
+from tests.support.stub_models import Bigram
 
 PROMPTS = [[3, 1, 0, 3, 1, 2, 3, 1], [0, 0, 5, 4, 0, 0, 5], [2, 3], [5, 4, 5, 4, 5], [1, 2, 1, 2], [4]]
 MAX_NEW = 20
@@ -79,39 +74,3 @@ def test_new_pass_starts_the_history_again(bigram):
     history.new_pass()
     fresh = engine_cycles(bigram, spec, history)
     assert fresh == first != again
-
-
-def test_edits_sessions_stay_in_one_split():
-    records = [json.loads(line) for line in (WORKLOADS_DIR / "edits.jsonl").read_text().splitlines() if line.strip()]
-    prompts = load_workload("edits")
-    assert [p.id for p in prompts] == [r["id"] for r in records] and len(records) >= 40
-    tune = {r["session"] for r in split_prompts(records, "tune")}
-    held = {r["session"] for r in split_prompts(records, "holdout")}
-    assert tune and held and not tune & held
-    by_session: dict[int, list[dict]] = {}
-    for r in records:
-        by_session.setdefault(r["session"], []).append(r)
-    for turns in by_session.values():
-        assert [t["turn"] for t in turns] == [1, 2, 3]
-        # a later turn carries the earlier turn's prompt (and the target's answer to it)
-        assert turns[1]["prompt"].startswith(turns[0]["prompt"]) and turns[2]["prompt"].startswith(turns[1]["prompt"])
-
-
-def test_edit_workload_builder_pairs_sessions_and_feeds_answers():
-    from specdec_tune.training.corpus import SourceFile
-    from specdec_tune.training.edit_workloads import build_edit_workload
-
-    body = "".join(f"    x{i} = a + {i}\n" for i in range(6))
-    files = [SourceFile(f"m{k}.py", f"def f{k}(a, b):\n{body}    return x0\n") for k in range(5)]
-    answers = []
-
-    def answer(text: str) -> str:
-        answers.append(text)
-        return f"ANSWER{len(answers)}"
-
-    records = build_edit_workload(files, lambda t: len(t.split()), answer, sessions=4, min_tokens=4, max_tokens=400)
-    assert [(r["session"], r["turn"]) for r in records[:6]] == [(0, 1), (1, 1), (0, 2), (1, 2), (0, 3), (1, 3)]
-    assert len(records) == 12 and len(answers) == 8  # two answered turns per session
-    first, second = records[0]["prompt"], records[2]["prompt"]
-    assert "def f" in first and "_v2(a, b):\n" in first and first.endswith("    ")
-    assert second.startswith(first) and "ANSWER" in second and "strict=False" in second
