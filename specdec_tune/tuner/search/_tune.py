@@ -28,6 +28,7 @@ from typing import Any
 from specdec_tune.db import Database, get_run, list_models
 from specdec_tune.profiler import Progress, run_profile
 from specdec_tune.core.errors import InputError, NotFoundError
+from specdec_tune.core.speculative import MODEL_FREE, SUFFIX
 from specdec_tune.tuner.model import NGRAM, Candidate, Evaluator, Scored, ServerDecision, TuningResult, bias_of, decide
 from specdec_tune.tuner.model import front_epsilons
 from specdec_tune.tuner.search._confirm import confirm, server_decisions
@@ -233,6 +234,8 @@ def _schedule(req: TuneRequest, s: _Searched, c: Candidate) -> dict[int, int]:
     schedule = per_batch_size if plain_objective else objective_schedule
     if c.is_plain:
         return schedule(s.evaluator, c, bs, s.n_max)
+    if c.is_suffix:  # a constant N: vLLM's suffix proposer takes no per-batch-size K (servers/_suffix_facts.py)
+        return {}
     per_b = schedule(s.evaluator, c, bs, min(s.n_max, c.num_speculative_tokens))
     return {**per_b, 1: c.num_speculative_tokens} if 1 in per_b else per_b
 
