@@ -8,7 +8,8 @@
 #
 # Usage: bash scripts/setup_arctic_inference.sh [TARGET_DIR]
 #   TARGET_DIR default: the site-packages of $SPECDEC_VLLM_PYTHON (else <repo>/.venv-vllm/bin/python).
-#   With a TARGET_DIR elsewhere, put it on PYTHONPATH for the vLLM venv.
+#   With a TARGET_DIR elsewhere, set SPECDEC_VLLM_EXTRA_PATH=TARGET_DIR (the vLLM worker's PYTHONPATH; tests
+#   that run the vLLM Python directly get it from there too).
 # Needs: cmake >= 3.18, a C++20 compiler, network to PyPI.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"

@@ -14,6 +14,7 @@ import json
 import random
 import sys
 
+
 sys.path.insert(0, sys.argv[1])  # the checkout: its specdec_tune.core imports nothing but the standard library
 from specdec_tune.core import suffix as ours  # noqa: E402
 from specdec_tune.core.suffix_cache import SuffixCache  # noqa: E402

@@ -15,6 +15,7 @@ from specdec_tune.tuner.model import Candidate, TuningResult
 from specdec_tune.tuner.search._space import server_search_space, suffix_candidate
 from specdec_tune.tuner.servers import SERVERS, build_exports, expressible
 from specdec_tune.tuner.servers import _schemas as sch
+from tests.support.arctic import vllm_env
 
 SUFFIX = suffix_candidate(6, (16, 4, 2.0, 0.05))
 NEAREST = {"sglang": "NGRAM", "trtllm": "SADecodingConfig", "llamacpp": "ngram-map-k", "hf": "prompt lookup"}
@@ -89,7 +90,8 @@ print(json.dumps(out))
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_vllm_accepts_exactly_what_our_schema_accepts(vllm_python):
-    has = subprocess.run([str(vllm_python), "-c", "import arctic_inference.suffix_decoding"], capture_output=True)
+    has = subprocess.run([str(vllm_python), "-c", "import arctic_inference.suffix_decoding"], capture_output=True,
+                         env=vllm_env())
     if has.returncode != 0:
         pytest.skip("arctic-inference is not importable in the vLLM venv (vLLM refuses method 'suffix' without it): "
                     "bash scripts/setup_arctic_inference.sh")
@@ -105,7 +107,7 @@ def test_vllm_accepts_exactly_what_our_schema_accepts(vllm_python):
             ours.append(False)
         configs.append(cfg)
     out = subprocess.run([str(vllm_python), "-c", VLLM_CHECK], input=json.dumps(configs), capture_output=True,
-                         text=True, timeout=300, check=True)
+                         text=True, timeout=300, check=True, env=vllm_env())
     theirs = [x is True for x in json.loads(out.stdout.strip().splitlines()[-1])]
     assert ours == [True] * 4 + [False] * 5  # the cases mean what the table says
     assert theirs == ours
