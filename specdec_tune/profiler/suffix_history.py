@@ -2,7 +2,7 @@
 
 Suffix decoding drafts from the responses of earlier requests (``specdec_tune.core.suffix``), so what one
 request accepts depends on what ran before it. The profiler fixes that order explicitly, by one of three
-policies (docs/model.md, Suffix decoding):
+policies (docs/suffix.md, Order matters):
 
 - ``order``: the requests of a pass accumulate in the order they run, from an empty history: a server that
   started with the workload's first request. The profile runs its prompts this way (workload order).
