@@ -217,6 +217,14 @@ def neighbour_process(on: bool) -> Iterator[None]:
         proc.wait()
 
 
+def _where(settings) -> str:
+    """The device the run measured on: a GPU's dtype and graph state, a CPU's threads (the H200 run was
+    labelled "CPU, 16 thread(s)")."""
+    if settings.device == "cuda":
+        return f"GPU ({settings.dtype}, CUDA graphs {settings.cuda_graphs_used})"
+    return f"CPU, {settings.threads} thread(s) ({(settings.thread_choice or {}).get('source', 'as set')})"
+
+
 def _main(args: dict) -> None:
     db, target, drafts, workload, run = args["db"], args["target"], args["drafts"], args["workload"], args["run"]
     max_prompts, repeats, out = args["max_prompts"], args["repeats"], args["out"]
@@ -233,8 +241,7 @@ def _main(args: dict) -> None:
     results = {name: _measure(database, run_id, configs, settings, name, split, max_prompts, repeats)
                for name, split in chosen}
     lines = [f"model fidelity: target {target}, drafts {drafts}, workload {workload}, run {run_id} "
-             f"(profiled on split {settings.split}: {len(settings.prompt_ids)} prompts), CPU, "
-             f"{settings.threads} thread(s) ({(settings.thread_choice or {}).get('source', 'as set')}), "
+             f"(profiled on split {settings.split}: {len(settings.prompt_ids)} prompts), {_where(settings)}, "
              f"repeats {repeats}, max prompts {max_prompts or 'all'}"
              + (", one CPU-bound neighbour throughout" if args["neighbour"] else ", no neighbour started"),
              "throughput: end to end, new tokens / wall seconds of whole decode calls, prefill included; "

@@ -21,7 +21,7 @@ import typer
 from specdec_tune.cli import _options as opts
 from specdec_tune.db import open_database
 from specdec_tune.profiler import ProfileSettings, StageLog, run_profile
-from specdec_tune.core.stats import bounds, paired_speedup, speedup_ci
+from specdec_tune.core.stats import bounds, speedup_estimate
 from specdec_tune.tuner.model import SpecConfig
 from specdec_tune.tuner.search import measure_predicted
 
@@ -77,9 +77,10 @@ def main(
     plain = got[-1].measurement
     rows = []
     for v in got[:-1]:
-        measured = paired_speedup(v.measurement, plain)
+        est = speedup_estimate(v.measurement, plain)  # one estimator: the CI contains the point
+        measured = est.value
         rows.append({"N": v.config.spec.num_speculative_tokens, "predicted_speedup": v.prediction.speedup,
-                     "measured_speedup": measured, "measured_ci95": list(bounds(speedup_ci(v.measurement, plain))),
+                     "measured_speedup": measured, "measured_ci95": list(bounds(est.ci)),
                      "speedup_error": v.prediction.speedup / measured - 1,
                      "predicted_tokens_per_s": v.prediction.tokens_per_s, "measured_tokens_per_s": v.measurement.tokens_per_s,
                      "tokens_per_s_error": v.relative_error, "measured_tau": v.measurement.mean_tokens_per_cycle,

@@ -160,12 +160,12 @@ def check_workload(workload: str, split: str | None = None) -> int:
     return len(prompts)
 
 
-def check_measured_prompts(run, split: str | None, max_prompts: int | None, repeats: int) -> None:
+def check_measured_prompts(run, split: str | None, max_prompts: int | None, repeats: int | None) -> None:
     """What ``measure`` decodes exists: its prompts (an empty split: one line with the counts) and passes,
     before any model loads or a progress bar starts."""
     from specdec_tune.profiler import chosen_prompts
 
-    if repeats < 1:
+    if repeats is not None and repeats < 1:
         raise InputError(f"--repeats must be >= 1, got {repeats}")
     chosen_prompts(run, split, max_prompts)
 

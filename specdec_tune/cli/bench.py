@@ -173,6 +173,9 @@ def _print_result(out: Console, title: str, result) -> None:
     if result.vllm:
         _print_vllm(out, result.vllm)
     out.print(consistency_line(result), highlight=False)
+    from specdec_tune.profiler import describe_timed_regions
+
+    out.print(describe_timed_regions(result.timed_regions), highlight=False, markup=False)
 
 
 def consistency_line(result) -> str:

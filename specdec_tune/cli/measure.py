@@ -65,7 +65,7 @@ def measure(
     epsilon: EpsilonOption = 0.0,
     split: Optional[str] = typer.Option(None, "--split", help="Prompts to measure: tune | holdout | all | A:B (default: holdout for a run profiled on tune, else the run's own prompts)."),
     max_prompts: Optional[int] = typer.Option(None, "--max-prompts", help="Measure the first prompts of the split only."),
-    repeats: int = typer.Option(DEFAULT_REPEATS, "--repeats", help="Decode the prompt set this many times; each prompt counts with its median time (robust to load bursts)."),
+    repeats: Optional[int] = typer.Option(None, "--repeats", help=f"Decode the prompt set this many times; each prompt counts with its median time (robust to load bursts). Default {DEFAULT_REPEATS} on a CPU, 5 for a run profiled on a GPU."),
     seed: SeedOption = DEFAULT_SEED,
     backend: _Backend = "engine",
     vllm_python: _VllmPython = None,
@@ -103,7 +103,7 @@ def measure(
     opt.check_measured_prompts(get_run(database, run), split, max_prompts, repeats)  # before the bar and models
     quiet_loading()
     if backend == "vllm":
-        _measure_vllm(database, run, draft, config, temperature, split, max_prompts, repeats,
+        _measure_vllm(database, run, draft, config, temperature, split, max_prompts, repeats or DEFAULT_REPEATS,
                       opt.int_list(batch_sizes, "--batch-sizes"), vllm_python, json_out, gpu_price)
         return
     items = [(draft, config)] + ([("none", opt.spec_config(0, 0.0, "constant", 1, temperature))]
@@ -125,16 +125,17 @@ def _report(got: list, run: int, temperature: float, json_out: bool) -> None:
 
 
 def _speedup(v, plain) -> dict | None:
-    """The measured speedup over plain decoding (pass by pass, with the paired 95% CI) and the predicted one."""
+    """The measured speedup over plain decoding with its paired 95% CI (one estimator: the CI contains the
+    point, ``stats.speedup_estimate``) and the predicted one."""
     if plain is None:
         return None
-    from specdec_tune.core.stats import paired_speedup, speedup_ci
+    from specdec_tune.core.stats import speedup_estimate
 
-    measured = paired_speedup(v.measurement, plain.measurement)
+    est = speedup_estimate(v.measurement, plain.measurement)
+    measured, ci = est.value, est.ci
     predicted = v.prediction.speedup if v.prediction else None
-    ci = speedup_ci(v.measurement, plain.measurement)
     return {"measured": measured, "ci95": None if ci is None else list(ci),
-            "ci95_why": ci_unavailable(v.measurement.prompts) if ci is None else None, "predicted": predicted,
+            "ci95_why": est.why, "predicted": predicted,
             "relative_error": None if predicted is None else predicted / measured - 1,
             "plain_tokens_per_s": plain.measurement.tokens_per_s, "plain_measured_id": plain.measurement.measured_id}
 
@@ -157,7 +158,8 @@ def _measured_json(v, plain, run: int, temperature: float) -> dict:
         "label": "measured" + (", synthetic acceptance" if m.synthetic_acceptance else ""),
         "acceptance_rates": "synthetic" if m.synthetic_acceptance else "measured",
         "synthetic_acceptance": m.synthetic_acceptance,
-        "speedup": _speedup(v, plain), "threads": m.threads,
+        "speedup": _speedup(v, plain), "threads": m.threads, "decode_tokens_per_s": m.decode_tokens_per_s,
+        "timed_regions": m.timed_regions, "cuda_graphs": m.cuda_graphs,
         "machine_probe_s": m.machine_probe_s, "prediction_machine_speed": p.machine_speed if p else None,
         "prediction_machine_speed_source": v.speed_source if p else None,
         **ops.operator_json(m, v.latency, v.memory),
@@ -199,6 +201,11 @@ def _print_measured(v, plain, run: int) -> None:
         ci = f"95% CI {s['ci95'][0]:.2f}-{s['ci95'][1]:.2f}" if s["ci95"] else s["ci95_why"]
         typer.echo(f"speedup over plain decoding measured in the same passes: {s['measured']:.2f}× ({ci}; "
                    f"plain {s['plain_tokens_per_s']:.1f} tokens/s){predicted}")
+    from specdec_tune.profiler import describe_timed_regions
+
+    typer.echo(describe_timed_regions(m.timed_regions))
+    if plain is not None:
+        typer.echo(f"plain decoding, {describe_timed_regions(plain.measurement.timed_regions)}")
     for line in ops.latency_lines(m, v.latency) + ops.cost_lines(m) + ops.memory_lines(m, v.memory):
         typer.echo(line)
     if plain is not None:

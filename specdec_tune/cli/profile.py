@@ -50,13 +50,14 @@ _Drafts = Annotated[str, typer.Option("--draft", help=(
 def profile_summary(db, run_id: int) -> dict:
     """Everything ``profile`` prints, read back from the database (measured and predicted, labelled)."""
     from specdec_tune.db import get_run, list_measured
-    from specdec_tune.tuner.model import load_run_profile, predict_baseline
+    from specdec_tune.tuner.model import load_run_profile, predict_baseline, run_identity_check
 
     run = get_run(db, run_id)
     base_rp = load_run_profile(db, run_id, baseline_only=True)
     isolated = load_run_profile(db, run_id, baseline_only=True, calibrate=False)  # as measured, for display
     verify = {b: dict(curve) for b, curve in isolated.model.verify_s.items()}
     baseline = next((m for m in list_measured(db, run_id) if m.draft is None), None)
+    check = run.settings.identity_check or run_identity_check(db, run_id)
     return {
         "run_id": run_id, "status": run.status, "target": run.target.name,
         "workload": run.workload.name if run.workload else None, "throughput": THROUGHPUT_NOTE,
@@ -70,8 +71,14 @@ def profile_summary(db, run_id: int) -> dict:
             "predicted_label": "calibration identity (the model calibrated on this very run; not a validation)",
             "ar_overhead_ms": base_rp.model.ar_overhead_s * 1e3,
         },
+        # the calibration identity with the hooks' tax put back (what the hooked pass paid), the in-loop ÷
+        # isolated ratios and what the check found (tuner.model.identity_check); None: no hooked plain pass
+        "identity_check": check.model_dump(mode="json") if check else None,
         "drafts": [_draft_summary(db, run_id, d.name) for d in run.drafts],
         "acceptance_rates": _acceptance_json(run.settings),
+        "timed_regions": run.settings.timed_regions,
+        "cuda_graphs": {"target": run.settings.cuda_graphs_used, "drafts": dict(run.settings.draft_cuda_graphs),
+                        "counters": dict(run.settings.graph_counters), "read": "after the run"},
     }
 
 
@@ -151,12 +158,35 @@ def _print_summary(out: Console, s: dict) -> None:
         + f"; baseline {opt.format_rate(base['measured_tokens_per_s'])} tokens/s measured, "
         f"{opt.format_rate(base['predicted_tokens_per_s'])} recomputed from the same run (a calibration identity, "
         "not a validation: use measure on held-out prompts for that)", highlight=False)
+    _print_check(out, s.get("identity_check"))
+    from specdec_tune.profiler import describe_timed_regions
+
+    out.print(describe_timed_regions(s.get("timed_regions")), highlight=False, markup=False)
+    graphs = s.get("cuda_graphs") or {}
+    if graphs.get("target") is not None:
+        drafts = "".join(f", draft {name} {state}" for name, state in graphs["drafts"].items())
+        out.print(f"CUDA graphs after the run: target {graphs['target']}{drafts}", highlight=False, markup=False)
     for d in s["drafts"]:
         out.print(_draft_table(d, curve, synthetic))
     if s["drafts"] and all(_plain_faster(d) for d in s["drafts"]):
         out.print("predicted: plain decoding is faster than every draft profiled here (each best speedup is below "
                   "1×); speculative decoding does not pay for this pair on this machine", highlight=False)
     out.print(f"throughput is {THROUGHPUT_NOTE}", highlight=False)
+
+
+def _print_check(out: Console, check: dict | None) -> None:
+    """The check at the profile's end: the calibration identity with the hooks' tax put back, the in-loop ÷
+    isolated ratios, and one ``warning:`` line per problem found."""
+    if not check:
+        return
+    ratios = "; ".join(f"{d}: " + ", ".join(f"{k.replace('_', ' ')} {r:.2f}×" for k, r in sorted(rs.items()))
+                       for d, rs in check["in_loop_ratios"].items() if rs)
+    out.print(f"check: plain decoding {check['plain_predicted_tokens_per_s']:.1f} tokens/s predicted by the model "
+              f"calibrated on this run (hooks included) against {check['plain_measured_tokens_per_s']:.1f} measured "
+              f"in the hooked pass ({check['plain_error']:+.1%}, bound ±3 %)"
+              + (f"; in-loop ÷ isolated: {ratios} (bound 1.5×)" if ratios else ""), highlight=False, markup=False)
+    for w in check["warnings"]:
+        out.print(f"warning: {w}", highlight=False, markup=False)
 
 
 def _draft_table(d: dict, curve: dict, synthetic: bool) -> Table:
@@ -277,6 +307,9 @@ def profile(
             result = run_profile(database, target, drafts, workload, settings, Bar(bar))
     except KeyboardInterrupt:
         raise KeyboardInterrupt(kept_by_interrupt(database, newest, target)) from None
+    from specdec_tune.tuner.search import check_profile
+
+    check_profile(database, result.run_id)  # the calibration identity and the in-loop bounds, stored with the run
     summary = profile_summary(database, result.run_id)
     summary["telemetry"] = result.telemetry
     if json_out:

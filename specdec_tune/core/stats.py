@@ -5,7 +5,9 @@ lives here: no torch, no database, no timing. numpy only.
 
 :func:`bootstrap` is the one bootstrap routine: every CI the package prints (tokens/s, speedups, latency
 percentiles and gaps here and in ``core/latency.py``, the regression's speed ratios, the dashboard's
-trends) is a percentile bootstrap over prompts drawn with replacement, computed by it.
+trends) is a percentile bootstrap over prompts drawn with replacement, computed by it. A measured rate or
+speedup and its CI come from one estimator (:func:`speedup_estimate`): the point is the statistic on the
+samples as measured, the CI that statistic's bootstrap, and the CI always contains the point.
 """
 from __future__ import annotations
 
@@ -26,6 +28,38 @@ def trimmed_mean(values: Sequence[float], cut: float = 0.01) -> float:
     xs = sorted(values)
     keep = max(1, len(xs) - int(len(xs) * cut))
     return sum(xs[:keep]) / keep
+
+
+# A sample above median + ROBUST_MADS · MAD is a one-off (a graph capture, a new cache slot, a GC pause)
+# when such samples are rare: at most RARE of them, or one. A frequent slow tail is a cost the loop pays
+# every so often (a shared CPU's preemptions: on a loaded 2-core VM a third of the mean of the draft's
+# in-loop forwards) and stays, with trimmed_mean's 1 % trim. The MAD is floored at MIN_SPREAD of the
+# median so that samples that are nearly all equal (a graphed forward) keep their ordinary spread: at the
+# floor the cut lies 25 % above the median.
+ROBUST_MADS = 5.0
+MIN_SPREAD = 0.05
+RARE = 0.02
+
+
+def robust_mean(values: Sequence[float]) -> float:
+    """Mean of the samples without rare one-off costs (:data:`RARE` samples above median + 5·MAD at most),
+    for in-loop means from any number of samples: :func:`trimmed_mean`'s 1 % trims nothing below 100
+    samples, so one 25 ms capture among 8 forwards of 1 ms made their mean 4 ms (docs/model.md, In-loop
+    calibration). Where more samples lie above the cut, they are a recurring cost: the trimmed mean.
+
+    Raises:
+        ValueError: no samples.
+    """
+    xs = list(values)
+    if not xs:
+        raise ValueError("robust_mean of no samples")
+    med = statistics.median(xs)
+    mad = statistics.median(abs(x - med) for x in xs)
+    cut = med + ROBUST_MADS * max(mad, MIN_SPREAD * abs(med))
+    kept = sorted(x for x in xs if x <= cut)  # summed in order, as trimmed_mean does
+    if len(xs) - len(kept) > max(1, int(RARE * len(xs))):
+        return trimmed_mean(xs)
+    return sum(kept) / len(kept)
 
 
 # --------------------------------------------------------------------------- throughput CIs
@@ -142,7 +176,7 @@ class Bootstrap:
 
 
 def bootstrap(statistic: Statistic, units: int, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
-              seed: int = 0) -> Bootstrap:
+              seed: int = 0, point: float | None = None) -> Bootstrap:
     """Percentile bootstrap over ``units`` units (prompts) drawn with replacement.
 
     Args:
@@ -153,13 +187,19 @@ def bootstrap(statistic: Statistic, units: int, *, confidence: float = CONFIDENC
         confidence: the interval's coverage (0.95).
         resamples: bootstrap resamples B.
         seed: the resampling seed (the same data gives the same CI).
+        point: the statistic on the samples as measured (the value reported with this CI): the interval is
+            widened to contain it where the percentiles alone would not (a statistic with a lumpy bootstrap
+            distribution, such as a median over three repeats, can put 97.5 % of its replicates on one side
+            of its own value); wider only, so its coverage can only grow.
     """
     rng = np.random.default_rng(seed)
     picked = rng.integers(0, units, size=(resamples, units))
     replicates = np.asarray(statistic(picked, rng), dtype=float)
     alpha = (1.0 - confidence) / 2
-    low, high = np.quantile(replicates, [alpha, 1.0 - alpha])
-    return Bootstrap(replicates, float(low), float(high))
+    low, high = (float(x) for x in np.quantile(replicates, [alpha, 1.0 - alpha]))
+    if point is not None and np.isfinite(point):
+        low, high = min(low, float(point)), max(high, float(point))
+    return Bootstrap(replicates, low, high)
 
 
 def _resampled_medians(values: np.ndarray, prompts: np.ndarray, repeats: np.ndarray) -> np.ndarray:
@@ -200,62 +240,72 @@ def tokens_per_s_ci(samples: Any, *, confidence: float = CONFIDENCE, resamples: 
         repeats = _repeats(prompts, seconds.shape[1], rng)
         return _resampled_medians(tokens, prompts, repeats).sum(1) / _resampled_medians(seconds, prompts, repeats).sum(1)
 
-    return bootstrap(rate, len(s.prompt_ids), confidence=confidence, resamples=resamples, seed=seed).interval
+    return bootstrap(rate, len(s.prompt_ids), confidence=confidence, resamples=resamples, seed=seed,
+                     point=s.tokens_per_s).interval
 
 
-def speedup_ci(a: Any, b: Any, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
-               seed: int = 0) -> tuple[float, float] | None:
-    """Paired bootstrap CI of (tokens/s of ``a``) ÷ (tokens/s of ``b``), measured on the same prompts.
+@dataclass(frozen=True)
+class Estimate:
+    """A measured ratio and its 95 % CI from one estimator: the CI always contains ``value``.
 
-    Both were measured interleaved on the same prompts (repeat r of both in the same pass), so one
-    resample draws the same prompts and the same repeat indices for both: what the two share (a
-    prompt's length, a slow pass) cancels in the ratio instead of widening it.
+    Attributes:
+        value: the statistic on the samples as measured.
+        ci: its paired bootstrap CI; None from fewer than :data:`MIN_CI_PROMPTS` prompts (``why`` says so).
+    """
+
+    value: float
+    ci: tuple[float, float] | None
+    why: str | None = None
+
+
+def speedup_estimate(a: Any, b: Any, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
+                     seed: int = 0) -> Estimate:
+    """Speedup of ``a`` over ``b`` measured on the same prompts and its paired bootstrap CI, one estimator.
+
+    The statistic is (tokens/s of ``a``) ÷ (tokens/s of ``b``), each Σ_p median tokens ÷ Σ_p median seconds
+    over prompts p (:attr:`RateSamples.tokens_per_s`, the rates printed beside it). Both were measured
+    interleaved (repeat r of both in the same pass, prompt by prompt), so a pass the whole machine ran
+    slower moves both medians alike, and one resample draws the same prompts and the same repeat indices
+    for both: what they share (a prompt's length, a slow pass) cancels in the ratio instead of widening it.
+    The point is that statistic on the samples as measured and the CI its bootstrap, so the CI contains
+    it (a median of per-pass ratios as the point, beside a CI of per-prompt medians, did not: one
+    disturbed pass moves the two apart; docs/architecture.md, Measurement rules).
 
     Args:
         a, b: :class:`RateSamples`, stored dicts, or objects with ``samples`` (e.g. two
             ``profiler.measure.Measurement`` of one ``measure_configs`` call).
 
-    Returns:
-        (low, high); None from fewer than :data:`MIN_CI_PROMPTS` prompts (:func:`ci_unavailable` says why).
-
     Raises:
         ValueError: the two were not measured on the same prompts.
     """
     sa, sb = _as_samples(a), _as_samples(b)
     if sa.prompt_ids != sb.prompt_ids:
-        raise ValueError("a speedup CI needs two measurements of the same prompts in the same order")
-    if ci_unavailable(len(sa.prompt_ids)):
-        return None
+        raise ValueError("a speedup needs two measurements of the same prompts in the same order")
     ta, xa = _arrays(sa)
     tb, xb = _arrays(sb)
     r = min(xa.shape[1], xb.shape[1])
     ta, xa, tb, xb = ta[:, :r], xa[:, :r], tb[:, :r], xb[:, :r]
 
-    def ratio(prompts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        repeats = _repeats(prompts, r, rng)
+    def ratio(prompts: np.ndarray, repeats: np.ndarray) -> np.ndarray:
         rate_a = _resampled_medians(ta, prompts, repeats).sum(1) / _resampled_medians(xa, prompts, repeats).sum(1)
         rate_b = _resampled_medians(tb, prompts, repeats).sum(1) / _resampled_medians(xb, prompts, repeats).sum(1)
         return rate_a / rate_b
 
-    return bootstrap(ratio, len(sa.prompt_ids), confidence=confidence, resamples=resamples, seed=seed).interval
+    n = len(sa.prompt_ids)
+    value = float(ratio(np.arange(n)[None], np.broadcast_to(np.arange(r), (1, n, r)))[0])  # as measured
+    why = ci_unavailable(n)
+    if why:
+        return Estimate(value, None, why)
+    boot = bootstrap(lambda prompts, rng: ratio(prompts, _repeats(prompts, r, rng)), n, confidence=confidence,
+                     resamples=resamples, seed=seed, point=value)
+    return Estimate(value, boot.interval)
 
 
-def paired_speedup(a: Any, b: Any) -> float:
-    """Speedup of ``a`` over ``b`` pass by pass: the median over repeats r of (tokens/s of ``a`` in pass r)
-    ÷ (tokens/s of ``b`` in pass r), both over all prompts.
-
-    Two configurations measured interleaved share each pass's minutes, so a machine that slows down
-    for one pass (another process, a frequency drop) slows both: the pass's ratio keeps the speedup
-    and the median over passes drops a pass that was disturbed unevenly. What decisions rank on.
+def speedup_ci(a: Any, b: Any, *, confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
+               seed: int = 0) -> tuple[float, float] | None:
+    """The CI of :func:`speedup_estimate` (None from fewer than :data:`MIN_CI_PROMPTS` prompts).
 
     Raises:
         ValueError: the two were not measured on the same prompts.
     """
-    sa, sb = _as_samples(a), _as_samples(b)
-    if sa.prompt_ids != sb.prompt_ids:
-        raise ValueError("a paired speedup needs two measurements of the same prompts in the same order")
-    ta, xa = _arrays(sa)
-    tb, xb = _arrays(sb)
-    r = min(xa.shape[1], xb.shape[1])
-    ratios = (ta[:, :r].sum(0) / xa[:, :r].sum(0)) / (tb[:, :r].sum(0) / xb[:, :r].sum(0))
-    return float(np.median(ratios))
+    return speedup_estimate(a, b, confidence=confidence, resamples=resamples, seed=seed).ci

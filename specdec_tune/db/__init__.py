@@ -30,13 +30,14 @@ from specdec_tune.db._migrate import current_revision, head_revision, known_revi
 from specdec_tune.db._provenance import git_revision, specdec_version
 from specdec_tune.db._writes import add_acceptance, add_measured_run, add_run_draft, add_telemetry, add_timing_samples
 from specdec_tune.db._writes import add_traces, create_run, delete_run, finish_run, get_or_create_hardware
-from specdec_tune.db._writes import get_or_create_model, get_or_create_workload, set_prediction
+from specdec_tune.db._writes import get_or_create_model, get_or_create_workload, record_identity_check, set_prediction
+from specdec_tune.db._writes import update_run_settings
 from specdec_tune.db._reads import get_run, list_measured, list_models, list_runs, load_acceptance, load_telemetry
 from specdec_tune.db._reads import load_timings, load_traces
 from specdec_tune.db._records import FINISHED_STATUSES, MODES, RUN_STATUSES, TIMING_KINDS, AcceptanceRecord, DraftRecord
 from specdec_tune.db._records import HardwareRecord, MeasuredRecord, ModelRecord, RunRecord, TelemetryRow, TimingRow
 from specdec_tune.db._records import BiasFrontRow, TeacherForcedRow, TraceRow, WorkloadRecord
-from specdec_tune.db._run_settings import RunSettings
+from specdec_tune.db._run_settings import IdentityCheck, RunSettings
 from specdec_tune.db._regress import CalibrationRecord, CellVerdict, RegressBenchmarkRecord, RegressCellRecord
 from specdec_tune.db._regress import RegressRunRecord, add_calibration, add_regress_benchmark, add_regress_cells
 from specdec_tune.db._regress import create_regress_run, finish_regress_run, get_regress_run, latest_calibration
@@ -47,13 +48,14 @@ from specdec_tune.db._trees import TREE_KINDS, TreeTraceRecord, add_tree_traces,
 __all__ = [
     "DEFAULT_URL", "ENV_VAR", "default_storage_url", "sqlite_file", "FINISHED_STATUSES", "MODES", "RUN_STATUSES", "TIMING_KINDS",
     "AcceptanceRecord", "Database", "DraftRecord", "HardwareRecord", "MeasuredRecord",
-    "ModelRecord", "RunRecord", "RunSettings", "TelemetryRow", "TimingRow", "TraceRow", "WorkloadRecord",
+    "ModelRecord", "RunRecord", "RunSettings", "IdentityCheck", "record_identity_check", "TelemetryRow", "TimingRow",
+    "TraceRow", "WorkloadRecord",
     "add_acceptance", "add_measured_run", "set_prediction", "add_run_draft", "add_telemetry", "add_timing_samples",
     "add_traces", "create_run", "current_revision", "delete_run", "finish_run",
     "get_or_create_hardware", "get_or_create_model", "get_or_create_workload", "get_run",
     "head_revision", "known_revisions", "list_measured", "list_models", "list_runs",
     "load_acceptance", "load_telemetry", "load_timings", "load_traces", "mask_url",
-    "open_database", "resolve_url", "session_scope", "upgrade",
+    "open_database", "resolve_url", "session_scope", "update_run_settings", "upgrade",
     "CalibrationRecord", "CellVerdict", "RegressBenchmarkRecord", "RegressCellRecord", "RegressRunRecord", "add_calibration",
     "add_regress_benchmark", "add_regress_cells", "create_regress_run", "finish_regress_run", "get_regress_run",
     "latest_calibration", "list_regress_runs", "load_regress_benchmarks", "load_regress_cells", "metric_trend",

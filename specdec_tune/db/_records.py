@@ -20,7 +20,14 @@ from specdec_tune.db._run_settings import RunSettings
 # bookkeeping outside the forwards; draft_width: one draft forward over k tree nodes (a depth of a
 # token tree, docs/model.md, Token trees and staged drafting).
 TIMING_KINDS = ("draft_step", "verify", "autoregressive", "prefill", "overhead", "machine_probe", "draft_width",
-                "verify_context")  # verify_context: T_v(1, k) at other context lengths than the typical one
+                "verify_context",  # verify_context: T_v(1, k) at other context lengths than the typical one
+                # hooked_call / bare_call: one decode of a profile pass's design timed whole with the profiler's hooks
+                # and without, each per hooked forward, in pairs (k: the design's N + 1, 1 for plain decoding;
+                # _threshold: the θ > 0 pass's design): their difference is the hooks' tax (profiler/hook_tax.py)
+                "hooked_call", "bare_call", "hooked_call_threshold", "bare_call_threshold",
+                # first_cycle: a decode's first cycle whole (set-up, prefills, its drafts and verify) plus its tail
+                # after the last cycle, hooked (k: the first verify's width L + 1, context_len: the prompt's tokens)
+                "first_cycle")
 RUN_STATUSES = ("running", "completed", "interrupted", "failed")
 FINISHED_STATUSES = RUN_STATUSES[1:]
 MODES = ("greedy", "sampling")

@@ -21,6 +21,29 @@ from specdec_tune.core.errors import StorageError
 from specdec_tune.core.limits import MAX_SEARCHED_TOKENS
 
 
+class IdentityCheck(BaseModel):
+    """What a profile's end checks (issue 37, F7): the model calibrated on the run reproduces the plain decoding
+    it measured (hooked), and the loop's forwards cost what the micro-benchmarks say, within bounds. Written
+    after the run by ``profile`` and ``tune`` (the tuner predicts; the profiler never does).
+
+    Attributes:
+        plain_predicted_tokens_per_s: plain decoding as the calibrated model predicts it, hooks included.
+        plain_measured_tokens_per_s: the profile's hooked plain pass, measured.
+        plain_error: predicted ÷ measured - 1 (beyond 3 %: one-off costs in the pass, or a term the model misses).
+        in_loop_ratios: draft -> in-loop ÷ isolated time of the verify (the largest at the calibration's
+            anchors) and of a later draft forward (beyond 1.5×: the loop did not run what was benchmarked).
+        warnings: the problems found, one line each.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    plain_predicted_tokens_per_s: float
+    plain_measured_tokens_per_s: float
+    plain_error: float
+    in_loop_ratios: dict[str, dict[str, float]] = {}
+    warnings: tuple[str, ...] = ()
+
+
 class RunSettings(BaseModel):
     """A profile run's settings: what it was asked to measure (``profiler.ProfileSettings``, label aside:
     that is ``profile_runs.label``) with the values the run resolved, and what it recorded about itself."""
@@ -50,10 +73,20 @@ class RunSettings(BaseModel):
     synthetic_acceptance: tuple[float, ...] | None = None  # given α_i instead of the target's verdicts
     front_prompts: int = 0  # prompts of the measured lossy front (runs before it measured none)
     trees: bool = False  # token-tree and staged-drafting data recorded (profile --trees)
+    # The θ > 0 pass (per draft, θ = threshold_pass at N = threshold_pass_n on the first threshold_prompts
+    # prompts): what a checked draft forward costs beyond θ = 0's (runs before it ran none: 0 prompts).
+    threshold_pass: float = 0.0
+    threshold_pass_n: int = 4
+    threshold_prompts: int = 0
+    hook_tax_prompts: int = 0  # prompts each pass design decoded unhooked too, for the hooks' cost (0: none)
 
     # -- recorded by the run
     lean_kernels: str | None = None  # the lean forward's kernels (engine.lean_kernels), None before recorded
-    cuda_graphs_used: str | None = None  # whether the target ran CUDA graphs (on | off), None before recorded
+    # whether the target ran CUDA graphs (on | off | failed (why)), read after the run; None before recorded
+    cuda_graphs_used: str | None = None
+    draft_cuda_graphs: dict[str, str | None] = {}  # draft model name -> its CUDA-graph state after the run
+    graph_counters: dict[str, dict[str, Any]] = {}  # model -> its graph runner's counters after the run
+    timed_regions: dict[str, Any] | None = None  # the timed regions' check (profiler.clean), None before recorded
     draft_forwards: dict[str, str] = {}  # draft model name -> its forward (lean | hf)
     target: str | None = None  # the target as named on the command line
     drafts: tuple[str, ...] = ()  # the drafts as named on the command line
@@ -64,6 +97,7 @@ class RunSettings(BaseModel):
     typical_context: int = 0  # the context length of the T_v(k) timings (0: not recorded)
     thread_choice: dict[str, Any] | None = None  # profiler.threads.ThreadChoice.to_dict()
     throughput: str | None = None  # what the run's tokens/s mean, in words
+    identity_check: IdentityCheck | None = None  # the check at the profile's end (None: not made)
 
     @model_validator(mode="before")
     @classmethod

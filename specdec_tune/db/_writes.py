@@ -31,7 +31,7 @@ from specdec_tune.db._records import (
 )
 from specdec_tune.db._reads import require_run
 from specdec_tune.db._session import session_scope
-from specdec_tune.db._run_settings import RunSettings
+from specdec_tune.db._run_settings import IdentityCheck, RunSettings
 from specdec_tune.core.errors import InputError, NotFoundError
 
 _CHUNK = 5000  # rows per executemany: bounded memory, still one transaction per call
@@ -113,6 +113,18 @@ def add_run_draft(
             s.add(m.RunDraft(run_id=run_id, name=name, model_id=model_id, role=role))
 
 
+def record_identity_check(db: Database, run_id: int, check: IdentityCheck) -> None:
+    """Store the check made at the end of profile run ``run_id`` in its settings (``RunSettings.identity_check``).
+
+    Raises:
+        NotFoundError: No such run.
+    """
+    with session_scope(db, write=True) as s:
+        run = require_run(s, db, run_id)
+        settings = RunSettings.from_json(run.settings, where=f"profile run {run_id}")
+        run.settings = settings.model_copy(update={"identity_check": check}).to_json()
+
+
 def finish_run(
     db: Database, run_id: int, status: str = "completed", notes: str | None = None
 ) -> None:
@@ -132,6 +144,19 @@ def finish_run(
         run.finished_at = m.utcnow()
         if notes is not None:
             run.notes = notes
+
+
+def update_run_settings(db: Database, run_id: int, values: Mapping[str, Any]) -> None:
+    """Merge ``values`` into a run's stored settings (validated as :class:`RunSettings`): what a run records
+    about itself once it has measured, such as every model's CUDA-graph state after the run.
+
+    Raises:
+        NotFoundError: No such run.
+        StorageError: a value of the wrong type for its field.
+    """
+    with session_scope(db, write=True) as s:
+        run = require_run(s, db, run_id)
+        run.settings = RunSettings.from_json({**(run.settings or {}), **values}, where=f"run {run_id}").to_json()
 
 
 def delete_run(db: Database, run_id: int) -> None:

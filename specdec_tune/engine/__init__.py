@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from specdec_tune.engine.decode import DecodeConfig, autoregressive, speculative
     from specdec_tune.engine.draft_budget import DraftBudget, LoadBudget, ScheduleBudget, choose_budget
     from specdec_tune.engine.drafters import ModelDrafter, NgramDrafter, build_drafter, probs_from_logits
+    from specdec_tune.engine.graph_state import GraphCounters, decode_keys, graph_counters, prepare_graphs
     from specdec_tune.engine.kvcache import PreallocatedCache, forward_with_cache, make_cache
     from specdec_tune.engine.lean import LeanCausalLM, lean_unsupported, wrap_forward
     from specdec_tune.engine.lean_kernels import status as lean_kernels_status
@@ -40,6 +41,8 @@ _HOME = {  # public name -> the module that defines it ("module.attribute": the 
     "DraftBudget": "draft_budget", "LoadBudget": "draft_budget", "ScheduleBudget": "draft_budget",
     "choose_budget": "draft_budget",
     "ModelDrafter": "drafters", "NgramDrafter": "drafters", "build_drafter": "drafters", "probs_from_logits": "drafters",
+    "GraphCounters": "graph_state", "decode_keys": "graph_state", "graph_counters": "graph_state",
+    "prepare_graphs": "graph_state",
     "PreallocatedCache": "kvcache", "forward_with_cache": "kvcache", "make_cache": "kvcache",
     "LeanCausalLM": "lean", "lean_unsupported": "lean", "wrap_forward": "lean",
     "lean_kernels_status": "lean_kernels.status",

@@ -13,8 +13,12 @@ How (gpt-fast's static-cache recipe, applied to :class:`~specdec_tune.engine.lea
   graphed model (:func:`~specdec_tune.engine.kvcache.make_cache`) is a :class:`GraphCache`; at its first
   forward it takes a free slot of its batch size and length, and gives it back when it is garbage
   collected. A decode allocates a cache per sequence, so consecutive sequences reuse one slot and its
-  graphs; a few idle slots are kept (:meth:`GraphRunner._evict`), so prompts of two length buckets do not
-  re-capture per sequence.
+  graphs; idle slots are kept (:meth:`GraphRunner._evict`: those without graphs go first), so prompts of
+  several length buckets do not re-capture per sequence.
+- A cache takes a slot of exactly its own length class, never a longer one: attention runs over the whole
+  slot, so the slot's length sets a graphed forward's cost, and it must be a function of the decode's own
+  length (prompt + room), the same in ``profile`` and ``measure``, not of whichever slots earlier work left
+  idle (docs/architecture.md, Measurement rules).
 - The graph's inputs are device tensors: the token ids ``[B, k]`` and the cache length. Positions are
   ``length + arange(k)``; the rotary tables are indexed by them, the new keys and values are written
   with ``index_copy_`` at them, and attention runs over all L positions of the slot under an additive
@@ -23,9 +27,11 @@ How (gpt-fast's static-cache recipe, applied to :class:`~specdec_tune.engine.lea
 - One graph per (slot, k, logits kept), captured on first use after two warm-up forwards on a side
   stream (PyTorch's rule for capture); the warm-ups run with the real inputs, so the keys and values
   they write are the ones the replay writes. The first verify of width k also captures every narrower
-  verify (1..k - 1, on a prefix of its tokens: the keys they write are a prefix of its own), so a run's
-  warm-up decode at N captures what its timed decodes replay, whatever the drafts' lengths later.
-  Measurements warm up on their longest prompt: a slot serves any cache no longer than itself.
+  verify (1..k - 1, on a prefix of its tokens: the keys they write are a prefix of its own).
+  :func:`prepare_graphs` makes, outside any timed region, every graph a decode at N can replay
+  (:func:`decode_keys`; the draft's catch-up (2, 1) included) on every idle slot, and the runner counts
+  what it makes (:class:`GraphCounters`, on the CPU too), so a measurement can prove that nothing was
+  captured or allocated while it timed.
 - All graphs of a runner share one memory pool (as vLLM's do), kept alive by a trivial anchor graph
   (:meth:`GraphRunner._make_pool`). A replay's logits are copied out of the graph's static output (the
   drafter keeps one row per drafted token, and the next replay overwrites the static output).
@@ -51,7 +57,10 @@ import torch.nn.functional as F
 from specdec_tune.engine.kvcache import PreallocatedCache
 from specdec_tune.engine.lean import _GQA_ARG, PACK_MAX_BYTES, _cat_bias, _rms_norm
 from specdec_tune.core.limits import GRAPH_MODES, MAX_GRAPH_TOKENS, slot_length
-MAX_IDLE_SLOTS = 4  # idle slots kept for reuse (oldest dropped first) ...
+from specdec_tune.engine.graph_state import GraphCounters
+# Idle slots kept for reuse: a profile's graphs live on the slots of its warm-ups and micro-benchmarks (up to
+# one per length class and context timed), which must outlive the prefill stage's many graph-less caches ...
+MAX_IDLE_SLOTS = 8
 MAX_IDLE_BYTES = 2 << 30  # ... and at most this much idle key/value memory
 
 
@@ -114,12 +123,18 @@ class GraphRunner:
         self.pool = None  # one CUDA memory pool for every graph of this model
         self._anchor: tuple | None = None  # a trivial graph that keeps the pool alive (see _make_pool)
         self.captured = 0  # graphs captured so far
+        self.made = 0  # graphs made or attempted (on the CPU too: their static inputs)
+        self.slots_made = 0  # slots allocated so far
+        self.evicted = 0  # idle slots dropped so far
         self.failed: str | None = None  # why capture failed (then every forward runs eagerly)
         self._fused: tuple | None = None  # (weights key, per-layer concatenated q/k/v and gate/up weights)
 
     def cache(self, max_len: int) -> GraphCache:
         config = self.lean.config.get_text_config(decoder=True)
         return GraphCache(self, int(config.num_hidden_layers), max_len)
+
+    def counters(self) -> GraphCounters:
+        return GraphCounters(self.made, self.captured, len(self.slots), self.slots_made, self.evicted, self.failed)
 
     # -- slots ---------------------------------------------------------------------------------------------
     def _bind(self, cache: GraphCache, batch: int) -> _Slot | None:
@@ -132,13 +147,14 @@ class GraphRunner:
         lean = self.lean
         weight = lean._embed
         length = slot_length(cache.max_len)
-        fits = [s for s in self.slots if not s.busy and s.batch == batch and s.length >= length
-                and s.dtype == weight.dtype and s.device == weight.device]
-        slot = min(fits, key=lambda s: s.length) if fits else None  # a longer slot serves a shorter cache too
+        fits = [s for s in self.slots if not s.busy and s.batch == batch and s.length == length
+                and s.dtype == weight.dtype and s.device == weight.device]  # its own class only (module docstring)
+        slot = max(fits, key=lambda s: len(s.graphs)) if fits else None  # the one holding the most graphs
         if slot is None:
             self._evict()
             slot = _Slot(len(cache.layers), batch, lean.num_kv_heads, lean.head_dim, length, weight.dtype, weight.device)
             self.slots.append(slot)
+            self.slots_made += 1
         slot.busy = True
         weakref.finalize(cache, slot.release)
         for layer, k, v in zip(cache.layers, slot.keys, slot.values):
@@ -148,15 +164,38 @@ class GraphRunner:
         return slot
 
     def _evict(self) -> None:
-        """Drop the oldest idle slots (and their graphs) beyond ``MAX_IDLE_SLOTS`` or ``MAX_IDLE_BYTES``:
-        prompts of alternating length buckets keep their slots (no re-capture per sequence), while a
-        sweep over batch sizes and contexts (``profile``) does not keep every cache it ever made."""
+        """Drop idle slots beyond ``MAX_IDLE_SLOTS`` or ``MAX_IDLE_BYTES``, those without graphs first (oldest
+        first), those holding graphs only when no graph-less idle slot is left: prompts of alternating
+        length buckets keep their slots and graphs (no re-capture per sequence, none inside a timed pass
+        after the profile's prefill stage left a slot per prompt), while a sweep over batch sizes and
+        contexts (``profile``) does not keep every cache it ever made."""
         idle = [s for s in self.slots if not s.busy]
+        idle = [s for s in idle if not s.graphs] + [s for s in idle if s.graphs]
         size = sum(s.nbytes for s in idle)
         while idle and (len(idle) >= MAX_IDLE_SLOTS or size > MAX_IDLE_BYTES):
             gone = idle.pop(0)
             size -= gone.nbytes
             self.slots.remove(gone)
+            self.evicted += 1
+
+    def prepare(self, keys) -> int:
+        """Make the graphs ``keys`` (``(new tokens, logits kept)`` pairs, ``engine.graph_state.decode_keys``) on
+        every idle slot that lacks them and already replayed a decode's forward, outside any timed region;
+        returns how many were made. A slot that never replayed one (an eager prefill's, the profile's
+        prefill benchmark) gets none: a decode binds the slot of its class holding the most graphs. The
+        inputs are placeholders written after the slot's first position: a slot holds stale keys anyway,
+        and a decode writes every position before it attends to it."""
+        before = self.made
+        self._check_weights()
+        with torch.inference_mode():
+            for slot in [s for s in self.slots if not s.busy and s.graphs]:
+                for k, keep in sorted(set(keys)):
+                    if self.failed is not None:
+                        return self.made - before
+                    if (k, keep) not in slot.graphs and 1 <= keep <= k <= MAX_GRAPH_TOKENS:
+                        ids = torch.zeros(slot.batch, k, dtype=torch.long, device=slot.device)
+                        self._make(slot, ids, 1, keep)
+        return self.made - before
 
     def _check_weights(self) -> None:
         """Drop every graph when a weight moved or changed in place since they were captured (checked
@@ -221,6 +260,7 @@ class GraphRunner:
     def _make(self, slot: _Slot, input_ids: torch.Tensor, start: int, keep: int) -> _Graph | None:
         """Static inputs (holding this forward's ids and length) and, on CUDA, the captured graph."""
         lean = self.lean
+        self.made += 1
         with torch.inference_mode(False):
             ids = input_ids.detach().clone()
             begin = torch.tensor(start, dtype=torch.long, device=input_ids.device)

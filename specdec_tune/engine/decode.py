@@ -62,7 +62,7 @@ def autoregressive(
             one token emitted), so the profiler can time token arrivals as it does speculative cycles.
     """
     _check_prompt(prompt_ids)
-    cache = make_cache(model, prompt_ids.shape[0] + config.max_new_tokens + 1)
+    cache = make_cache(model, prompt_ids.shape[0] + config.plain_room)
     out: list[int] = []
     logits = _forward(model, prompt_ids, cache, 1)[-1]
     eos_hit = False

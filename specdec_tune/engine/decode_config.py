@@ -65,3 +65,8 @@ class DecodeConfig:
     def room(self) -> int:
         """Positions a sequence may need past its prompt: the output, one chain draft, the bonus and one spare."""
         return self.max_new_tokens + self.spec.num_speculative_tokens + 2
+
+    @property
+    def plain_room(self) -> int:
+        """Positions plain decoding (``autoregressive``) gives its cache past the prompt: the output and one spare."""
+        return self.max_new_tokens + 1

@@ -15,6 +15,7 @@ from specdec_tune.profiler.backends import cached_gguf, copy_gguf, find_llamacpp
 from specdec_tune.profiler.backends import VllmPair, measure_arms_vllm, measure_on_server, require_vllm_python
 from specdec_tune.profiler.backends import server_version
 from specdec_tune.profiler.bench import HF_METHODS, OURS, RATIOS, VLLM_METHODS, run_bench
+from specdec_tune.profiler.clean import describe as describe_timed_regions
 from specdec_tune.profiler.measure import chosen_prompts, default_split, measure_configs
 from specdec_tune.profiler.measure_records import PLAIN, Measurement, MeasureSpec
 from specdec_tune.profiler.runs import DraftSpec, encode_prompt, measure_prompt, warm_up
@@ -34,5 +35,5 @@ __all__ = [
     "model_identity", "model_source", "require_vllm_python", "resolve_source", "resolve_workload", "run_profile",
     "server_version",
     "DraftSpec", "Stopwatch", "VllmPair", "encode_prompt", "measure_prompt", "warm_up",
-    "HF_METHODS", "OURS", "RATIOS", "VLLM_METHODS", "run_bench",
+    "HF_METHODS", "OURS", "RATIOS", "VLLM_METHODS", "run_bench", "describe_timed_regions",
 ]  # fmt: skip

@@ -2,11 +2,13 @@
 speculative engine, greedy, on the same prompts in one process; optionally vLLM's plain and
 speculative decoding (two engines in the vLLM venv, see :class:`VllmPair`), interleaved with them.
 
-Fairness rules: every method is warmed up first; methods are interleaved prompt by prompt (so slow
+Fairness rules: every method is warmed up first (with CUDA graphs on every prompt, and every graph our
+engine can replay made: ``profiler.measure_passes``); methods are interleaved prompt by prompt (so slow
 drift of the machine hits all four alike); each timed call is one whole generation, prefill
-included, measured with one synchronisation at its end; tokens/s = new tokens / seconds summed over
-prompts. HF assisted generation is configured through the *assistant's* ``generation_config``
-(``num_assistant_tokens``, ``num_assistant_tokens_schedule="constant"``,
+included, measured with one synchronisation at its end, checked for a graph capture or new KV slot
+inside (re-run when one happened, ``profiler.clean``) with the garbage collector off; tokens/s = new
+tokens / seconds summed over prompts. HF assisted generation is configured through the *assistant's*
+``generation_config`` (``num_assistant_tokens``, ``num_assistant_tokens_schedule="constant"``,
 ``assistant_confidence_threshold=0``), which is where transformers 5 reads them.
 
 vLLM: each call is one ``LLM.generate`` of one prompt (batch 1), timed inside the worker process
@@ -25,12 +27,13 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec_tune.core.consistency import Consistency, overall
-from specdec_tune.engine import DecodeConfig, LoadedModel
+from specdec_tune.engine import DecodeConfig, LoadedModel, decode_keys, prepare_graphs
+from specdec_tune.profiler.clean import TimedRegions, quiet_gc
 from specdec_tune.profiler.logit_margins import check_outputs
 from specdec_tune.profiler.runs import DraftSpec, decode_once
 from specdec_tune.profiler.timers import Stopwatch, synchronize
 from specdec_tune.profiler.backends import VllmPair
-from specdec_tune.core.stats import RateSamples, speedup_ci
+from specdec_tune.core.stats import RateSamples, speedup_estimate
 
 HF_METHODS = ("hf_generate", "hf_assisted")
 OURS = ("ours_baseline", "ours_speculative")
@@ -92,14 +95,25 @@ class BenchResult:
     dtype: str = "float32"
     # (prompt, method) -> the consistency rule's verdict against the first method's output
     consistency: dict[tuple[int, str], Consistency] = field(default_factory=dict)
+    timed_regions: dict | None = None  # the timed calls' check (profiler.clean.TimedRegions.report)
+    _estimates: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def _estimate(self, a: str, b: str):
+        """Tokens/s of ``a`` ÷ tokens/s of ``b``, each over the prompts' medians, and its paired CI: one
+        estimator (``stats.speedup_estimate``; with one repeat, the ratio of the pooled rates)."""
+        if (a, b) not in self._estimates:
+            self._estimates[(a, b)] = speedup_estimate(self.methods[a].samples(), self.methods[b].samples())
+        return self._estimates[(a, b)]
 
     def ratio(self, a: str, b: str) -> float:
-        den = self.methods[b].tokens_per_s
-        return self.methods[a].tokens_per_s / den if den else float("nan")
+        if not self.methods[b].seconds_rows or not self.methods[b].tokens_per_s:
+            return float("nan")
+        return self._estimate(a, b).value
 
     def ratio_ci(self, a: str, b: str) -> tuple[float, float] | None:
-        """Paired bootstrap 95% CI of ratio(a, b) (same prompts, interleaved); None from one prompt."""
-        return speedup_ci(self.methods[a].samples(), self.methods[b].samples())
+        """Paired bootstrap 95% CI of ratio(a, b) (same prompts, interleaved; it contains the ratio); None
+        from one prompt."""
+        return self._estimate(a, b).ci
 
     def ratios(self) -> dict[str, dict[str, float | list[float]]]:
         out = {}
@@ -162,6 +176,7 @@ class BenchResult:
             "outputs_identical": self.identical,
             "mismatches": [{"prompt": i, "method": m} for i, m in self.mismatches],
             "consistency": self.consistency_json(),
+            "timed_regions": self.timed_regions,
             **({"vllm": self.vllm} if self.vllm else {}),
         }
 
@@ -252,21 +267,34 @@ def run_bench(
         out = calls[m](ids)
         return out, watch.stop()
 
+    regions = TimedRegions({"target": target.model, "draft": draft.model})
     with torch.inference_mode():
-        for m in chosen:  # warm-up, untimed, on the longest prompt (the largest KV cache: CUDA-graph slots fit)
-            run(m, max(prompts, key=len))
+        _warm(target, draft, prompts, chosen, run, num_speculative_tokens, bool(regions.models))
         if vllm is not None:
             vllm.reset_counts()  # vLLM's counters and latencies cover the measured calls only
-        for r in range(repeats):
-            for i, ids in enumerate(prompts):
-                for m in chosen:
-                    out, seconds = run(m, ids)
-                    results[m].add(i, out, seconds)
-                if progress is not None:
-                    progress(f"repeat {r + 1}/{repeats}, prompt {i + 1}/{len(prompts)}")
+        with quiet_gc():
+            for r in range(repeats):
+                for i, ids in enumerate(prompts):
+                    for m in chosen:  # vLLM runs in its own processes: nothing of ours to watch there
+                        out, seconds = run(m, ids) if m in timed else regions.run(lambda: run(m, ids), f"{m} {i}")
+                        results[m].add(i, out, seconds)
+                    if progress is not None:
+                        progress(f"repeat {r + 1}/{repeats}, prompt {i + 1}/{len(prompts)}")
     return BenchResult(results, len(prompts), max_new_tokens, num_speculative_tokens, repeats,
                        vllm.summary() if vllm is not None else {}, str(target.dtype).replace("torch.", ""),
-                       judge_outputs(target, prompts, results))
+                       judge_outputs(target, prompts, results), regions.report())
+
+
+def _warm(target: LoadedModel, draft: LoadedModel, prompts: list[torch.Tensor], chosen: list[str], run,
+          n: int, graphed: bool) -> None:
+    """Untimed warm-up of every method: on the longest prompt (the largest KV cache), on every prompt where
+    our engine replays CUDA graphs (each prompt's slot length and first prefill), then every graph a
+    decode at N can replay made (``engine.prepare_graphs``)."""
+    for m in chosen:
+        for ids in prompts if graphed else [max(prompts, key=len)]:
+            run(m, ids)
+    prepare_graphs(target.model, decode_keys(n, draft=False))
+    prepare_graphs(draft.model, decode_keys(n, draft=True))
 
 
 def judge_outputs(target: LoadedModel, prompts: list[torch.Tensor],

@@ -60,13 +60,18 @@ def open_energy_meter(device: torch.device | str) -> EnergyMeter | None:
 
 @dataclass(frozen=True)
 class EnergySamples:
-    """Joules and new tokens of each measured pass of one configuration."""
+    """Joules and new tokens of each metered pass of one configuration (and its wall seconds, where the
+    pass was metered apart from the timed ones: ``profiler.measure_passes``)."""
 
     joules: tuple[float, ...]
     tokens: tuple[float, ...]
+    seconds: tuple[float, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"joules": list(self.joules), "tokens": list(self.tokens)}
+        out: dict[str, Any] = {"joules": list(self.joules), "tokens": list(self.tokens)}
+        if self.seconds:
+            out.update(seconds=list(self.seconds), watts=self.total_j / sum(self.seconds) if sum(self.seconds) else None)
+        return out
 
     @property
     def total_j(self) -> float:

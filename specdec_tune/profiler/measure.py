@@ -1,16 +1,19 @@
 """Measure configurations end to end on a profiled run's prompts and store what was measured.
 
-Throughput is what a user sees: new tokens / wall seconds of whole decode calls (prefill included),
-summed over the prompts, after one untimed warm-up decode. The profiler measures and never predicts
-(docs/architecture.md, Rooms): the command that wants predicted next to measured asks ``tuner`` for the
-prediction and stores it beside this measurement (``tuner.search``'s ``measure_predicted``).
+Throughput is what a user sees: new tokens / wall seconds of whole decode calls (prefill included), summed
+over the prompts, after an untimed warm-up (the protocol: :mod:`profiler.measure_passes`). The profiler
+measures and never predicts (docs/architecture.md, Rooms): the command that wants predicted next to measured
+asks ``tuner`` for the prediction and stores it beside this measurement (``tuner.search``'s
+``measure_predicted``).
 
 Several configurations of one run are measured together: the models are loaded once, and each repeat
 decodes every prompt with every configuration, the configurations taking turns prompt by prompt in a
-rotated order (:func:`_run_cases`), so a slow minute of a shared machine is spread over all configurations
+rotated order (``profiler.measure_passes.run_cases``), so a slow minute of a shared machine is spread over all configurations
 instead of landing on one: rankings and errors compare like with like (docs/architecture.md, Measurement
-rules). Each measurement stores its 95% CI, the raw per-prompt, per-repeat samples, every request's token
-arrivals and, with NVML, each pass's joules.
+rules). Every timed decode is checked for graph captures and new KV slots inside it (re-run when any, and
+the counts stored), with the garbage collector off. Each measurement stores its 95% CI, the raw per-prompt,
+per-repeat samples, every request's token arrivals, the graph state of every model after the run and,
+with NVML, the joules of separate metered passes.
 """
 from __future__ import annotations
 
@@ -23,22 +26,25 @@ from typing import Any
 import torch
 
 from specdec_tune.db import Database, RunSettings, add_measured_run, get_run, load_tree_traces
-from specdec_tune.engine import DecodeConfig, LoadedModel, acceptance_per_position, check_compatible, load_model
+from specdec_tune.engine import DecodeConfig, LoadedModel, acceptance_per_position, check_compatible, graph_counters
+from specdec_tune.engine import load_model
 from specdec_tune.core.costs import check_price
 from specdec_tune.engine import load_workload
 from specdec_tune.core.errors import InputError
 from specdec_tune.core.latency import LatencySamples, RequestLatency
 from specdec_tune.profiler.describe import tokenizer_hash
-from specdec_tune.profiler.energy import EnergyMeter, EnergySamples, open_energy_meter, operator_columns
-from specdec_tune.profiler.machine_probe import MachineProbe
+from specdec_tune.profiler.energy import EnergySamples, open_energy_meter, operator_columns
+from specdec_tune.profiler.measure_passes import run_cases
 from specdec_tune.profiler.memory import peak_for_run
-from specdec_tune.profiler.runs import NGRAM, SUFFIX, DraftSpec, after_request, encode_prompt, measure_prompt
-from specdec_tune.profiler.runs import new_pass, warm_up
+from specdec_tune.profiler.runs import NGRAM, SUFFIX, DraftSpec, encode_prompt
 from specdec_tune.profiler.suffix_history import SuffixHistory
 from specdec_tune.profiler.settings import Progress
 from specdec_tune.profiler.threads import ThreadChoice, apply_threads, choose_threads
 from specdec_tune.core.splits import check_split, check_split_prompts
 from specdec_tune.core.stats import RateSamples, tokens_per_s_ci
+
+DEFAULT_REPEATS = 3  # passes over the prompts on a CPU ...
+DEFAULT_REPEATS_CUDA = 5  # ... and on a GPU, where a request lasts ~60 ms and one disturbed pass weighs more
 
 from specdec_tune.profiler.measure_records import PLAIN, Measurement, MeasureSpec
 
@@ -61,13 +67,28 @@ def _warn_if_changed(loaded: LoadedModel, stored_hash: str | None, stored_params
               "the prediction describes the old model", file=sys.stderr)
 
 
-def _warn_if_graphs_changed(target: LoadedModel, profiled: str | None) -> None:
-    """A CUDA-graph state that differs from the profile's (a capture failed in one of them) times another
-    forward than the prediction describes: say so (engine/cuda_graphs.py)."""
-    now = target.cuda_graphs
-    if profiled is not None and now is not None and now != profiled:
-        print(f"warning: the target ran with CUDA graphs {now!r}, the profile with {profiled!r}; the prediction "
-              "describes the other forward", file=sys.stderr)
+def _warn_if_graphs_changed(target: LoadedModel, profiled: str | None, drafts: dict[str, LoadedModel] | None = None,
+                            profiled_drafts: dict[str, str] | None = None) -> None:
+    """A CUDA-graph state, read after the run, that differs from the profile's (a capture failed in one of
+    them) times another forward than the prediction describes: say so, for the target and each draft model
+    (engine/cuda_graphs.py). A profile older than the drafts' record has none to compare."""
+    pairs = [("the target", target.cuda_graphs, profiled)]
+    then = profiled_drafts or {}
+    pairs += [(f"draft {name!r}", d.cuda_graphs, then.get(name)) for name, d in (drafts or {}).items()]
+    for who, now, then in pairs:
+        if then is not None and now is not None and now != then:
+            print(f"warning: {who} ran with CUDA graphs {now!r}, the profile with {then!r}; the prediction "
+                  "describes the other forward", file=sys.stderr)
+
+
+def graph_states(target: LoadedModel, specs: dict[str | None, DraftSpec]) -> dict[str, Any]:
+    """The CUDA-graph state of the target and of every draft model, read now (after the run: a capture can
+    fail late), with their runners' counters; the stored ``cuda_graphs``."""
+    drafts = {name: d.model for name, d in specs.items() if name is not None and d.model is not None}
+    counters = {"target": target.model}
+    counters.update({name: m.model for name, m in drafts.items()})
+    return {"target": target.cuda_graphs, "drafts": {name: m.cuda_graphs for name, m in drafts.items()},
+            "counters": {name: c.to_json() for name, m in counters.items() if (c := graph_counters(m)) is not None}}
 
 
 @dataclass
@@ -83,7 +104,10 @@ class _Case:
     cycles: list = field(default_factory=list)
     probes: list[float] = field(default_factory=list)  # the machine probe's seconds, read between turns
     arrivals: list[list[RequestLatency]] = field(default_factory=list)  # [prompt][repeat]
-    joules: list[float] = field(default_factory=list)  # [repeat] energy of this pass (GPU with NVML only)
+    joules: list[float] = field(default_factory=list)  # [metered pass] energy (GPU with NVML only)
+    joule_tokens: list[float] = field(default_factory=list)  # [metered pass] new tokens
+    joule_seconds: list[float] = field(default_factory=list)  # [metered pass] wall seconds
+    regions: Any = None  # profiler.clean.TimedRegions: its timed decodes' check
 
 
 def default_split(settings: RunSettings) -> str | None:
@@ -124,7 +148,7 @@ def measure_configs(
     split: str | None = None,
     temperature: float = 0.0,
     max_prompts: int | None = None,
-    repeats: int = 3,
+    repeats: int | None = None,
     seed: int = 0,
     progress: Progress | None = None,
     threads: int | None = None,
@@ -144,7 +168,8 @@ def measure_configs(
         split: which prompts (:func:`default_split`: ``holdout`` for a run profiled on ``tune``).
         temperature: 0 = greedy; otherwise the run must have a sampling profile at this temperature.
         max_prompts: measure only the first prompts of the split.
-        repeats: decode the prompt set this many times; each prompt counts with its median time.
+        repeats: decode the prompt set this many times; each prompt counts with its median time (None:
+            :data:`DEFAULT_REPEATS`, :data:`DEFAULT_REPEATS_CUDA` for a run profiled on a GPU).
         seed: sampling seed.
         progress: progress sink.
         threads: intra-op threads (None: the profile's, lowered to the CPUs idle now; :mod:`profiler.threads`).
@@ -159,8 +184,10 @@ def measure_configs(
         InputError: a configuration the engine cannot run, or a bad split.
     """
     run = get_run(db, run_id)
-    _check(run, items, repeats, temperature, gpu_price)
     settings = run.settings
+    if repeats is None:
+        repeats = DEFAULT_REPEATS_CUDA if settings.device == "cuda" else DEFAULT_REPEATS
+    _check(run, items, repeats, temperature, gpu_price)
     planned = [(None if item.is_plain else run.resolve_draft(item.spec.drafter), item) for item in items]
     inners = [item.spec.staged if item.spec.staged == NGRAM else run.resolve_draft(item.spec.staged)
               for _, item in planned if item.spec.staged]
@@ -173,10 +200,12 @@ def measure_configs(
     cases = [_Case(name, config, _drafter(specs, name, config),
                    _decode_config(config, max_new, temperature, target, synthetic, seed), [[] for _ in ids],
                    [[] for _ in ids], arrivals=[[] for _ in ids]) for name, config in planned]
-    _metered(target, cases, wanted, ids, repeats, seed, progress or Progress())
-    _warn_if_graphs_changed(target, settings.cuda_graphs_used)
+    warm = _metered(target, cases, wanted, ids, repeats, seed, progress or Progress())
+    drafts = {name: d.model for name, d in specs.items() if name is not None and d.model is not None}
+    _warn_if_graphs_changed(target, settings.cuda_graphs_used, drafts, settings.draft_cuda_graphs)
+    _warn_if_unclean(cases)
     ctx = _Context(temperature, repeats, split, wanted, [pid in set(settings.prompt_ids) for pid in wanted],
-                   [int(x.shape[0]) for x in ids], choice, gpu_price)
+                   [int(x.shape[0]) for x in ids], choice, gpu_price, warm, graph_states(target, specs))
     return [_store(db, run_id, case, ctx, peak_for_run(run, _source(case), case.config.spec.num_speculative_tokens,
                                                       prompts[0].prompt, max_new, choice.threads) if peak_memory else None)
             for case in cases]
@@ -193,14 +222,24 @@ def _drafter(specs: dict[str | None, DraftSpec], name: str | None, config: Measu
 
 
 def _metered(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: list[torch.Tensor], repeats: int,
-             seed: int, progress: Progress) -> None:
-    """:func:`_run_cases` with the device's energy meter open (none on a CPU)."""
+             seed: int, progress: Progress) -> dict:
+    """:func:`~specdec_tune.profiler.measure_passes.run_cases` with the device's energy meter open (none on a
+    CPU); returns the warm-up's record."""
     meter = open_energy_meter(target.device)
     try:
-        _run_cases(target, cases, wanted, ids, repeats, seed, progress, meter)
+        return run_cases(target, cases, wanted, ids, repeats, seed, progress, meter)
     finally:
         if meter is not None:
             meter.close()
+
+
+def _warn_if_unclean(cases: list[_Case]) -> None:
+    """Say so where a timed decode still captured a graph or allocated a slot after its re-runs."""
+    unclean = sum(c.regions.unclean for c in cases if c.regions is not None)
+    if unclean:
+        print(f"warning: {unclean} timed decode(s) captured a CUDA graph or allocated a KV slot even after "
+              "re-running; their times carry that one-off cost (timed_regions in the stored measurement)",
+              file=sys.stderr)
 
 
 def _source(case: _Case) -> str:
@@ -270,58 +309,6 @@ def _decode_config(config: MeasureSpec, max_new: int, temperature: float, target
                         synthetic_seed=seed)
 
 
-PROBES_PER_REPEAT = 4  # machine probes (20-40 ms each) spread over one repeat of the prompt set
-
-
-def _run_cases(target: LoadedModel, cases: list[_Case], wanted: list[str], ids: list[torch.Tensor], repeats: int,
-               seed: int, progress: Progress, meter: EnergyMeter | None = None) -> None:
-    """Warm every case up once, then decode every prompt ``repeats`` times per case, into the cases.
-
-    The configurations take turns prompt by prompt (the order rotated at each prompt and repeat), so a
-    slow stretch of a shared machine lands on all of them alike and their ratios compare like with like
-    (docs/architecture.md, Measurement rules). With an energy meter the turn is a whole pass over the
-    prompts instead: NVML's counter advances in steps of about 13 J (0.1 s), which a read around one
-    short decode would not resolve. The machine probe runs :data:`PROBES_PER_REPEAT` times a repeat,
-    between turns, and every configuration keeps each reading.
-    """
-    label = (f"measure {cases[0].draft or 'plain'} N={cases[0].config.spec.num_speculative_tokens} "
-             f"θ={cases[0].config.spec.threshold}"
-             if len(cases) == 1 else f"measure {len(cases)} configurations")
-    progress.stage(label, len(cases) * (len(ids) * repeats + 1))
-    probe = MachineProbe(target.device)
-    probe.run()  # warm-up
-    longest = max(ids, key=len)  # its KV cache is the largest: a CUDA-graph slot every other prompt fits in
-    for case in cases:
-        warm_up(target, case.spec, longest, case.decode)
-        progress.advance()
-    turn = len(ids) if meter is not None else 1
-    blocks = [range(i, min(i + turn, len(ids))) for i in range(0, len(ids), turn)]
-    probe_every = max(1, -(-len(blocks) // PROBES_PER_REPEAT))
-    for r in range(repeats):
-        for case in cases:  # each repeat is a pass of its own: suffix decoding's history starts again
-            new_pass(case.spec)
-        for b, block in enumerate(blocks):
-            shift = (r + b) % len(cases)  # each configuration takes every place in the order in turn
-            for case in cases[shift:] + cases[:shift]:
-                joules0 = meter.read() if meter is not None else None
-                for i in block:
-                    m = measure_prompt(target, case.spec, ids[i], case.decode, prompt_id=wanted[i], seed=seed + i)
-                    after_request(case.spec, case.decode)
-                    case.times[i].append(m.seconds)
-                    case.tokens[i].append(m.new_tokens)
-                    if m.latency is not None:
-                        case.arrivals[i].append(m.latency)
-                    if r == 0 and m.result is not None:
-                        case.cycles += m.result.cycles
-                    progress.advance()
-                if meter is not None and joules0 is not None:  # this configuration's turn only (before the probe)
-                    case.joules.append(meter.read() - joules0)
-            if (b + 1) % probe_every == 0 or b == len(blocks) - 1:
-                seconds = probe.run()  # how fast the machine was: every configuration ran in this stretch
-                for case in cases:
-                    case.probes.append(seconds)
-
-
 @dataclass(frozen=True)
 class _Context:
     """What every configuration of one ``measure_configs`` call shares."""
@@ -334,6 +321,8 @@ class _Context:
     lengths: list[int]
     choice: ThreadChoice
     gpu_price: float | None
+    warm_up: dict | None = None  # what the warm-up did and cost (profiler.measure_passes.warm_cases)
+    graphs: dict | None = None  # every model's CUDA-graph state after the run (graph_states)
 
 
 def _measurement(run_id: int, case: _Case, ctx: _Context) -> Measurement:
@@ -346,8 +335,8 @@ def _measurement(run_id: int, case: _Case, ctx: _Context) -> Measurement:
     alpha, _ = acceptance_per_position(cycles) if cycles else ([], [])
     latency = LatencySamples(tuple(ctx.prompt_ids), tuple(tuple(row) for row in case.arrivals)) \
         if all(case.arrivals) else None
-    energy = EnergySamples(tuple(case.joules), tuple(float(sum(t[r] for t in case.tokens))
-                                                     for r in range(len(case.joules)))) if case.joules else None
+    energy = EnergySamples(tuple(case.joules), tuple(case.joule_tokens), tuple(case.joule_seconds)) \
+        if case.joules else None
     return Measurement(
         run_id=run_id, draft=case.draft or PLAIN, config=case.config, temperature=ctx.temperature,
         tokens_per_s=samples.tokens_per_s, seconds=sum(statistics.median(t) for t in case.times),
@@ -358,7 +347,20 @@ def _measurement(run_id: int, case: _Case, ctx: _Context) -> Measurement:
         threads=ctx.choice.to_dict(), probe_seconds=list(case.probes), latency=latency, energy=energy,
         gpu_price=ctx.gpu_price,
         synthetic_acceptance=list(case.decode.synthetic_acceptance) if case.decode.synthetic_acceptance else None,
+        timed_regions={**case.regions.report(), "warm_up": ctx.warm_up} if case.regions is not None else None,
+        cuda_graphs=ctx.graphs, decode_tokens_per_s=decode_only_rate(case.arrivals),
     )
+
+
+def decode_only_rate(arrivals: list[list[RequestLatency]]) -> float | None:
+    """Tokens/s after each request's first arrival (prefill and the first cycle left out): Σ_p median tokens
+    ÷ Σ_p median seconds over the tokens that arrived after the first (None: no arrivals)."""
+    if not arrivals or not all(arrivals):
+        return None
+    tokens = [[float(sum(a.tokens[1:])) for a in row] for row in arrivals]
+    seconds = [[a.times[-1] - a.times[0] for a in row] for row in arrivals]
+    sec = sum(statistics.median(s) for s in seconds)
+    return sum(statistics.median(t) for t in tokens) / sec if sec > 0 else None
 
 
 def _store(db: Database, run_id: int, case: _Case, ctx: _Context, peak=None) -> Measurement:
@@ -379,7 +381,9 @@ def _store(db: Database, run_id: int, case: _Case, ctx: _Context, peak=None) -> 
                 "thread_choice": ctx.choice.to_dict(), "machine_probe_s": result.machine_probe_s,
                 "probe_seconds": list(case.probes),
                 "acceptance_rates": "synthetic" if case.decode.synthetic_acceptance else "measured",
-                "synthetic_acceptance": list(case.decode.synthetic_acceptance or []) or None},
+                "synthetic_acceptance": list(case.decode.synthetic_acceptance or []) or None,
+                "timed_regions": result.timed_regions, "cuda_graphs": result.cuda_graphs,
+                "decode_tokens_per_s": result.decode_tokens_per_s},
         measured_tokens_per_s=result.tokens_per_s, seconds=result.seconds, new_tokens=result.new_tokens,
         measured_tau=result.mean_tokens_per_cycle, ci=result.ci95, samples=result.samples.to_json(),
         operator=operator,

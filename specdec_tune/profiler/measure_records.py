@@ -67,6 +67,9 @@ class Measurement:
     energy: EnergySamples | None = None  # NVML joules per pass (None: no GPU energy counter)
     gpu_price: float | None = None  # --gpu-price, dollars per hour
     peak_memory: Any = None  # profiler.memory.PeakMemory (measure --memory), in a fresh process
+    timed_regions: dict | None = None  # the timed decodes' check (profiler.clean.TimedRegions.report) and warm-up
+    cuda_graphs: dict | None = None  # the target's and every draft's CUDA-graph state, read after the run
+    decode_tokens_per_s: float | None = None  # after each request's first arrival (prefill left out)
 
     @property
     def latency_summary(self) -> dict | None:

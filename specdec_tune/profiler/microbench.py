@@ -12,6 +12,8 @@ Interleaved rounds: every round times each shape once, in a shuffled order, targ
 mixed. A burst of load from another process then costs every shape a few samples instead of wiping
 out the shapes that happened to run during it (the median shrugs it off), slow drift hits all
 shapes alike, and the models' weights compete for the CPU caches as they do inside the decode loop.
+The warm-up rounds make each shape's CUDA graph; every timed call is a timed region checked for a graph
+or slot made inside (re-timed when one was, :mod:`profiler.clean`), with the garbage collector off.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import torch
 
 from specdec_tune.db import TimingRow
 from specdec_tune.engine import forward_with_cache, make_cache
+from specdec_tune.profiler.clean import TimedRegions, quiet_gc
 from specdec_tune.profiler.timers import Stopwatch, TimingSamples, synchronize
 
 
@@ -157,6 +160,7 @@ def run_interleaved(
     device: torch.device | str | None = None,
     seed: int = 0,
     advance: Callable[[], None] | None = None,
+    regions: TimedRegions | None = None,
 ) -> list[ForwardTiming]:
     """Time every case once per round, ``warmup`` + ``repeats`` rounds, shuffled order per round.
 
@@ -167,6 +171,7 @@ def run_interleaved(
         device: selects CUDA events or perf_counter; synchronised before each timed call.
         seed: shuffling seed (reproducible order).
         advance: called after every round (progress).
+        regions: checks every timed call (a call that made a graph or slot is timed again).
 
     Returns:
         One :class:`ForwardTiming` per case, in the order given.
@@ -178,16 +183,24 @@ def run_interleaved(
     warm: list[list[float]] = [[] for _ in cases]
     timed: list[list[float]] = [[] for _ in cases]
     order = list(range(len(cases)))
-    with torch.inference_mode():
+    regions = regions or TimedRegions({})
+
+    def once(case: Case) -> float:
+        case.setup()
+        synchronize(device)
+        watch.start()
+        case.fn()
+        return watch.stop()
+
+    with torch.inference_mode(), quiet_gc():
         for r in range(warmup + repeats):
             rng.shuffle(order)
             for i in order:
                 case = cases[i]
-                case.setup()
-                synchronize(device)
-                watch.start()
-                case.fn()
-                (warm if r < warmup else timed)[i].append(watch.stop())
+                if r < warmup:
+                    warm[i].append(once(case))
+                else:
+                    timed[i].append(regions.run(lambda: once(case), f"{case.kind} k={case.k} c={case.context_len}"))
             if advance is not None:
                 advance()
     return [

@@ -27,7 +27,7 @@ import torch
 
 from specdec_tune.engine import CycleStats
 from specdec_tune.profiler.timers import synchronize
-from specdec_tune.core.stats import trimmed_mean
+from specdec_tune.core.stats import robust_mean, trimmed_mean
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,9 @@ def _cache_len(kwargs: dict) -> int:
     return int(cache.get_seq_length()) if cache is not None else 0
 
 
+EVENTS_AHEAD = 1024  # CUDA events a recorder makes before its first decode
+
+
 class ForwardRecorder:
     """Hooks that time every forward of the registered models into the current timeline.
 
@@ -154,13 +157,25 @@ class ForwardRecorder:
         self._now = self._cuda_mark if self.cuda else time.perf_counter
         self._starts: list = []  # perf_counter seconds, or CUDA events (converted in finish)
         self._raw: list[tuple] = []
+        # CUDA events made before a decode (begin) and recorded again in every one: creating an event per
+        # mark was host work inside the timed loop, 3 marks per forward and cycle (issue 37, R7).
+        self._events: list = []
+        self._used = 0
 
-    @staticmethod
-    def _cuda_mark():
-        """A CUDA event recorded on the current stream now (no synchronisation)."""
-        event = torch.cuda.Event(enable_timing=True)
+    def _cuda_mark(self):
+        """The next pre-made CUDA event, recorded on the current stream now (no synchronisation)."""
+        if self._used == len(self._events):  # more marks than begin() made: one more, made now
+            self._events.append(torch.cuda.Event(enable_timing=True))
+        event = self._events[self._used]
+        self._used += 1
         event.record()
         return event
+
+    def _ready(self) -> None:
+        """Events for the next decode, made before it starts: as many as the last one marked, twice over."""
+        want = max(EVENTS_AHEAD, 2 * self._used)
+        self._events.extend(torch.cuda.Event(enable_timing=True) for _ in range(want - len(self._events)))
+        self._used = 0
 
     def _pre(self, role: str):
         def hook(module, args, kwargs):
@@ -194,6 +209,8 @@ class ForwardRecorder:
         """Start a new timeline (one decode call)."""
         self._starts.clear()
         self._raw.clear()
+        if self.cuda:
+            self._ready()
         self.timeline = SequenceTimeline(start=self._now())
 
     def on_cycle(self, stats: CycleStats) -> None:
@@ -221,30 +238,37 @@ class ForwardRecorder:
         return tl
 
 
-def _sorted_forwards(timelines: list[SequenceTimeline]) -> tuple[dict[int, list[float]], list[float], list[float],
+Prefills = list[tuple[int, float]]  # (tokens, seconds) per timeline
+
+
+def _sorted_forwards(timelines: list[SequenceTimeline]) -> tuple[dict[int, list[float]], Prefills, Prefills,
                                                                     dict[int, list[float]]]:
     """Every timed forward of ``timelines`` in seconds, by what it was: (verifies by width k, target prefills,
-    draft prefills, one-token draft forwards by their position j in the cycle: 1 is right after a verify)."""
+    draft prefills (with their tokens), one-token draft forwards by their position j in the cycle: 1 is right
+    after a verify). The first cycle's draft forwards and verify are left out, as its overhead is
+    (``SequenceTimeline.cycle_overheads``): they run while the prefills' work drains (on a GPU, a long prefill's
+    kernels are still queued), so they are not what a steady cycle pays."""
     verify: dict[int, list[float]] = {}
-    target_prefill: list[float] = []
-    draft_prefill: list[float] = []
+    target_prefill: Prefills = []
+    draft_prefill: Prefills = []
     position: dict[int, list[float]] = {}
     for tl in timelines:
         forwards = sorted(tl.forwards, key=lambda f: f.start)
-        seen_target = seen_draft = False
+        targets = 0  # target forwards so far: the prefill, then one verify per cycle
+        seen_draft = False
         previous = None
         j = 0
         for f in forwards:
             if f.role == "target":
-                if seen_target:
+                if targets == 0:
+                    target_prefill.append((f.tokens, f.seconds))
+                elif targets > 1:  # the first cycle's verify overlaps the prefill's work: not a steady one
                     verify.setdefault(f.tokens, []).append(f.seconds)
-                else:
-                    target_prefill.append(f.seconds)
-                seen_target = True
+                targets += 1
             elif not seen_draft:
-                draft_prefill.append(f.seconds)
+                draft_prefill.append((f.tokens, f.seconds))
                 seen_draft = True
-            elif previous == "target" or f.tokens == 1:
+            elif targets > 1 and (previous == "target" or f.tokens == 1):  # the first cycle's are not steady
                 j = 1 if previous == "target" else j + 1
                 position.setdefault(j, []).append(f.seconds)
             previous = f.role
@@ -268,9 +292,11 @@ def in_loop_medians(timelines: list[SequenceTimeline]) -> dict:
         ``{"verify_s": {k: median}, "verify_mean_s": {k: trimmed mean}, "verify_n": {k: count},
         "draft_first_s" / "draft_first_mean_s": each cycle's first draft forward, "draft_rest_s" /
         "draft_rest_mean_s": the other one-token draft forwards, "draft_first_n", "draft_rest_n",
-        "target_prefill_s": [...], "draft_prefill_s": [...], "draft_position_mean_s" /
-        "draft_position_n": {j: trimmed mean / count of the j-th draft forward of a cycle}}`` (prefills
-        per timeline, in order).
+        "target_prefill_s": [...], "draft_prefill_s": [...] and their "..._tokens", "draft_position_mean_s" /
+        "draft_position_n": {j: trimmed mean / count of the j-th draft forward of a cycle},
+        "verify_robust_s", "draft_first_robust_s", "draft_rest_robust_s", "draft_position_robust_s": the
+        same as robust means
+        (:func:`robust_mean`: one-off costs left out)}`` (prefills per timeline, in order).
     """
     import statistics
 
@@ -289,7 +315,15 @@ def in_loop_medians(timelines: list[SequenceTimeline]) -> dict:
         "draft_first_n": len(first),
         "draft_rest_n": len(rest),
         "draft_position_mean_s": {j: trimmed_mean(v) for j, v in sorted(position.items())},
+        # robust means (one-off costs such as a graph capture left out): what the calibration reads
+        "verify_robust_s": {k: robust_mean(v) for k, v in sorted(verify.items())},
+        "draft_first_robust_s": robust_mean(first) if first else None,
+        "draft_rest_robust_s": robust_mean(rest) if rest else None,
+        "draft_position_robust_s": {j: robust_mean(v) for j, v in sorted(position.items())},
         "draft_position_n": {j: len(v) for j, v in sorted(position.items())},
-        "target_prefill_s": target_prefill,
-        "draft_prefill_s": draft_prefill,
+        "target_prefill_s": [t for _, t in target_prefill],
+        "draft_prefill_s": [t for _, t in draft_prefill],
+        # the prefills' lengths, so each is compared with the micro-benchmark of its own prompt
+        "target_prefill_tokens": [k for k, _ in target_prefill],
+        "draft_prefill_tokens": [k for k, _ in draft_prefill],
     }

@@ -220,20 +220,45 @@ def measure_prompt(
 
 def after_request(draft: DraftSpec, config: DecodeConfig) -> None:
     """A request of a measurement ended (outside its timed decode): suffix decoding's history policy acts."""
-    if draft.history is not None:
+    if getattr(draft, "history", None) is not None:  # a stand-in spec (tests) may have none
         draft.history.after_request(config)
 
 
 def new_pass(draft: DraftSpec) -> None:
     """A new pass over the prompts starts: suffix decoding's histories start again."""
-    if draft.history is not None:
+    if getattr(draft, "history", None) is not None:
         draft.history.new_pass()
+
+
+def rerunnable(spec: DraftSpec, config: DecodeConfig, fn):
+    """``fn`` for a timed region that may run again (``profiler.clean``): suffix decoding's history forgets the
+    earlier attempt's response first, so the kept attempt drafts from the requests before it only."""
+    if getattr(spec, "history", None) is None:
+        return fn
+    ran: list[bool] = []
+
+    def once():
+        if ran:
+            cache = spec.history.cache(config)
+            cache.forget(cache.last_request())
+        ran.append(True)
+        return fn()
+    return once
+
+
+WARM_UP_TOKENS = 8  # the fewest tokens a warm-up decodes (allocation, kernel selection)
 
 
 def warm_up(target: LoadedModel, draft: DraftSpec, prompt_ids: torch.Tensor, config: DecodeConfig) -> float:
     """One short untimed decode (allocation, kernel selection); returns its seconds for reporting (its
-    configuration differs from the measured one's, so a suffix drafter's warm-up joins no measured history)."""
-    short = DecodeConfig(min(8, config.max_new_tokens), config.spec, temperature=config.temperature)
+    configuration differs from the measured one's, so a suffix drafter's warm-up joins no measured history).
+
+    It decodes at least N + 2 tokens (capped at the configuration's), so its first cycle drafts all N and
+    a second one follows: the widths 1..N + 1 and, after a fully accepted first cycle, the draft's catch-up
+    run once here (a warm-up of 8 tokens left N + 1 to a timed pass for N >= 8). With CUDA graphs this is not
+    enough on its own: ``profiler.measure_passes`` warms every prompt and makes every graph first."""
+    tokens = max(WARM_UP_TOKENS, config.spec.num_speculative_tokens + 2)
+    short = DecodeConfig(min(tokens, config.max_new_tokens), config.spec, temperature=config.temperature)
     watch = Stopwatch(target.device)
     watch.start()
     decode_once(target, draft, prompt_ids, short, seed=0)

@@ -5,10 +5,17 @@ measured): warm-up; T_v(B, k) of the target and T_s of each draft (interleaved r
 each prompt; then the decoding passes, interleaved prompt by prompt: the plain baseline (per-token
 overhead, in-loop T_ar, greedy output lengths), per draft the greedy acceptance pass (θ = 0,
 N = N_max: traces, per-cycle overhead, in-loop forward times), short overhead passes at small N on
-the first prompts (to separate per-cycle from per-forward overhead) and with ``temperature > 0`` a
-sampling pass; then the teacher-forced agreement and the per-draft summaries; last, with ``trees``,
-the token-tree and staged-drafting stage (:mod:`profiler.tree_profile`). A
+the first prompts (to separate per-cycle from per-forward overhead), a θ > 0 pass on the first prompts
+(the cost of a checked draft forward) and with ``temperature > 0`` a sampling pass; then the
+teacher-forced agreement and the per-draft summaries; then the hooks' own cost (each pass design unhooked
+and hooked, ``profiler.hook_tax``); last, with ``trees``, the token-tree and staged-drafting stage
+(:mod:`profiler.tree_profile`). A
 ``KeyboardInterrupt`` marks the run ``interrupted``, any other error ``failed``; both re-raise.
+
+Every timed forward of the micro-benchmarks and every decode of the decoding stage is a timed region
+checked for a CUDA-graph capture or a new KV slot inside (re-run when one happened; :mod:`profiler.clean`);
+after the run, finished or not, the run's settings record that check and the CUDA-graph state and counters
+of the target and of every draft model (a capture can fail late, and a draft's state counts as much).
 """
 from __future__ import annotations
 
@@ -20,14 +27,16 @@ import torch
 from specdec_tune.db import Database, DraftRecord, TimingRow, add_acceptance, add_measured_run, add_telemetry
 from specdec_tune.db import add_timing_samples, create_run, finish_run, get_or_create_hardware
 from specdec_tune.db import add_bias_front, add_teacher_forced, get_or_create_model, get_or_create_workload
-from specdec_tune.engine import DecodeConfig, check_compatible, load_model, resolve_source
+from specdec_tune.db import update_run_settings
+from specdec_tune.engine import DecodeConfig, check_compatible, graph_counters, load_model, resolve_source
 from specdec_tune.engine import load_workload
 from specdec_tune.core.errors import InputError
 from specdec_tune.profiler import acceptance as acc
 from specdec_tune.profiler import microbench as mb
+from specdec_tune.profiler.clean import TimedRegions
 from specdec_tune.profiler.describe import hardware_info, model_info, workload_info
 from specdec_tune.profiler.lossy_front import measured_front, teacher_forced_front
-from specdec_tune.profiler.decode_passes import decode_passes
+from specdec_tune.profiler.decode_passes import decode_passes, first_cycles, hook_tax, threshold_cycles
 from specdec_tune.profiler.overhead import in_loop_medians
 from specdec_tune.profiler.runs import NGRAM, SUFFIX, DraftSpec, decode_once, encode_prompt
 from specdec_tune.profiler.machine_probe import MachineProbe
@@ -147,6 +156,7 @@ class ProfileSession:
         self.probe = MachineProbe(self.device)
         self.probe.run()  # warm-up
         monitor = open_monitor(self.device)
+        self.regions = TimedRegions(self._models())
         self.run_id = self._create(monitor)
         pause_point("profile-run")  # tests of two processes: both runs are open here at once
         summary: dict = {}
@@ -154,13 +164,16 @@ class ProfileSession:
         try:
             self._stages()
             summary = self._store_telemetry(monitor)
+            self._store_graph_state()
             finish_run(self.db, self.run_id, "completed")
         except KeyboardInterrupt:
             self._store_telemetry(monitor, quiet=True)
+            self._store_graph_state(quiet=True)
             _finish(self.db, self.run_id, "interrupted")
             raise
         except BaseException:
             self._store_telemetry(monitor, quiet=True)
+            self._store_graph_state(quiet=True)
             _finish(self.db, self.run_id, "failed")
             raise
         return ProfileResult(self.run_id, self.target_name, self.draft_names, asdict(self.settings), summary,
@@ -179,10 +192,28 @@ class ProfileSession:
                 raise
             return {}
 
+    def _models(self) -> dict:
+        """The run's models by name (the target's ``target``), as the engine runs them."""
+        drafts = {d.model.name: d.model.model for d in self.drafts if d.model is not None}
+        return {"target": self.target.model, **drafts}
+
+    def _store_graph_state(self, quiet: bool = False) -> None:
+        """After the run: the CUDA-graph state (a capture can fail late) and counters of the target and of
+        every draft model, and the timed regions' check, into the run's settings."""
+        try:
+            counters = {name: c.to_json() for name, m in self._models().items() if (c := graph_counters(m)) is not None}
+            update_run_settings(self.db, self.run_id, {
+                "cuda_graphs_used": self.target.cuda_graphs, "graph_counters": counters,
+                "draft_cuda_graphs": {d.model.name: d.model.cuda_graphs for d in self.drafts if d.model is not None},
+                "timed_regions": self.regions.report()})
+        except Exception:
+            if not quiet:
+                raise
+
     # -- stages
     def _stages(self) -> None:
         trees = (self.tree_passes,) if self.settings.trees else ()
-        for stage in (self.warm_up, self.bench_forwards, self.bench_prefill, self.decode_passes, *trees):
+        for stage in (self.warm_up, self.bench_forwards, self.bench_prefill, self.decode_passes, self.hook_tax, *trees):
             stage()
             add_timing_samples(self.db, self.run_id, self.probe_rows(3))
 
@@ -229,7 +260,7 @@ class ProfileSession:
                                          source=self.source_ids, draft=spec.model.name, device=self.device)
         self.progress.stage("forwards T_v(k), T_s", s.warmup + s.repeats)
         self._store(mb.run_interleaved(cases, warmup=s.warmup, repeats=s.repeats, device=self.device, seed=s.seed,
-                                       advance=self.progress.advance))
+                                       advance=self.progress.advance, regions=self.regions))
 
     def bench_prefill(self) -> None:
         """Prefill of every prompt by the target and each model draft, interleaved rounds."""
@@ -239,7 +270,7 @@ class ProfileSession:
             cases += mb.prefill_cases(spec.model.model, self.ids, drop_last=False, draft=spec.model.name)
         self.progress.stage("prefill", 1 + s.prefill_repeats)
         self._store(mb.run_interleaved(cases, warmup=1, repeats=s.prefill_repeats, device=self.device, seed=s.seed,
-                                       advance=self.progress.advance))
+                                       advance=self.progress.advance, regions=self.regions))
 
     def decode_passes(self) -> None:
         """The plain baseline and every draft's passes, interleaved prompt by prompt (``profiler.decode_passes``),
@@ -247,9 +278,14 @@ class ProfileSession:
         passes = decode_passes(self)
         self._outputs, self._infos, self._base_seconds = passes.outputs, passes.infos, passes.base_seconds
         self._greedy, self._sampled, self._timelines = passes.greedy, passes.sampled, passes.timelines
+        self._threshold_timelines = passes.threshold_timelines
         self._store_baseline()
         for spec in self.drafts:
             self._store_acceptance(spec)
+
+    def hook_tax(self) -> None:
+        """The hooks' own cost: each decoding-pass design unhooked and hooked (``profiler.hook_tax``)."""
+        hook_tax(self)
 
     def tree_passes(self) -> None:
         """Token-tree and staged-drafting data (``profile --trees``, :mod:`profiler.tree_profile`)."""
@@ -285,7 +321,7 @@ class ProfileSession:
         add_acceptance(self.db, self.run_id, draft=name, mode="greedy", temperature=0.0, num_speculative=s.n_max,
                        cycles=summary.cycles, position_attempts=summary.attempts, position_accepts=summary.accepts,
                        alpha=summary.alpha, beta=summary.beta, confidence_bins=summary.confidence_bins, **teacher,
-                       in_loop=in_loop_medians(self._timelines[name]), continuations=continuations,
+                       in_loop=self._in_loop(name), continuations=continuations,
                        tv_temperature=tf.temperature if tf else None)
         if s.temperature > 0 and spec.model is not None:
             self._store_front(spec)
@@ -296,6 +332,14 @@ class ProfileSession:
                            position_accepts=ssum.accepts, alpha=ssum.alpha, beta=ssum.beta,
                            confidence_bins=ssum.confidence_bins, tv_temperature=s.temperature, **teacher)
 
+
+    def _in_loop(self, name: str) -> dict:
+        """The draft's in-loop forward times (``overhead.in_loop_medians``) and its θ > 0 pass's cycles."""
+        out = in_loop_medians(self._timelines[name])
+        if self._threshold_timelines.get(name):
+            out["threshold_cycles"] = threshold_cycles(self._threshold_timelines[name])
+            out["threshold_first_cycles"] = first_cycles(self._threshold_timelines[name])
+        return out
 
     def _store_front(self, spec: DraftSpec) -> None:
         """Teacher-forced positions of the sampled generations and the lossy front (``profiler.lossy_front``)."""

@@ -42,6 +42,12 @@ class ProfileSettings:
     synthetic_acceptance: tuple[float, ...] | None = None
     front_prompts: int = 4  # sampling: prompts each lossy rule and ε decodes for the measured front (0: none)
     trees: bool = False  # also record token-tree and staged-drafting data (profiler.tree_profile)
+    # The θ > 0 pass: per draft, θ = threshold_pass at N = threshold_pass_n on the first threshold_prompts prompts
+    # (a checked draft forward synchronises the host: engine/drafters.py); 0 prompts: none.
+    threshold_pass: float = 0.3
+    threshold_pass_n: int = 4
+    threshold_prompts: int = 4
+    hook_tax_prompts: int = 2  # prompts each pass design also decodes unhooked (the hooks' own cost); 0: none
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split", check_split(self.split))
@@ -64,6 +70,11 @@ class ProfileSettings:
             (self.synthetic_acceptance is None or self.temperature == 0,
              "--synthetic-acceptance profiles greedy decoding only (--temperature 0)"),
             (self.front_prompts >= 0, f"--front-prompts must be >= 0, got {self.front_prompts}"),
+            (0 < self.threshold_pass < 1, f"the θ pass's threshold must be in (0, 1), got {self.threshold_pass}"),
+            (1 <= self.threshold_pass_n <= MAX_SPECULATIVE_TOKENS,
+             f"the θ pass's N must be in 1..{MAX_SPECULATIVE_TOKENS}, got {self.threshold_pass_n}"),
+            (self.threshold_prompts >= 0 and self.hook_tax_prompts >= 0,
+             "the θ pass's and the hook-tax prompts must be >= 0"),
             (self.cuda_graphs in GRAPH_MODES,
              f"--cuda-graphs must be one of {', '.join(GRAPH_MODES)}, got {self.cuda_graphs!r}"),
         ]

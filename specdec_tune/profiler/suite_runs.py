@@ -17,6 +17,11 @@ fixed synthetic decoder step that none of our code or models can touch) is timed
 (``probe_seconds``): how fast the machine itself was at that moment, which the comparison divides
 out of the absolute speed metrics.
 
+Every arm is warmed up untimed first (its longest prompt; with CUDA graphs every prompt, and every graph
+a decode can replay made: ``profiler.measure_passes``), and every timed decode is checked for a graph
+capture or new KV slot inside (re-run when one happened; counted per prompt in ``regions``, ``reruns``
+and ``unclean``; :mod:`profiler.clean`), with the garbage collector off.
+
 ``draft_delay_ms`` is a test-only knob: it wraps the drafter with a sleep before each proposal, a
 planted slowdown of the draft that touches nothing in the engine.
 """
@@ -35,7 +40,9 @@ from specdec_tune.engine import (
     acceptance_counts,
     build_drafter,
     check_compatible,
+    decode_keys,
     load_model,
+    prepare_graphs,
     resolve_source,
     speculative,
 )
@@ -43,6 +50,7 @@ from specdec_tune.engine import load_workload
 from specdec_tune.core.consistency import first_difference
 from specdec_tune.core.errors import InputError, ModelLoadError
 from specdec_tune.core.speculative import SpeculativeConfig
+from specdec_tune.profiler.clean import TimedRegions, quiet_gc
 from specdec_tune.profiler.logit_margins import reference_margin
 from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
@@ -124,6 +132,10 @@ class PromptSample:
     # where a greedy output parted from plain decoding's: {position, margin, top_logit} (specdec_tune.core.consistency)
     parted: dict | None = None
     resume: dict | None = None  # under a load trace: acceptance after speculation resumed vs a fresh drafter
+    regions: int = 0  # timed decodes checked (profiler.clean) ...
+    reruns: int = 0  # ... re-run after a graph capture or new KV slot inside ...
+    unclean: int = 0  # ... and kept although it still moved
+    graphs_watched: bool = False  # a model replayed CUDA graphs (else only counted)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -204,23 +216,39 @@ def measure_arms(arms: list[ArmSpec], *, seed: int = 0, progress=None) -> dict[s
     for arm in arms:
         plan = _plan(arm, models)
         plans.append(plan)
-        timed_decode(plan.target, arm, plan.draft_model, plan.ids[0], plan.cfg, seed)  # warm-up, not a sample
+        _warm(plan, seed)
         if str(plan.target.device) not in probes:
             probes[str(plan.target.device)] = MachineProbe(plan.target.device)
             probes[str(plan.target.device)].run()  # warm-up
     total = sum(plan.arm.repeats * len(plan.ids) for plan in plans)  # one step = a prompt (and its reference)
     if progress is not None:
         progress.stage(f"measure {len(arms)} benchmark(s)", total)
-    for r in range(max(a.repeats for a in arms)):
-        shift = r % len(plans)
-        for plan in plans[shift:] + plans[:shift]:
-            if r >= plan.arm.repeats:
-                continue
-            for i, (x, s) in enumerate(zip(plan.ids, plan.samples)):
-                _measure_prompt(plan, x, s, r, seed + i, probes[str(plan.target.device)])
-                if progress is not None:
-                    progress.advance()
+    with quiet_gc():
+        for r in range(max(a.repeats for a in arms)):
+            shift = r % len(plans)
+            for plan in plans[shift:] + plans[:shift]:
+                if r >= plan.arm.repeats:
+                    continue
+                for i, (x, s) in enumerate(zip(plan.ids, plan.samples)):
+                    _measure_prompt(plan, x, s, r, seed + i, probes[str(plan.target.device)])
+                    if progress is not None:
+                        progress.advance()
     return {plan.arm.key: plan.samples for plan in plans}
+
+
+def _warm(plan: _Plan, seed: int) -> None:
+    """Untimed warm-up of one arm and its paired plain reference (module docstring); not a sample."""
+    arm, models = plan.arm, {"target": plan.target.model, "draft": plan.draft_model.model if plan.draft_model else None}
+    graphed = bool(TimedRegions(models).models)
+    for i, x in enumerate(plan.ids if graphed else [max(plan.ids, key=len)]):
+        timed_decode(plan.target, arm, plan.draft_model, x, plan.cfg, seed + i)
+        if not arm.plain:
+            timed_decode(plan.target, arm, None, x, plan.cfg, seed + i, plain=True)
+    n = arm.spec.num_speculative_tokens
+    prepare_graphs(plan.target.model, decode_keys(n, draft=False))
+    if plan.draft_model is not None:
+        prepare_graphs(plan.draft_model.model, decode_keys(n, draft=True))
+    plan.regions = [TimedRegions(models) for _ in plan.ids]
 
 
 @dataclass
@@ -233,6 +261,7 @@ class _Plan:
     cfg: DecodeConfig
     ids: list[torch.Tensor]  # [prompt] token ids
     samples: list[PromptSample]  # [prompt]
+    regions: list = field(default_factory=list)  # [prompt] profiler.clean.TimedRegions of its timed decodes
 
 
 def _plan(arm: ArmSpec, models: ModelCache) -> _Plan:
@@ -256,11 +285,14 @@ def _measure_prompt(plan: _Plan, x: torch.Tensor, s: PromptSample, repeat: int, 
     The first repeat also keeps the outputs, the cycles and the per-position counts.
     """
     arm = plan.arm
-    result, seconds, draft_s = timed_decode(plan.target, arm, plan.draft_model, x, plan.cfg, seed)
+    regions = next(reg for smp, reg in zip(plan.samples, plan.regions) if smp is s)
+    result, seconds, draft_s = regions.run(lambda: timed_decode(plan.target, arm, plan.draft_model, x, plan.cfg, seed),
+                                           f"{arm.key} {s.prompt_id}")
     s.seconds.append(seconds)
     s.draft_seconds.append(draft_s)
     if not arm.plain:  # the paired plain reference, right after (module docstring)
-        ref, ref_seconds, _ = timed_decode(plan.target, arm, None, x, plan.cfg, seed, plain=True)
+        ref, ref_seconds, _ = regions.run(lambda: timed_decode(plan.target, arm, None, x, plan.cfg, seed, plain=True),
+                                          f"{arm.key} {s.prompt_id} plain")
         s.plain_seconds.append(ref_seconds)
         if repeat == 0:
             s.plain_new_tokens = ref.new_tokens
@@ -268,6 +300,8 @@ def _measure_prompt(plan: _Plan, x: torch.Tensor, s: PromptSample, repeat: int, 
                 s.plain_token_ids = list(ref.token_ids)
                 s.parted = parted_at(plan.target, x, s.plain_token_ids, list(result.token_ids))
     s.probe_seconds.append(probe.run())
+    s.regions, s.reruns, s.unclean = regions.regions, regions.reruns, regions.unclean
+    s.graphs_watched = bool(regions.models)
     if repeat == 0:
         s.dtype = str(plan.target.dtype).replace("torch.", "")
         s.new_tokens = result.new_tokens

@@ -159,8 +159,8 @@ def test_why_uses_the_tuners_predictions(hand_db, db):
     database, run = hand_db
     h = HAND
     info = load_why(database, run)
-    # plain decoding: the target's prefill, then M autoregressive steps of T_v(1)
-    base_s = h["prefill_t"] + h["M"] * h["T_v"][1]
+    # plain decoding: the target's prefill (it gives the first token's logits), then M - 1 forwards of T_v(1)
+    base_s = h["prefill_t"] + (h["M"] - 1) * h["T_v"][1]  # the prefill gives the first token's logits
     assert info.baseline.tokens_per_s == pytest.approx(h["M"] / base_s)
     assert info.baseline.cycle_ms == pytest.approx(1e3 * h["T_v"][1]) and info.baseline.draft_ms == 0
     (hm,) = info.heatmaps
@@ -384,7 +384,8 @@ def test_best_inside_each_server_space(db):
 
 def test_every_speedup_on_why_it_wins_divides_by_the_plain_decoding_it_shows(db):
     """One predicted tokens/s, one speedup: the ranking, the tuner's choice and the servers table all divide by
-    the page's plain decoding (a draft's own profile predicts plain decoding a little differently)."""
+    the page's plain decoding (before issue 37's calibration a draft's own profile predicted plain decoding a
+    little differently; now every profile of the run predicts the same plain decoding)."""
     from specdec_tune.cli._dashboard_app import server_room
     from specdec_tune.dashboard.servers_info import server_rows
     from specdec_tune.dashboard.why import chosen_budget
@@ -394,7 +395,7 @@ def test_every_speedup_on_why_it_wins_divides_by_the_plain_decoding_it_shows(db)
     plain = why.baseline.tokens_per_s
     draft_own = {d: predict_config(load_run_profile(db, 1, d), SpecConfig(1)).baseline_tokens_per_s
                  for d in ("ngram", None)}
-    assert all(abs(b / plain - 1) > 1e-3 for b in draft_own.values())  # the check has power
+    assert all(b == pytest.approx(plain, rel=1e-9) for b in draft_own.values())  # one plain decoding
     speedups = {}
     for b in why.ranked:
         assert b.speedup == pytest.approx(b.tokens_per_s / plain, rel=1e-12)
@@ -554,7 +555,7 @@ def test_chosen_budget_is_the_tuners_prediction(hand_db, db, urls):
             h["M"] / _hand_seconds(c.num_speculative_tokens, c.threshold)), c
         assert b.cycle_ms == pytest.approx(1e3 * (forwards * h["T_s"] + h["T_v"][verified])), c
     plain = chosen_budget(database, run, Candidate("none", 0))
-    assert plain.tokens_per_s == pytest.approx(h["M"] / (h["prefill_t"] + h["M"] * h["T_v"][1]))
+    assert plain.tokens_per_s == pytest.approx(h["M"] / (h["prefill_t"] + (h["M"] - 1) * h["T_v"][1]))
     # a study's result on the real profile gets its bar, labelled as the tuner's choice
     result = next(s.result for s in list_studies(open_storage(urls["storage"])) if s.result)
     b = chosen_budget(db, 1, result.candidate)

@@ -86,14 +86,17 @@ def test_slots_are_taken_per_live_cache_and_given_back(pair):
         lean(input_ids=ids, past_key_values=c, use_cache=True)
         assert len(runner.slots) == 2  # the freed slot is reused
         del b, c
-        for length in (300, 600, 1200, 2400):  # new shapes: idle slots are kept up to MAX_IDLE_SLOTS
+        from specdec_tune.engine.cuda_graphs import MAX_IDLE_SLOTS
+
+        lengths = [300 * 2 ** i for i in range(MAX_IDLE_SLOTS)]
+        for length in lengths:  # new shapes: idle slots are kept up to MAX_IDLE_SLOTS
             cache = make_cache(lean, length)
             lean(input_ids=ids, past_key_values=cache, use_cache=True)
             del cache
-        from specdec_tune.engine.cuda_graphs import MAX_IDLE_SLOTS
 
         assert len(runner.slots) == MAX_IDLE_SLOTS and all(not s.busy for s in runner.slots)
-        assert runner.slots[-1].length == slot_length(2400)  # the oldest went first
+        assert runner.slots[-1].length == slot_length(lengths[-1])  # the oldest went first
+        assert min(s.length for s in runner.slots) > slot_length(100)
     assert slot_length(40) == 256 and slot_length(300) == 512 and slot_length(512) == 512
 
 

@@ -269,7 +269,8 @@ def test_profile_session_stores_everything_and_predicts(tiny_model_dirs, workloa
     assert run.status == "completed" and [d.name for d in run.drafts] == [tiny_model_dirs["draft"], "ngram"]
     assert run.target.tokenizer_hash and run.hardware.device == "cpu" and run.workload.prompt_count == 3
     kinds = {r.kind for r in load_timings(db, result.run_id)}
-    assert kinds == {"verify", "draft_step", "prefill", "autoregressive", "overhead", "machine_probe", "verify_context"}
+    assert kinds == {"verify", "draft_step", "prefill", "autoregressive", "overhead", "machine_probe", "verify_context",
+                     "first_cycle", "hooked_call", "bare_call", "hooked_call_threshold", "bare_call_threshold"}
     # the thread count chosen (stored and returned) and the machine's speed while profiling
     assert run.settings.thread_choice["threads"] == run.settings.threads == result.threads["threads"] >= 1
     assert result.threads["source"] in ("calibrated", "calibrated, lowered to the idle CPUs")

@@ -3,14 +3,15 @@
 Public names only; the modules behind them are private (``_throughput``: the analytic model,
 ``_replay``: trace replay, ``_greedy_sim``: exact greedy simulation, ``_tree`` and ``_tree_predict``:
 token trees and staged drafting, ``_batch_theory``: batch speculative decoding's rejections (seed
-003), ``_calibration``: in-loop
-calibration, ``_profile`` and ``_load``: profile assembly, ``_predict`` and ``_prefill``: end-to-end
-predictions, ``_grid``: the N × θ ranking, ``_tv``: acceptance from the teacher-forced TV and lossy
-replay, ``_bias``: a lossy rule's bias, ``_chain``: acceptance sources and chains, ``_spec``: the model's
-records, ``_configs``: the configuration records every room exchanges, ``_decision``: what each server's
-file carries and the measured evidence behind it, ``_evaluator``: cached predictions of candidates,
-``_latency_prediction``: predicted TTFT and TPOT, ``_memory``: predicted memory, ``_objective``: what ``tune``
-optimises).
+003), ``_calibration``: in-loop calibration, ``_loop_costs``: the θ > 0 check, the hooks' tax and a
+decode's first cycle, ``_identity``: the check at a profile's end, ``_timings``: a run's timing samples
+grouped, ``_profile`` and ``_load``: profile assembly, ``_predict`` and ``_prefill``: end-to-end
+predictions, ``_speed``: machine-speed rescaling, ``_grid``: the N × θ ranking, ``_tv``: acceptance from
+the teacher-forced TV and lossy replay, ``_bias``: a lossy rule's bias, ``_chain``: acceptance sources and
+chains, ``_spec``: the model's records, ``_configs``: the configuration records every room exchanges,
+``_decision``: what each server's file carries and the measured evidence behind it, ``_evaluator``: cached
+predictions of candidates, ``_latency_prediction``: predicted TTFT and TPOT, ``_memory``: predicted memory,
+``_objective``: what ``tune`` optimises).
 """
 from __future__ import annotations
 
@@ -23,14 +24,15 @@ from specdec_tune.tuner.model._decision import MIN_LOWER, ServerDecision, decide
 from specdec_tune.tuner.model._evaluator import Evaluator, Scored
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, simulate_prompt
 from specdec_tune.tuner.model._grid import THRESHOLD_GRID, best_configs
+from specdec_tune.tuner.model._identity import identity_check, run_identity_check
 from specdec_tune.tuner.model._latency_prediction import LatencyPrediction, predict_latency
 from specdec_tune.tuner.model._memory import GIB, MemoryBreakdown, MemoryModel, ModelMemory
 from specdec_tune.tuner.model._objective import OBJECTIVES, UNITS, Objective, better, describe_side, direction
 from specdec_tune.tuner.model._objective import format_value, predicted_value
 from specdec_tune.tuner.model._load import load_run_profile, load_tree_data
 from specdec_tune.tuner.model._predict import PromptSpec, RunPrediction, predict_baseline, predict_config
-from specdec_tune.tuner.model._machine_speed import at_machine_speed, machine_speed
 from specdec_tune.tuner.model._predict import predict_prompts, profiled_specs, split_specs
+from specdec_tune.tuner.model._speed import at_machine_speed, machine_speed, probe_tracks
 from specdec_tune.tuner.model._profile import PromptInfo, RunProfile, build_run_profile, resolve_draft, run_drafts
 from specdec_tune.tuner.model._profile import synthetic_rates, with_synthetic_acceptance
 from specdec_tune.tuner.model._replay import ReplayStats, Trace, heuristic_stationary, replay, replay_reach
@@ -57,5 +59,5 @@ __all__ = [
     "verify_time", "with_synthetic_acceptance",
     "RANKS", "StagedStats", "TreeCycle", "TreeData", "TreePlan", "expected_tau", "load_tree_data", "predict_tree_prompts",
     "simulate_tree", "tree_overhead", "tree_plan", "width_time",
-    "SEARCH_BASIS", "predicted_basis",
+    "SEARCH_BASIS", "predicted_basis", "identity_check", "run_identity_check", "probe_tracks",
 ]  # fmt: skip

@@ -101,7 +101,7 @@ def _simulated(rp: RunProfile, config: SpecConfig, i: int) -> _Request:
     cycles = simulate_config(rp, config, i)
     if not cycles:
         raise InputError(f"run {rp.run.id}: no greedy traces for prompt {i} of draft {rp.draft!r}")
-    times, slopes = timed_cycles(rp, cycles, b, prompt)
+    times, slopes = timed_cycles(rp, cycles, b, prompt, config.spec.threshold > 0)
     per = max(n_tokens - 1, 1)
     return _Request(times[0], sum(times[1:]) / per, n_tokens, prompt, sum(slopes[1:]) / per, slopes[0])
 
@@ -141,7 +141,8 @@ def _plain(rp: RunProfile, b: int, i: int) -> _Request:
     n_tokens, prompt = rp.prompts[i].new_tokens, rp.prompts[i].prompt_tokens
     step = plain_step_s(rp, b, prompt, n_tokens)
     slope = context_slope(rp, 1, b)
-    return _Request(step, step, n_tokens, prompt, slope, slope)
+    # the prefill gives the first token's logits: it costs a pick, no forward (_predict.plain_seconds)
+    return _Request(rp.model.ar_overhead_s, step, n_tokens, prompt, 0.0, slope)
 
 
 def _requests(rp: RunProfile, config: SpecConfig) -> tuple[list[_Request], str]:
@@ -163,9 +164,9 @@ def _prefill_s(rp: RunProfile, config: SpecConfig, spec: PromptSpec, fits) -> fl
     b = config.batch_size
     target, draft = prompt_prefill(rp, spec.profiled_index, spec.prompt_tokens, fits)
     if config.spec.num_speculative_tokens == 0:
-        return target * b
+        return target * b + rp.plain_setup_s
     raw_step = rp.first_draft_step_s.get(b, 0.0)  # the draft's first forward is its prefill
-    return (target + draft - raw_step) * b + rp.sequence_overhead_s - rp.cycle_overhead_s
+    return (target + draft - raw_step) * b + rp.sequence_s(config.spec.threshold > 0) - rp.cycle_overhead_s
 
 
 def predict_latency(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) -> LatencyPrediction:

@@ -9,8 +9,8 @@ The predictions here count the same things, so predicted and measured numbers co
 where L is the cycle's proposed length, F its draft forwards (L, or L + 1 when θ cut the draft), o_c
 and o_f the measured per-cycle and per-draft-forward engine overheads, T_s and T_v(k) the calibrated
 micro-benchmark medians (:mod:`._profile`), and the first draft forward of a sequence is its prefill.
-The baseline is the same sum for plain decoding: prefill + M·(T_ar + per-token overhead).
-``decode_tokens_per_s`` leaves prefill and set-up out.
+The baseline is the same sum for plain decoding: prefill + M·(T_ar + per-token overhead) - T_ar (the prefill
+gives the first token: M tokens take M - 1 forwards after it). ``decode_tokens_per_s`` leaves prefill and set-up out.
 
 Which cycles: in greedy mode with a model draft the cycles are *simulated* exactly per prompt
 (:mod:`._greedy_sim`): greedy decoding is deterministic, so the draft's roll-out from any position of
@@ -119,18 +119,31 @@ def context_cost(rp: RunProfile, k: int, context: float, batch_size: int) -> flo
     return rp.context_cost(k, context) if batch_size == 1 else 0.0
 
 
+def plain_forward_s(rp: RunProfile, batch_size: int, prompt_tokens: int, new_tokens: int) -> float:
+    """One plain decoding forward of a request: T_ar (or T_v(B, 1)) at its mean context."""
+    forward = rp.ar_forward_s if batch_size == 1 and rp.ar_forward_s else verify_time(rp.model, batch_size, 1)
+    return forward + context_cost(rp, 1, prompt_tokens + new_tokens / 2, batch_size)
+
+
 def plain_step_s(rp: RunProfile, batch_size: int, prompt_tokens: int, new_tokens: int) -> float:
     """One plain decoding step of a request: T_ar (or T_v(B, 1)) + the loop's overhead, at its mean context."""
-    forward = rp.ar_forward_s if batch_size == 1 and rp.ar_forward_s else verify_time(rp.model, batch_size, 1)
-    return forward + rp.model.ar_overhead_s + context_cost(rp, 1, prompt_tokens + new_tokens / 2, batch_size)
+    return plain_forward_s(rp, batch_size, prompt_tokens, new_tokens) + rp.model.ar_overhead_s
 
 
-def cycle_s(rp: RunProfile, c: SimulatedCycle, b: int, context: float | None = None) -> float:
-    """One simulated cycle's seconds: the draft's F forwards (F·T_s and their warm-up, :func:`draft_seconds`)
-    + T_v(L + 1) + o_c, with the verify at ``context`` (tokens in the target's cache) where given."""
+def plain_seconds(rp: RunProfile, batch_size: int, prompt_tokens: int, new_tokens: int) -> float:
+    """A plain decode's steps after its prefill: M picks (the loop's overhead) and M - 1 forwards, the prefill
+    having given the first token's logits (``engine.decode.autoregressive``)."""
+    return new_tokens * plain_step_s(rp, batch_size, prompt_tokens, new_tokens) \
+        - plain_forward_s(rp, batch_size, prompt_tokens, new_tokens)
+
+
+def cycle_s(rp: RunProfile, c: SimulatedCycle, b: int, context: float | None = None, checked: bool = False) -> float:
+    """One simulated cycle's seconds: the draft's F forwards (F·T_s, their warm-up and, with θ > 0 checking each
+    (``checked``), the check's cost: :func:`draft_seconds`) + T_v(L + 1) + o_c, with the verify at ``context``
+    (tokens in the target's cache) where given."""
     extra = context_cost(rp, c.proposed + 1, context, b) if context is not None else 0.0
-    return draft_seconds(rp.model, b, c.forwards) + verify_time(rp.model, b, c.proposed + 1) + rp.cycle_overhead_s \
-        + extra
+    return draft_seconds(rp.model, b, c.forwards, checked) + verify_time(rp.model, b, c.proposed + 1) \
+        + rp.cycle_overhead_s + extra
 
 
 def context_slope(rp: RunProfile, k: int, b: int) -> float:
@@ -138,13 +151,14 @@ def context_slope(rp: RunProfile, k: int, b: int) -> float:
     return context_cost(rp, k, rp.typical_context + 1, b) if rp.typical_context else 0.0
 
 
-def timed_cycles(rp: RunProfile, cycles: Sequence[SimulatedCycle], b: int, prompt_tokens: int
+def timed_cycles(rp: RunProfile, cycles: Sequence[SimulatedCycle], b: int, prompt_tokens: int, checked: bool = False
                  ) -> tuple[list[float], list[float]]:
     """Each simulated cycle's seconds with its verify at its own context (the prompt + the tokens
-    emitted before it), and what each would cost more per extra prompt token (its verify's slope)."""
+    emitted before it), and what each would cost more per extra prompt token (its verify's slope);
+    ``checked``: θ > 0 reads every draft forward's confidence."""
     times, slopes, emitted = [], [], 0
     for c in cycles:
-        times.append(cycle_s(rp, c, b, prompt_tokens + emitted))
+        times.append(cycle_s(rp, c, b, prompt_tokens + emitted, checked))
         slopes.append(context_slope(rp, c.proposed + 1, b))
         emitted += c.accepted + 1
     return times, slopes
@@ -161,7 +175,8 @@ def _baseline(rp: RunProfile, specs: Sequence[PromptSpec], batch_size: int) -> R
     fits = prefill_fits(rp)
     tokens = sum(s.new_tokens for s in specs)
     prefill = sum(prompt_prefill(rp, s.profiled_index, s.prompt_tokens, fits)[0] for s in specs) * batch_size  # B prompts prefill ~B times the work
-    seconds = prefill + sum(s.new_tokens * plain_step_s(rp, batch_size, s.prompt_tokens, s.new_tokens) for s in specs)
+    seconds = prefill + sum(rp.plain_setup_s + plain_seconds(rp, batch_size, s.prompt_tokens, s.new_tokens)
+                            for s in specs)
     tps = batch_size * tokens / seconds
     return RunPrediction(
         tokens_per_s=tps, decode_tokens_per_s=batch_size / step, speedup=1.0, baseline_tokens_per_s=tps,
@@ -218,7 +233,7 @@ def _simulated(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) 
         """Prompt i's cycles, their seconds (each verify at its own context) and their extra seconds per
         extra prompt token."""
         cycles = simulate_config(rp, config, i, pooled)
-        times, slopes = timed_cycles(rp, cycles, b, rp.prompts[i].prompt_tokens)
+        times, slopes = timed_cycles(rp, cycles, b, rp.prompts[i].prompt_tokens, config.spec.threshold > 0)
         return cycles, sum(times), sum(slopes)
 
     exact, decode_s = [], 0.0
@@ -298,7 +313,7 @@ def _predict(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec], cy
     # The first draft forward of a sequence is the draft's prefill, which replaces one draft step.
     raw_step = rp.first_draft_step_s.get(b, 0.0)
     prefill = sum(sum(prompt_prefill(rp, s.profiled_index, s.prompt_tokens, fits)) - raw_step for s in specs) * b
-    seconds = cyc.decode_s + prefill + len(specs) * (rp.sequence_overhead_s - rp.cycle_overhead_s)
+    seconds = cyc.decode_s + prefill + len(specs) * (rp.sequence_s(config.spec.threshold > 0) - rp.cycle_overhead_s)
     tps = b * tokens / seconds
     return RunPrediction(
         tokens_per_s=tps, decode_tokens_per_s=b * tokens / cyc.decode_s if cyc.decode_s > 0 else math.inf,

@@ -15,17 +15,19 @@ Pure: the rows come in (:mod:`._load` reads them from the database), the profile
 """
 from __future__ import annotations
 
-import math
-import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from specdec_tune.db import BiasFrontRow, RunRecord, RunSettings, TeacherForcedRow, TimingRow, TraceRow
 from specdec_tune.core.errors import InputError
+from specdec_tune.core.pass_design import steady_widths
 from specdec_tune.core.stats import trimmed_mean
 from specdec_tune.tuner.model._calibration import OverheadFit, calibrate_b1, fit_overhead, interp
 from specdec_tune.core.speculative import MODEL_FREE
+from specdec_tune.tuner.model._loop_costs import first_cycle_residuals, first_cycle_terms, hook_tax
+from specdec_tune.tuner.model._loop_costs import threshold_forward_s
+from specdec_tune.tuner.model._timings import Timings
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces
 from specdec_tune.tuner.model._replay import replay_reach
 from specdec_tune.tuner.model._throughput import ModelProfile, Trace
@@ -52,7 +54,9 @@ class RunProfile:
         cycle_overhead_s: o_c, engine overhead per cycle (plus, calibrated, the first draft forward's
             excess over the others).
         forward_overhead_s: o_f, engine overhead per draft forward (per proposed token for n-gram).
-        sequence_overhead_s: set-up and first-cycle bookkeeping per decode call.
+        sequence_overhead_s: per decode call, what its set-up, first cycle and end cost beyond the model's
+            terms for them (:func:`first_cycle_overhead_s`; negative where the first cycle overlaps the
+            prefills' work more than a steady cycle's terms allow for).
         prompts: the profiled prompts (lengths, greedy output lengths).
         prefill_target_s: per prompt, the target's prefill of T_p - 1 tokens.
         prefill_draft_s: per prompt, the draft's prefill of T_p tokens (0 for n-gram).
@@ -88,6 +92,7 @@ class RunProfile:
     ar_forward_s: float | None = None
     engine_overhead_s: float = 0.0
     machine_probe_s: float | None = None
+    machine_probe_cv: float | None = None  # the probe's coefficient of variation over the run (its noise)
     bias_front: tuple[BiasFrontRow, ...] = ()
     trace_prompts: tuple[int | None, ...] = ()
     sampling_trace_prompts: tuple[int | None, ...] = ()
@@ -98,6 +103,19 @@ class RunProfile:
     # Suffix decoding: (prompt ids, greedy output ids) of every profiled prompt in profile order, which its
     # exact simulation replays (tuner.model._suffix_sim); empty for other drafters.
     sequences: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    # What the calibration found suspicious (an in-loop ÷ isolated ratio clamped, _calibration.anchor_ratios),
+    # and in-loop ÷ isolated as measured ("verify": the largest at the anchors; "draft_step": a later draft forward).
+    calibration_warnings: tuple[str, ...] = ()
+    loop_ratios: dict[str, float] = field(default_factory=dict)
+    # What the profiler's hooks added per hooked forward, taken off the in-loop terms (_loop_costs.hook_tax):
+    # in the draft's θ = 0 passes and in plain decoding; 0 where it did not stand clear of the noise.
+    hook_tax_s: float = 0.0
+    plain_hook_tax_s: float = 0.0
+    # A plain decode's call up to its prefill's end beyond the prefill the model charges it (its set-up, and the
+    # prompt's last token, which plain decoding prefills and a speculative decode's first cycle feeds).
+    plain_setup_s: float = 0.0
+    # sequence_overhead_s of a decode at θ > 0, from the θ pass's first cycles (None: not profiled).
+    checked_sequence_overhead_s: float | None = None
 
     @property
     def traced_n_max(self) -> int:
@@ -121,108 +139,17 @@ class RunProfile:
         """The drafter runs no model (n-gram lookup, suffix decoding): θ cuts nothing, no draft forwards."""
         return self.draft in MODEL_FREE
 
+    def sequence_s(self, checked: bool) -> float:
+        """``sequence_overhead_s`` of a decode whose draft forwards check θ (``checked``) or not."""
+        if checked and self.checked_sequence_overhead_s is not None:
+            return self.checked_sequence_overhead_s
+        return self.sequence_overhead_s
+
     def tail_rate(self, theta: float) -> float:
         """P(confidence ≥ θ) for drafted tokens past a rejection (1 when none were recorded)."""
         if theta <= 0 or not self.after_rejection:
             return 1.0
         return sum(c >= theta for c in self.after_rejection) / len(self.after_rejection)
-
-
-# --------------------------------------------------------------------------- the run's timings
-
-
-@dataclass(frozen=True)
-class TimingKey:
-    """What one group of timing samples measured (every sample of a group is one forward of this shape)."""
-
-    kind: str
-    draft: str | None
-    k: int
-    batch_size: int
-    context_len: int
-
-
-_ANY = object()  # a filter that matches every draft, target forwards included
-
-
-def _median(values: Iterable[float]) -> float:
-    values = list(values)
-    return statistics.median(values) if values else math.nan
-
-
-class _Timings:
-    """A run's timing samples grouped by :class:`TimingKey`, in recording order."""
-
-    def __init__(self, rows: Iterable[TimingRow]) -> None:
-        self.groups: dict[TimingKey, list[float]] = defaultdict(list)
-        for r in rows:
-            self.groups[TimingKey(r.kind, r.draft, r.k, r.batch_size, r.context_len)].append(r.seconds)
-
-    def select(self, kind: str, draft: object = _ANY, batch_size: int | None = None) -> Iterator[tuple[TimingKey, list[float]]]:
-        for key, xs in self.groups.items():
-            if key.kind == kind and (draft is _ANY or key.draft == draft) and batch_size in (None, key.batch_size):
-                yield key, xs
-
-    def verify_medians(self) -> dict[int, dict[int, float]]:
-        """B -> k -> median T_v(B, k)."""
-        out: dict[int, dict[int, float]] = defaultdict(dict)
-        for key, xs in self.select("verify"):
-            out[key.batch_size][key.k] = _median(xs)
-        return out
-
-    def prefills(self, draft: str | None, infos: Sequence[PromptInfo], drop_last: bool) -> tuple[float, ...]:
-        """Each prompt's prefill (its T_p, or T_p - 1 tokens with ``drop_last``), interpolated in length."""
-        by_len = {key.k: _median(xs) for key, xs in self.select("prefill", draft)}
-        if not by_len:
-            return tuple(0.0 for _ in infos)
-        return tuple(interp(by_len, p.prompt_tokens - (1 if drop_last else 0)) for p in infos)
-
-    def overheads(self, draft: str | None) -> tuple[list[tuple[int, float]], list[float], list[float]]:
-        """(per-cycle (draft forwards, seconds), per-sequence set-up seconds, plain loop's per-token seconds)."""
-        cycles = [(key.k - 1, s) for key, xs in self.select("overhead", draft) if key.context_len > 0 for s in xs]
-        sequence = [s for key, xs in self.select("overhead", draft) if key.context_len == 0 for s in xs]
-        plain = [s for _, xs in self.select("overhead", None) for s in xs]
-        return cycles, sequence, plain
-
-    def draft_steps(self, draft: str, batch_sizes: Sequence[int], context: int) -> dict[int, float]:
-        """B -> the draft-step micro-benchmark interpolated at ``context`` (batch sizes without samples left out)."""
-        out = {}
-        for b in batch_sizes:
-            points = {key.context_len: _median(xs) for key, xs in self.select("draft_step", draft, b)}
-            if points:
-                out[b] = interp(points, context)
-        return out
-
-    def context_slopes(self, typical: int) -> dict[int, float]:
-        """k -> seconds a B = 1 verify of k tokens gains per context token: the least-squares line through
-        its medians at the typical context (kind verify) and the others (kind verify_context), at least 0
-        (attending over more positions costs no less; a tiny model's timing noise can tilt the line the
-        other way, as the prefill line is kept >= 0) and at most the slope that keeps the verify's cost at
-        context 0 from going negative (its time at the typical context ÷ that context: a verify over no
-        context still costs something; a noisy, steep line would otherwise predict a short request's
-        cycles in negative seconds); k without another context left out."""
-        by_k: dict[int, dict[int, float]] = defaultdict(dict)  # k -> context -> median
-        for key, xs in self.select("verify_context", batch_size=1):
-            by_k[key.k][key.context_len] = _median(xs)
-        out = {}
-        for k, points in sorted(by_k.items()):
-            typical_xs = self.groups.get(TimingKey("verify", None, k, 1, typical))
-            if typical_xs:
-                points[typical] = _median(typical_xs)
-            if len(points) >= 2:  # distinct context lengths (dict keys): the line is defined
-                slope = statistics.linear_regression(list(points), list(points.values())).slope
-                at_typical = points[typical] if typical in points else interp(points, typical)
-                out[k] = min(max(0.0, slope), max(0.0, at_typical) / typical if typical > 0 else slope)
-        return out
-
-    def probe(self) -> float | None:
-        """The machine probe's median seconds over the run (None: not recorded)."""
-        xs = [x for _, samples in self.select("machine_probe") for x in samples]
-        return statistics.median(xs) if xs else None
-
-    def plain_loop(self) -> list[float]:
-        """The plain decoding loop's in-loop target forwards at B = 1."""
-        return [x for _, xs in self.select("autoregressive", batch_size=1) for x in xs]
 
 
 # --------------------------------------------------------------------------- assembly
@@ -241,15 +168,21 @@ class _StepTimes:
     calibrated: bool = False
     ar_forward_s: float | None = None
     draft_warmup_s: tuple[float, ...] = ()
+    warnings: tuple[str, ...] = ()
+    loop_ratios: dict[str, float] = field(default_factory=dict)
+    hook_tax_s: tuple[float, float, float] = (0.0, 0.0, 0.0)  # per hooked forward: plain, θ = 0 passes, θ > 0 pass
 
 
 def _calibrated(times: _StepTimes, raw: dict[int, float], fit: OverheadFit, in_loop: dict,
-                plain_loop: Sequence[float]) -> _StepTimes:
-    """B = 1 terms scaled to the forwards hooked inside the decode loop (:func:`calibrate_b1`)."""
+                plain_loop: Sequence[float], settings: RunSettings, infos: Sequence[PromptInfo]) -> _StepTimes:
+    """B = 1 terms scaled to the forwards hooked inside the decode loop (:func:`calibrate_b1`), anchored at
+    the verify widths the profile's passes designed (``core.pass_design.steady_widths``)."""
     cal = calibrate_b1(times.verify_s[1], raw.get(1), times.prefill_target_s, times.prefill_draft_s, in_loop,
-                       plain_loop)
+                       plain_loop, steady_widths(settings.n_max, settings.overhead_ns),
+                       [p.prompt_tokens for p in infos])
     out = replace(times, verify_s={**times.verify_s, 1: cal.verify_s}, prefill_target_s=cal.prefill_target_s,
-                  prefill_draft_s=cal.prefill_draft_s, calibrated=cal.applied, ar_forward_s=cal.ar_forward_s)
+                  prefill_draft_s=cal.prefill_draft_s, calibrated=cal.applied, ar_forward_s=cal.ar_forward_s,
+                  warnings=cal.warnings, loop_ratios=cal.loop_ratios)
     if cal.draft_rest_s is None or 1 not in raw:
         return out
     # The colder first forward of every cycle costs its excess once per cycle.
@@ -259,7 +192,7 @@ def _calibrated(times: _StepTimes, raw: dict[int, float], fit: OverheadFit, in_l
                    cycle_overhead_s=max(0.0, fit.intercept_s + cal.draft_first_s - cal.draft_rest_s))
 
 
-def _step_times(run: RunRecord, draft: str | None, t: _Timings, infos: Sequence[PromptInfo],
+def _step_times(run: RunRecord, draft: str | None, t: Timings, infos: Sequence[PromptInfo],
                 fit: OverheadFit) -> tuple[_StepTimes, dict[int, float]]:
     """The uncalibrated time terms, and the raw draft-step micro-benchmark per batch size."""
     verify_s = t.verify_medians()
@@ -293,7 +226,7 @@ def _traces(rows: Sequence[TraceRow]) -> tuple[Trace, ...]:
     return tuple(Trace(tr.confidences, tr.num_accepted, tr.token_probs, tr.target_probs) for tr in rows)
 
 
-def _fitted_times(run: RunRecord, draft: str | None, t: _Timings, infos: Sequence[PromptInfo],
+def _fitted_times(run: RunRecord, draft: str | None, t: Timings, infos: Sequence[PromptInfo],
                   in_loop: dict | None) -> tuple[OverheadFit, _StepTimes, dict[int, float], list[float], list[float]]:
     """The engine-overhead fit and the step times of ``draft`` (calibrated to the in-loop forwards unless
     ``in_loop`` is None), the raw B = 1 draft steps, and the per-sequence and plain-loop overhead samples."""
@@ -301,8 +234,19 @@ def _fitted_times(run: RunRecord, draft: str | None, t: _Timings, infos: Sequenc
     fit = fit_overhead(cycles)
     times, raw = _step_times(run, draft, t, infos, fit)
     if in_loop is not None and 1 in times.verify_s:
-        times = _calibrated(times, raw, fit, in_loop, t.plain_loop())
+        times = _untaxed(_calibrated(times, raw, fit, in_loop, t.plain_loop(), run.settings, infos), t, draft)
     return fit, times, raw, sequence, plain
+
+
+def _untaxed(times: _StepTimes, t: Timings, draft: str | None) -> _StepTimes:
+    """The in-loop terms less what the profiler's hooks added to them (:func:`hook_tax`, per hooked forward):
+    plain decoding's per-token overhead, a model draft's step and o_c (its cycle's verify)."""
+    plain, spec, checked = (hook_tax(xs) for xs in t.hook_taxes(draft))
+    step = dict(times.draft_step_s)
+    if draft is not None and draft not in MODEL_FREE and 1 in step:
+        step[1] = max(step[1] - spec, 0.0)
+    return replace(times, draft_step_s=step, cycle_overhead_s=max(times.cycle_overhead_s - spec, 0.0),
+                   hook_tax_s=(plain, spec, checked))
 
 
 def _model_profile(run: RunRecord, draft: str | None, times: _StepTimes, plain: list[float], traces: Sequence[TraceRow],
@@ -312,7 +256,8 @@ def _model_profile(run: RunRecord, draft: str | None, times: _StepTimes, plain: 
     return ModelProfile(
         draft_step_s=times.draft_step_s, verify_s={b: dict(sorted(c.items())) for b, c in times.verify_s.items()},
         traces=_traces(traces), cycle_overhead_s=times.cycle_overhead_s, draft_warmup_s=times.draft_warmup_s,
-        ar_overhead_s=max(trimmed_mean(plain), 0.0) if plain else 0.0, sampling_acceptance=sampling_acceptance,
+        ar_overhead_s=max(trimmed_mean(plain) - times.hook_tax_s[0], 0.0) if plain else 0.0,
+        sampling_acceptance=sampling_acceptance,
         sampling_traces=_traces(sampling_traces) if sampling_traces else None, name=draft or "",
         synthetic_acceptance=synthetic_rates(run.settings),
         teacher_forced=tuple((r.one_minus_tv, r.top_q) for r in teacher_forced), lookup=draft in MODEL_FREE,
@@ -359,25 +304,56 @@ def build_run_profile(
     """
     max_new, typical = run.settings.max_new_tokens, run.settings.typical_context
     infos = tuple(prompts) if prompts is not None else tuple(PromptInfo(t, max_new) for t in run.settings.prompt_tokens)
-    t = _Timings(timings)
+    t = Timings(timings)
     fit, times, raw, sequence, plain = _fitted_times(run, draft, t, infos, (in_loop or {}) if calibrate else None)
     model = _model_profile(run, draft, times, plain, traces, sampling_traces, sampling_acceptance, teacher_forced)
     positions = None  # synthetic acceptance is drawn per cycle, not per output position: no exact simulation
     if draft is not None and draft not in MODEL_FREE and traces and model.synthetic_acceptance is None:
         positions = _positions(traces, continuations, len(infos), run.settings.n_max)
-    return RunProfile(
+    plain_tax, tax, checked_tax = times.hook_tax_s
+    rp = RunProfile(
         run=run, draft=draft, model=model, draft_step_raw_s=raw, first_draft_step_s=times.first_draft_step_s,
         calibrated=times.calibrated, ar_forward_s=times.ar_forward_s, engine_overhead_s=fit.intercept_s,
         cycle_overhead_s=times.cycle_overhead_s, forward_overhead_s=fit.per_forward_s,
-        sequence_overhead_s=max(trimmed_mean(sequence), 0.0) if sequence else 0.0,
+        sequence_overhead_s=max(trimmed_mean(sequence) - tax, 0.0) if sequence else 0.0,  # the target's prefill
         prompts=infos, prefill_target_s=times.prefill_target_s, prefill_draft_s=times.prefill_draft_s,
         positions=positions, after_rejection=tuple(c for tr in traces for c in tr.confidences[tr.num_accepted + 1:]),
-        max_new_tokens=max_new, machine_probe_s=t.probe(), bias_front=tuple(bias_front),
+        max_new_tokens=max_new, machine_probe_s=t.probe(), machine_probe_cv=t.probe_cv(), bias_front=tuple(bias_front),
         trace_prompts=tuple(tr.prompt_index for tr in traces),
         sampling_trace_prompts=tuple(tr.prompt_index for tr in sampling_traces or ()),
-        context_slope_s=t.context_slopes(typical), typical_context=typical,
-        sequences=tuple((tuple(p), tuple(o)) for p, o in sequences),
+        context_slope_s=t.context_slopes(typical), typical_context=typical, calibration_warnings=times.warnings,
+        loop_ratios=times.loop_ratios, sequences=tuple((tuple(p), tuple(o)) for p, o in sequences),
+        hook_tax_s=tax, plain_hook_tax_s=plain_tax,
     )
+    return _loop_costs(rp, t, (in_loop or {}) if calibrate else None, checked_tax)
+
+
+def _loop_costs(rp: RunProfile, t: Timings, in_loop: dict | None, checked_tax: float) -> RunProfile:
+    """A calibrated profile with the costs its steady terms miss (:mod:`._loop_costs`): plain decoding's set-up,
+    a model draft's first cycle beyond its terms, and each checked draft forward's at θ > 0."""
+    if in_loop is None:
+        return rp
+    target = {p.prompt_tokens: pt for p, pt in zip(rp.prompts, rp.prefill_target_s)}
+    plain = [s - rp.plain_hook_tax_s - interp(target, n) for _, _, s, n in t.first_cycles(None)]
+    if plain:
+        rp = replace(rp, plain_setup_s=trimmed_mean(plain))
+    if rp.draft is None or rp.draft in MODEL_FREE:
+        return rp
+    by_length = {p.prompt_tokens: pt + pd - rp.first_draft_step_s.get(1, 0.0)
+                 for p, pt, pd in zip(rp.prompts, rp.prefill_target_s, rp.prefill_draft_s)}
+
+    def first(rows, tax: float, checked: bool) -> list[float]:
+        return first_cycle_residuals(rows, rp.model, rp.context_cost, lambda n: interp(by_length, n), tax, checked)
+
+    steady = first(t.first_cycles(rp.draft), rp.hook_tax_s, False)
+    if steady:
+        rp = replace(rp, sequence_overhead_s=trimmed_mean(steady))
+    if not in_loop.get("threshold_cycles"):
+        return rp
+    cost = threshold_forward_s(in_loop["threshold_cycles"], rp.model, rp.cycle_overhead_s, rp.context_cost, checked_tax)
+    rp = replace(rp, model=replace(rp.model, threshold_forward_s=cost))
+    _, checked = first_cycle_terms(steady, first(in_loop.get("threshold_first_cycles", ()), checked_tax, True))
+    return replace(rp, checked_sequence_overhead_s=checked)
 
 
 def synthetic_rates(settings: RunSettings) -> tuple[float, ...] | None:

@@ -45,6 +45,9 @@ class ModelProfile:
             (:func:`tuner.model._throughput.draft_seconds`). Empty: every forward costs T_s.
         lookup: the greedy traces are n-gram lookup cycles: a cycle cut to N goes on along its matched
             stretch (:func:`tuner.model._replay.lookup_cycles`), not stops.
+        threshold_forward_s: what each draft forward of a cycle costs beyond θ = 0's terms when θ > 0 reads
+            its confidence (the host waits for it: ``float(conf)``, plus its exp and logsumexp), fitted to the
+            profile's θ > 0 pass (:mod:`tuner.model._threshold`); 0 where none ran.
     """
 
     draft_step_s: Mapping[int, float]
@@ -59,6 +62,7 @@ class ModelProfile:
     synthetic_acceptance: tuple[float, ...] | None = None
     draft_warmup_s: tuple[float, ...] = ()
     lookup: bool = False
+    threshold_forward_s: float = 0.0
 
     def __post_init__(self) -> None:
         if any(not math.isfinite(e) for e in self.draft_warmup_s):

@@ -128,11 +128,15 @@ def draft_step_time(profile: ModelProfile, batch_size: int) -> float:
     return _interp(profile.draft_step_s, batch_size, "draft_step_s batch size", extrapolate=False)
 
 
-def draft_seconds(profile: ModelProfile, batch_size: int, forwards: float) -> float:
+def draft_seconds(profile: ModelProfile, batch_size: int, forwards: float, checked: bool = False) -> float:
     """Seconds a cycle of ``forwards`` draft forwards drafts for: F·T_s(B), plus at B = 1 each later
     forward's in-loop warm-up excess (``ModelProfile.draft_warmup_s``; the last one holds beyond the
-    measured positions). A fractional F (an expectation) interpolates between its neighbours."""
+    measured positions), plus, when θ > 0 reads each forward's confidence (``checked``), F times the cost of
+    that check (``ModelProfile.threshold_forward_s``). A fractional F (an expectation) interpolates between
+    its neighbours."""
     step = draft_step_time(profile, batch_size)
+    if checked and step > 0:
+        step += profile.threshold_forward_s
     warm = profile.draft_warmup_s if batch_size == 1 and step > 0 else ()
     if not warm or forwards <= 1:
         return forwards * step
@@ -146,11 +150,11 @@ def draft_seconds(profile: ModelProfile, batch_size: int, forwards: float) -> fl
     return forwards * step + (1 - frac) * excess(lo) + frac * excess(lo + 1)
 
 
-def expected_draft_seconds(profile: ModelProfile, stats: ReplayStats, batch_size: int) -> float:
-    """E[draft seconds of a cycle] over the replayed distribution of draft forwards F."""
+def expected_draft_seconds(profile: ModelProfile, stats: ReplayStats, batch_size: int, checked: bool = False) -> float:
+    """E[draft seconds of a cycle] over the replayed distribution of draft forwards F (``checked``: θ > 0)."""
     if not stats.draft_forwards_dist:
-        return draft_seconds(profile, batch_size, stats.mean_draft_forwards)
-    return sum(p * draft_seconds(profile, batch_size, f) for f, p in stats.draft_forwards_dist.items())
+        return draft_seconds(profile, batch_size, stats.mean_draft_forwards, checked)
+    return sum(p * draft_seconds(profile, batch_size, f, checked) for f, p in stats.draft_forwards_dist.items())
 
 
 def baseline_tokens_per_s(profile: ModelProfile, batch_size: int = 1) -> float:
@@ -158,10 +162,10 @@ def baseline_tokens_per_s(profile: ModelProfile, batch_size: int = 1) -> float:
     return batch_size / (verify_time(profile, batch_size, 1) + profile.ar_overhead_s)
 
 
-def _cycle_time(profile: ModelProfile, stats: ReplayStats, batch_size: int) -> float:
+def _cycle_time(profile: ModelProfile, stats: ReplayStats, batch_size: int, checked: bool = False) -> float:
     """E[T_cycle] = E[draft seconds of F forwards] + Σ_l P(L = l)·T_v(B, l + 1) + overhead."""
     verify = sum(p * verify_time(profile, batch_size, length + 1) for length, p in stats.draft_length_dist.items())
-    return expected_draft_seconds(profile, stats, batch_size) + verify + profile.cycle_overhead_s
+    return expected_draft_seconds(profile, stats, batch_size, checked) + verify + profile.cycle_overhead_s
 
 
 def predict(profile: ModelProfile, config: SpecConfig) -> Prediction:
@@ -183,7 +187,7 @@ def predict(profile: ModelProfile, config: SpecConfig) -> Prediction:
         step = b / base
         return Prediction(base, 1.0, base, 1.0, 0.0, 0.0, step, (), "baseline")
     stats, source = chain_stats(profile, config)
-    time = _cycle_time(profile, stats, b)
+    time = _cycle_time(profile, stats, b, config.spec.threshold > 0)
     tps = b * stats.mean_tau / time
     return Prediction(
         tokens_per_s=tps,

@@ -166,6 +166,17 @@ def _pick_baseline(db: Database, suite: Suite, how: str, fp: Mapping[str, Any], 
     return base, ("environment changed: " + "; ".join(diff)) if diff else None
 
 
+def _timed_regions(current: Mapping[str, list[dict]]) -> str | None:
+    """The suite's timed decodes' check (``profiler.clean``), one line; None for samples without it (vLLM)."""
+    from specdec_tune.profiler import describe_timed_regions
+
+    samples = [s for rows in current.values() for s in rows if "regions" in s]
+    if not samples:
+        return None
+    counts = {k: sum(int(s.get(k) or 0) for s in samples) for k in ("regions", "reruns", "unclean")}
+    return describe_timed_regions(counts | {"watched": any(s.get("graphs_watched") for s in samples)})
+
+
 def _flag_history(db: Database, suite: str, before: int, persist: int) -> dict[tuple[str, str], int]:
     """(benchmark, metric) -> how many consecutive previous runs flagged it (up to persist - 1)."""
     counts: dict[tuple[str, str], int] = {}
@@ -252,6 +263,9 @@ def _compare_run(db: Database, suite: Suite, run_id: int, configs: dict[str, dic
         if no_speed:
             report.notes.append(f"no speed verdict against run {base_run.id}: {no_speed}; correctness is still "
                                 "checked and this run becomes the baseline for the new environment")
+    regions = _timed_regions(current)
+    if regions:
+        report.notes.append(regions)
     calib = _calibrated_mdc(db, suite.name)
     cells: list[Cell] = []
     for name, cfg in configs.items():

@@ -20,10 +20,11 @@ from specdec_tune.tuner.search._space import ANY, N_LIMIT, THETA_GRID, SearchSpa
 from specdec_tune.tuner.search._space import unsupported
 from specdec_tune.tuner.search._study import check_storage, load_existing, open_storage
 from specdec_tune.tuner.search._tree_space import DEFAULT_TREES, check_shapes, shape_candidate, tree_space_args
-from specdec_tune.tuner.search._tune import run_tune
+from specdec_tune.tuner.search._tune import check_profile, run_tune
 from specdec_tune.tuner.search._validate import Validated, measure_predicted
 
 __all__ = [
+    "check_profile",
     "ANY", "CALIBRATION_NS", "NGRAM_CALIBRATION_N", "N_LIMIT", "OBJECTIVES", "THETA_GRID", "Measured", "PromptCounts",
     "SearchOutcome", "check_prompts",
     "SearchSpace", "ServerTuneReport", "TuneReport", "TuneRequest", "Validated", "best_per_server", "brute_force",

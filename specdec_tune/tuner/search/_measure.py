@@ -14,7 +14,7 @@ from typing import Any
 
 from specdec_tune.db import Database
 from specdec_tune.profiler import Progress
-from specdec_tune.core.stats import paired_speedup, speedup_ci
+from specdec_tune.core.stats import speedup_ci, speedup_estimate
 from specdec_tune.tuner.model import Candidate, predicted_basis
 
 
@@ -28,7 +28,7 @@ class Measured:
     ci: tuple[float, float] | None
     heldout: bool
     validated: Any  # Validated (._validate)
-    speedup: float | None = None  # pass by pass over plain decoding measured in the same passes (None: none)
+    speedup: float | None = None  # over plain decoding measured in the same passes (None: none)
 
     @property
     def predicted_basis(self) -> str:
@@ -44,8 +44,9 @@ def measure_candidates(db: Database, run_id: int, candidates: Sequence[Candidate
                        threads: int | None = None, gpu_price: float | None = None) -> list[Measured]:
     """Measure ``candidates`` interleaved on ``split`` of the run's workload (stored with predictions).
 
-    Where plain decoding is one of the candidates, each gets its speedup over it pass by pass
-    (``stats.paired_speedup``): what a decision ranks on, robust to a machine whose speed moves.
+    Where plain decoding is one of the candidates, each gets its speedup over it (``stats.speedup_estimate``,
+    the estimator of its CI): what a decision ranks on, robust to a machine whose speed moves (both were
+    measured prompt by prompt in the same passes).
     """
     from specdec_tune.tuner.model import spec_config
     from specdec_tune.tuner.search._validate import measure_predicted
@@ -61,7 +62,7 @@ def measure_candidates(db: Database, run_id: int, candidates: Sequence[Candidate
     out = []
     for c, v in zip(candidates, validated):
         p = v.prediction
-        speedup = paired_speedup(v.measurement, plain) if plain is not None else None
+        speedup = speedup_estimate(v.measurement, plain).value if plain is not None else None
         out.append(Measured(c, float(v.measurement.tokens_per_s), None if p is None else float(p.tokens_per_s),
                             v.ci95, bool(heldout and not v.in_sample), v, speedup))
     return out

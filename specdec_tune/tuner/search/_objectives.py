@@ -105,8 +105,8 @@ def slo_outcome(m: Measured, objective: Objective) -> dict[str, Any] | None:
 
 
 def pick_measured(measured: Sequence[Measured], objective: Objective) -> Measured:
-    """The best measured by the objective (throughput: the paired speedup over plain decoding, which a
-    machine that slows down during a pass does not move; the others by their measured value, with the
+    """The best measured by the objective (throughput: the speedup over plain decoding measured in the same
+    passes, which a machine that slows down during a pass does not move; the others by their measured value, with the
     speedup breaking ties and standing in where a value was not measured)."""
     def speed(m: Measured) -> float:
         return m.speedup if m.speedup is not None else m.tokens_per_s

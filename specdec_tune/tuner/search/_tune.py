@@ -25,12 +25,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from specdec_tune.db import Database, get_run, list_models
+from specdec_tune.db import Database, IdentityCheck, get_run, list_models, record_identity_check
 from specdec_tune.profiler import Progress, run_profile
 from specdec_tune.core.errors import InputError, NotFoundError
 from specdec_tune.core.speculative import MODEL_FREE, SUFFIX
 from specdec_tune.tuner.model import NGRAM, Candidate, Evaluator, Scored, ServerDecision, TuningResult, bias_of, decide
-from specdec_tune.tuner.model import front_epsilons
+from specdec_tune.tuner.model import front_epsilons, run_identity_check
 from specdec_tune.tuner.search._confirm import confirm, server_decisions
 from specdec_tune.tuner.search._objectives import engine_reasons, mean_power_w, objective_report, objective_schedule
 from specdec_tune.tuner.search._objectives import pick_measured
@@ -106,7 +106,20 @@ def _profile_run(db: Database, req: TuneRequest, storage: Any, progress: Progres
     if run_id is not None:
         notes.append(f"reused profile run {run_id} (same target, drafts, workload, split, mode and machine)")
         return run_id, False
-    return run_profile(db, req.target, list(req.drafts), req.workload, profile_settings(req), progress).run_id, True
+    run_id = run_profile(db, req.target, list(req.drafts), req.workload, profile_settings(req), progress).run_id
+    check = check_profile(db, run_id)
+    notes += [f"profile run {run_id}: {w}" for w in (check.warnings if check else ())]
+    return run_id, True
+
+
+def check_profile(db: Database, run_id: int) -> IdentityCheck | None:
+    """The check at the end of a profile (``tuner.model.run_identity_check``: the calibration identity and the
+    in-loop ÷ isolated bounds), stored with the run (``RunSettings.identity_check``); None for a run without
+    a hooked plain pass."""
+    check = run_identity_check(db, run_id)
+    if check is not None:
+        record_identity_check(db, run_id, check)
+    return check
 
 
 def _search(db: Database, req: TuneRequest, storage_url: str, progress: Progress) -> _Searched:

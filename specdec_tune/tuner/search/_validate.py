@@ -102,7 +102,7 @@ def measure_predicted(
     split: str | None = _DEFAULT,
     temperature: float = 0.0,
     max_prompts: int | None = None,
-    repeats: int = 3,
+    repeats: int | None = None,
     seed: int = 0,
     progress: Progress | None = None,
     threads: int | None = None,
@@ -122,7 +122,7 @@ def measure_predicted(
             on ``tune``, else the run's own prompts.
         temperature: 0 = greedy.
         max_prompts: the first prompts of the split only.
-        repeats: interleaved passes.
+        repeats: interleaved passes (None: the profiler's default for the run's device, 3 or 5 on a GPU).
         seed: sampling seed.
         progress: progress sink.
         threads: intra-op threads (None: the profile's, lowered to the CPUs idle now).
@@ -181,11 +181,15 @@ def _speeds(plain: Sequence[bool], measured: Sequence[Measurement], rps: Sequenc
     errors are the speedups' errors). The machine probe (a 20-40 ms snapshot between turns) is the gauge
     otherwise, and for plain decoding itself. Of the three, plain decoding measured in the same
     passes puts stored predictions closest to measured (``benchmarks/speed_gauge.py``; docs/results.md,
-    Latency fidelity).
+    Latency fidelity). On a GPU it is also the one gauge that follows CUDA-graphed decoding (the probe is
+    eager: ``tuner.model.machine_speed`` leaves a graphed run unscaled). A plain measurement flagged as not
+    clean by the profiler's guards is never the gauge.
     """
     probe = [(machine_speed(rp, m.machine_probe_s), SPEED_FROM_PROBE) for m, rp in zip(measured, rps)]
+    # A plain measurement that failed a guard (a capture or a new cache slot inside it: ``clean`` False)
+    # would carry its one-off costs into every other configuration's prediction: it is no gauge.
     gauge = next((m.tokens_per_s / r.tokens_per_s for p, m, r in zip(plain, measured, raws)
-                  if p and r.tokens_per_s > 0 and m.tokens_per_s > 0), None)
+                  if p and r.tokens_per_s > 0 and m.tokens_per_s > 0 and getattr(m, "clean", True)), None)
     if gauge is None:
         return probe
     return [own if p else (gauge, SPEED_FROM_PLAIN) for p, own in zip(plain, probe)]

@@ -79,9 +79,10 @@ def test_the_decomposition_check_has_power(profile, monkeypatch, plant):
     else:
         original = _latency_prediction.timed_cycles
 
-        def twice(rp_, cycles, b, prompt):  # the latency side only: each cycle's overhead counted twice
-            times, slopes = original(rp_, cycles, b, prompt)
-            return [t + rp_.cycle_overhead_s for t in times], slopes
+        def twice(rp_, cycles, b, prompt, *rest):  # the latency side only: each cycle's overhead counted twice
+            times, slopes = original(rp_, cycles, b, prompt, *rest)
+            # a loaded machine can measure the overhead at 0 (clipped): the plant then adds 0.1 ms, or it has no power
+            return [t + max(rp_.cycle_overhead_s, 1e-4) for t in times], slopes
 
         monkeypatch.setattr(_latency_prediction, "timed_cycles", twice)
     assert _decomposed_seconds(rp, config) != pytest.approx(predict_config(rp, config).seconds, rel=1e-6)

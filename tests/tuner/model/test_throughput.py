@@ -334,7 +334,7 @@ def test_a_steep_noisy_context_line_never_makes_a_verify_cost_negative() -> None
     tiny model's timings under load once measured 0.2 ms at 128 and 2.5 ms at 512 against 1 ms at the typical
     323, and the uncapped least-squares line (6.0 µs/token) predicted short requests' TPOT below 0."""
     from specdec_tune.db import TimingRow
-    from specdec_tune.tuner.model._profile import _Timings
+    from specdec_tune.tuner.model._timings import Timings as _Timings
 
     typical = 323
     rows = [TimingRow("verify", 2, 1, typical, 1.0e-3, None)]

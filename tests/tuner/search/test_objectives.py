@@ -252,8 +252,8 @@ def test_tune_energy_end_to_end_with_a_fake_nvml(tiny_model_dirs, tmp_path, tune
     assert o["predicted"] > 0  # the profile's power over the predicted tokens/s
     rows = [r for r in list_measured(open_database(f"sqlite:///{tmp_path / 'r.db'}")) if r.joules_per_token]
     assert rows and all(r.energy_j > 0 for r in rows)
-    for r in rows:  # 100 W for the decode seconds of each pass: J/token ~ 100 / tokens per second
-        assert r.joules_per_token == pytest.approx(100.0 / r.measured_tokens_per_s, rel=0.3)
+    for r in rows:  # 100 W for the wall seconds of each metered pass: J/token = 100 × seconds / tokens
+        assert r.joules_per_token == pytest.approx(100.0 * sum(r.energy["seconds"]) / sum(r.energy["tokens"]), rel=0.05)
     confirmed = [r for r in rows if r.config.get("split") == "tune"]  # the confirmation, on the tuning prompts
     best = min(confirmed, key=lambda r: r.joules_per_token)  # the winner is the least measured J/token
     assert (best.draft or "none", best.config["num_speculative_tokens"], best.config["schedule"]) == \
