@@ -94,20 +94,10 @@ def generate(
     tgt, spec, choice = _models(target, draft, None if draft == SUFFIX else tree, staged, threads, device, dtype,
                                 (forward, cuda_graphs))
     config = DecodeConfig(
-        max_new_tokens=max_new_tokens,
-        num_speculative_tokens=num_speculative_tokens,
-        threshold=threshold,
-        schedule=schedule,
-        temperature=temperature,
-        eos_token_id=tgt.eos_token_id,
-        threshold_rule=threshold_rule,
-        threshold_kind=threshold_kind,
-        threshold_step=threshold_step,
-        acceptance=acceptance,
-        epsilon=epsilon,
-        synthetic_acceptance=rates,
-        synthetic_seed=seed,
-        **suffix,
+        max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens, threshold=threshold,
+        schedule=schedule, temperature=temperature, eos_token_id=tgt.eos_token_id, threshold_rule=threshold_rule,
+        threshold_kind=threshold_kind, threshold_step=threshold_step, acceptance=acceptance, epsilon=epsilon,
+        synthetic_acceptance=rates, synthetic_seed=seed, **suffix,
     )
     _decode_each(tgt, spec, items, config, seed=seed, json_out=json_out, target=target, choice=choice, rates=rates)
 

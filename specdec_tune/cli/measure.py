@@ -94,12 +94,10 @@ def measure(
     gpu_price = ops.checked_price(gpu_price)
     if backend not in ("engine", "vllm"):
         raise InputError(f"--backend must be engine or vllm, got {backend!r}")
-    if split is not None:
-        split = check_split(split)
     database = open_database(db)
     run = opt.run_id(database, run_given)
-    if split is None:
-        split = "holdout" if get_run(database, run).settings.split == "tune" else None
+    split = check_split(split) if split is not None else "holdout" if get_run(database, run).settings.split == "tune" \
+        else None
     opt.check_measured_prompts(get_run(database, run), split, max_prompts, repeats)  # before the bar and models
     quiet_loading()
     if backend == "vllm":

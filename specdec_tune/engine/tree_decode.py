@@ -60,9 +60,7 @@ def tree_speculative(
     # The decode loop's prefill, with room for the largest tree instead of N tokens.
     cache, tokens = _prefill(model, prompt_ids, config.room + max(0, drafter.spec.nodes(depth_max) - depth_max), cache)
     length = prompt_ids.shape[0]
-    out: list[int] = []
-    cycles: list[CycleStats] = []
-    eos_hit = False
+    out, cycles, eos_hit = [], [], False  # the tokens emitted, each cycle's CycleStats
     # Invariant: the target cache holds tokens[:length - 1]; the last emitted token is fed next.
     while not eos_hit and len(out) < config.max_new_tokens:
         depth = min(depth_max, config.max_new_tokens - len(out))  # never draft past the limit

@@ -290,14 +290,13 @@ def build_run_profile(
         prompts: the prompts' greedy output lengths (else ``max_new_tokens`` each).
         sampling_traces: traces recorded in sampling mode, if any.
         sampling_acceptance: 1 - E[TV] from the teacher-forced pass.
-        continuations: (prompt_index, cycle_index, confidence, accepted) at the bonus position of
-            fully accepted greedy cycles (see :func:`position_traces`).
-        in_loop: medians of the forwards hooked inside the draft's acceptance pass
-            (``profiler.overhead.in_loop_medians``).
+        continuations: (prompt_index, cycle_index, confidence, accepted) at the bonus position of fully
+            accepted greedy cycles (see :func:`position_traces`).
+        in_loop: medians of the forwards hooked in the draft's acceptance pass (``profiler.overhead.in_loop_medians``).
         calibrate: scale the B = 1 micro-benchmarks to the in-loop forwards (:func:`calibrate_b1`).
         teacher_forced: target-sampled generations with 1 - TV and the draft's top probability per position.
-        bias_front: the lossy acceptance front the profile stored.
-        sequences: suffix decoding's profiled prompts and greedy outputs, in profile order.
+        bias_front: the lossy acceptance front the profile stored; sequences: suffix decoding's profiled
+            prompts and greedy outputs, in profile order.
 
     Raises:
         InputError: the run lacks the target's verify timings (profile it again).
@@ -322,9 +321,8 @@ def build_run_profile(
         trace_prompts=tuple(tr.prompt_index for tr in traces),
         sampling_trace_prompts=tuple(tr.prompt_index for tr in sampling_traces or ()),
         context_slope_s=t.context_slopes(typical), typical_context=typical, calibration_warnings=times.warnings,
-        loop_ratios=times.loop_ratios, sequences=tuple((tuple(p), tuple(o)) for p, o in sequences),
-        hook_tax_s=tax, plain_hook_tax_s=plain_tax,
-    )
+        loop_ratios=times.loop_ratios, hook_tax_s=tax, plain_hook_tax_s=plain_tax,
+        sequences=tuple((tuple(p), tuple(o)) for p, o in sequences))
     return _loop_costs(rp, t, (in_loop or {}) if calibrate else None, checked_tax)
 
 
