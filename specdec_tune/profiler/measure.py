@@ -264,8 +264,10 @@ def measure_config(db: Database, run_id: int, config: MeasureSpec, **options: An
 
 
 def _suffix_history(db: Database, run, split: str | None, policy: str | None) -> SuffixHistory:
-    """The serving-history policy of suffix decoding for this measurement (:func:`measure_configs`)."""
-    policy = policy or ("order" if split is None else "warm")
+    """The serving-history policy of suffix decoding for this measurement (:func:`measure_configs`): ``order`` on
+    the run's own prompts (its split named or not: ``warm`` would hold each prompt's own response, which it
+    would then draft), ``warm`` on any other split."""
+    policy = policy or ("order" if split is None or split == run.settings.split else "warm")
     if policy != "warm":
         return SuffixHistory(policy)
     rows = load_tree_traces(db, run.id, SUFFIX, "sequences")
