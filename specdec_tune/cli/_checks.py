@@ -111,7 +111,7 @@ def parse_threads(value: str | int | None) -> int | None:
 
 def check_model_names(*names: str) -> None:
     """Every model name resolves (bundled, a local model folder, or a reachable hub id), in about a second
-    and before torch is imported; ``none`` and ``ngram`` are drafters, not models.
+    and before torch is imported; ``none``, ``ngram`` and ``suffix`` are drafters, not models.
 
     Raises:
         ModelLoadError: one line naming the model, with the nearest bundled name.
@@ -119,8 +119,33 @@ def check_model_names(*names: str) -> None:
     from specdec_tune.engine import resolve_source
 
     for name in names:
-        if name not in ("none", "ngram"):
+        if name not in ("none", "ngram", "suffix"):
             resolve_source(name)
+
+
+def with_suffix(config, draft: str | None, suffix: dict):  # noqa: ANN201 - a tuner SpecConfig
+    """``config`` with suffix decoding's fields for ``--draft suffix`` (refused for another draft when set)."""
+    from dataclasses import replace
+
+    if config.spec.is_plain:
+        return config
+    fields = speculative_fields(draft or "", suffix, config.spec.num_speculative_tokens, None)
+    return replace(config, spec=replace(config.spec, **fields)) if fields else config
+
+
+def speculative_fields(draft: str, suffix: dict, n: int, tree: str | None) -> dict:
+    """Suffix decoding's fields for ``--draft suffix`` (checked now, before anything loads, by building the
+    configuration: one ``error:`` line naming the bad value), ``tree`` included; none for another draft, and
+    a ``--suffix-*`` option given with another draft is refused."""
+    from specdec_tune.core.speculative import SpeculativeConfig, with_fields
+
+    if draft != "suffix":
+        if suffix != {k: SpeculativeConfig.__dataclass_fields__[k].default for k in suffix}:
+            raise InputError("--suffix-* options apply to --draft suffix only")
+        return {}
+    fields = {**suffix, "tree": tree or "", "drafter": "suffix"}
+    with_fields(SpeculativeConfig("suffix", n), fields, "generate")
+    return fields
 
 
 def check_workload(workload: str, split: str | None = None) -> int:

@@ -37,16 +37,20 @@ from specdec_tune.cli._options import (
     ThresholdKindOption,
     ThresholdStepOption,
 )
+from specdec_tune.cli._suffix_options import SUFFIX_DEFAULTS as SD
+from specdec_tune.cli._suffix_options import SuffixCachedOption, SuffixDepthOption, SuffixFactorOption
+from specdec_tune.cli._suffix_options import SuffixMinProbOption, suffix_fields
 from specdec_tune.core.errors import InputError
 from specdec_tune.core.schedules import THRESHOLD_RULES
 
 NGRAM = "ngram"  # profiler.runs.NGRAM: the prompt-lookup drafter (the engine is imported only once a command runs)
+SUFFIX = "suffix"  # profiler.runs.SUFFIX: suffix decoding
 
 
 @app.command()
 def generate(
     target: TargetOption,
-    draft: str = typer.Option("none", "--draft", help="Draft model (same tokenizer), 'ngram' for prompt lookup, or 'none' for target-only decoding."),
+    draft: str = typer.Option("none", "--draft", help="Draft model (same tokenizer), 'ngram' for prompt lookup, 'suffix' for suffix decoding (its trees span the prompts of this command, in order), or 'none' for target-only decoding."),
     prompt: Optional[str] = typer.Option(None, "--prompt", help="One prompt text."),
     prompts: Optional[str] = typer.Option(None, "--prompts", "--workload", help="Bundled workload name (functions, docstrings, tables) or a JSONL file: {\"id\", \"prompt\", optional \"category\"} per line."),
     max_new_tokens: MaxNewTokensOption = DEFAULT_MAX_NEW_TOKENS,
@@ -66,9 +70,13 @@ def generate(
     cuda_graphs: CudaGraphsOption = DEFAULT_CUDA_GRAPHS,
     threads: ThreadsOption = DEFAULT_THREADS,
     synthetic_acceptance: SyntheticAcceptanceOption = None,
-    tree: Optional[str] = typer.Option(None, "--tree", help="Draft a token tree of depth N: chains:M, topk:b1-b2 or eagle:K:B (sequoia trees are shaped by a profile: tune --trees)."),
+    tree: Optional[str] = typer.Option(None, "--tree", help="Draft a token tree of depth N: chains:M, topk:b1-b2 or eagle:K:B (sequoia trees are shaped by a profile: tune --trees); with --draft suffix, 'suffix': its own tree of at most N nodes."),
     staged: Optional[str] = typer.Option(None, "--staged", help="Speculate the draft's own decoding with 'ngram' or a smaller draft model."),
     json_out: bool = typer.Option(False, "--json", help="One JSON object per prompt on stdout."),
+    suffix_depth: SuffixDepthOption = SD["suffix_max_tree_depth"],
+    suffix_cached: SuffixCachedOption = SD["suffix_max_cached_requests"],
+    suffix_factor: SuffixFactorOption = SD["suffix_max_spec_factor"],
+    suffix_min_prob: SuffixMinProbOption = SD["suffix_min_token_prob"],
 ) -> None:
     """Generate text and print measured tokens/s, tokens per cycle τ and per-position acceptance α_i."""
     rates = _check(max_new_tokens, num_speculative_tokens, threshold, threshold_rule, schedule, temperature, threads,
@@ -76,26 +84,20 @@ def generate(
     opt.check_threshold_kind(threshold_kind, threshold_step, threshold, threshold_rule, schedule)
     opt.check_acceptance(acceptance, epsilon, temperature)
     _check_tree(tree, staged, draft, threshold, schedule, threshold_kind, acceptance)
+    suffix = opt.speculative_fields(draft, suffix_fields(suffix_depth, suffix_cached, suffix_factor, suffix_min_prob),
+                                    num_speculative_tokens, tree)
     items = _collect_prompts(prompt, prompts)
     opt.check_model_names(target, draft)  # a mistyped name fails now, before torch and the models load
     from specdec_tune.engine import DecodeConfig
 
     quiet_loading()
-    tgt, spec, choice = _models(target, draft, tree, staged, threads, device, dtype, (forward, cuda_graphs))
+    tgt, spec, choice = _models(target, draft, None if draft == SUFFIX else tree, staged, threads, device, dtype,
+                                (forward, cuda_graphs))
     config = DecodeConfig(
-        max_new_tokens=max_new_tokens,
-        num_speculative_tokens=num_speculative_tokens,
-        threshold=threshold,
-        schedule=schedule,
-        temperature=temperature,
-        eos_token_id=tgt.eos_token_id,
-        threshold_rule=threshold_rule,
-        threshold_kind=threshold_kind,
-        threshold_step=threshold_step,
-        acceptance=acceptance,
-        epsilon=epsilon,
-        synthetic_acceptance=rates,
-        synthetic_seed=seed,
+        max_new_tokens=max_new_tokens, num_speculative_tokens=num_speculative_tokens, threshold=threshold,
+        schedule=schedule, temperature=temperature, eos_token_id=tgt.eos_token_id, threshold_rule=threshold_rule,
+        threshold_kind=threshold_kind, threshold_step=threshold_step, acceptance=acceptance, epsilon=epsilon,
+        synthetic_acceptance=rates, synthetic_seed=seed, **suffix,
     )
     _decode_each(tgt, spec, items, config, seed=seed, json_out=json_out, target=target, choice=choice, rates=rates)
 
@@ -167,7 +169,9 @@ def _check_tree(tree: str | None, staged: str | None, draft: str, threshold: flo
 
     if tree and staged:
         raise InputError("give --tree or --staged, not both")
-    if draft in ("none", NGRAM):
+    if draft == SUFFIX and not staged:
+        return  # its own tree (--tree suffix): the configuration checks the rest
+    if draft in ("none", NGRAM, SUFFIX):
         raise InputError(f"--tree and --staged need a draft model, not --draft {draft}")
     if threshold > 0 or schedule != "constant" or threshold_kind != "per-token":
         raise InputError("--tree and --staged run θ = 0 and the constant schedule (no --threshold-kind)")
@@ -207,8 +211,8 @@ def _draft_spec(draft: str, target, device: str, dtype: str, forward: tuple[str,
 
     if draft == "none":
         return DraftSpec("none")
-    if draft == NGRAM:
-        return DraftSpec("ngram")
+    if draft in (NGRAM, SUFFIX):
+        return DraftSpec(draft)
     loaded = _load(draft, device, dtype, forward)
     check_compatible(target, loaded)
     return DraftSpec("model", loaded)

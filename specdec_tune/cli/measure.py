@@ -33,6 +33,9 @@ from specdec_tune.cli._options import (
     ThresholdOption,
 )
 from specdec_tune.cli._progress import Bar, progress_bar
+from specdec_tune.cli._suffix_options import SUFFIX_DEFAULTS as SD
+from specdec_tune.cli._suffix_options import SuffixCachedOption, SuffixDepthOption, SuffixFactorOption
+from specdec_tune.cli._suffix_options import SuffixMinProbOption, suffix_fields
 from specdec_tune.core.errors import InputError
 from specdec_tune.core.stats import ci_unavailable
 
@@ -74,6 +77,10 @@ def measure(
     memory: ops.MemoryOption = False,
     db: DbOption = None,
     json_out: _Json = False,
+    suffix_depth: SuffixDepthOption = SD["suffix_max_tree_depth"],
+    suffix_cached: SuffixCachedOption = SD["suffix_max_cached_requests"],
+    suffix_factor: SuffixFactorOption = SD["suffix_max_spec_factor"],
+    suffix_min_prob: SuffixMinProbOption = SD["suffix_min_token_prob"],
 ) -> None:
     """Measure one configuration for real (held-out prompts by default), interleaved with plain decoding on
     the same prompts, and store both next to their predictions; print the measured speedup with its CI,
@@ -84,16 +91,15 @@ def measure(
 
     config = opt.spec_config(num_speculative_tokens, threshold, schedule, 1, temperature, threshold_kind,
                              threshold_step, acceptance, epsilon)
+    config = opt.with_suffix(config, draft, suffix_fields(suffix_depth, suffix_cached, suffix_factor, suffix_min_prob))
     n_threads = opt.parse_threads(threads)
     gpu_price = ops.checked_price(gpu_price)
     if backend not in ("engine", "vllm"):
         raise InputError(f"--backend must be engine or vllm, got {backend!r}")
-    if split is not None:
-        split = check_split(split)
     database = open_database(db)
     run = opt.run_id(database, run_given)
-    if split is None:
-        split = "holdout" if get_run(database, run).settings.split == "tune" else None
+    split = check_split(split) if split is not None else "holdout" if get_run(database, run).settings.split == "tune" \
+        else None
     opt.check_measured_prompts(get_run(database, run), split, max_prompts, repeats)  # before the bar and models
     quiet_loading()
     if backend == "vllm":

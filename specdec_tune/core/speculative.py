@@ -29,6 +29,9 @@ from specdec_tune.core.schedules import SCHEDULES, AdaptiveThreshold, check_thre
 
 NONE = "none"  # the drafter of plain decoding
 NGRAM = "ngram"  # prompt lookup
+SUFFIX = "suffix"  # suffix decoding (core/suffix.py)
+MODEL_FREE = (NGRAM, SUFFIX)  # drafters that run no model (no weights, no draft forward)
+SUFFIX_TREE = "suffix"  # the ``tree`` value of suffix decoding's own speculation tree (arctic's use_tree_spec)
 ACCEPTANCE_RULES = ("exact", "opt", "uno")  # exact; Decoding-OPT; Decoding-UNO (engine/lossy.py)
 
 
@@ -48,8 +51,8 @@ class SpeculativeConfig:
     """One speculative-decoding configuration (validated on construction; frozen)."""
 
     drafter: str | None = None
-    """A draft model (bundled name, local path or hub id), ``"ngram"`` (prompt lookup) or ``"none"`` (plain
-    decoding). ``None``: the drafter the context supplies (a profile run's first draft; the drafter object
+    """A draft model (bundled name, local path or hub id), ``"ngram"`` (prompt lookup), ``"suffix"`` (suffix
+    decoding, ``specdec_tune.core.suffix``) or ``"none"`` (plain decoding). ``None``: the drafter the context supplies (a profile run's first draft; the drafter object
     handed to the engine)."""
     num_speculative_tokens: int = 4
     """N, the most tokens drafted per cycle, in 0..``MAX_SPECULATIVE_TOKENS``; 0 is plain decoding."""
@@ -77,10 +80,24 @@ class SpeculativeConfig:
     """The lossy rules' over-acceptance ε in [0, 1] (0 with ``"exact"``)."""
     tree: str = ""
     """A token tree of depth N (``specdec_tune.core.trees``: ``chains:M``, ``topk:b1-b2``, ``sequoia:B``,
-    ``eagle:K:B``); ``""`` drafts a chain."""
+    ``eagle:K:B``; for the suffix drafter ``"suffix"``: its own best-first tree of at most N nodes);
+    ``""`` drafts a chain."""
     staged: str = ""
     """The inner drafter that speculates the draft model's own decoding (``"ngram"`` or a smaller draft
     model); ``""``: the draft decodes alone."""
+
+    suffix_max_tree_depth: int = 24
+    """Suffix decoding: the depth of its trees, which bounds match length plus draft length (vLLM's
+    ``suffix_decoding_max_tree_depth``, >= 1)."""
+    suffix_max_cached_requests: int = 10000
+    """Suffix decoding: earlier responses the global tree keeps, the oldest evicted first; 0 disables it
+    (vLLM's ``suffix_decoding_max_cached_requests``, >= 0)."""
+    suffix_max_spec_factor: float = 1.0
+    """Suffix decoding: at most this factor times the match length is drafted (the paper's MAX_SPEC = α·p;
+    vLLM's ``suffix_decoding_max_spec_factor``, >= 0)."""
+    suffix_min_token_prob: float = 0.1
+    """Suffix decoding: only tokens whose estimated probability (frequency counts) is at least this are
+    drafted (vLLM's ``suffix_decoding_min_token_prob``, in [0, 1])."""
 
     def __post_init__(self) -> None:
         n = self.num_speculative_tokens
@@ -104,6 +121,7 @@ class SpeculativeConfig:
         lo, hi = self.ngram_min, self.ngram_max
         if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
             raise InputError(f"n-gram sizes must satisfy 1 <= ngram_min <= ngram_max, got {lo}, {hi}")
+        check_suffix(self)
 
     def _become_plain(self) -> None:
         """Plain decoding's one value: every field at :data:`PLAIN`'s (a frozen record set once, here)."""
@@ -122,6 +140,10 @@ class SpeculativeConfig:
         return self.drafter == NGRAM
 
     @property
+    def is_suffix(self) -> bool:
+        return self.drafter == SUFFIX
+
+    @property
     def adaptive(self) -> AdaptiveThreshold | None:
         """The adaptive kind's lattice of θ (``None`` for the other kinds)."""
         if self.threshold_kind != "adaptive":
@@ -129,8 +151,13 @@ class SpeculativeConfig:
         return AdaptiveThreshold(self.threshold, self.threshold_step)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field by name (the keys stored ``Candidate`` dicts always had)."""
-        return asdict(self)
+        """Every field by name (the keys stored ``Candidate`` dicts always had); suffix decoding's fields only
+        for a suffix drafter (the other stored forms keep their keys)."""
+        d = asdict(self)
+        if not self.is_suffix:
+            for k in SUFFIX_FIELDS:
+                del d[k]
+        return d
 
     def to_row(self) -> dict[str, Any]:
         """The keys of a ``measured_runs.config`` row, in the order rows always had them: not the drafter
@@ -162,6 +189,9 @@ class SpeculativeConfig:
         parts = [self.drafter or "draft", f"N={self.num_speculative_tokens}"]
         if self.is_ngram:
             parts.append(f"ngram {self.ngram_min}..{self.ngram_max}")
+        if self.is_suffix:
+            parts.append(f"depth {self.suffix_max_tree_depth} α={self.suffix_max_spec_factor:g} "
+                         f"p≥{self.suffix_min_token_prob:g} cached {self.suffix_max_cached_requests}")
         if self.threshold_kind == "adaptive":
             parts.append(f"adaptive θ from {self.threshold:g} step {self.threshold_step:g}")
         elif self.threshold > 0:
@@ -179,6 +209,33 @@ class SpeculativeConfig:
 
 
 FIELD_NAMES = frozenset(f.name for f in fields(SpeculativeConfig))
+SUFFIX_FIELDS = ("suffix_max_tree_depth", "suffix_max_cached_requests", "suffix_max_spec_factor",
+                 "suffix_min_token_prob")
+
+
+def check_suffix(spec: SpeculativeConfig) -> None:
+    """Suffix decoding's fields within vLLM's bounds (``SpeculativeConfig._validate_suffix_decoding``), and a
+    suffix drafter's configuration one it can run (no θ: ``suffix_min_token_prob`` is its cut; a chain or its
+    own tree; not staged). Raises :class:`InputError` naming the bad value."""
+    depth, cached = spec.suffix_max_tree_depth, spec.suffix_max_cached_requests
+    factor, floor = spec.suffix_max_spec_factor, spec.suffix_min_token_prob
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise InputError(f"suffix_max_tree_depth={depth!r} must be an integer >= 1")
+    if isinstance(cached, bool) or not isinstance(cached, int) or cached < 0:
+        raise InputError(f"suffix_max_cached_requests={cached!r} must be an integer >= 0 (0 disables the global tree)")
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 <= factor < float("inf"):
+        raise InputError(f"suffix_max_spec_factor={factor!r} must be a number >= 0")
+    if not isinstance(floor, (int, float)) or isinstance(floor, bool) or not 0 <= floor <= 1:
+        raise InputError(f"suffix_min_token_prob={floor!r} must lie in [0, 1]")
+    if spec.drafter == SUFFIX:
+        if spec.threshold > 0 or spec.threshold_kind != "per-token":
+            raise InputError("suffix decoding has no θ: its cut is suffix_min_token_prob (leave threshold at 0)")
+        if spec.tree not in ("", SUFFIX_TREE):
+            raise InputError(f"suffix decoding drafts a chain or its own tree (tree={SUFFIX_TREE!r}), not {spec.tree!r}")
+        if spec.staged:
+            raise InputError("suffix decoding runs no model: nothing to stage")
+    elif spec.tree == SUFFIX_TREE:
+        raise InputError(f"tree={SUFFIX_TREE!r} is suffix decoding's own tree; it needs drafter {SUFFIX!r}")
 PLAIN = SpeculativeConfig(NONE, 0)
 
 
@@ -196,5 +253,5 @@ def with_fields(spec: SpeculativeConfig | None, changes: Mapping[str, Any], owne
     return replace(base, **changes) if changes else base
 
 
-__all__ = ["ACCEPTANCE_RULES", "FIELD_NAMES", "MAX_SPECULATIVE_TOKENS", "NGRAM", "NONE", "PLAIN",
-           "SpeculativeConfig", "check_acceptance", "with_fields"]
+__all__ = ["ACCEPTANCE_RULES", "FIELD_NAMES", "MAX_SPECULATIVE_TOKENS", "MODEL_FREE", "NGRAM", "NONE", "PLAIN", "SUFFIX",
+           "SUFFIX_FIELDS", "SUFFIX_TREE", "SpeculativeConfig", "check_acceptance", "check_suffix", "with_fields"]

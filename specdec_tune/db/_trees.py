@@ -16,7 +16,7 @@ from specdec_tune.db._reads import require_run
 from specdec_tune.db._session import session_scope
 from specdec_tune.core.errors import InputError
 
-TREE_KINDS = ("ranks", "siblings", "staged", "overhead", "rollouts")
+TREE_KINDS = ("ranks", "siblings", "staged", "overhead", "rollouts", "sequences")
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,11 @@ class TreeTraceRecord:
     Attributes:
         kind: ``ranks`` (greedy: per output position the target token's rank in the draft's
             distribution and the draft's top probabilities), ``siblings`` (sampling: per position the
-            acceptance of successive i.i.d. and top-k drafts), ``staged`` (an inner drafter's counts) or
-            ``overhead`` (the engine's own time per tree cycle) or ``rollouts`` (an EAGLE-3 head: per output
+            acceptance of successive i.i.d. and top-k drafts), ``staged`` (an inner drafter's counts),
+            ``overhead`` (the engine's own time per tree cycle), ``rollouts`` (an EAGLE-3 head: per output
             position and chain step the target token's rank and the head's top probabilities,
-            ``profiler.head_profile``).
+            ``profiler.head_profile``) or ``sequences`` (suffix decoding: the prompt's token ids and its greedy
+            output, in the order profiled).
         prompt_index: the profiled prompt.
         temperature: 0 for greedy data.
         data: the JSON document (``profiler.tree_profile`` documents its keys).

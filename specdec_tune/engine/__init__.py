@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from specdec_tune.engine.ragged import RaggedCache, check_batchable, forward_ragged, make_ragged_cache
     from specdec_tune.engine.shapes import available_memory, get_shape, memory_needed, parameter_count, shape_names
     from specdec_tune.engine.staged import StagedDrafter
+    from specdec_tune.engine.suffix_drafter import SuffixDrafter, cache_for as suffix_cache_for
     from specdec_tune.engine.tree import TokenTree
     from specdec_tune.engine.tree_decode import TreeSamplingVerifier, tree_speculative
     from specdec_tune.engine.tree_draft import TreeDrafter, build_tree_drafter
@@ -69,7 +70,8 @@ _HOME = {  # public name -> the module that defines it ("module.attribute": the 
     "available_memory": "shapes", "get_shape": "shapes", "memory_needed": "shapes", "parameter_count": "shapes",
     "shape_names": "shapes",
     "bias_and_rejection": "lossy", "emitted_distribution": "lossy", "least_bias": "lossy", "pareto_bias": "lossy",
-    "StagedDrafter": "staged", "TokenTree": "tree", "tree_speculative": "tree_decode",
+    "StagedDrafter": "staged", "SuffixDrafter": "suffix_drafter", "suffix_cache_for": "suffix_drafter.cache_for",
+    "TokenTree": "tree", "tree_speculative": "tree_decode",
     "TreeSamplingVerifier": "tree_decode", "TreeDrafter": "tree_draft", "build_tree_drafter": "tree_draft",
     "CycleStats": "types", "Draft": "types", "Drafter": "types", "GenerationResult": "types", "VerifyResult": "types",
     "acceptance_counts": "types", "acceptance_per_position": "types",

@@ -161,7 +161,16 @@ def _loop(forward: PlainForward, drafter: Drafter, prompt_ids: torch.Tensor, con
         cycles.append(stats)
         if on_cycle is not None:
             on_cycle(stats)
+    finish(drafter, tokens[:length])
     return GenerationResult(prompt_tokens=prompt_ids.shape[0], token_ids=out, cycles=cycles, finished_by_eos=eos_hit)
+
+
+def finish(drafter: object, sequence: torch.Tensor) -> None:
+    """Show the finished sequence to a drafter that learns across requests (suffix decoding's global tree
+    keeps the whole response); other drafters have no ``finish``."""
+    done = getattr(drafter, "finish", None)
+    if done is not None:
+        done(sequence)
 
 
 def _prefill(forward: PlainForward, prompt_ids: torch.Tensor, room: int,

@@ -1,4 +1,5 @@
-"""Drafters: a small draft model, and n-gram prompt lookup. Both satisfy ``types.Drafter``.
+"""Drafters: a small draft model, and n-gram prompt lookup. Both satisfy ``types.Drafter``; :func:`build_drafter`
+also makes the suffix drafter (``engine.suffix_drafter``).
 
 Draft-model cache bookkeeping: the drafter's KV cache holds a prefix of the context. Each
 ``propose`` feeds only the context tokens the cache has not seen (normally the bonus/recovered token,
@@ -13,7 +14,9 @@ import torch
 
 from specdec_tune.core.schedules import stops_before
 from specdec_tune.core.speculative import SpeculativeConfig, with_fields
+from specdec_tune.core.suffix_cache import SuffixCache
 from specdec_tune.engine.kvcache import forward_with_cache, make_cache
+from specdec_tune.engine.suffix_drafter import SuffixDrafter, cache_for
 from specdec_tune.engine.types import Draft
 
 
@@ -218,14 +221,18 @@ def build_drafter(
     max_len: int,
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
+    suffix_cache: SuffixCache | None = None,
     **speculative: Any,
-) -> ModelDrafter | NgramDrafter:
+) -> ModelDrafter | NgramDrafter | SuffixDrafter:
     """A fresh drafter for one sequence: a draft model's (θ from ``spec``), an EAGLE-3 head's
-    (``engine.eagle_draft``), or n-gram lookup (``spec``'s n-gram sizes) when ``draft_model`` is None.
-    ``spec``'s fields may be given by name instead."""
+    (``engine.eagle_draft``), or when ``draft_model`` is None suffix decoding (``spec.drafter == "suffix"``:
+    bound to ``suffix_cache``, the serving history shared with the other requests; a fresh one when None) or
+    else n-gram lookup (``spec``'s n-gram sizes). ``spec``'s fields may be given by name instead."""
     from specdec_tune.engine.eagle import EagleHead
 
     spec = with_fields(spec, speculative, "build_drafter")
+    if draft_model is None and spec.is_suffix:
+        return SuffixDrafter(suffix_cache if suffix_cache is not None else cache_for(spec), spec)
     if draft_model is None:
         return NgramDrafter(ngram_max=spec.ngram_max, ngram_min=spec.ngram_min)
     kind = ModelDrafter

@@ -16,11 +16,12 @@ from typing import Protocol
 
 import torch
 
-from specdec_tune.engine.decode import DecodeConfig, _check_prompt, _emit, _prefill
+from specdec_tune.engine.decode import DecodeConfig, _check_prompt, _emit, _prefill, finish
 from specdec_tune.engine.drafters import probs_from_logits
 from specdec_tune.engine.features import choose_target_forward
 from specdec_tune.engine.kvcache import PreallocatedCache
 from specdec_tune.engine.tree import TokenTree, compact, verify_rows
+from specdec_tune.engine.suffix_drafter import SuffixDrafter
 from specdec_tune.engine.tree_draft import TreeDrafter
 from specdec_tune.engine.tree_verify import TreeVerdict, TreeVerifyFn, tree_greedy_accept, verify_tree_sampling
 from specdec_tune.engine.types import CycleStats, GenerationResult
@@ -28,7 +29,7 @@ from specdec_tune.engine.types import CycleStats, GenerationResult
 
 def tree_speculative(
     model: torch.nn.Module,
-    drafter: TreeDrafter,
+    drafter: TreeDrafter | SuffixDrafter,
     prompt_ids: torch.Tensor,
     config: DecodeConfig,
     generator: torch.Generator | None = None,
@@ -41,7 +42,7 @@ def tree_speculative(
 
     Args:
         model: the target causal LM.
-        drafter: a fresh tree drafter for this sequence.
+        drafter: a fresh tree drafter for this sequence (a draft model's, or suffix decoding's).
         prompt_ids: ``[T]`` prompt ids on the model's device.
         config: N (the tree depth), temperature and limits; θ and schedules do not apply to trees.
         generator: random source for sampling mode.
@@ -61,9 +62,7 @@ def tree_speculative(
     # The decode loop's prefill, with room for the largest tree instead of N tokens.
     cache, tokens = _prefill(forward, prompt_ids, config.room + max(0, drafter.spec.nodes(depth_max) - depth_max), cache)
     length = prompt_ids.shape[0]
-    out: list[int] = []
-    cycles: list[CycleStats] = []
-    eos_hit = False
+    out, cycles, eos_hit = [], [], False  # the tokens emitted, each cycle's CycleStats
     # Invariant: the target cache holds tokens[:length - 1]; the last emitted token is fed next.
     while not eos_hit and len(out) < config.max_new_tokens:
         depth = min(depth_max, config.max_new_tokens - len(out))  # never draft past the limit
@@ -87,6 +86,7 @@ def tree_speculative(
         cycles.append(stats)
         if on_cycle is not None:
             on_cycle(stats)
+    finish(drafter, tokens[:length])
     return GenerationResult(prompt_tokens=prompt_ids.shape[0], token_ids=out, cycles=cycles, finished_by_eos=eos_hit)
 
 

@@ -24,13 +24,13 @@ import torch
 
 from specdec_tune.core.limits import slot_length
 from specdec_tune.core.pass_design import small_ns
-from specdec_tune.db import TimingRow, add_timing_samples, add_traces
+from specdec_tune.db import TimingRow, TreeTraceRecord, add_timing_samples, add_traces, add_tree_traces
 from specdec_tune.engine import DecodeConfig, decode_keys, graph_counters, prepare_graphs
 from specdec_tune.profiler import acceptance as acc
 from specdec_tune.profiler.clean import TimedRegions, quiet_gc
 from specdec_tune.profiler.hook_tax import HookTaxCall, hook_tax_rows
 from specdec_tune.profiler.overhead import ForwardRecorder, SequenceTimeline
-from specdec_tune.profiler.runs import DraftSpec, decode_once
+from specdec_tune.profiler.runs import SUFFIX, DraftSpec, decode_once, new_pass, rerunnable
 
 
 @dataclass
@@ -155,6 +155,8 @@ def decode_passes(session: Any) -> DecodePasses:
         session.regions = TimedRegions({"target": session.target.model,
                                         **{x.name: x.model.model for x in session.drafts if x.model is not None}})
     warm_classes(session, [d.plain, d.greedy, *d.small] + [c for c in (d.threshold, d.sample) if c is not None])
+    for x in session.drafts:  # suffix decoding's passes start from an empty history (warm_classes decoded)
+        new_pass(x)
     recorder = ForwardRecorder(session.device)
     with recorder.attach(session.target.model, *(_model_draft(x) for x in session.drafts)), quiet_gc():
         for i, (p, ids) in enumerate(zip(session.prompts, session.ids)):
@@ -164,7 +166,18 @@ def decode_passes(session: Any) -> DecodePasses:
                                threshold=d.threshold if i < theta and spec.model is not None else None)
                 rows += _draft_passes(session, out, recorder, spec, (i, ids), mine)
             add_timing_samples(session.db, session.run_id, rows + session.probe_rows())
+    _store_sequences(session, out)
     return out
+
+
+def _store_sequences(session: Any, out: DecodePasses) -> None:
+    """Suffix decoding's acceptance depends on the earlier requests' outputs, so its model replays the
+    profiled prompts in order: store each prompt's ids and greedy output (``tree_traces`` kind ``sequences``)."""
+    if not any(d.kind == SUFFIX for d in session.drafts):
+        return
+    rows = [TreeTraceRecord("sequences", i, 0.0, {"prompt": ids.tolist(), "output": full[len(ids):].tolist()})
+            for i, (ids, full) in enumerate(zip(session.ids, out.outputs))]
+    add_tree_traces(session.db, session.run_id, SUFFIX, rows)
 
 
 def warm_classes(session: Any, configs: list[DecodeConfig]) -> int:
@@ -190,6 +203,12 @@ def warm_classes(session: Any, configs: list[DecodeConfig]) -> int:
     return made + sum(prepare_graphs(m, decode_keys(n, draft=True)) for m in models[1:])
 
 
+def _fresh(spec: DraftSpec) -> None:
+    """Suffix decoding's history starts again before a hook-tax decode: its unhooked and hooked decodes of a
+    prompt draft alike (else the second would draft from the first's response)."""
+    new_pass(spec)
+
+
 def hook_tax(session: Any) -> None:
     """The hooks' own cost (``profiler.hook_tax``): every pass design of the stage, on the first
     ``hook_tax_prompts`` prompts, unhooked and hooked; stored as ``hook_tax`` rows."""
@@ -201,7 +220,7 @@ def hook_tax(session: Any) -> None:
         for spec in session.drafts:
             designs = [d.greedy, *d.small] + ([d.threshold] if d.threshold and spec.model is not None else [])
             calls += [HookTaxCall(spec.name, c.spec.num_speculative_tokens, c.spec.threshold,
-                                  lambda on_cycle, ids=ids, c=c, spec=spec: decode_once(
+                                  lambda on_cycle, ids=ids, c=c, spec=spec: _fresh(spec) or decode_once(
                                       session.target, spec, ids, c, seed=s.seed, on_cycle=on_cycle))
                       for c in designs]
     if not calls:
@@ -221,8 +240,8 @@ def _draft_passes(session: Any, out: DecodePasses, recorder: ForwardRecorder, sp
     timed = session.regions.run
 
     def traced(config: DecodeConfig, hooked: bool = True):
-        return timed(lambda: acc.record_trace(session.target, spec, ids, config, i, seed=s.seed + i,
-                                              recorder=recorder if hooked else None),
+        return timed(rerunnable(spec, config, lambda: acc.record_trace(session.target, spec, ids, config, i, seed=s.seed + i,
+                                                                        recorder=recorder if hooked else None)),
                      f"{name} N={config.spec.num_speculative_tokens} prompt {i}")
 
     trace = traced(d.greedy)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from specdec_tune.db import Database, RunSettings, add_measured_run, get_run
+from specdec_tune.db import Database, RunSettings, add_measured_run, get_run, load_tree_traces
 from specdec_tune.engine import DecodeConfig, LoadedModel, acceptance_per_position, check_compatible, graph_counters
 from specdec_tune.engine import load_model
 from specdec_tune.core.costs import check_price
@@ -36,7 +36,8 @@ from specdec_tune.profiler.describe import tokenizer_hash
 from specdec_tune.profiler.energy import EnergySamples, open_energy_meter, operator_columns
 from specdec_tune.profiler.measure_passes import run_cases
 from specdec_tune.profiler.memory import peak_for_run
-from specdec_tune.profiler.runs import NGRAM, DraftSpec, encode_prompt
+from specdec_tune.profiler.runs import NGRAM, SUFFIX, DraftSpec, encode_prompt
+from specdec_tune.profiler.suffix_history import SuffixHistory
 from specdec_tune.profiler.settings import Progress
 from specdec_tune.profiler.threads import ThreadChoice, apply_threads, choose_threads
 from specdec_tune.core.splits import check_split, check_split_prompts
@@ -153,6 +154,7 @@ def measure_configs(
     threads: int | None = None,
     gpu_price: float | None = None,
     peak_memory: bool = False,
+    suffix_history: str | None = None,
 ) -> list[Measurement]:
     """Measure several configurations of one run, interleaved (the module docstring), and store each measurement.
 
@@ -173,6 +175,9 @@ def measure_configs(
         threads: intra-op threads (None: the profile's, lowered to the CPUs idle now; :mod:`profiler.threads`).
         gpu_price: the device's dollars per hour (stored as $ per million tokens).
         peak_memory: also measure each configuration's peak memory in a fresh process (:mod:`profiler.memory`).
+        suffix_history: which earlier responses suffix decoding's global tree holds (``profiler.suffix_history``):
+            ``order``, ``warm`` (the profiled prompts' responses) or ``cold``; default ``order`` on the run's own
+            prompts (as profiled) and ``warm`` on any other split. Each repeat starts the history again.
 
     Raises:
         NotFoundError: unknown run or draft.
@@ -187,7 +192,8 @@ def measure_configs(
     inners = [item.spec.staged if item.spec.staged == NGRAM else run.resolve_draft(item.spec.staged)
               for _, item in planned if item.spec.staged]
     split, prompts = chosen_prompts(run, split, max_prompts)
-    target, specs, choice = _load_models(run, [name for name, _ in planned] + inners, threads)
+    history = _suffix_history(db, run, split, suffix_history)
+    target, specs, choice = _load_models(run, [name for name, _ in planned] + inners, threads, history)
     wanted, ids = [p.id for p in prompts], [encode_prompt(target, p.prompt, p.id) for p in prompts]
     max_new = settings.max_new_tokens
     synthetic = settings.synthetic_acceptance
@@ -257,8 +263,23 @@ def measure_config(db: Database, run_id: int, config: MeasureSpec, **options: An
     return measure_configs(db, run_id, [config], **options)[0]
 
 
-def _load_models(run, drafts: list[str | None],
-                 threads: int | None) -> tuple[LoadedModel, dict[str | None, DraftSpec], ThreadChoice]:
+def _suffix_history(db: Database, run, split: str | None, policy: str | None) -> SuffixHistory:
+    """The serving-history policy of suffix decoding for this measurement (:func:`measure_configs`): ``order`` on
+    the run's own prompts (its split named or not: ``warm`` would hold each prompt's own response, which it
+    would then draft), ``warm`` on any other split."""
+    policy = policy or ("order" if split is None or split == run.settings.split else "warm")
+    if policy != "warm":
+        return SuffixHistory(policy)
+    rows = load_tree_traces(db, run.id, SUFFIX, "sequences")
+    if not rows:
+        if SUFFIX in run.draft_names:
+            raise InputError(f"run {run.id} stores no sequences to warm suffix decoding with; profile it again")
+        return SuffixHistory("order")  # no suffix draft measured here
+    return SuffixHistory("warm", warm=[(r.data["prompt"], r.data["output"]) for r in rows])
+
+
+def _load_models(run, drafts: list[str | None], threads: int | None,
+                 history: SuffixHistory | None = None) -> tuple[LoadedModel, dict[str | None, DraftSpec], ThreadChoice]:
     """The run's target, loaded as profiled, a drafter spec per draft (``None``: plain decoding), and the
     thread count set (the profile's timings hold for its count: ``auto`` keeps it unless CPUs are busy)."""
     settings = run.settings
@@ -268,8 +289,8 @@ def _load_models(run, drafts: list[str | None],
     _warn_if_changed(target, run.target.tokenizer_hash, run.target.num_parameters)
     specs: dict[str | None, DraftSpec] = {None: DraftSpec("none")}
     for name in dict.fromkeys(n for n in drafts if n is not None):
-        if name == NGRAM:
-            specs[name] = DraftSpec("ngram")
+        if name in (NGRAM, SUFFIX):
+            specs[name] = DraftSpec(name, history=history if name == SUFFIX else None)
             continue
         draft_forward = settings.draft_forwards.get(name, forward)
         loaded = load_model(name, target.device, target.dtype, draft_forward, graphs if draft_forward != "hf" else "auto")

@@ -30,7 +30,7 @@ from specdec_tune.engine import decode_keys, graph_counters, prepare_graphs
 from specdec_tune.profiler.clean import TimedRegions, quiet_gc
 from specdec_tune.profiler.energy import EnergyMeter
 from specdec_tune.profiler.machine_probe import MachineProbe
-from specdec_tune.profiler.runs import decode_once, measure_prompt, warm_up
+from specdec_tune.profiler.runs import after_request, decode_once, measure_prompt, new_pass, rerunnable, warm_up
 from specdec_tune.profiler.settings import Progress
 from specdec_tune.profiler.timers import synchronize
 
@@ -98,6 +98,8 @@ def run_cases(target, cases: list, wanted: list[str], ids: list[torch.Tensor], r
     probe_every = max(1, -(-len(ids) // PROBES_PER_REPEAT))
     with quiet_gc():
         for r in range(repeats):
+            for case in cases:  # each repeat is a pass of its own: suffix decoding's history starts again
+                new_pass(case.spec)
             for i in range(len(ids)):
                 shift = (r + i) % len(cases)  # each configuration takes every place in the order in turn
                 for case in cases[shift:] + cases[:shift]:
@@ -114,8 +116,10 @@ def run_cases(target, cases: list, wanted: list[str], ids: list[torch.Tensor], r
 
 def _timed(target, case, prompt_id: str, x: torch.Tensor, i: int, r: int, seed: int) -> None:
     """One timed decode of prompt ``i`` in repeat ``r``, checked (re-run when a graph or slot was made)."""
-    m = case.regions.run(lambda: measure_prompt(target, case.spec, x, case.decode, prompt_id=prompt_id, seed=seed + i),
-                         f"{case.draft or 'plain'} N={case.config.spec.num_speculative_tokens} {prompt_id} r{r + 1}")
+    decode = rerunnable(case.spec, case.decode, lambda: measure_prompt(target, case.spec, x, case.decode,
+                                                                       prompt_id=prompt_id, seed=seed + i))
+    m = case.regions.run(decode, f"{case.draft or 'plain'} N={case.config.spec.num_speculative_tokens} {prompt_id} r{r + 1}")
+    after_request(case.spec, case.decode)  # suffix decoding's history policy (outside the timed region)
     case.times[i].append(m.seconds)
     case.tokens[i].append(m.new_tokens)
     if m.latency is not None:
@@ -130,10 +134,12 @@ def _metered_passes(target, cases: list, ids: list[torch.Tensor], seed: int, met
     for p in range(ENERGY_PASSES):
         shift = p % len(cases)
         for case in cases[shift:] + cases[:shift]:
+            new_pass(case.spec)
             synchronize(target.device)
             joules0, tokens, start = meter.read(), 0, time.perf_counter()
             for i, x in enumerate(ids):
                 tokens += len(decode_once(target, case.spec, x, case.decode, seed=seed + i).token_ids)
+                after_request(case.spec, case.decode)
             synchronize(target.device)
             case.joule_seconds.append(time.perf_counter() - start)
             case.joules.append(meter.read() - joules0)

@@ -128,7 +128,8 @@ def _decode(args: dict, models: tuple) -> int:
     target, draft, ids = models
     # draft None or "none", or N = 0: plain decoding
     wanted = SpeculativeConfig.from_dict({"drafter": args["draft"] or "none", "num_speculative_tokens": args["n"]})
-    spec = DraftSpec("none") if wanted.is_plain else DraftSpec("ngram") if wanted.is_ngram else DraftSpec("model", draft)
+    free = wanted.drafter if wanted.is_ngram or wanted.is_suffix else None  # no model to load
+    spec = DraftSpec("none") if wanted.is_plain else DraftSpec(free) if free else DraftSpec("model", draft)
     config = DecodeConfig(args["max_new_tokens"], None if wanted.is_plain else wanted)
     with torch.inference_mode():
         return len(decode_once(target, spec, ids, config).token_ids)
@@ -141,7 +142,7 @@ def _load(args: dict) -> tuple:
     target = load_model(args["target"], args["device"], args["dtype"], args["forward"])
     ids = encode_prompt(target, args["prompt"])
     draft = None
-    if args["draft"] not in (None, "none", "ngram") and args["n"] > 0:
+    if args["draft"] not in (None, "none", "ngram", "suffix") and args["n"] > 0:
         draft = load_model(args["draft"], target.device, target.dtype, args["forward"])
         draft.tokenizer = None
     target.tokenizer = None

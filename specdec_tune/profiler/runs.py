@@ -6,7 +6,7 @@ synchronisation at the end on a GPU) and aggregates the per-cycle statistics the
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -22,24 +22,33 @@ from specdec_tune.engine import (
 from specdec_tune.engine import StagedDrafter, build_tree_drafter, tree_speculative
 from specdec_tune.core.errors import InputError
 from specdec_tune.core.latency import RequestLatency
+from specdec_tune.profiler.suffix_history import SuffixHistory
 from specdec_tune.profiler.timers import Stopwatch, synchronize
 from specdec_tune.core.trees import parse_tree
 
 NGRAM = "ngram"
+SUFFIX = "suffix"
 
 
 @dataclass(frozen=True)
 class DraftSpec:
-    """Which drafter a run uses: a loaded draft model, n-gram lookup, or none (baseline); a model
-    draft may draft token trees (``tree``, ``specdec_tune.core.trees``; ``rank_accept`` shapes a Sequoia
-    tree) or be speculated itself by ``inner`` (staged drafting, ``inner_n`` tokens per inner cycle)."""
+    """Which drafter a run uses: a loaded draft model, n-gram lookup, suffix decoding or none (baseline); a
+    model draft may draft token trees (``tree``, ``specdec_tune.core.trees``; ``rank_accept`` shapes a Sequoia
+    tree) or be speculated itself by ``inner`` (staged drafting, ``inner_n`` tokens per inner cycle); suffix
+    decoding drafts from ``history``, the serving histories of the measurement (``profiler.suffix_history``;
+    default: requests in the order they run)."""
 
-    kind: str  # "model" | "ngram" | "none"
+    kind: str  # "model" | "ngram" | "suffix" | "none"
     model: LoadedModel | None = None
     tree: str = ""
     rank_accept: tuple[float, ...] = ()
     inner: DraftSpec | None = None
     inner_n: int = 3
+    history: SuffixHistory | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind == SUFFIX and self.history is None:
+            object.__setattr__(self, "history", SuffixHistory())
 
     @property
     def name(self) -> str:
@@ -112,6 +121,11 @@ def decode_once(
     with torch.inference_mode():
         if draft.kind == "none":
             return autoregressive(target.model, prompt_ids, config, generator, on_cycle=on_cycle)
+        if draft.kind == SUFFIX:
+            spec = config.spec if config.spec.is_suffix else replace(config.spec, drafter=SUFFIX)
+            drafter = build_drafter(None, spec, max_len=0, suffix_cache=draft.history.cache(config))
+            loop = tree_speculative if spec.tree else speculative
+            return loop(target.model, drafter, prompt_ids, config, generator, on_cycle=on_cycle)
         if draft.tree or draft.inner is not None:
             return _tree_or_staged(target, draft, prompt_ids, config, generator, on_cycle)
         drafter = build_drafter(draft.model.model if draft.model is not None else None, config.spec,
@@ -207,11 +221,40 @@ def measure_prompt(
     )
 
 
+def after_request(draft: DraftSpec, config: DecodeConfig) -> None:
+    """A request of a measurement ended (outside its timed decode): suffix decoding's history policy acts."""
+    if getattr(draft, "history", None) is not None:  # a stand-in spec (tests) may have none
+        draft.history.after_request(config)
+
+
+def new_pass(draft: DraftSpec) -> None:
+    """A new pass over the prompts starts: suffix decoding's histories start again."""
+    if getattr(draft, "history", None) is not None:
+        draft.history.new_pass()
+
+
+def rerunnable(spec: DraftSpec, config: DecodeConfig, fn):
+    """``fn`` for a timed region that may run again (``profiler.clean``): suffix decoding's history forgets the
+    earlier attempt's response first, so the kept attempt drafts from the requests before it only."""
+    if getattr(spec, "history", None) is None:
+        return fn
+    ran: list[bool] = []
+
+    def once():
+        if ran:
+            cache = spec.history.cache(config)
+            cache.forget(cache.last_request())
+        ran.append(True)
+        return fn()
+    return once
+
+
 WARM_UP_TOKENS = 8  # the fewest tokens a warm-up decodes (allocation, kernel selection)
 
 
 def warm_up(target: LoadedModel, draft: DraftSpec, prompt_ids: torch.Tensor, config: DecodeConfig) -> float:
-    """One short untimed decode (allocation, kernel selection); returns its seconds for reporting.
+    """One short untimed decode (allocation, kernel selection); returns its seconds for reporting (its
+    configuration differs from the measured one's, so a suffix drafter's warm-up joins no measured history).
 
     It decodes at least N + 2 tokens (capped at the configuration's), so its first cycle drafts all N and
     a second one follows: the widths 1..N + 1 and, after a fully accepted first cycle, the draft's catch-up

@@ -39,7 +39,7 @@ from specdec_tune.profiler.head_profile import is_head, rollout_rows, teacher_vi
 from specdec_tune.profiler.lossy_front import measured_front, teacher_forced_front
 from specdec_tune.profiler.decode_passes import decode_passes, first_cycles, hook_tax, threshold_cycles
 from specdec_tune.profiler.overhead import in_loop_medians
-from specdec_tune.profiler.runs import NGRAM, DraftSpec, decode_once, encode_prompt
+from specdec_tune.profiler.runs import NGRAM, SUFFIX, DraftSpec, decode_once, encode_prompt
 from specdec_tune.profiler.machine_probe import MachineProbe
 from specdec_tune.profiler.settings import ProfileResult, ProfileSettings, Progress, StageLog, run_settings
 from specdec_tune.profiler.threads import apply_threads, choose_threads
@@ -99,8 +99,8 @@ class ProfileSession:
         self.device = self.target.device
         self.drafts: list[DraftSpec] = []
         for name in self.draft_names:
-            if name == NGRAM:
-                self.drafts.append(DraftSpec("ngram"))
+            if name in (NGRAM, SUFFIX):
+                self.drafts.append(DraftSpec(name))  # suffix: its passes' histories in workload order
                 continue
             loaded = load_model(name, self.device, s.dtype, s.forward, s.cuda_graphs)
             check_compatible(self.target, loaded)
@@ -378,7 +378,7 @@ def check_inputs(target: str, drafts: Sequence[str], workload: str, split: str |
     if split is not None:
         check_split_prompts(prompts, split, workload)
     for name in (target, *drafts):
-        if name not in (NGRAM, "none"):
+        if name not in (NGRAM, SUFFIX, "none"):
             resolve_source(name)
     return len(prompts)
 

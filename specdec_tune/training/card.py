@@ -201,7 +201,8 @@ def _latency(manifest: dict) -> Iterator[str]:
 # Where each bundled workload's prompts end (the card's last column).
 _ENDS = {"functions": "a function body, after its first statements",
          "docstrings": "a docstring (after its summary line) or a `#` comment block",
-         "tables": "a long dict/list/tuple/set literal (tables, codecs): repetitive"}
+         "tables": "a long dict/list/tuple/set literal (tables, codecs): repetitive",
+         "edits": "a restated function header, after the function and the target's earlier answers (multi-turn)"}
 
 
 def _workloads(manifest: dict) -> Iterator[str]:

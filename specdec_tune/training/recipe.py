@@ -26,6 +26,7 @@ from transformers import GenerationConfig, LlamaForCausalLM
 
 from specdec_tune.training.assess import MANIFEST_NAME, assess_zoo
 from specdec_tune.training.build_workloads import WORKLOAD_KINDS, build_workload, write_jsonl
+from specdec_tune.training.edit_workloads import build_edit_workload
 from specdec_tune.training.corpus import Corpus, load_corpus
 from specdec_tune.training.eagle_stage import QUICK_EAGLE, EaglePlan, manifest_entry, save_bundled, train_head
 from specdec_tune.training.onpolicy import QUICK_PLAN, OnPolicyPlan, refine_drafts
@@ -184,6 +185,7 @@ def run_recipe(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
     trained, reports = _train_stages(cfg, tokenizer, train_stream, seed, out_dir, log)
     if cfg.on_policy is not None:
         _refine(trained, reports, target_name, tokenizer, train_stream, cfg.on_policy, seed, out_dir, log)
+    workloads.append(_write_edits(corpus, tokenizer, trained[target_name], seed, out_dir, log))
     entries = [{"name": p.name, "role": p.role, "path": f"models/{p.name}", "layers": p.shape.layers,
                 "hidden_size": p.shape.hidden, "intermediate_size": p.shape.intermediate, "heads": p.shape.heads,
                 "dtype": str(SAVE_DTYPE).replace("torch.", ""), "training": reports[p.name]} for p in cfg.models]
@@ -236,6 +238,31 @@ def _write_workloads(corpus: Corpus, tokenizer, cfg: RecipeConfig, seed: int, ou
         workloads.append(info)
         log(f"workload {kind}: {info}")
     return workloads
+
+
+def _write_edits(corpus: Corpus, tokenizer, target: LlamaForCausalLM, seed: int, out_dir: Path, log: _Log) -> dict:
+    """The multi-turn ``edits`` workload (``training.edit_workloads``): its later turns hold the trained target's
+    own greedy answers to the earlier ones, so it is built after training."""
+    count = lambda text: len(tokenizer(text).input_ids)  # noqa: E731
+    records = build_edit_workload(list(corpus.held_out), count, lambda text: greedy_answer(target, tokenizer, text),
+                                  seed=seed)
+    write_jsonl(records, out_dir / "workloads" / "edits.jsonl")
+    lengths = [count(r["prompt"]) for r in records]
+    info = {"name": "edits", "file": "workloads/edits.jsonl", "prompts": len(records), "min_tokens": min(lengths),
+            "max_tokens": max(lengths), "mean_tokens": round(sum(lengths) / len(lengths), 1),
+            "categories": sorted({r["category"] for r in records})}
+    log(f"workload edits: {info}")
+    return info
+
+
+def greedy_answer(model: LlamaForCausalLM, tokenizer, text: str, max_new_tokens: int = 64) -> str:
+    """The model's greedy continuation of ``text`` (float32, end-of-text dropped): a turn's answer."""
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    model = model.float().eval()
+    with torch.inference_mode():
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
 def _train_stages(

@@ -33,6 +33,7 @@ from specdec_tune.core.errors import InputError, SpecdecError
 
 ENV_VAR = "SPECDEC_VLLM_PYTHON"
 WORKER = Path(__file__).with_name("_vllm_worker.py")
+EXTRA_PATH_VAR = "SPECDEC_VLLM_EXTRA_PATH"  # the vLLM worker's only PYTHONPATH, when set
 SETUP_HINT = "create it with scripts/setup_vllm_env.sh, then pass --vllm-python PATH or set SPECDEC_VLLM_PYTHON"
 START_TIMEOUT_S = 900.0  # a first start compiles the model (~1 min idle, several under load)
 CALL_TIMEOUT_S = 600.0
@@ -253,6 +254,8 @@ class VllmWorker:
                     **(env or {})}
         for var in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):  # our venv's paths must not leak in
             full_env.pop(var, None)
+        if os.environ.get(EXTRA_PATH_VAR):  # packages kept beside the vLLM venv (scripts/setup_arctic_inference.sh)
+            full_env["PYTHONPATH"] = os.environ[EXTRA_PATH_VAR]
         self._log = open(self.log_path, "ab")
         try:
             # A session of its own: vLLM's engine processes are its children; close() ends them all.

@@ -113,6 +113,35 @@ def engine_like_vllm(target: torch.nn.Module, drafter, prompt_ids: torch.Tensor,
     return ParityRun(out[:max_tokens], kept)
 
 
+class VllmSuffixDrafter:
+    """Our suffix drafter fed as vLLM's ``SuffixDecodingProposer`` feeds arctic's cache, for
+    :func:`engine_like_vllm`: the request starts on its prompt alone (the prefill token joins as its first
+    response token), and it stops learning after the proposal that follows the step reaching ``max_tokens``
+    (vLLM adds that last step's tokens, all of them, then the request leaves the batch); the cycles our loop
+    runs past that point are cut from the comparison, and their tokens must not reach the global tree."""
+
+    def __init__(self, cache, spec, prompt_len: int, max_tokens: int) -> None:
+        from specdec_tune.engine import SuffixDrafter
+
+        self.inner = SuffixDrafter(cache, spec, prompt_tokens=prompt_len)
+        self.forwards = 0
+        self._end = prompt_len + max_tokens
+        self._frozen = False
+
+    def propose(self, context: torch.Tensor, max_tokens: int) -> Draft:
+        if self._frozen:
+            return Draft(tokens=context[:0], probs=None, confidence=torch.ones(0, device=context.device))
+        draft = self.inner.propose(context, max_tokens)
+        self._frozen = context.shape[0] >= self._end
+        return draft
+
+    def observe(self, num_accepted: int) -> None:
+        """The trees follow the context."""
+
+    def finish(self, context: torch.Tensor) -> None:
+        self.inner.finish(context[:len(self.inner._ids)] if self._frozen else context)
+
+
 def fresh_drafter(kind: str, draft_model: torch.nn.Module | None, max_len: int, ngram_min: int = 1, ngram_max: int = 3):
     """A new drafter for one prompt: ``"model"`` (our ModelDrafter; an EAGLE-3 head's chain drafter when
     ``draft_model`` is a head, ``engine.eagle_draft``), ``"ngram"`` (ours: latest occurrence) or

@@ -22,7 +22,7 @@ def best_configs(
     """The ``top`` configurations by predicted end-to-end tokens/s over N × θ (best first)."""
     n_max = rp.run.settings.n_max
     ns = list(n_values) if n_values is not None else list(range(1, n_max + 1))
-    thetas = list(thresholds) if not rp.is_ngram else [0.0]  # n-gram confidences are all 1
+    thetas = list(thresholds) if not rp.model_free else [0.0]  # model-free drafts: θ cuts nothing
     scored = []
     for n in ns:
         for theta in thetas:

@@ -34,6 +34,7 @@ from specdec_tune.core.latency import Slo, quantile
 from specdec_tune.tuner.model._prefill import prefill_fits, prompt_prefill
 from specdec_tune.tuner.model._predict import PromptSpec, _check_specs, context_cost, context_slope, plain_step_s
 from specdec_tune.tuner.model._predict import replay_width, simulate_config, timed_cycles
+from specdec_tune.tuner.model._suffix_predict import simulates_suffix
 from specdec_tune.tuner.model._profile import RunProfile
 from specdec_tune.tuner.model._replay import replay_reach
 from specdec_tune.tuner.model._throughput import SpecConfig, Trace, predict
@@ -153,7 +154,7 @@ def _requests(rp: RunProfile, config: SpecConfig) -> tuple[list[_Request], str]:
         return [_plain(rp, config.batch_size, i) for i in count], "baseline"
     if rp.draft is None:
         raise InputError("a draft is needed to predict speculative decoding")
-    if config.mode == "greedy" and rp.positions is not None:
+    if config.mode == "greedy" and (rp.positions is not None or simulates_suffix(rp, config)):
         return [_simulated(rp, config, i) for i in count], "simulation"
     return [_replayed(rp, config, i) for i in count], "replay"
 

@@ -6,6 +6,7 @@ import statistics
 
 from specdec_tune.db import Database, get_run, list_measured, load_acceptance, load_bias_front, load_teacher_forced
 from specdec_tune.db import load_timings, load_traces, load_tree_traces
+from specdec_tune.core.speculative import SUFFIX
 from specdec_tune.tuner.model._profile import PromptInfo, RunProfile, build_run_profile, resolve_draft
 from specdec_tune.tuner.model._tree import Rollout, StagedStats, TreeData
 
@@ -46,18 +47,21 @@ def load_run_profile(
             forced = load_teacher_forced(db, run_id, name, temperature=rec.temperature)
         front = load_bias_front(db, run_id, name)
     rollouts = [r.data for r in load_tree_traces(db, run_id, name, kind="rollouts")] if name else []
+    sequences = [(r.data["prompt"], r.data["output"]) for r in load_tree_traces(db, run_id, name, "sequences")] \
+        if name == SUFFIX else []
     return build_run_profile(run, name, timings, traces, prompts=greedy_prompts(db, run_id),
                              sampling_traces=sampling, sampling_acceptance=tv, continuations=continuations,
                              in_loop=in_loop, calibrate=calibrate, teacher_forced=forced, bias_front=front,
-                             rollouts=rollouts or None)
+                             rollouts=rollouts or None, sequences=sequences)
 
 
 def load_tree_data(db: Database, run_id: int, draft: str, mode: str = "greedy") -> TreeData | None:
     """The token-tree and staged-drafting data of ``draft`` in run ``run_id`` (``profile --trees``), or
     ``None`` when the run has none. The timed passes (engine time, staged rates) are the ``mode``'s
     where the profile ran them in that mode, else the greedy ones."""
-    rows = load_tree_traces(db, run_id, draft)
-    if not any(r.kind != "rollouts" for r in rows):  # a head's roll-outs alone are no tree data (profile --trees)
+    # a head's roll-outs and suffix decoding's sequences alone are no tree data (profile --trees)
+    rows = [r for r in load_tree_traces(db, run_id, draft) if r.kind not in ("rollouts", "sequences")]
+    if not rows:
         return None
     sampled = mode == "sampling" and any(r.temperature > 0 for r in rows if r.kind in ("overhead", "staged"))
     rows = [r for r in rows if r.kind not in ("overhead", "staged") or (r.temperature > 0) == sampled]

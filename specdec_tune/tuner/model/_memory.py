@@ -114,7 +114,7 @@ class MemoryModel:
     graph_slots: bool = False  # our engine's caches are CUDA-graph slots (rounded up: specdec_tune.core.limits)
 
     def _draft(self, c: Candidate) -> ModelMemory | None:
-        if c.is_plain or c.is_ngram:
+        if c.is_plain or c.is_ngram or c.is_suffix:
             return None
         if c.drafter not in self.drafts:
             raise InputError(f"no memory facts for draft {c.drafter!r}; known: {', '.join(self.drafts) or 'none'}")

@@ -9,9 +9,8 @@ The predictions here count the same things, so predicted and measured numbers co
 where L is the cycle's proposed length, F its draft forwards (L, or L + 1 when θ cut the draft), o_c
 and o_f the measured per-cycle and per-draft-forward engine overheads, T_s and T_v(k) the calibrated
 micro-benchmark medians (:mod:`._profile`), and the first draft forward of a sequence is its prefill.
-The baseline is the same sum for plain decoding: prefill + M·(T_ar + per-token overhead) - T_ar (the
-prefill gives the first token: M tokens take M - 1 forwards after it).
-``decode_tokens_per_s`` leaves prefill and set-up out.
+The baseline is the same sum for plain decoding: prefill + M·(T_ar + per-token overhead) - T_ar (the prefill
+gives the first token: M tokens take M - 1 forwards after it). ``decode_tokens_per_s`` leaves prefill and set-up out.
 
 Which cycles: in greedy mode with a model draft the cycles are *simulated* exactly per prompt
 (:mod:`._greedy_sim`): greedy decoding is deterministic, so the draft's roll-out from any position of
@@ -26,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from specdec_tune.core.errors import InputError
 from specdec_tune.core.splits import split_prompts
@@ -34,6 +33,7 @@ from specdec_tune.tuner.model._greedy_sim import SimulatedCycle, simulate_prompt
 from specdec_tune.tuner.model._prefill import prefill_fits, prompt_prefill
 from specdec_tune.tuner.model._profile import RunProfile
 from specdec_tune.tuner.model._replay import ReplayStats
+from specdec_tune.tuner.model._suffix_predict import simulates_suffix, suffix_prompt_cycles
 from specdec_tune.tuner.model._throughput import Prediction, SpecConfig, draft_seconds, verify_time
 from specdec_tune.tuner.model._throughput import predict as model_predict
 
@@ -212,9 +212,13 @@ class _Cycles:
     source: str
 
 
-def simulate_config(rp: RunProfile, config: SpecConfig, i: int) -> list[SimulatedCycle]:
+def simulate_config(rp: RunProfile, config: SpecConfig, i: int, pooled: bool = False) -> list[SimulatedCycle]:
     """Profiled prompt ``i``'s greedy cycles under ``config``, every rule of it (threshold kind, step and
-    rule, schedule): the one simulation call of the throughput and the latency predictions."""
+    rule, schedule): the one simulation call of the throughput and the latency predictions. Suffix decoding
+    replays the stored sequences (:mod:`._suffix_predict`): in profile order, or for the pool a held-out
+    prompt is predicted from (``pooled``), each prompt after every other one (a warm history)."""
+    if simulates_suffix(rp, config):
+        return list(suffix_prompt_cycles(rp, config, i, "warm" if pooled else "order"))
     assert rp.positions is not None
     c = config.spec
     return simulate_prompt(rp.positions[i], rp.prompts[i].new_tokens, rp.max_new_tokens, c.num_speculative_tokens,
@@ -225,10 +229,10 @@ def _simulated(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) 
     """Greedy with a model draft: every profiled prompt's cycles simulated exactly; the others pooled."""
     n, b = config.spec.num_speculative_tokens, config.batch_size
 
-    def timed(i: int) -> tuple[list[SimulatedCycle], float, float]:
+    def timed(i: int, pooled: bool = False) -> tuple[list[SimulatedCycle], float, float]:
         """Prompt i's cycles, their seconds (each verify at its own context) and their extra seconds per
         extra prompt token."""
-        cycles = simulate_config(rp, config, i)
+        cycles = simulate_config(rp, config, i, pooled)
         times, slopes = timed_cycles(rp, cycles, b, rp.prompts[i].prompt_tokens, config.spec.threshold > 0)
         return cycles, sum(times), sum(slopes)
 
@@ -244,7 +248,7 @@ def _simulated(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec]) 
     if pooled_tokens:
         # A prompt the profile did not decode: the cycles of every profiled prompt, pooled. Seconds
         # and cycles per emitted token are ratios over those prompts (end of sequence included).
-        per_prompt = [timed(i) for i in range(len(rp.prompts))]  # each simulated once, whatever the specs
+        per_prompt = [timed(i, True) for i in range(len(rp.prompts))]  # each simulated once, whatever the specs
         pool = [c for cycles, _, _ in per_prompt for c in cycles]
         if not pool:
             raise InputError(f"run {rp.run.id} has no greedy traces for draft {rp.draft!r}")
@@ -300,7 +304,7 @@ def _predict(rp: RunProfile, config: SpecConfig, specs: Sequence[PromptSpec], cy
         if n > n_max:
             raise InputError(f"N={n} exceeds the run's N_max={n_max}; profile with a larger --n-max")
     tokens = sum(s.new_tokens for s in specs)
-    simulated = config.mode == "greedy" and rp.positions is not None
+    simulated = config.mode == "greedy" and (rp.positions is not None or simulates_suffix(rp, config))
     if cycles is not None:
         cyc = cycles(rp, config, specs, tokens)
     else:

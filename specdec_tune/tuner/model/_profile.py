@@ -25,10 +25,10 @@ from specdec_tune.core.errors import InputError
 from specdec_tune.core.pass_design import steady_widths
 from specdec_tune.core.stats import trimmed_mean
 from specdec_tune.tuner.model._calibration import OverheadFit, calibrate_b1, fit_overhead, interp
+from specdec_tune.core.speculative import MODEL_FREE
 from specdec_tune.tuner.model._loop_costs import first_cycle_residuals, first_cycle_terms, hook_tax
 from specdec_tune.tuner.model._loop_costs import threshold_forward_s
 from specdec_tune.tuner.model._timings import Timings
-from specdec_tune.tuner.model._configs import NGRAM
 from specdec_tune.tuner.model._greedy_sim import PositionTrace, position_traces, rollout_traces
 from specdec_tune.tuner.model._replay import replay_reach
 from specdec_tune.tuner.model._throughput import ModelProfile, Trace
@@ -101,6 +101,9 @@ class RunProfile:
     # not measured (runs profiled before it), then latency is predicted at the typical context throughout.
     context_slope_s: dict[int, float] = field(default_factory=dict)
     typical_context: int = 0
+    # Suffix decoding: (prompt ids, greedy output ids) of every profiled prompt in profile order, which its
+    # exact simulation replays (tuner.model._suffix_sim); empty for other drafters.
+    sequences: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
     # What the calibration found suspicious (an in-loop ÷ isolated ratio clamped, _calibration.anchor_ratios),
     # and in-loop ÷ isolated as measured ("verify": the largest at the anchors; "draft_step": a later draft forward).
     calibration_warnings: tuple[str, ...] = ()
@@ -130,7 +133,12 @@ class RunProfile:
 
     @property
     def is_ngram(self) -> bool:
-        return self.draft == NGRAM
+        return self.draft == MODEL_FREE[0]
+
+    @property
+    def model_free(self) -> bool:
+        """The drafter runs no model (n-gram lookup, suffix decoding): θ cuts nothing, no draft forwards."""
+        return self.draft in MODEL_FREE
 
     def sequence_s(self, checked: bool) -> float:
         """``sequence_overhead_s`` of a decode whose draft forwards check θ (``checked``) or not."""
@@ -192,11 +200,11 @@ def _step_times(run: RunRecord, draft: str | None, t: Timings, infos: Sequence[P
     if not verify_s:
         raise InputError(f"run {run.id} has no verify timings (status {run.status}); profile it again")
     batch_sizes = sorted(verify_s)
-    model_draft = draft is not None and draft != NGRAM
+    model_draft = draft is not None and draft not in MODEL_FREE
     raw = t.draft_steps(draft, batch_sizes, run.settings.typical_context) if model_draft else {}
     if model_draft and not raw:
         raise InputError(f"run {run.id} has no draft-step timings for {draft!r} (status {run.status}); profile it again")
-    step = {b: fit.per_forward_s for b in batch_sizes} if draft == NGRAM else \
+    step = {b: fit.per_forward_s for b in batch_sizes} if draft in MODEL_FREE else \
         {b: s + fit.per_forward_s for b, s in raw.items()}
     prefill_d = t.prefills(draft, infos, drop_last=False) if model_draft else tuple(0.0 for _ in infos)
     return _StepTimes(verify_s, step, dict(raw), fit.intercept_s, t.prefills(None, infos, drop_last=True),
@@ -236,7 +244,7 @@ def _untaxed(times: _StepTimes, t: Timings, draft: str | None) -> _StepTimes:
     plain decoding's per-token overhead, a model draft's step and o_c (its cycle's verify)."""
     plain, spec, checked = (hook_tax(xs) for xs in t.hook_taxes(draft))
     step = dict(times.draft_step_s)
-    if draft is not None and draft != NGRAM and 1 in step:
+    if draft is not None and draft not in MODEL_FREE and 1 in step:
         step[1] = max(step[1] - spec, 0.0)
     return replace(times, draft_step_s=step, cycle_overhead_s=max(times.cycle_overhead_s - spec, 0.0),
                    hook_tax_s=(plain, spec, checked))
@@ -253,7 +261,7 @@ def _model_profile(run: RunRecord, draft: str | None, times: _StepTimes, plain: 
         sampling_acceptance=sampling_acceptance,
         sampling_traces=_traces(sampling_traces) if sampling_traces else None, name=draft or "",
         synthetic_acceptance=synthetic_rates(run.settings),
-        teacher_forced=tuple((r.one_minus_tv, r.top_q) for r in teacher_forced), lookup=draft == NGRAM,
+        teacher_forced=tuple((r.one_minus_tv, r.top_q) for r in teacher_forced), lookup=draft in MODEL_FREE,
         batch_graph_sizes=BATCH_CAPTURE_SIZES if run.settings.cuda_graphs_used == "on" else (),
     )
 
@@ -273,6 +281,7 @@ def build_run_profile(
     teacher_forced: Sequence[TeacherForcedRow] = (),
     bias_front: Sequence[BiasFrontRow] = (),
     rollouts: Sequence[dict] | None = None,
+    sequences: Sequence[tuple[Sequence[int], Sequence[int]]] = (),
 ) -> RunProfile:
     """Assemble a :class:`RunProfile` from a run's stored rows (pure; no database access).
 
@@ -284,15 +293,15 @@ def build_run_profile(
         prompts: the prompts' greedy output lengths (else ``max_new_tokens`` each).
         sampling_traces: traces recorded in sampling mode, if any.
         sampling_acceptance: 1 - E[TV] from the teacher-forced pass.
-        continuations: (prompt_index, cycle_index, confidence, accepted) at the bonus position of
-            fully accepted greedy cycles (see :func:`position_traces`).
-        in_loop: medians of the forwards hooked inside the draft's acceptance pass
-            (``profiler.overhead.in_loop_medians``).
+        continuations: (prompt_index, cycle_index, confidence, accepted) at the bonus position of fully
+            accepted greedy cycles (see :func:`position_traces`).
+        in_loop: medians of the forwards hooked in the draft's acceptance pass (``profiler.overhead.in_loop_medians``).
         calibrate: scale the B = 1 micro-benchmarks to the in-loop forwards (:func:`calibrate_b1`).
         teacher_forced: target-sampled generations with 1 - TV and the draft's top probability per position.
         bias_front: the lossy acceptance front the profile stored.
         rollouts: an EAGLE-3 head's roll-outs from every output position, per prompt (they replace the
             cycles' suffixes in the greedy simulation: :func:`rollout_traces`).
+        sequences: suffix decoding's profiled prompts and greedy outputs, in profile order.
 
     Raises:
         InputError: the run lacks the target's verify timings (profile it again).
@@ -303,7 +312,7 @@ def build_run_profile(
     fit, times, raw, sequence, plain = _fitted_times(run, draft, t, infos, (in_loop or {}) if calibrate else None)
     model = _model_profile(run, draft, times, plain, traces, sampling_traces, sampling_acceptance, teacher_forced)
     positions = None  # synthetic acceptance is drawn per cycle, not per output position: no exact simulation
-    if draft is not None and draft != NGRAM and traces and model.synthetic_acceptance is None:
+    if draft is not None and draft not in MODEL_FREE and traces and model.synthetic_acceptance is None:
         positions = _positions(traces, continuations, len(infos), run.settings.n_max) if not rollouts else \
             tuple(rollout_traces(r, run.settings.n_max) for r in rollouts)
     plain_tax, tax, checked_tax = times.hook_tax_s
@@ -318,9 +327,8 @@ def build_run_profile(
         trace_prompts=tuple(tr.prompt_index for tr in traces),
         sampling_trace_prompts=tuple(tr.prompt_index for tr in sampling_traces or ()),
         context_slope_s=t.context_slopes(typical), typical_context=typical, calibration_warnings=times.warnings,
-        loop_ratios=times.loop_ratios,
-        hook_tax_s=tax, plain_hook_tax_s=plain_tax,
-    )
+        loop_ratios=times.loop_ratios, hook_tax_s=tax, plain_hook_tax_s=plain_tax,
+        sequences=tuple((tuple(p), tuple(o)) for p, o in sequences))
     return _loop_costs(rp, t, (in_loop or {}) if calibrate else None, checked_tax)
 
 
@@ -333,7 +341,7 @@ def _loop_costs(rp: RunProfile, t: Timings, in_loop: dict | None, checked_tax: f
     plain = [s - rp.plain_hook_tax_s - interp(target, n) for _, _, s, n in t.first_cycles(None)]
     if plain:
         rp = replace(rp, plain_setup_s=trimmed_mean(plain))
-    if rp.draft in (None, NGRAM):
+    if rp.draft is None or rp.draft in MODEL_FREE:
         return rp
     by_length = {p.prompt_tokens: pt + pd - rp.first_draft_step_s.get(1, 0.0)
                  for p, pt, pd in zip(rp.prompts, rp.prefill_target_s, rp.prefill_draft_s)}

@@ -29,7 +29,8 @@ from typing import Any
 from specdec_tune.core.errors import InputError
 from specdec_tune.tuner.model import NGRAM, NONE, OBJECTIVES, Candidate, Evaluator, Scored
 from specdec_tune.tuner.model import direction
-from specdec_tune.tuner.search._space import SearchSpace, make_candidate, unsupported
+from specdec_tune.core.speculative import SUFFIX, SUFFIX_FIELDS
+from specdec_tune.tuner.search._space import SearchSpace, make_candidate, suffix_candidate, unsupported
 from specdec_tune.tuner.search._tree_space import shape_candidate, shape_choices
 
 
@@ -40,6 +41,8 @@ def suggest(trial: Any, space: SearchSpace) -> Candidate:
     if drafter == NONE:
         return Candidate(NONE, 0)
     n = trial.suggest_int("num_speculative_tokens", 1, space.n_max)
+    if drafter == SUFFIX:  # its four fields (the grids of the space), a chain, no θ, the constant schedule
+        return suffix_candidate(n, [trial.suggest_categorical(f, list(g)) for f, g in zip(SUFFIX_FIELDS, space.suffix_grid)])
     shapes = shape_choices(space) if drafter != NGRAM else ["chain"]
     if len(shapes) > 1:  # a tree or staged drafter runs θ = 0, the constant schedule, exact acceptance (._tree_space)
         shape = trial.suggest_categorical("shape", shapes)

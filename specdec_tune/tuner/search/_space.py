@@ -10,6 +10,10 @@ Two choices are fixed rather than searched, and said so wherever results are pri
   n-gram variant, so the model could not tell sizes apart;
 - θ is not searched for n-gram lookup (its confidences are all 1, so a θ below 1 never cuts).
 
+Suffix decoding (``suffix``) searches N and its four vLLM parameters on grids (:data:`SUFFIX_GRID`: tree
+depth, cached requests, spec factor, min token probability), chains with the constant schedule (vLLM's
+proposer has neither θ nor a schedule), predicted by exact simulation of the profiled sequences.
+
 Which part of the space a server can express is asked from :mod:`specdec_tune.tuner.servers`
 (the capability table) by probing it with candidates, so this module depends on its
 ``expressible`` check only, not on how the table is laid out.
@@ -21,6 +25,7 @@ from dataclasses import dataclass, replace
 
 from specdec_tune.core.errors import InputError
 from specdec_tune.core.limits import MAX_SEARCHED_TOKENS
+from specdec_tune.core.speculative import SUFFIX, SUFFIX_FIELDS
 from specdec_tune.tuner.model import NGRAM, NONE, Candidate
 from specdec_tune.tuner.servers import SERVERS, expressible, server_space
 from specdec_tune.tuner.search._tree_space import expressible_shapes, shaped_candidates
@@ -35,6 +40,10 @@ THRESHOLD_KINDS = ("per-token", "cumulative", "adaptive")  # specdec_tune.core.s
 ADAPTIVE_STEPS = (0.02, 0.05, 0.1)  # the adaptive kind's steps searched
 ADAPTIVE_MAX = 0.9  # the adaptive θ's upper bound (specdec_tune.core.schedules.ADAPTIVE_BOUNDS)
 _PROBE_DRAFT = "draft-model"  # any model draft stands for all of them when probing a server
+# Suffix decoding's grids, per vLLM field (SUFFIX_FIELDS order): its default 24, 10000, 1.0, 0.1 included;
+# 0 cached requests turns the global tree off, 4 keeps only the last few responses.
+SUFFIX_GRID: tuple[tuple[float, ...], ...] = ((8, 16, 24, 32), (0, 4, 10000), (0.5, 1.0, 2.0, 4.0),
+                                               (0.0, 0.05, 0.1, 0.2, 0.4))
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,8 @@ class SearchSpace:
             chains only.
         max_nodes: the most tree nodes a candidate may verify (the profile's T_v(k) reaches nodes + 1).
         staged_pairs: (draft, inner drafter) pairs searched as staged drafting.
+        suffix_grid: suffix decoding's values per field (``SUFFIX_FIELDS`` order), searched when ``suffix``
+            is a drafter.
     """
 
     drafters: tuple[str, ...]
@@ -77,6 +88,16 @@ class SearchSpace:
     shapes: tuple[str, ...] = ()
     max_nodes: int = N_LIMIT
     staged_pairs: tuple[tuple[str, str], ...] = ()
+    suffix_grid: tuple[tuple[float, ...], ...] = SUFFIX_GRID
+
+    def suffix_points(self) -> Iterator[Candidate]:
+        """Suffix decoding's points: every combination of its grids at every N, the tree parameters outermost
+        (the model simulates per tree depth and global-tree bound, so their points come together)."""
+        from itertools import product
+
+        for values in product(*self.suffix_grid):
+            for n in range(1, self.n_max + 1):
+                yield suffix_candidate(n, values)
 
     def acceptances(self) -> tuple[tuple[str, float], ...]:
         """(rule, ε) pairs searched for model drafts: exact, then OPT at each ε > 0."""
@@ -108,6 +129,9 @@ class SearchSpace:
         for drafter in self.drafters:
             if drafter == NONE:
                 continue
+            if drafter == SUFFIX:
+                yield from self.suffix_points()
+                continue
             for n in range(1, self.n_max + 1):
                 if drafter != NGRAM:
                     for c in self._model_points(drafter, n):
@@ -129,6 +153,8 @@ class SearchSpace:
                 "ngram_schedules": list(self.ngram_schedules), "server": self.server,
                 "threshold_kinds": list(self.threshold_kinds), "steps": list(self.steps),
                 "epsilons": list(self.epsilons),
+                **({"suffix_grid": dict(zip(SUFFIX_FIELDS, map(list, self.suffix_grid)))} if SUFFIX in self.drafters
+                   else {}),
                 **({"shapes": list(self.shapes), "max_nodes": self.max_nodes,
                     "staged_pairs": [list(p) for p in self.staged_pairs]} if self.shapes or self.staged_pairs else {})}
 
@@ -143,6 +169,13 @@ def make_candidate(drafter: str, n: int, theta: float, rule: str, schedule: str,
     step = round(float(step), 3) if kind == "adaptive" else 0.05
     return Candidate(drafter, int(n), theta, rule if theta > 0 else "before", schedule, threshold_kind=kind,
                      threshold_step=step)
+
+
+def suffix_candidate(n: int, values: Sequence[float]) -> Candidate:
+    """Suffix decoding at N = ``n`` with its four fields (``SUFFIX_FIELDS`` order)."""
+    depth, cached, factor, floor = values
+    return Candidate(SUFFIX, int(n), suffix_max_tree_depth=int(depth), suffix_max_cached_requests=int(cached),
+                     suffix_max_spec_factor=float(factor), suffix_min_token_prob=float(floor))
 
 
 # --------------------------------------------------------------------------- servers
@@ -167,7 +200,7 @@ def check_server(server: str) -> str:
 def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ngram: bool,
                         kinds: Sequence[str] = ("per-token",), epsilons: Sequence[float] = (),
                         shapes: Sequence[str] = (), max_nodes: int = N_LIMIT,
-                        staged_pairs: Sequence[tuple[str, str]] = ()) -> SearchSpace:
+                        staged_pairs: Sequence[tuple[str, str]] = (), suffix: bool = False) -> SearchSpace:
     """The part of the whole space ``server`` can express, found by probing :func:`expressible`.
 
     Args:
@@ -180,6 +213,7 @@ def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ng
         shapes: trees to search besides chains (kept where the server runs them).
         max_nodes: the most tree nodes a candidate may verify.
         staged_pairs: (draft, inner) staged drafting to search (kept where the server runs it).
+        suffix: whether suffix decoding was profiled (searched where the server runs it).
     """
     check_server(server)
     n_max = min(int(n_max), N_LIMIT)
@@ -191,6 +225,8 @@ def server_search_space(server: str, model_drafts: Sequence[str], n_max: int, ng
     with_ngram = ngram and ok(Candidate(NGRAM, 1))
     if with_ngram:
         drafters.append(NGRAM)
+    if suffix and ok(Candidate(SUFFIX, 1)):
+        drafters.append(SUFFIX)
     drafters.append(NONE)
     # the largest N the server takes (a server may cap it)
     n_max = next((n for n in range(n_max, 0, -1) if ok(Candidate(probe if model_drafts else NGRAM, n))), 1)

@@ -14,6 +14,7 @@ from typing import Any
 
 from specdec_tune.core.errors import InputError
 from specdec_tune.core.trees import parse_tree
+from specdec_tune.core.speculative import MODEL_FREE
 from specdec_tune.tuner.model import NGRAM, NONE, Candidate
 from specdec_tune.tuner.servers import expressible, server_space
 
@@ -62,7 +63,7 @@ def shaped_candidates(space: Any) -> Iterator[Candidate]:
     """Every tree and staged point of a search space: each tree shape for each model draft (within
     ``max_nodes``), and each (draft, inner drafter) pair the profile ran a staged pass for."""
     for drafter in space.drafters:
-        if drafter in (NONE, NGRAM):
+        if drafter in (NONE, *MODEL_FREE):
             continue
         for n in range(1, space.n_max + 1):
             for shape in space.shapes:
@@ -94,7 +95,7 @@ def tree_space_args(req: Any, run: Any, evaluator: Any) -> dict[str, Any]:
         return {}
     staged = []
     for d in req.drafts:
-        if d != NGRAM:
+        if d not in MODEL_FREE:
             data = evaluator.tree_data(d)
             staged += [(d, inner) for inner in (data.staged if data is not None else {})]
     max_nodes = run.settings.k_max - 1

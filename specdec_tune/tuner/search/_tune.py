@@ -28,6 +28,7 @@ from typing import Any
 from specdec_tune.db import Database, IdentityCheck, get_run, list_models, record_identity_check
 from specdec_tune.profiler import Progress, run_profile
 from specdec_tune.core.errors import InputError, NotFoundError
+from specdec_tune.core.speculative import MODEL_FREE, SUFFIX
 from specdec_tune.tuner.model import NGRAM, Candidate, Evaluator, Scored, ServerDecision, TuningResult, bias_of, decide
 from specdec_tune.tuner.model import front_epsilons, run_identity_check
 from specdec_tune.tuner.search._confirm import confirm, server_decisions
@@ -136,10 +137,10 @@ def _search(db: Database, req: TuneRequest, storage_url: str, progress: Progress
     needs_memory = "memory" in req.search_objectives or req.memory_budget_gib is not None
     memory = memory_model(db, run_id, max_context).bytes if needs_memory else None
     evaluator = Evaluator(db, run_id, req.mode, memory, objective)
-    model_drafts = [d for d in req.drafts if d != NGRAM]
+    model_drafts = [d for d in req.drafts if d not in MODEL_FREE]
     epsilons = _epsilons(evaluator, model_drafts) if req.max_bias is not None else ()
     space = server_search_space(req.server, model_drafts, n_max, NGRAM in req.drafts, req.threshold_kinds, epsilons,
-                                **tree_space_args(req, run, evaluator))
+                                **tree_space_args(req, run, evaluator), suffix=SUFFIX in req.drafts)
     if req.thresholds is not None and len(space.thresholds) > 1:
         space = replace(space, thresholds=tuple(req.thresholds))
     if NGRAM in req.drafts:
@@ -230,10 +231,11 @@ def _report(s: _Searched, result: TuningResult, confirmation: list[dict[str, Any
 def _server_bests(req: TuneRequest, s: _Searched) -> dict[str, Scored]:
     """Each server's best predicted inside its own space (every point predicted, cached): all servers
     for ``--server any``, else the one asked."""
-    model_drafts = [d for d in req.drafts if d != NGRAM]
+    model_drafts = [d for d in req.drafts if d not in MODEL_FREE]
     servers = tuple(SERVERS) if req.server == ANY else (req.server,)
     return best_per_server(s.evaluator, model_drafts, s.n_max, NGRAM in req.drafts, servers,
-                           thresholds=req.thresholds, tree_args=tree_space_args(req, s.run, s.evaluator))
+                           thresholds=req.thresholds, tree_args={**tree_space_args(req, s.run, s.evaluator),
+                                                                 "suffix": SUFFIX in req.drafts})
 
 
 def _schedule(req: TuneRequest, s: _Searched, c: Candidate) -> dict[int, int]:
@@ -246,6 +248,8 @@ def _schedule(req: TuneRequest, s: _Searched, c: Candidate) -> dict[int, int]:
     schedule = per_batch_size if plain_objective else objective_schedule
     if c.is_plain:
         return schedule(s.evaluator, c, bs, s.n_max)
+    if c.is_suffix:  # a constant N: vLLM's suffix proposer takes no per-batch-size K (servers/_suffix_facts.py)
+        return {}
     per_b = schedule(s.evaluator, c, bs, min(s.n_max, c.num_speculative_tokens))
     return {**per_b, 1: c.num_speculative_tokens} if 1 in per_b else per_b
 
@@ -301,7 +305,7 @@ def _engine_tune(db: Database, req: TuneRequest, s: _Searched, progress: Progres
 def _bias(s: _Searched, c: Candidate, budget: float | None) -> dict[str, Any] | None:
     """The winner's bias per verified position (sampling): predicted from the stored front, measured where
     the profile decoded that rule and ε."""
-    if s.evaluator.mode != "sampling" or c.is_plain or c.is_ngram:
+    if s.evaluator.mode != "sampling" or c.is_plain or c.is_ngram or c.is_suffix:
         return None
     b = bias_of(s.evaluator.profile(c.drafter).bias_front, c.acceptance, c.epsilon)
     return {"bias": b.bias, "rejection": b.rejection, "label": b.label, "measured_bias": b.measured_bias,

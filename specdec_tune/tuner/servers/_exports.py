@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from specdec_tune.core.errors import InputError
+from specdec_tune.core.speculative import SUFFIX_FIELDS
 from specdec_tune.core.trees import parse_tree
 from specdec_tune.tuner.model import Candidate, TuningResult
 from specdec_tune.tuner.servers import _schemas as sch
@@ -118,10 +119,15 @@ def _vllm(result: TuningResult) -> Files:
                                           "plain decoding: no --speculative-config"))]
     _refuse("vllm", result)
     ranges = batch_ranges(result)
-    fields: dict = {"method": "ngram" if c.is_ngram else "eagle3" if is_head(c) else "draft_model",
+    if c.is_suffix:  # a constant N: vLLM's suffix proposer asserts K == num_speculative_tokens (_suffix_facts)
+        ranges = None
+    fields: dict = {"method": "ngram" if c.is_ngram else "suffix" if c.is_suffix else "eagle3" if is_head(c)
+                    else "draft_model",
                     "num_speculative_tokens": max(n for _, _, n in ranges) if ranges else c.num_speculative_tokens}
     if c.is_ngram:
         fields.update(prompt_lookup_max=c.ngram_max, prompt_lookup_min=c.ngram_min)
+    elif c.is_suffix:
+        fields.update({f"suffix_decoding_{k[len('suffix_'):]}": getattr(c, k) for k in SUFFIX_FIELDS})
     else:
         fields["model"] = draft
     if ranges:
@@ -130,9 +136,10 @@ def _vllm(result: TuningResult) -> Files:
     text = json.dumps(cfg.model_dump(exclude_none=True), indent=2) + "\n"
     inline = json.dumps(cfg.model_dump(exclude_none=True))  # the draft's path becomes $DRAFT_MODEL inside it
     cmd = ["vllm", "serve", Var(TARGET_VAR, target), "--speculative-config",
-           inline if c.is_ngram else spliced(inline, Var(DRAFT_VAR, draft), json.dumps(draft)[1:-1])]
-    return [("vllm/speculative_config.json", text),
-            ("vllm/launch.sh", script(cmd, f"{SERVERS['vllm'].version}: speculative_config.json inline"))]
+           inline if c.is_ngram or c.is_suffix else spliced(inline, Var(DRAFT_VAR, draft), json.dumps(draft)[1:-1])]
+    note = f"{SERVERS['vllm'].version}: speculative_config.json inline" + (
+        "; method suffix needs arctic-inference==0.1.1 beside vLLM" if c.is_suffix else "")
+    return [("vllm/speculative_config.json", text), ("vllm/launch.sh", script(cmd, note))]
 
 
 def _sglang(result: TuningResult) -> Files:

@@ -20,17 +20,30 @@ class _Strict(BaseModel):
 class VllmSpeculativeConfig(_Strict):
     """The JSON passed as ``--speculative-config``."""
 
-    method: Literal["draft_model", "ngram", "eagle3"]
+    method: Literal["draft_model", "ngram", "eagle3", "suffix"]
     num_speculative_tokens: int = Field(gt=0)
     model: str | None = None
     prompt_lookup_max: int | None = Field(default=None, ge=1)
     prompt_lookup_min: int | None = Field(default=None, ge=1)
     num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = None
+    # _validate_suffix_decoding's bounds (method "suffix"; vLLM keeps its defaults 24, 10000, 1.0, 0.1 otherwise)
+    suffix_decoding_max_tree_depth: int | None = Field(default=None, ge=1)
+    suffix_decoding_max_cached_requests: int | None = Field(default=None, ge=0)
+    suffix_decoding_max_spec_factor: float | None = Field(default=None, ge=0)
+    suffix_decoding_min_token_prob: float | None = Field(default=None, ge=0, le=1)
 
     @model_validator(mode="after")
     def _check(self) -> VllmSpeculativeConfig:
         if self.method in ("draft_model", "eagle3") and not self.model:
             raise ValueError(f"method {self.method!r} needs 'model' (the draft model or EAGLE-3 head)")
+        suffix = [k for k in type(self).model_fields if k.startswith("suffix_decoding_") and getattr(self, k) is not None]
+        if self.method == "suffix":
+            if self.model is not None or len(suffix) != 4:
+                raise ValueError("method 'suffix' takes no 'model' and needs its four suffix_decoding_* fields")
+            if self.num_speculative_tokens_per_batch_size is not None:  # SuffixDecodingProposer.propose asserts K == N
+                raise ValueError("method 'suffix' takes no num_speculative_tokens_per_batch_size")
+        elif suffix:
+            raise ValueError("suffix_decoding_* apply to method 'suffix' only")
         if self.method == "ngram":
             if self.model is not None:
                 raise ValueError("method 'ngram' takes no 'model'")

