@@ -33,6 +33,7 @@ import weakref
 import torch
 
 from specdec_tune.core.limits import BATCH_CAPTURE_SIZES, MAX_GRAPH_TOKENS, padded_batch_size, slot_length
+from specdec_tune.engine.cuda_graphs import anchored_pool
 from specdec_tune.engine.ragged import RaggedCache, ragged_body
 
 MAX_IDLE_SLOTS = 4  # idle slots kept for reuse (oldest dropped first)
@@ -172,15 +173,9 @@ class BatchGraphRunner:
         return True
 
     def _make_pool(self, device: torch.device) -> None:
-        """One memory pool for every graph of this runner, kept alive by a trivial anchor graph (the reason is
-        in ``engine.cuda_graphs.GraphRunner._make_pool``)."""
-        if self.pool is not None:
-            return
-        pool = torch.cuda.graph_pool_handle()
-        anchor = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(anchor, pool=pool):
-            out = torch.ones(1, device=device) + 1
-        self.pool, self._anchor = pool, (anchor, out)
+        """One memory pool for every graph of this runner (``engine.cuda_graphs.anchored_pool``)."""
+        if self.pool is None:
+            self.pool, self._anchor = anchored_pool(device)
 
 
 def runner_for(lean) -> BatchGraphRunner | None:

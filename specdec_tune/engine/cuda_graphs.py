@@ -291,16 +291,9 @@ class GraphRunner:
         return graph
 
     def _make_pool(self, device: torch.device) -> None:
-        """The shared pool, created with a trivial graph kept for the runner's life. A pool whose graphs
-        are all destroyed (idle slots dropped, weights changed) keeps its id with a use count of 0, and a
-        later capture into it fails PyTorch's assertion ``use_count > 0`` (seen on an H100, torch 2.11)."""
-        if self.pool is not None:
-            return
-        pool = torch.cuda.graph_pool_handle()
-        anchor = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(anchor, pool=pool):
-            out = torch.ones(1, device=device) + 1
-        self.pool, self._anchor = pool, (anchor, out)
+        """The shared pool (:func:`anchored_pool`), made once for the runner's life."""
+        if self.pool is None:
+            self.pool, self._anchor = anchored_pool(device)
 
     def _body(self, graph: _Graph, slot: _Slot, keep: int) -> torch.Tensor:
         """The lean forward's function on the slot's static cache (the graph's kernels). Fewer kernels than
@@ -367,3 +360,14 @@ def attach(lean, mode: str = "auto") -> None:
     if mode == "on" and device.type != "cuda":
         raise ValueError(f"--cuda-graphs on needs the model on a CUDA device, not {device.type}")
     lean.cuda_graph_runner = GraphRunner(lean) if mode != "off" and device.type == "cuda" else None
+
+
+def anchored_pool(device: torch.device) -> tuple[object, tuple]:
+    """A CUDA graph memory pool and a trivial graph captured into it (keep both for the pool's life). A pool
+    whose graphs are all destroyed (idle slots dropped, weights changed) keeps its id with a use count of 0,
+    and a later capture into it fails PyTorch's assertion ``use_count > 0`` (seen on an H100, torch 2.11)."""
+    pool = torch.cuda.graph_pool_handle()
+    anchor = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(anchor, pool=pool):
+        out = torch.ones(1, device=device) + 1
+    return pool, (anchor, out)
