@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from specdec_tune.training.corpus import SourceFile
+from specdec_tune.training.corpus import SourceFile, parsed
 
 WORKLOAD_KINDS = ("functions", "docstrings", "tables")
 
@@ -158,12 +158,7 @@ def build_workload(kind: str, files: list[SourceFile], count_tokens: Callable[[s
         raise ValueError(f"unknown workload kind {kind!r}; expected one of {WORKLOAD_KINDS}")
     rng = random.Random(f"{seed}:{kind}")
     per_file: list[tuple[SourceFile, list[Cut]]] = []
-    for f in files:
-        try:
-            tree = ast.parse(f.text)
-        except SyntaxError:
-            continue
-        lines = f.text.splitlines(keepends=True)
+    for f, tree, lines in parsed(files):
         cuts = [c for c in FINDERS[kind](tree, lines) if 1 <= c.line <= len(lines)]
         if cuts:
             rng.shuffle(cuts)

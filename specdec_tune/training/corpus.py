@@ -7,8 +7,10 @@ so the split is deterministic, independent of file-system order, and stable when
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import sysconfig
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,3 +95,14 @@ def load_corpus(root: Path | None = None, max_files: int | None = None) -> Corpu
     if max_files is not None:
         train, held = train[:max_files], held[: max(2, max_files // 4)]
     return Corpus(root=root, train=tuple(train), held_out=tuple(held))
+
+
+def parsed(files: Iterable[SourceFile]) -> Iterator[tuple[SourceFile, ast.Module, list[str]]]:
+    """Each file that parses as Python, with its syntax tree and its lines (line ends kept); a file this
+    Python cannot parse is skipped."""
+    for f in files:
+        try:
+            tree = ast.parse(f.text)
+        except SyntaxError:
+            continue
+        yield f, tree, f.text.splitlines(keepends=True)

@@ -26,7 +26,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from specdec_tune.training.corpus import SourceFile
+from specdec_tune.training.corpus import SourceFile, parsed
 
 TURNS = ("rename", "new_argument", "rename_again")
 
@@ -40,12 +40,7 @@ class _Function:
 
 
 def _functions(files: list[SourceFile]) -> Iterator[_Function]:
-    for f in files:
-        try:
-            tree = ast.parse(f.text)
-        except SyntaxError:
-            continue
-        lines = f.text.splitlines(keepends=True)
+    for f, tree, lines in parsed(files):
         for node in ast.walk(tree):
             if (isinstance(node, ast.FunctionDef) and node.args.args and not node.decorator_list
                     and 4 <= node.end_lineno - node.lineno <= 16 and node.body[0].lineno == node.lineno + 1):

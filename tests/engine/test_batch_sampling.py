@@ -18,20 +18,13 @@ from specdec_tune.engine import batch_decode
 from specdec_tune.engine.batch_decode import DecodeConfig, batch_speculative
 from specdec_tune.engine.batch_drafters import BatchModelDrafter
 from specdec_tune.engine.types import VerifyResult
+from tests.engine.test_sampling import DRAFT_ROWS  # its draft: rows whose top probabilities spread over 0.28..0.90
 from tests.support.stub_batch import RaggedBigram
 
 VOCAB = 6
 TEMP = 1.0
 BATCHES = 1500
 PROMPTS = [torch.tensor([3, 1, 0]), torch.tensor([2, 5]), torch.tensor([4])]
-DRAFT_ROWS = [  # tests/test_sampling.py's draft: rows whose top probabilities spread over 0.28..0.90
-    [0.05, 0.02, 0.62, 0.08, 0.03, 0.20],
-    [0.20, 0.28, 0.05, 0.05, 0.25, 0.17],
-    [0.90, 0.04, 0.03, 0.01, 0.01, 0.01],
-    [0.10, 0.45, 0.10, 0.10, 0.20, 0.05],
-    [0.02, 0.35, 0.40, 0.03, 0.15, 0.05],
-    [0.02, 0.30, 0.05, 0.01, 0.12, 0.50],
-]
 
 
 @pytest.fixture(scope="module")
